@@ -1,0 +1,1 @@
+"""Alert rules evaluated on the host, anomaly dumps, and the cross-rank analyser."""

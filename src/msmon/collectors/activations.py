@@ -1,0 +1,225 @@
+"""Module inputs/outputs in forward (`actv`) and their gradients in backward (`actv_grad`).
+
+Forward statistics are taken in hooks as the module runs: inputs in the pre-hook (before an
+in-place module such as ReLU(inplace=True) overwrites them), outputs in the post-hook.
+Gradients come from tensor hooks registered on those same tensors during forward (never
+module full-backward hooks, which break in-place ops that follow the module): output_grad is
+the gradient of the module's output; input_grad is the gradient of its input tensor, which
+equals the module's own contribution unless that tensor also feeds other modules.
+
+Nothing is cloned and nothing is synchronised; each hook launches the statistic kernels and
+appends one row to the step buffer. Forward passes inside a backward (activation checkpoint
+recomputation) are detected by the autograd engine's graph-task id, not by walking the stack:
+they are not recorded again, but their tensors get the gradient hooks when the first pass ran
+without grad (reentrant checkpointing), so gradients are still recorded once.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from ..config import TensorSpec
+from ..records import RowKey
+from ..stats import tensor_stats
+from .base import Collector
+from .module_io import select
+
+logger = logging.getLogger("msmon")
+
+
+def in_backward() -> bool:
+    """True while the autograd engine is running (checkpoint recomputation happens here)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class _Target:
+    __slots__ = ("module", "name", "vpp_stage", "chunk", "specs")
+
+    def __init__(self, module: torch.nn.Module, name: str, vpp_stage: int, chunk: int,
+                 specs: dict[str, TensorSpec]) -> None:
+        self.module = module
+        self.name = name
+        self.vpp_stage = vpp_stage
+        self.chunk = chunk
+        self.specs = specs
+
+
+class ActivationCollector(Collector):
+    name = "activations"
+
+    def __init__(self, monitor, targets: list[tuple[torch.nn.Module, str, int, int, dict[str, TensorSpec]]]) -> None:
+        super().__init__(monitor)
+        self.targets = [_Target(*t) for t in targets]
+        self._calls: dict[int, tuple[int, int]] = {}  # id(module) -> (micro_step, calls so far)
+        self._recompute_calls: dict[int, tuple[int, int]] = {}
+        self._warned: set[str] = set()
+        self._open: dict[int, list[tuple[int, str, bool]]] = {}  # id(module) -> calls in flight
+
+    def attach(self) -> None:
+        for target in self.targets:
+            module = target.module
+            self.handles.append(module.register_forward_pre_hook(
+                self.guard(self._make_pre_hook(target)), with_kwargs=True))
+            self.handles.append(module.register_forward_hook(
+                self.guard(self._make_post_hook(target)), with_kwargs=True))
+
+    def end_step(self) -> None:
+        self._calls.clear()
+        self._recompute_calls.clear()
+        self._open.clear()
+
+    # -- naming -------------------------------------------------------------------------------
+    def _call_index(self, target: _Target, micro: int, recompute: bool) -> int:
+        table = self._recompute_calls if recompute else self._calls
+        key = id(target.module)
+        last = table.get(key)
+        index = last[1] + 1 if last is not None and last[0] == micro else 0
+        table[key] = (micro, index)
+        return index
+
+    @staticmethod
+    def _names(base: str, slot: str, count: int) -> list[str]:
+        if count == 1:
+            return [f"{base}.{slot}"]
+        return [f"{base}.{slot}_{i}" for i in range(count)]
+
+    def _warn_once(self, target: _Target, slot: str, message: str) -> None:
+        key = f"{target.name}.{slot}"
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("msmon[rank %d]: target %s %s: %s; nothing recorded for it",
+                           self.mon.rank, target.name, slot, message)
+
+    def _tensors(self, target: _Target, slot: str, value: Any) -> list[torch.Tensor]:
+        tensors, problem = select(value, target.specs.get(slot))
+        if problem:
+            self._warn_once(target, slot, problem)
+        return tensors
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _make_pre_hook(self, target: _Target):
+        mon = self.mon
+
+        def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            if not mon.recording or not module.training:
+                return None
+            recompute = in_backward()
+            micro = mon.backward_micro_step if recompute else mon.forward_micro_step(target.chunk)
+            call = self._call_index(target, micro, recompute)
+            inputs = self._tensors(target, "input", (args + tuple(kwargs.values())) if kwargs else args)
+            base = target.name if call == 0 else f"{target.name}_{call}"
+            # remember the call so the post-hook and the gradient hooks use the same name
+            self._open.setdefault(id(module), []).append((micro, base, recompute))
+            if recompute or not inputs:
+                self._grad_hooks(target, "input", inputs, micro, base)
+                return None
+            if not mon.config.backward_only:
+                names = self._names(base, "input", len(inputs))
+                for name, t in zip(names, inputs):
+                    if t.numel():
+                        mon.buffer.add(RowKey("actv", name, target.vpp_stage, micro),
+                                       tensor_stats(t, mon.step_ops, mon.config.eps))
+            self._grad_hooks(target, "input", inputs, micro, base)
+            return None
+
+        return pre_hook
+
+    def _make_post_hook(self, target: _Target):
+        mon = self.mon
+
+        def post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            in_flight = self._open.get(id(module))
+            if not in_flight:
+                return None
+            micro, base, recompute = in_flight.pop()
+            if not mon.recording:
+                return None
+            outputs = self._tensors(target, "output", output)
+            if not recompute and not mon.config.backward_only:
+                names = self._names(base, "output", len(outputs))
+                for name, t in zip(names, outputs):
+                    if t.numel():
+                        mon.buffer.add(RowKey("actv", name, target.vpp_stage, micro),
+                                       tensor_stats(t, mon.step_ops, mon.config.eps))
+            self._grad_hooks(target, "output", outputs, micro, base)
+            return None
+
+        return post_hook
+
+    def _grad_hooks(self, target: _Target, slot: str, tensors: list[torch.Tensor], micro: int,
+                    base: str) -> None:
+        mon = self.mon
+        if mon.config.forward_only or not torch.is_grad_enabled():
+            return
+        grad_slot = f"{slot}_grad"
+        spec = target.specs.get(grad_slot)
+        if spec is not None and spec.length is not None:
+            tensors = tensors[spec.index:spec.index + 1] if spec.index < len(tensors) else []
+        names = self._names(base, slot, len(tensors))
+        for name, t in zip(names, tensors):
+            if not t.requires_grad or not t.is_floating_point():
+                continue
+            key = RowKey("actv_grad", name, target.vpp_stage, micro)
+            t.register_hook(self.guard(self._make_grad_hook(key)))
+
+    def _make_grad_hook(self, key: RowKey):
+        mon = self.mon
+
+        def grad_hook(grad: torch.Tensor) -> None:
+            if grad is not None and mon.recording and grad.numel():
+                mon.buffer.add(key, tensor_stats(grad, mon.step_ops, mon.config.eps))
+            return None
+
+        return grad_hook
+
+
+class MicroStepTracker(Collector):
+    """Counts forward passes of each model chunk within a step (the micro-step of a
+    forward), and which micro-batch's backward is running (for recomputed modules)."""
+
+    name = "micro-step tracking"
+
+    def __init__(self, monitor, chunks: list[torch.nn.Module]) -> None:
+        super().__init__(monitor)
+        self.chunks = chunks
+        self.forward_counts = [0] * len(chunks)
+        self.backward_micro = 0
+
+    def attach(self) -> None:
+        for index, chunk in enumerate(self.chunks):
+            self.handles.append(chunk.register_forward_pre_hook(self.guard(self._make_pre(index))))
+            self.handles.append(chunk.register_forward_hook(self.guard(self._make_post(index))))
+
+    def _make_pre(self, index: int):
+        def pre_hook(module, args) -> None:
+            if module.training and not in_backward():
+                self.forward_counts[index] += 1
+            return None
+        return pre_hook
+
+    def _make_post(self, index: int):
+        def post_hook(module, args, output) -> None:
+            if not module.training or in_backward() or not torch.is_grad_enabled():
+                return None
+            micro = self.forward_counts[index] - 1
+            for t in select(output, None)[0]:
+                if t.requires_grad:
+                    t.register_hook(self.guard(self._make_grad_hook(micro)))
+                    break
+            return None
+        return post_hook
+
+    def _make_grad_hook(self, micro: int):
+        def hook(grad) -> None:
+            self.backward_micro = micro
+            return None
+        return hook
+
+    def forward_micro(self, chunk: int) -> int:
+        return max(self.forward_counts[chunk] - 1, 0)
+
+    def end_step(self) -> None:
+        self.forward_counts = [0] * len(self.chunks)
+        self.backward_micro = 0

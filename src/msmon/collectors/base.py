@@ -1,0 +1,64 @@
+"""The collector base: hook bookkeeping and failure containment."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from ..monitor import TrainerMon
+
+
+@dataclass
+class MonitoredParam:
+    """A parameter the monitor watches, with the name it is reported under."""
+
+    name: str
+    vpp_stage: int
+    param: torch.nn.Parameter
+
+
+class Collector:
+    """Registers hooks on attach, removes them on detach. Any exception inside a hook or a
+    step callback switches this collector off (logged once by the monitor); training goes on."""
+
+    name = "collector"
+
+    def __init__(self, monitor: "TrainerMon") -> None:
+        self.mon = monitor
+        self.handles: list[Any] = []
+        self.enabled = True
+
+    def attach(self) -> None:
+        """Register hooks."""
+
+    def detach(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def before_update(self) -> None:
+        """Gradients are final; the optimizer has not touched anything yet."""
+
+    def after_update(self) -> None:
+        """The optimizer step is done."""
+
+    def end_step(self) -> None:
+        """Reset per-step state (called for recorded and unrecorded steps alike)."""
+
+    def guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Wrap a hook so a failure disables this collector instead of breaking training."""
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            if not self.enabled:
+                return None
+            try:
+                return fn(*args, **kwargs)
+            except Exception as exc:  # contained: monitoring must never break training
+                self.mon._contain_failure(self, exc)
+                return None
+
+        return guarded

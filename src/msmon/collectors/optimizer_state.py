@@ -1,0 +1,63 @@
+"""Adam moments (`exp_avg`, `exp_avg_sq`) and the update/ratio they imply.
+
+update = m_hat / (sqrt(v_hat) + eps) and ratio = m_hat / sqrt(v_hat), with the bias
+corrections m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t). With ur_distribution the
+per-parameter histograms of both go to TensorBoard (the heatmap view).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..records import Histogram, RowKey
+from ..stats import batch_stats, local_tensor
+from .base import Collector
+
+HIST_EDGES = [-1.0 + i / 16 for i in range(33)]  # 32 buckets over [-1, 1]; outliers clamp to the ends
+
+
+def _bias_correction(beta: float, step) -> torch.Tensor | float:
+    if isinstance(step, torch.Tensor):
+        return 1 - torch.pow(beta, step.to(torch.float64))
+    return 1 - beta ** float(step)
+
+
+class OptimizerStateCollector(Collector):
+    name = "optimizer state"
+
+    def after_update(self) -> None:
+        mon = self.mon
+        if not mon.recording:
+            return
+        cfg = mon.config
+        moments = mon.adapter.moments([mp.param for mp in mon.params])
+        present = [(i, mp, moments[id(mp.param)]) for i, mp in enumerate(mon.params) if id(mp.param) in moments]
+        if not present:
+            return
+        if cfg.mv_distribution:
+            for category, attr in (("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
+                tensors = [getattr(m, attr) for _, _, m in present]
+                keys = [RowKey(category, mp.name, mp.vpp_stage) for _, mp, _ in present]
+                mon.buffer.add_many(keys, batch_stats(tensors, mon.step_ops, cfg.eps))
+        if cfg.ur_distribution:
+            self._update_ratio(present)
+
+    @torch.no_grad()
+    def _update_ratio(self, present) -> None:
+        mon = self.mon
+        updates, ratios = [], []
+        for _, mp, m in present:
+            exp_avg = local_tensor(m.exp_avg).float()
+            exp_avg_sq = local_tensor(m.exp_avg_sq).float()
+            m_hat = exp_avg / _bias_correction(m.beta1, m.step)
+            root_v = (exp_avg_sq / _bias_correction(m.beta2, m.step)).sqrt()
+            update = m_hat / (root_v + m.eps)
+            ratio = torch.where(root_v > 0, m_hat / root_v, torch.zeros_like(m_hat))  # 0/0: untouched rows
+            updates.append(update)
+            ratios.append(ratio)
+            for category, t in (("update", update), ("ratio", ratio)):
+                counts = torch.histc(t.clamp(-1.0, 1.0), bins=len(HIST_EDGES) - 1, min=-1.0, max=1.0)
+                tag = f"{mp.vpp_stage}:{mp.name}/rank{mon.rank}/{category}_hist"
+                mon.buffer.histograms.append(Histogram(tag, HIST_EDGES, counts))
+        for category, tensors in (("update", updates), ("ratio", ratios)):
+            keys = [RowKey(category, mp.name, mp.vpp_stage) for _, mp, _ in present]
+            mon.buffer.add_many(keys, batch_stats(tensors, mon.step_ops, mon.config.eps))

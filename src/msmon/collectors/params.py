@@ -1,0 +1,56 @@
+"""Weights before (`param_origin`) and after (`param_updated`) the optimizer step.
+
+A weight untouched since the last `param_updated` (same version counter) has the same
+statistics, so `param_origin` reuses them: each weight is read once per step, not twice.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..records import RowKey
+from ..stats import batch_stats, local_tensor
+from .base import Collector
+
+
+class ParamCollector(Collector):
+    name = "weights"
+
+    def __init__(self, monitor) -> None:
+        super().__init__(monitor)
+        self._after: dict[int, tuple[int, torch.Tensor]] = {}
+        self._ops: list[str] | None = None
+
+    def _record(self, category: str, reuse: bool) -> None:
+        mon = self.mon
+        indices = [i for i, mp in enumerate(mon.params) if mp.param.numel() > 0]
+        if not indices:
+            return
+        rows: dict[int, torch.Tensor] = {}
+        todo = []
+        for i in indices:
+            cached = self._after.get(i) if reuse and self._ops == mon.step_ops else None
+            if cached is not None and cached[0] == local_tensor(mon.params[i].param)._version:
+                rows[i] = cached[1]
+            else:
+                todo.append(i)
+        if todo:
+            computed = batch_stats([mon.params[i].param for i in todo], mon.step_ops, mon.config.eps)
+            for j, i in enumerate(todo):
+                rows[i] = computed[j]
+        keys = [RowKey(category, mon.params[i].name, mon.params[i].vpp_stage) for i in indices]
+        stacked = torch.stack([rows[i] for i in indices])
+        mon.buffer.add_many(keys, stacked)
+        if category == "param_updated":
+            self._ops = list(mon.step_ops)
+            self._after = {i: (local_tensor(mon.params[i].param)._version, stacked[j])
+                           for j, i in enumerate(indices)}
+
+    def before_update(self) -> None:
+        if self.mon.recording:
+            self._record("param_origin", reuse=True)
+
+    def after_update(self) -> None:
+        if self.mon.recording:
+            self._record("param_updated", reuse=False)
+        else:
+            self._after.clear()

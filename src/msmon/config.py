@@ -1,0 +1,350 @@
+"""Load and validate the monitor config (JSON or YAML) before training starts.
+
+Every mistake is reported with the key, what was expected and what was given; unknown keys
+get the closest valid name. Keys that msprobe knows but msmon does not implement are
+accepted with a warning, so an msprobe config never fails silently or loudly for nothing.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+logger = logging.getLogger("msmon")
+
+OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
+FORMATS = ("tensorboard", "csv", "api")
+ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
+TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
+MSPROBE_ONLY_KEYS = {
+    "mg_direction": "momentum/gradient direction agreement",
+    "stack_info": "stack capture of monitored modules",
+    "append_output": "appending to an earlier output directory",
+    "recording_l2_features": "attention/linear L2 features",
+    "sa_order": "attention layout for L2 features",
+    "l2_targets": "L2 feature targets",
+    "heatmap_visualize": "heatmap export (msmon writes TensorBoard histograms with ur_distribution)",
+}
+
+
+class ConfigError(ValueError):
+    """A config mistake, found before the first training step."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Which element of a module's input/output to monitor: "tensor", "tuple[N]", "tuple[N]:i"."""
+
+    text: str
+    length: int | None = None  # None: a bare tensor
+    index: int = 0
+
+    @classmethod
+    def parse(cls, text: str, where: str) -> "TensorSpec":
+        if not isinstance(text, str):
+            raise ConfigError(f"{where}: expected a string like \"tensor\" or \"tuple[2]:0\", got {text!r}")
+        if text == "tensor":
+            return cls(text)
+        match = re.fullmatch(r"tuple\[(\d+)\](?::(\d+))?", text)
+        if not match:
+            raise ConfigError(
+                f"{where}: expected \"tensor\", \"tuple[N]\" or \"tuple[N]:i\", got {text!r}")
+        length, index = int(match.group(1)), int(match.group(2) or 0)
+        if length < 1 or index >= length:
+            raise ConfigError(f"{where}: index {index} is outside tuple[{length}] in {text!r}")
+        return cls(text, length, index)
+
+
+@dataclass
+class CCConfig:
+    enable: bool = False
+    cc_codeline: list[str] = field(default_factory=list)
+    cc_pre_hook: bool = False
+    cc_log_only: bool = False
+
+
+@dataclass
+class AlertRuleConfig:
+    rule_name: str
+    threshold: float | None = None
+
+
+@dataclass
+class AlertConfig:
+    rules: list[AlertRuleConfig] = field(default_factory=list)
+    dump: bool = False
+    max_lines_per_step: int = 10
+
+
+@dataclass
+class MonitorConfig:
+    """The validated config. Field names are the msprobe keys."""
+
+    targets: dict[str, dict[str, TensorSpec]] = field(default_factory=dict)
+    print_struct: bool = False
+    module_ranks: list[int] = field(default_factory=list)
+    ur_distribution: bool = False
+    xy_distribution: bool = False
+    all_xy: bool = False
+    forward_only: bool = False
+    backward_only: bool = False
+    mv_distribution: bool = False
+    param_distribution: bool = False
+    wg_distribution: bool = False
+    monitor_mbs_grad: bool = False
+    cc_distribution: CCConfig = field(default_factory=CCConfig)
+    alert: AlertConfig = field(default_factory=AlertConfig)
+    format: list[str] = field(default_factory=lambda: ["tensorboard"])
+    ops: list[str] = field(default_factory=lambda: ["norm", "min", "max", "mean"])
+    eps: float = 1e-8
+    ndigits: int = 6
+    step_count_per_record: int = 1
+    start_step: int = 0
+    step_interval: int = 1
+    collect_times: int = 100_000_000
+    squash_name: bool = False
+    dynamic_on: bool = False
+    grad_acc_steps: int | None = None
+    nan_origin: bool | None = None
+    # Not a config key: the raw mapping, kept for printing and for the bootstrap.
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def nan_origin_enabled(self) -> bool:
+        if self.nan_origin is not None:
+            return self.nan_origin
+        return bool(self.alert.rules)
+
+    @property
+    def xy_enabled(self) -> bool:
+        return self.xy_distribution or self.all_xy
+
+
+_BOOL_KEYS = ("print_struct", "ur_distribution", "xy_distribution", "all_xy", "forward_only",
+              "backward_only", "mv_distribution", "param_distribution", "wg_distribution",
+              "monitor_mbs_grad", "squash_name", "dynamic_on")
+_INT_KEYS = {"ndigits": 0, "step_count_per_record": 1, "start_step": 0, "step_interval": 1,
+             "collect_times": 0}
+VALID_KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig) if f.name != "raw")
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _expect_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}: expected true or false, got {value!r} ({_type_name(value)})")
+    return value
+
+
+def _expect_int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{key}: expected an integer, got {value!r} ({_type_name(value)})")
+    if value < minimum:
+        raise ConfigError(f"{key}: expected an integer >= {minimum}, got {value}")
+    return value
+
+
+def _suggest(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
+    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+
+
+def _parse_ops(value: Any) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"ops: expected a list of names from {list(OPS)}, got {value!r}")
+    ops: list[str] = []
+    for op in value:
+        if op not in OPS:
+            raise ConfigError(f"ops: unknown op {op!r}; valid ops are {list(OPS)}{_suggest(op, OPS)}")
+        if op not in ops:
+            ops.append(op)
+    if not ops:
+        raise ConfigError(f"ops: expected at least one op from {list(OPS)}, got an empty list")
+    return ops
+
+
+def parse_ops(value: Any) -> list[str]:
+    """Validate an ops list given at run time (`monitor.ops = [...]`)."""
+    return _parse_ops(value)
+
+
+def _parse_format(value: Any) -> list[str]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"format: expected one of {list(FORMATS)} or a list of them, got {value!r}")
+    for item in items:
+        if item not in FORMATS:
+            raise ConfigError(f"format: unknown format {item!r}; expected {list(FORMATS)}{_suggest(item, FORMATS)}")
+    return list(dict.fromkeys(items))
+
+
+def _parse_targets(value: Any) -> dict[str, dict[str, TensorSpec]]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"targets: expected an object {{module_or_param_name: {{...}}}}, got {value!r}")
+    targets: dict[str, dict[str, TensorSpec]] = {}
+    for name, spec in value.items():
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, dict):
+            raise ConfigError(f"targets[{name!r}]: expected an object like {{\"input\": \"tuple[2]:0\"}}, "
+                              f"got {spec!r}")
+        parsed: dict[str, TensorSpec] = {}
+        for slot, text in spec.items():
+            if slot not in TARGET_SLOTS:
+                raise ConfigError(f"targets[{name!r}]: unknown key {slot!r}; expected {list(TARGET_SLOTS)}"
+                                  f"{_suggest(slot, TARGET_SLOTS)}")
+            parsed[slot] = TensorSpec.parse(text, f"targets[{name!r}][{slot!r}]")
+        targets[name] = parsed
+    return targets
+
+
+def _parse_cc(value: Any) -> CCConfig:
+    if not isinstance(value, dict):
+        raise ConfigError(f"cc_distribution: expected an object, got {value!r}")
+    cc = CCConfig()
+    for key, item in value.items():
+        where = f"cc_distribution.{key}"
+        if key == "cc_codeline":
+            if not isinstance(item, list) or not all(isinstance(v, str) for v in item):
+                raise ConfigError(f"{where}: expected a list of strings like \"train.py[23]\", got {item!r}")
+            for pattern in item:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ConfigError(f"{where}: {pattern!r} is not a valid pattern: {exc}") from None
+            cc.cc_codeline = list(item)
+        elif key in ("enable", "cc_pre_hook", "cc_log_only"):
+            setattr(cc, key, _expect_bool(where, item))
+        else:
+            raise ConfigError(f"cc_distribution: unknown key {key!r}{_suggest(key, ['enable', 'cc_codeline', 'cc_pre_hook', 'cc_log_only'])}")
+    return cc
+
+
+def _parse_alert(value: Any) -> AlertConfig:
+    if not isinstance(value, dict):
+        raise ConfigError(f"alert: expected an object {{\"rules\": [...], \"dump\": false}}, got {value!r}")
+    alert = AlertConfig()
+    for key, item in value.items():
+        if key == "dump":
+            alert.dump = _expect_bool("alert.dump", item)
+        elif key == "max_lines_per_step":
+            alert.max_lines_per_step = _expect_int("alert.max_lines_per_step", item, 0)
+        elif key == "inform":
+            logger.warning("msmon: alert.inform (messaging) is not supported; alerts are logged and dumped")
+        elif key == "rules":
+            if not isinstance(item, list):
+                raise ConfigError(f"alert.rules: expected a list, got {item!r}")
+            for i, rule in enumerate(item):
+                alert.rules.append(_parse_rule(rule, f"alert.rules[{i}]"))
+        else:
+            raise ConfigError(f"alert: unknown key {key!r}{_suggest(key, ['rules', 'dump', 'max_lines_per_step'])}")
+    return alert
+
+
+def _parse_rule(rule: Any, where: str) -> AlertRuleConfig:
+    if not isinstance(rule, dict) or "rule_name" not in rule:
+        raise ConfigError(f"{where}: expected {{\"rule_name\": ..., \"args\": {{\"threshold\": ...}}}}, got {rule!r}")
+    name = rule["rule_name"]
+    if name not in ALERT_RULES:
+        raise ConfigError(f"{where}.rule_name: unknown rule {name!r}; expected {list(ALERT_RULES)}"
+                          f"{_suggest(str(name), ALERT_RULES)}")
+    extra = set(rule) - {"rule_name", "args"}
+    if extra:
+        raise ConfigError(f"{where}: unknown key {sorted(extra)[0]!r}; expected 'rule_name' and 'args'")
+    args = rule.get("args") or {}
+    if not isinstance(args, dict) or set(args) - {"threshold"}:
+        raise ConfigError(f"{where}.args: expected {{\"threshold\": number}}, got {args!r}")
+    threshold = args.get("threshold")
+    if threshold is None and name == "AnomalyTurbulence":
+        raise ConfigError(f"{where}.args.threshold: AnomalyTurbulence needs a threshold (e.g. 0.5)")
+    if threshold is not None:
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold <= 0:
+            raise ConfigError(f"{where}.args.threshold: expected a positive number, got {threshold!r}")
+        threshold = float(threshold)
+    return AlertRuleConfig(name, threshold)
+
+
+def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
+    """Validate a config mapping; raises ConfigError on the first mistake."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config: expected an object at the top level, got {_type_name(data)}")
+    cfg = MonitorConfig(raw=copy.deepcopy(dict(data)))
+    for key, value in data.items():
+        if key in MSPROBE_ONLY_KEYS:
+            logger.warning("msmon: config key %r (%s) is an msprobe feature msmon does not implement; "
+                           "it has no effect", key, MSPROBE_ONLY_KEYS[key])
+        elif key in _BOOL_KEYS:
+            setattr(cfg, key, _expect_bool(key, value))
+        elif key in _INT_KEYS:
+            setattr(cfg, key, _expect_int(key, value, _INT_KEYS[key]))
+        elif key == "targets":
+            cfg.targets = _parse_targets(value)
+        elif key == "module_ranks":
+            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                      for v in value):
+                raise ConfigError(f"module_ranks: expected a list of rank numbers, got {value!r}")
+            cfg.module_ranks = list(value)
+        elif key == "cc_distribution":
+            cfg.cc_distribution = _parse_cc(value)
+        elif key == "alert":
+            cfg.alert = _parse_alert(value)
+        elif key == "format":
+            cfg.format = _parse_format(value)
+        elif key == "ops":
+            cfg.ops = _parse_ops(value)
+        elif key == "eps":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(f"eps: expected a positive number, got {value!r}")
+            cfg.eps = float(value)
+        elif key == "grad_acc_steps":
+            cfg.grad_acc_steps = None if value is None else _expect_int(key, value, 1)
+        elif key == "nan_origin":
+            cfg.nan_origin = _expect_bool(key, value)
+        else:
+            raise ConfigError(f"unknown config key {key!r}{_suggest(key, VALID_KEYS)}; "
+                              f"valid keys are {', '.join(VALID_KEYS)}")
+    if cfg.forward_only and cfg.backward_only:
+        logger.warning("msmon: forward_only and backward_only are both true: no activation is recorded")
+    return cfg
+
+
+def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a JSON or YAML file into a mapping, with errors that name the file."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
+        raise ConfigError(f"config file {path} is not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: {exc}") from None
+    if data is None:
+        data = {}
+    return data
+
+
+def load_config(path: str | os.PathLike) -> MonitorConfig:
+    """Read and validate a config file."""
+    try:
+        return parse_config(read_config_file(path))
+    except ConfigError as exc:
+        if str(path) in str(exc):
+            raise
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,55 @@
+"""Process-level concerns: logging, flushing every monitor at exit and on SIGTERM."""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+import weakref
+from typing import Any
+
+_monitors: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_installed = False
+
+
+def setup_logging() -> None:
+    """Give msmon's logger a stderr handler once, so alerts and errors are seen."""
+    logger = logging.getLogger("msmon")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(os.environ.get("MSMON_LOG_LEVEL", "INFO").upper())
+        logger.propagate = False
+
+
+def register(monitor: Any) -> None:
+    global _installed
+    _monitors.add(monitor)
+    if _installed:
+        return
+    _installed = True
+    atexit.register(close_all)
+    if threading.current_thread() is threading.main_thread():
+        try:
+            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):
+            pass
+
+
+def close_all() -> None:
+    for monitor in list(_monitors):
+        try:
+            monitor.close()
+        except Exception:
+            pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Write what is pending, then die of SIGTERM as the process would have."""
+    close_all()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

@@ -1,0 +1,476 @@
+"""TrainerMon: the lifecycle of a monitored step, msprobe-compatible.
+
+A step is an optimizer step. During it, collectors record statistic rows into a device-side
+buffer (hooks launch kernels, nothing synchronises); when the optimizer finishes, the rows are
+concatenated, copied to the host once, and handed to the writer thread. Between steps the
+config file's mtime is checked, so edits take effect at the next step.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from . import lifecycle
+from .anomaly.dump import AnomalyDumpWriter
+from .anomaly.rules import RuleEngine, build_rules
+from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
+                         OptimizerStateCollector, ParamCollector, StructCollector)
+from .config import ConfigError, MonitorConfig, TensorSpec, load_config, parse_ops
+from .distributed import current_rank, pipeline_position
+from .naming import check_targets, covers, display, model_chunks, split_vpp
+from .optimizers import adapter_for
+from .output import ensure_writable, output_base_dir, rank_dir_name
+from .records import StepBuffer
+from .sinks import ApiSink, make_sinks
+from .sinks.writer import BackgroundWriter
+from .transfer import stage_to_host
+
+logger = logging.getLogger("msmon")
+
+
+class StopAfterStruct(SystemExit):
+    """Raised after print_struct wrote the module tree: a clean stop (exit code 0)."""
+
+
+class TrainerMon:
+    """Monitor a training job; the constructor and methods follow msprobe's TrainerMon."""
+
+    def __init__(self, config_file_path: str | os.PathLike, process_group: Any = None,
+                 params_have_main_grad: bool | None = None, opt_ty: str | None = None) -> None:
+        lifecycle.setup_logging()
+        self.config_file_path = os.fspath(config_file_path)
+        self.config: MonitorConfig = load_config(self.config_file_path)
+        self._config_mtime = _mtime(self.config_file_path)
+        self._bad_config_mtime: int | None = None
+        self.process_group = process_group
+        self.params_have_main_grad = params_have_main_grad
+        self.opt_ty = opt_ty
+        self.rank = current_rank()
+        self.active = not self.config.module_ranks or self.rank in self.config.module_ranks
+        self.output_base = output_base_dir()
+        ensure_writable(self.output_base)
+        self.log_dir: str | None = None
+        self.writer: BackgroundWriter | None = None
+        self._api: ApiSink | None = None
+
+        self.step = 0
+        self.collected = 0
+        self.steps_recorded = 0
+        self.recording = False
+        self.step_ops: list[str] = list(self.config.ops)
+        self._ops: list[str] = list(self.config.ops)
+        self._window_start = self.config.start_step
+        if os.environ.get("DYNAMIC_MONITOR", "").lower() in ("1", "true") and not self.config.dynamic_on:
+            self._window_start = None  # msprobe's dynamic mode: wait for dynamic_on in the file
+
+        self.models: list[torch.nn.Module] = []
+        self.optimizer: Any = None
+        self.adapter: Any = None
+        self._wrapped_optimizer: Any = None
+        self.params: list[MonitoredParam] = []
+        self.collectors: list[Collector] = []
+        self._tracker: MicroStepTracker | None = None
+        self._struct: StructCollector | None = None
+        self._unhook_step = None
+        self.grad_acc_steps: int | None = self.config.grad_acc_steps
+        self._grad_acc_given = self.config.grad_acc_steps is not None
+        self._use_main_grad = False
+        self.buffer = StepBuffer()
+        self.pp_stage, self.group_mates = 0, [self.rank]
+        self.monitor_seconds = 0.0
+        self._first_step_time: float | None = None
+        self._failed: set[str] = set()
+        self.attached = False
+        if self.active:
+            self._open_output()
+        lifecycle.register(self)
+
+    # -- msprobe API ----------------------------------------------------------------------------
+    @property
+    def ops(self) -> list[str]:
+        return list(self._ops)
+
+    @ops.setter
+    def ops(self, value: list[str]) -> None:
+        """Change the statistics computed from the next step on."""
+        self._ops = parse_ops(value)
+
+    def set_wrapped_optimizer(self, optimizer: Any) -> None:
+        self._wrapped_optimizer = optimizer
+
+    def monitor_gnorm_with_ad(self, model: Any, grad_acc_steps: int | None = None, optimizer: Any = None,
+                              dp_group: Any = None, tp_group: Any = None, start_iteration: int = 0) -> None:
+        optimizer = optimizer if optimizer is not None else self._wrapped_optimizer
+        if optimizer is None:
+            raise ValueError("msmon: monitor_gnorm_with_ad needs an optimizer: pass optimizer= or call "
+                             "set_wrapped_optimizer(optimizer) first")
+        self.set_monitor(model, optimizer, grad_acc_steps, tp_group=tp_group, dp_group=dp_group,
+                         start_iteration=start_iteration)
+
+    def set_monitor(self, model: Any, optimizer: Any, grad_acc_steps: int | None = None, tp_group: Any = None,
+                    dp_group: Any = None, start_iteration: int = 0) -> None:
+        """Attach to a model (or a list of virtual-pipeline chunks) and its optimizer.
+
+        grad_acc_steps: micro-batches per optimizer step; None infers it from the number of
+        backward passes seen in the first step.
+        """
+        if self.attached:
+            raise RuntimeError("msmon: this TrainerMon is already attached; create one TrainerMon per optimizer")
+        self.models = model_chunks(model)
+        self.optimizer = optimizer
+        self.tp_group, self.dp_group = tp_group, dp_group
+        self.step = int(start_iteration)
+        if grad_acc_steps is not None and not self._grad_acc_given:
+            if not isinstance(grad_acc_steps, int) or grad_acc_steps < 1:
+                raise ConfigError(f"grad_acc_steps: expected a positive integer, got {grad_acc_steps!r}")
+            self.grad_acc_steps = grad_acc_steps
+            self._grad_acc_given = True
+        self.pp_stage, self.group_mates = pipeline_position(self.process_group)
+        self._check_targets()
+        self.adapter = adapter_for(optimizer, self.opt_ty)
+        self.params = self._monitored_params()
+        self._use_main_grad = self._decide_main_grad()
+        self.attached = True
+        if not self.active:
+            logger.info("msmon[rank %d]: not in module_ranks %s; this rank records nothing",
+                        self.rank, self.config.module_ranks)
+            return
+        self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
+        self._build_collectors()
+        self._decide_recording()
+
+    def generate_wgrad_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+        """(reduced, unreduced) weight-gradient statistics of the last recorded step:
+        {tag: {op: value}}."""
+        return self._api_metrics("grad_reduced"), self._api_metrics("grad_unreduced")
+
+    def generate_xy_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+        """(activations, activation gradients) of the last recorded step: {tag: {op: value}}."""
+        return self._api_metrics("actv"), self._api_metrics("actv_grad")
+
+    def generate_param_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+        """(before, after the update) weight statistics of the last recorded step."""
+        return self._api_metrics("param_origin"), self._api_metrics("param_updated")
+
+    def generate_mv_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+        """(exp_avg, exp_avg_sq) statistics of the last recorded step."""
+        return self._api_metrics("exp_avg"), self._api_metrics("exp_avg_sq")
+
+    def reload_xy(self, xy_distribution: bool = True) -> None:
+        """Switch activation monitoring on or off from the next forward on."""
+        self.config.xy_distribution = bool(xy_distribution)
+        if self.attached and self.active:
+            self._rebuild_collectors()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def detach(self) -> None:
+        """Remove every hook; the monitor records nothing more."""
+        for collector in self.collectors:
+            collector.detach()
+        self.collectors = []
+        if self._unhook_step is not None:
+            self._unhook_step()
+            self._unhook_step = None
+        self.recording = False
+
+    def close(self) -> None:
+        """Detach, write what is pending and a summary; safe to call more than once."""
+        self.detach()
+        if self.writer is not None:
+            self.writer.close()
+            self._write_summary()
+            self.writer = None
+
+    def summary(self) -> dict[str, Any]:
+        wall = (time.perf_counter() - self._first_step_time) if self._first_step_time else 0.0
+        return {
+            "rank": self.rank,
+            "output_dir": self.log_dir,
+            "steps_recorded": self.steps_recorded,
+            "alerts": self.writer.alerts_raised if self.writer else 0,
+            "monitor_seconds": round(self.monitor_seconds, 6),
+            "monitor_cost_pct": round(100 * self.monitor_seconds / wall, 3) if wall > 0 else None,
+            "last_step": self.step,
+        }
+
+    # -- internals used by collectors -----------------------------------------------------------
+    def grad_of(self, param: torch.Tensor) -> torch.Tensor | None:
+        if self._use_main_grad:
+            return getattr(param, "main_grad", None)
+        return param.grad
+
+    def forward_micro_step(self, chunk: int) -> int:
+        return self._tracker.forward_micro(chunk) if self._tracker is not None else 0
+
+    @property
+    def backward_micro_step(self) -> int:
+        return self._tracker.backward_micro if self._tracker is not None else 0
+
+    def _contain_failure(self, collector: Collector, exc: BaseException) -> None:
+        collector.enabled = False
+        try:
+            collector.detach()
+        except Exception:
+            pass
+        if collector.name not in self._failed:
+            self._failed.add(collector.name)
+            logger.error("msmon[rank %d]: %s monitoring failed at step %d and is switched off; training "
+                         "continues. %s: %s\n%s", self.rank, collector.name, self.step, type(exc).__name__, exc,
+                         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3)))
+
+    # -- setup ----------------------------------------------------------------------------------
+    def _open_output(self) -> None:
+        cfg = self.config
+        self.log_dir = os.path.join(self.output_base, rank_dir_name(self.rank))
+        os.makedirs(self.log_dir, exist_ok=True)
+        sinks = make_sinks(cfg.format, self.log_dir, cfg.ndigits, cfg.step_count_per_record)
+        self._api = next((s for s in sinks if isinstance(s, ApiSink)), None)
+        if self._api is None:  # the generate_*_metrics API works whatever the format
+            self._api = ApiSink()
+            sinks.append(self._api)
+        rules = RuleEngine(build_rules(cfg.alert.rules)) if cfg.alert.rules else None
+        self.writer = BackgroundWriter(sinks, self.rank, rules, None, cfg.alert.max_lines_per_step)
+        with open(os.path.join(self.log_dir, "config.json"), "w", encoding="utf-8") as fh:
+            json.dump(cfg.raw, fh, indent=2)
+
+    def _enable_dump(self) -> None:
+        if self.writer is not None and self.config.alert.dump and self.writer.dump is None:
+            self.writer.dump = AnomalyDumpWriter(self.output_base, self.rank, self.pp_stage, self.group_mates)
+
+    def _names(self):
+        squash = self.config.squash_name
+        modules = [{display(n, squash): m for n, m in chunk.named_modules()} for chunk in self.models]
+        params = [{display(n, squash): p for n, p in chunk.named_parameters()} for chunk in self.models]
+        return modules, params
+
+    def _check_targets(self) -> None:
+        modules, params = self._names()
+        check_targets(self.config.targets, [set(m) for m in modules], [set(p) for p in params])
+
+    def _targets_for(self, chunk: int) -> list[str]:
+        out = []
+        for target in self.config.targets:
+            vpp, name = split_vpp(target)
+            if vpp is None or vpp == chunk:
+                out.append(name)
+        return out
+
+    def _monitored_params(self) -> list[MonitoredParam]:
+        owned = {id(p) for p in self.adapter.params()}
+        _, params = self._names()
+        chosen: list[MonitoredParam] = []
+        seen: set[int] = set()
+        for chunk, named in enumerate(params):
+            targets = self._targets_for(chunk) or [""]
+            for name, p in named.items():
+                if id(p) in seen or (owned and id(p) not in owned):
+                    continue
+                if any(covers(t, name) for t in targets):
+                    seen.add(id(p))
+                    chosen.append(MonitoredParam(name, chunk, p))
+        if not chosen and owned:
+            logger.warning("msmon[rank %d]: the optimizer owns no parameter of the given model; weights, "
+                           "gradients and moments are not recorded", self.rank)
+        return chosen
+
+    def _decide_main_grad(self) -> bool:
+        has_main = any(hasattr(mp.param, "main_grad") for mp in self.params)
+        if self.params_have_main_grad is None:
+            return has_main
+        if self.params_have_main_grad and self.params and not has_main:
+            raise ConfigError("params_have_main_grad=True, but the model's parameters have no `main_grad` "
+                              "attribute (that is Megatron's gradient buffer); pass params_have_main_grad=False "
+                              "or leave it out to detect it")
+        return bool(self.params_have_main_grad)
+
+    def _xy_targets(self) -> list[tuple[torch.nn.Module, str, int, int, dict[str, TensorSpec]]]:
+        cfg = self.config
+        modules, _ = self._names()
+        out = []
+        for chunk, named in enumerate(modules):
+            targets = {name: cfg.targets.get(t, {}) for t in cfg.targets for v, name in [split_vpp(t)]
+                       if v is None or v == chunk}
+            select_all = cfg.all_xy or "" in targets
+            for name, module in named.items():
+                if name == "":
+                    continue
+                if select_all or name in targets:
+                    out.append((module, name, chunk, chunk, targets.get(name, {})))
+        return out
+
+    def _build_collectors(self) -> None:
+        cfg = self.config
+        self._enable_dump()
+        collectors: list[Collector] = []
+        needs_tracker = cfg.xy_enabled or cfg.print_struct
+        self._tracker = MicroStepTracker(self, self.models) if needs_tracker else None
+        if self._tracker is not None:
+            collectors.append(self._tracker)
+        if cfg.print_struct:
+            modules, _ = self._names()
+            listed = [(m, (f"{c}:{n}" if len(self.models) > 1 else n)) for c, named in enumerate(modules)
+                      for n, m in named.items() if n]
+            self._struct = StructCollector(self, listed)
+            collectors.append(self._struct)
+        if cfg.xy_enabled:
+            collectors.append(ActivationCollector(self, self._xy_targets()))
+        if cfg.wg_distribution:
+            collectors.append(GradCollector(self))
+        if cfg.param_distribution:
+            collectors.append(ParamCollector(self))
+        if cfg.mv_distribution or cfg.ur_distribution:
+            collectors.append(OptimizerStateCollector(self))
+        for collector in collectors:
+            collector.attach()
+        self.collectors = collectors
+
+    def _rebuild_collectors(self) -> None:
+        for collector in self.collectors:
+            collector.detach()
+        self.collectors = []
+        self.buffer.clear()
+        self._build_collectors()
+
+    # -- the step -------------------------------------------------------------------------------
+    def _decide_recording(self) -> None:
+        start = self._window_start
+        cfg = self.config
+        self.recording = (start is not None and self.step >= start and (self.step - start) % cfg.step_interval == 0
+                          and self.collected < cfg.collect_times)
+        self.step_ops = list(self._ops)
+
+    def _run_callbacks(self, phase: str) -> None:
+        for collector in list(self.collectors):
+            if collector.enabled:
+                try:
+                    getattr(collector, phase)()
+                except Exception as exc:
+                    self._contain_failure(collector, exc)
+
+    def _before_update(self) -> None:
+        started = time.perf_counter()
+        if self._first_step_time is None:
+            self._first_step_time = started
+        self._run_callbacks("before_update")
+        self.monitor_seconds += time.perf_counter() - started
+
+    def _after_update(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._run_callbacks("after_update")
+            self._finish_step()
+        except StopAfterStruct:
+            raise
+        except Exception as exc:  # the step bookkeeping itself must never break training
+            logger.error("msmon[rank %d]: finishing step %d failed: %r; monitoring stops, training continues",
+                         self.rank, self.step, exc)
+            self.detach()
+        finally:
+            self.monitor_seconds += time.perf_counter() - started
+
+    def _finish_step(self) -> None:
+        if self.recording:
+            keys, chunks, hists = self.buffer.take()
+            if (keys or hists) and self.writer is not None:
+                batch = stage_to_host(keys, chunks, len(self.step_ops), hists)
+                self.writer.submit(self.step, self.step_ops, batch)
+            self.collected += 1
+            self.steps_recorded += 1
+        else:
+            self.buffer.clear()
+        grads = next((c for c in self.collectors if isinstance(c, GradCollector)), None)
+        if not self._grad_acc_given and self.grad_acc_steps is None and grads is not None:
+            seen = grads.micro_steps_seen()
+            if seen:
+                self.grad_acc_steps = seen
+        for collector in self.collectors:
+            collector.end_step()
+        if self._struct is not None and self._struct.enabled and self.recording:
+            self._finish_struct()
+        self.step += 1
+        self._maybe_reload_config()
+        was_recording = self.recording
+        self._decide_recording()
+        if was_recording and self.collected >= self.config.collect_times and not self.config.dynamic_on:
+            logger.info("msmon[rank %d]: collected %d steps (collect_times); hooks removed", self.rank, self.collected)
+            for collector in self.collectors:
+                collector.detach()
+
+    def _finish_struct(self) -> None:
+        assert self._struct is not None
+        path = self._struct.write(self.output_base)
+        if self.rank == 0 or not torch.distributed.is_initialized():
+            print(self._struct.render_tree(), flush=True)
+        self.close()
+        print(f"msmon: module structure of rank {self.rank} written to {path}; stopping after step "
+              f"{self.step} as print_struct asks", flush=True)
+        raise StopAfterStruct(0)
+
+    def _maybe_reload_config(self) -> None:
+        mtime = _mtime(self.config_file_path)
+        if mtime is None or mtime == self._config_mtime or mtime == self._bad_config_mtime:
+            return
+        try:
+            new = load_config(self.config_file_path)
+        except ConfigError as exc:
+            self._bad_config_mtime = mtime
+            logger.error("msmon[rank %d]: the edited config is invalid and is ignored (the previous config stays "
+                         "in force): %s", self.rank, exc)
+            return
+        self._config_mtime = mtime
+        self._bad_config_mtime = None
+        try:
+            self._apply_config(new)
+        except ConfigError as exc:
+            logger.error("msmon[rank %d]: the edited config does not fit the model and is ignored: %s", self.rank, exc)
+
+    def _apply_config(self, new: MonitorConfig) -> None:
+        old = self.config
+        self.config = new
+        try:
+            self._check_targets()
+        except ConfigError:
+            self.config = old
+            raise
+        self._ops = list(new.ops)
+        if not self._grad_acc_given:
+            self.grad_acc_steps = self.grad_acc_steps if new.grad_acc_steps is None else new.grad_acc_steps
+        if new.dynamic_on or new.start_step != old.start_step or new.step_interval != old.step_interval \
+                or new.collect_times != old.collect_times:
+            self._window_start = max(new.start_step, self.step) if new.dynamic_on else new.start_step
+            self.collected = 0
+        self.params = self._monitored_params()
+        self._rebuild_collectors()
+        logger.info("msmon[rank %d]: config reloaded at step %d", self.rank, self.step)
+
+    def _api_metrics(self, category: str) -> dict[str, dict[str, float]]:
+        if self.writer is not None:
+            self.writer.drain()
+        return self._api.metrics(category) if self._api is not None else {}
+
+    def _write_summary(self) -> None:
+        if self.log_dir is None:
+            return
+        path = os.path.join(self.log_dir, "summary.json")
+        tmp = path + ".tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(self.summary(), fh, indent=2)
+            os.replace(tmp, path)
+        except OSError as exc:
+            logger.warning("msmon[rank %d]: could not write %s: %s", self.rank, path, exc)
+
+
+def _mtime(path: str) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+

@@ -1,0 +1,92 @@
+"""torch.optim optimizers (any subclass, including user-defined ones)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .base import Moments, OptimizerAdapter
+
+
+class _ClosureOnce:
+    """Wraps a step closure so the monitor sees the gradients right after it first runs
+    (LBFGS and Lightning run forward/backward inside `step(closure)`)."""
+
+    def __init__(self, closure: Callable[[], Any], before: Callable[[], None]) -> None:
+        self.closure = closure
+        self.before = before
+        self.fired = False
+
+    def __call__(self) -> Any:
+        result = self.closure()
+        if not self.fired:
+            self.fired = True
+            self.before()
+        return result
+
+
+class TorchOptimAdapter(OptimizerAdapter):
+    family = "torch"
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
+        wanted = {id(p) for p in params}
+        out: dict[int, Moments] = {}
+        state = getattr(self.optimizer, "state", {})
+        for group in self.optimizer.param_groups:
+            betas = group.get("betas")
+            if betas is None:
+                continue
+            beta1, beta2 = float(betas[0]), float(betas[1])
+            eps = float(group.get("eps", 1e-8))
+            for p in group["params"]:
+                if id(p) not in wanted:
+                    continue
+                s = state.get(p)
+                if not s or "exp_avg" not in s or "exp_avg_sq" not in s:
+                    continue
+                out[id(p)] = Moments(s["exp_avg"], s["exp_avg_sq"], s.get("step", 1), beta1, beta2, eps)
+        return out
+
+    def hook_step(self, before: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
+        opt = self.optimizer
+
+        def pre_hook(_opt: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+            if "closure" in kwargs and callable(kwargs["closure"]):
+                kwargs = dict(kwargs, closure=_ClosureOnce(kwargs["closure"], before))
+                return args, kwargs
+            if args and callable(args[0]):
+                return (_ClosureOnce(args[0], before),) + tuple(args[1:]), kwargs
+            before()
+            return None
+
+        def post_hook(_opt: Any, _args: tuple, _kwargs: dict) -> None:
+            after()
+
+        if isinstance(opt, torch.optim.Optimizer):
+            handles = [opt.register_step_pre_hook(pre_hook), opt.register_step_post_hook(post_hook)]
+            return lambda: [h.remove() for h in handles]
+        return _wrap_step_method(opt, pre_hook, post_hook)
+
+
+def _wrap_step_method(opt: Any, pre_hook: Callable, post_hook: Callable) -> Callable[[], None]:
+    """Hook an optimizer that is not a torch.optim.Optimizer by wrapping its bound `step`."""
+    original = opt.step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        changed = pre_hook(opt, args, kwargs)
+        if changed is not None:
+            args, kwargs = changed
+        result = original(*args, **kwargs)
+        post_hook(opt, args, kwargs)
+        return result
+
+    opt.step = step
+
+    def remove() -> None:
+        if opt.__dict__.get("step") is step:
+            del opt.step
+
+    return remove

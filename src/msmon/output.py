@@ -1,0 +1,32 @@
+"""Where a rank's output goes, checked before training starts."""
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from datetime import datetime
+
+from .config import ConfigError
+
+ENV_OUTPUT_DIR = "MONITOR_OUTPUT_DIR"
+DEFAULT_OUTPUT_DIR = "monitor_output"
+
+
+def output_base_dir() -> str:
+    return os.environ.get(ENV_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR
+
+
+def ensure_writable(path: str) -> None:
+    """Create `path` and prove a file can be written there, or fail with a clear error."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".msmon-probe-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"output directory {os.path.abspath(path)} is not writable ({exc.strerror or exc}); "
+                          f"set {ENV_OUTPUT_DIR} to a writable directory") from None
+
+
+def rank_dir_name(rank: int) -> str:
+    """`<local time %b%d_%H-%M-%S>-rank<r>-<short uid>`, the msprobe layout."""
+    return f"{datetime.now().strftime('%b%d_%H-%M-%S')}-rank{rank}-{uuid.uuid4().hex[:8]}"

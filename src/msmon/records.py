@@ -1,0 +1,104 @@
+"""What a recorded statistic is called, and the per-step buffer that keeps rows on the device.
+
+A row is one tensor's statistics; its key says which tensor (category, name, pipeline chunk,
+micro-step). Rows are appended in execution order, so a row's index within its step is its
+call_id: the order the analyser uses to tell which anomaly came first within a rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
+CATEGORY_STAGE = {
+    "actv": FORWARD,
+    "actv_grad": BACKWARD,
+    "grad_unreduced": BACKWARD,
+    "grad_reduced": OPTIMIZER,
+    "param_origin": OPTIMIZER,
+    "param_updated": OPTIMIZER,
+    "exp_avg": OPTIMIZER,
+    "exp_avg_sq": OPTIMIZER,
+    "update": OPTIMIZER,
+    "ratio": OPTIMIZER,
+    "other": FORWARD,
+}
+MICRO_STEP_CATEGORIES = ("actv", "actv_grad")
+
+
+@dataclass(frozen=True)
+class RowKey:
+    """Identity of one recorded tensor within a step."""
+
+    category: str
+    name: str
+    vpp_stage: int = 0
+    micro_step: int | None = None
+    stage: str | None = None  # overrides CATEGORY_STAGE (collectives run in either pass)
+
+    @property
+    def train_stage(self) -> str:
+        return self.stage or CATEGORY_STAGE.get(self.category, OPTIMIZER)
+
+    def display_name(self) -> str:
+        """`{vpp}:{name}[:{micro_step}]`, the msprobe tag prefix."""
+        base = f"{self.vpp_stage}:{self.name}"
+        return base if self.micro_step is None else f"{base}:{self.micro_step}"
+
+    def tag(self, rank: int) -> str:
+        """The metric tag without the op: `{vpp}:{name}[:{micro}]/rank{r}/{category}`."""
+        return f"{self.display_name()}/rank{rank}/{self.category}"
+
+
+@dataclass
+class Histogram:
+    """A histogram computed on the device: counts over fixed bucket edges."""
+
+    tag: str
+    edges: list[float]
+    counts: torch.Tensor
+
+
+@dataclass
+class StepRecord:
+    """One step's statistics, on the host, as the writer thread hands them to sinks."""
+
+    step: int
+    rank: int
+    ops: list[str]
+    keys: list[RowKey]
+    values: list[list[float]]
+    histograms: list[tuple[str, list[float], list[float]]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class StepBuffer:
+    """Collects rows on the device during a step; one concatenation and copy at its end."""
+
+    def __init__(self) -> None:
+        self.keys: list[RowKey] = []
+        self._chunks: list[torch.Tensor] = []
+        self.histograms: list[Histogram] = []
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def add(self, key: RowKey, row: torch.Tensor) -> None:
+        self.keys.append(key)
+        self._chunks.append(row.unsqueeze(0))
+
+    def add_many(self, keys: list[RowKey], rows: torch.Tensor) -> None:
+        if keys:
+            self.keys.extend(keys)
+            self._chunks.append(rows)
+
+    def take(self) -> tuple[list[RowKey], list[torch.Tensor], list[Histogram]]:
+        """Hand over everything recorded so far and start empty."""
+        keys, chunks, hists = self.keys, self._chunks, self.histograms
+        self.keys, self._chunks, self.histograms = [], [], []
+        return keys, chunks, hists
+
+    def clear(self) -> None:
+        self.take()

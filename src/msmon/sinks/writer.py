@@ -1,0 +1,113 @@
+"""The background writer: waits for a step's copy, applies alert rules, feeds the sinks.
+
+File writing, rule evaluation and the wait on the device all happen here, so the training
+thread only launches kernels and enqueues. A failing sink is logged once and switched off.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+from typing import Callable
+
+from ..anomaly.dump import AnomalyDumpWriter
+from ..anomaly.rules import Alert, RuleEngine
+from ..records import StepRecord
+from ..transfer import HostBatch
+from .base import Sink
+
+logger = logging.getLogger("msmon")
+_STOP = object()
+
+
+class BackgroundWriter:
+    """One daemon thread per monitor; `drain()` waits until everything submitted is written."""
+
+    def __init__(self, sinks: list[Sink], rank: int, rules: RuleEngine | None = None,
+                 dump: AnomalyDumpWriter | None = None, alert_lines_per_step: int = 10,
+                 on_alerts: Callable[[StepRecord, list[Alert]], None] | None = None) -> None:
+        self.sinks = list(sinks)
+        self.rank = rank
+        self.rules = rules
+        self.dump = dump
+        self.alert_lines_per_step = alert_lines_per_step
+        self.on_alerts = on_alerts
+        self.steps_written = 0
+        self.alerts_raised = 0
+        self._queue: queue.Queue = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"msmon-writer-rank{rank}", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    def submit(self, step: int, ops: list[str], batch: HostBatch, meta: dict | None = None) -> None:
+        if not self._closed:
+            self._queue.put((step, list(ops), batch, meta or {}))
+
+    def drain(self) -> None:
+        if not self._closed:
+            self._queue.join()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        self._thread.join(timeout=60)
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:  # pragma: no cover - reported, never raised at exit
+                logger.warning("msmon[rank %d]: closing the %s sink failed: %s", self.rank, sink.name, exc)
+        atexit.unregister(self.close)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                self._write(*item)
+            except Exception as exc:
+                logger.error("msmon[rank %d]: writing step statistics failed: %r", self.rank, exc)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, step: int, ops: list[str], batch: HostBatch, meta: dict) -> None:
+        batch.wait()
+        record = StepRecord(step=step, rank=self.rank, ops=ops, keys=batch.keys,
+                            values=batch.values.tolist(),
+                            histograms=[(tag, edges, counts.tolist()) for tag, edges, counts in batch.histograms],
+                            meta=meta)
+        for sink in list(self.sinks):
+            try:
+                sink.write(record)
+            except Exception as exc:
+                logger.error("msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
+                             self.rank, sink.name, step, exc)
+                self.sinks.remove(sink)
+        self.steps_written += 1
+        if self.rules is not None:
+            alerts = self.rules.scan(record.keys, ops, record.values)
+            if alerts:
+                self._report(record, alerts)
+
+    def _report(self, record: StepRecord, alerts: list[Alert]) -> None:
+        self.alerts_raised += len(alerts)
+        for alert in alerts[: self.alert_lines_per_step]:
+            history = "none" if alert.history is None else f"{alert.history:.6g}"
+            logger.warning("msmon alert [rank %d] step %d micro-step %s %s %s=%.6g history=%s (%s): %s",
+                           self.rank, record.step, alert.key.micro_step if alert.key.micro_step is not None else "-",
+                           alert.key.tag(self.rank), alert.op, alert.value, history, alert.rule, alert.message)
+        if len(alerts) > self.alert_lines_per_step:
+            logger.warning("msmon alert [rank %d] step %d: %d more alerts not shown (see the anomaly dump)",
+                           self.rank, record.step, len(alerts) - self.alert_lines_per_step)
+        if self.dump is not None:
+            try:
+                self.dump.write(record, alerts)
+            except OSError as exc:
+                logger.error("msmon[rank %d]: anomaly dump failed and is switched off: %s", self.rank, exc)
+                self.dump = None
+        if self.on_alerts is not None:
+            self.on_alerts(record, alerts)
