@@ -1,0 +1,36 @@
+# Quick start: `make demo` runs the monitor on the bundled example; `make test` runs the tests.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+TORCH   = torch==2.13.0
+OUT    ?= monitor_output
+
+.PHONY: demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.base: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.test: pyproject.toml $(VENV)/.base
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.base
+	MONITOR_OUTPUT_DIR=$(OUT) $(BIN)/msmon run --config examples/monitor.json --nproc-per-node 2 \
+		-- examples/train_tiny_gpt.py --steps 20
+	@echo "Monitor output is in $(OUT)/ (CSV and TensorBoard per rank: tensorboard --logdir $(OUT));"
+	@echo "anomalies, if any: $(BIN)/msmon analyse -d $(OUT)/anomaly_detected"
+
+test: $(VENV)/.test
+	$(BIN)/python -m pytest -q -ra
+
+bench: $(VENV)/.base
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache
