@@ -17,11 +17,12 @@ _installed = False
 def setup_logging() -> None:
     """Give msmon's logger a stderr handler once, so alerts and errors are seen."""
     logger = logging.getLogger("msmon")
-    if not logger.handlers:
+    if logger.level == logging.NOTSET:
+        logger.setLevel(os.environ.get("MSMON_LOG_LEVEL", "INFO").upper())
+    if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(os.environ.get("MSMON_LOG_LEVEL", "INFO").upper())
         logger.propagate = False
 
 

@@ -98,8 +98,11 @@ class TrainerMon:
 
     @ops.setter
     def ops(self, value: list[str]) -> None:
-        """Change the statistics computed from the next step on."""
+        """Change the statistics computed from the next step on (or this one, if nothing of it
+        is recorded yet)."""
         self._ops = parse_ops(value)
+        if len(self.buffer) == 0:
+            self.step_ops = list(self._ops)
 
     def set_wrapped_optimizer(self, optimizer: Any) -> None:
         self._wrapped_optimizer = optimizer
@@ -274,9 +277,14 @@ class TrainerMon:
                 if any(covers(t, name) for t in targets):
                     seen.add(id(p))
                     chosen.append(MonitoredParam(name, chunk, p))
-        if not chosen and owned:
-            logger.warning("msmon[rank %d]: the optimizer owns no parameter of the given model; weights, "
-                           "gradients and moments are not recorded", self.rank)
+        cfg = self.config
+        if not chosen and (cfg.wg_distribution or cfg.param_distribution or cfg.mv_distribution
+                           or cfg.ur_distribution):
+            reason = ("no parameter matches the targets" if any(id(p) in owned for named in params
+                                                                 for p in named.values())
+                      else "the optimizer owns no parameter of the given model")
+            logger.warning("msmon[rank %d]: %s; weights, gradients and moments are not recorded",
+                           self.rank, reason)
         return chosen
 
     def _decide_main_grad(self) -> bool:

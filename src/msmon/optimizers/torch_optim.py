@@ -54,11 +54,13 @@ class TorchOptimAdapter(OptimizerAdapter):
         opt = self.optimizer
 
         def pre_hook(_opt: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-            if "closure" in kwargs and callable(kwargs["closure"]):
+            # torch passes the optimizer itself as args[0]; a closure is a later callable
+            if callable(kwargs.get("closure")):
                 kwargs = dict(kwargs, closure=_ClosureOnce(kwargs["closure"], before))
                 return args, kwargs
-            if args and callable(args[0]):
-                return (_ClosureOnce(args[0], before),) + tuple(args[1:]), kwargs
+            for i, arg in enumerate(args):
+                if arg is not _opt and callable(arg) and not hasattr(arg, "param_groups"):
+                    return args[:i] + (_ClosureOnce(arg, before),) + args[i + 1:], kwargs
             before()
             return None
 
@@ -76,7 +78,7 @@ def _wrap_step_method(opt: Any, pre_hook: Callable, post_hook: Callable) -> Call
     original = opt.step
 
     def step(*args: Any, **kwargs: Any) -> Any:
-        changed = pre_hook(opt, args, kwargs)
+        changed = pre_hook(opt, args, kwargs)  # args here exclude the optimizer
         if changed is not None:
             args, kwargs = changed
         result = original(*args, **kwargs)

@@ -20,7 +20,7 @@ class TensorBoardSink(Sink):
         for key, values in zip(record.keys, record.values):
             prefix = key.tag(record.rank)
             for op, value in zip(record.ops, values):
-                add(f"{prefix}_{op}", value, record.step, new_style=True)
+                add(f"{prefix}_{op}", value, record.step)
         for tag, edges, counts in record.histograms:
             total = sum(counts)
             if total <= 0:

@@ -1,0 +1,84 @@
+"""Shared fixtures: a small model, config files, an isolated output directory."""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+torch.set_num_threads(1)  # tests share two cores with each other; no spinning threads
+
+ALL_OPS = ["norm", "min", "max", "mean", "zeros", "nans", "infs"]
+
+
+@pytest.fixture
+def output_dir(tmp_path, monkeypatch):
+    out = tmp_path / "monitor_output"
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(out))
+    return out
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    def write(cfg: dict, name: str = "monitor.json") -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps(cfg))
+        return str(path)
+    return write
+
+
+def rank_dir(output_dir: Path, rank: int = 0) -> Path:
+    dirs = sorted(glob.glob(str(output_dir / f"*-rank{rank}-*")))
+    assert dirs, f"no rank{rank} directory under {output_dir}"
+    return Path(dirs[-1])
+
+
+def read_csv_rows(directory: Path, category: str) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    for path in sorted(directory.glob(f"{category}_[0-9]*.csv")):
+        with open(path, newline="") as fh:
+            rows.extend(csv.DictReader(fh))
+    return rows
+
+
+class MLP(torch.nn.Module):
+    """A small hand-built model whose tensors tests can recompute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.act = torch.nn.ReLU(inplace=True)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+def reference_stats(t: torch.Tensor, ops=ALL_OPS, eps: float = 1e-8) -> dict[str, float]:
+    """Statistics computed independently, in float64 on the host."""
+    x = t.detach().double().flatten()
+    out = {}
+    for op in ops:
+        if op == "norm":
+            out[op] = float(torch.sqrt((x * x).sum()))
+        elif op == "min":
+            out[op] = float(x.min())
+        elif op == "max":
+            out[op] = float(x.max())
+        elif op == "mean":
+            out[op] = float(x.mean())
+        elif op == "zeros":
+            out[op] = float((x.abs() < eps).double().mean())
+        elif op == "nans":
+            out[op] = float(torch.isnan(x).sum())
+        elif op == "infs":
+            out[op] = float(torch.isinf(x).sum())
+    return out
