@@ -304,7 +304,7 @@ class TrainerMon:
         for chunk, named in enumerate(modules):
             targets = {name: cfg.targets.get(t, {}) for t in cfg.targets for v, name in [split_vpp(t)]
                        if v is None or v == chunk}
-            select_all = cfg.all_xy or "" in targets
+            select_all = cfg.all_xy or "" in targets or not cfg.targets
             for name, module in named.items():
                 if name == "":
                     continue
@@ -334,6 +334,10 @@ class TrainerMon:
             collectors.append(ParamCollector(self))
         if cfg.mv_distribution or cfg.ur_distribution:
             collectors.append(OptimizerStateCollector(self))
+        if cfg.cc_distribution.enable:
+            from .collectors.comm import CommCollector
+
+            collectors.append(CommCollector(self))
         for collector in collectors:
             collector.attach()
         self.collectors = collectors

@@ -108,20 +108,13 @@ class ActivationCollector(Collector):
             recompute = in_backward()
             micro = mon.backward_micro_step if recompute else mon.forward_micro_step(target.chunk)
             call = self._call_index(target, micro, recompute)
-            inputs = self._tensors(target, "input", (args + tuple(kwargs.values())) if kwargs else args)
+            value = (args + tuple(kwargs.values())) if kwargs else args
             base = target.name if call == 0 else f"{target.name}_{call}"
             # remember the call so the post-hook and the gradient hooks use the same name
             self._open.setdefault(id(module), []).append((micro, base, recompute))
-            if recompute or not inputs:
-                self._grad_hooks(target, "input", inputs, micro, base)
-                return None
-            if not mon.config.backward_only:
-                names = self._names(base, "input", len(inputs))
-                for name, t in zip(names, inputs):
-                    if t.numel():
-                        mon.buffer.add(RowKey("actv", name, target.vpp_stage, micro),
-                                       tensor_stats(t, mon.step_ops, mon.config.eps))
-            self._grad_hooks(target, "input", inputs, micro, base)
+            if not recompute and not mon.config.backward_only:
+                self._record_forward(target, "input", value, micro, base)
+            self._grad_hooks(target, "input", value, micro, base)
             return None
 
         return pre_hook
@@ -136,27 +129,27 @@ class ActivationCollector(Collector):
             micro, base, recompute = in_flight.pop()
             if not mon.recording:
                 return None
-            outputs = self._tensors(target, "output", output)
             if not recompute and not mon.config.backward_only:
-                names = self._names(base, "output", len(outputs))
-                for name, t in zip(names, outputs):
-                    if t.numel():
-                        mon.buffer.add(RowKey("actv", name, target.vpp_stage, micro),
-                                       tensor_stats(t, mon.step_ops, mon.config.eps))
-            self._grad_hooks(target, "output", outputs, micro, base)
+                self._record_forward(target, "output", output, micro, base)
+            self._grad_hooks(target, "output", output, micro, base)
             return None
 
         return post_hook
 
-    def _grad_hooks(self, target: _Target, slot: str, tensors: list[torch.Tensor], micro: int,
-                    base: str) -> None:
+    def _record_forward(self, target: _Target, slot: str, value: Any, micro: int, base: str) -> None:
+        mon = self.mon
+        tensors = self._tensors(target, slot, value)
+        for name, t in zip(self._names(base, slot, len(tensors)), tensors):
+            if t.numel():
+                mon.buffer.add(RowKey("actv", name, target.vpp_stage, micro),
+                               tensor_stats(t, mon.step_ops, mon.config.eps))
+
+    def _grad_hooks(self, target: _Target, slot: str, value: Any, micro: int, base: str) -> None:
+        """Register gradient hooks on the tensors the `{slot}_grad` spec selects."""
         mon = self.mon
         if mon.config.forward_only or not torch.is_grad_enabled():
             return
-        grad_slot = f"{slot}_grad"
-        spec = target.specs.get(grad_slot)
-        if spec is not None and spec.length is not None:
-            tensors = tensors[spec.index:spec.index + 1] if spec.index < len(tensors) else []
+        tensors = self._tensors(target, f"{slot}_grad", value)
         names = self._names(base, slot, len(tensors))
         for name, t in zip(names, tensors):
             if not t.requires_grad or not t.is_floating_point():

@@ -1,0 +1,153 @@
+"""print_struct output and clean stop; config edits picked up while training runs."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from msmon import TrainerMon
+from msmon.config import TensorSpec
+
+from conftest import MLP, ROOT, rank_dir, read_csv_rows
+
+
+def test_print_struct_writes_the_tree_and_stops_cleanly(tmp_path):
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"print_struct": True}))
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        from conftest import MLP
+        from msmon import TrainerMon
+        model = MLP(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mon = TrainerMon({str(config)!r}); mon.set_monitor(model, opt)
+        for step in range(5):
+            model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+            print("trained step", step, flush=True)
+    """))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, MONITOR_OUTPUT_DIR=str(out)))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "trained step" not in proc.stdout  # stopped inside the first optimizer step
+    stop_lines = [l for l in proc.stdout.splitlines() if "stopping after step 0 as print_struct asks" in l]
+    assert len(stop_lines) == 1
+    assert "fc1  [input tensor: size=(4, 8), dtype=torch.float32" in proc.stdout
+    struct = json.loads((out / "module_struct" / "rank0" / "module_struct.json").read_text())
+    assert struct["fc1"]["input"] == {"config": "tensor", "0": "size=(4, 8), dtype=torch.float32"}
+    assert struct["fc2"]["output"] == {"config": "tensor", "0": "size=(4, 4), dtype=torch.float32"}
+    assert struct["fc2"]["output_grad"] == {"config": "tensor", "0": "size=(4, 4), dtype=torch.float32"}
+    assert struct["act"]["input_grad"]["0"] == "size=(4, 16), dtype=torch.float32"
+    for entry in struct.values():
+        for slot in entry.values():
+            TensorSpec.parse(slot["config"], "printed config")  # what targets accepts
+
+
+def write_config(path, cfg, stamp):
+    path.write_text(json.dumps(cfg))
+    os.utime(path, ns=(stamp, stamp))
+
+
+def train_steps(model, optimizer, n):
+    for _ in range(n):
+        model(torch.randn(2, 8)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_config_edits_switch_activations_on_and_off_at_the_next_step(tmp_path, output_dir):
+    path = tmp_path / "monitor.json"
+    base = {"wg_distribution": True, "format": "csv", "ops": ["norm"]}
+    write_config(path, base, 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    train_steps(model, optimizer, 2)                         # steps 0, 1
+    write_config(path, {**base, "xy_distribution": True, "all_xy": True, "ops": ["norm", "max"]}, 2_000_000_000)
+    train_steps(model, optimizer, 3)                         # step 2 picks it up at its end: 3, 4 recorded
+    write_config(path, base, 3_000_000_000)
+    train_steps(model, optimizer, 2)                         # step 5 is still on, picks the edit up; 6 off
+    mon.close()
+    out = rank_dir(output_dir)
+    assert {int(r["step"]) for r in read_csv_rows(out, "actv")} == {3, 4, 5}
+    assert {int(r["step"]) for r in read_csv_rows(out, "grad_reduced")} == set(range(7))
+
+
+def test_repeated_toggles_do_not_stack_hooks(tmp_path, output_dir):
+    path = tmp_path / "monitor.json"
+    on = {"wg_distribution": True, "xy_distribution": True, "all_xy": True, "format": "csv", "ops": ["norm"]}
+    off = {"wg_distribution": True, "format": "csv", "ops": ["norm"]}
+    write_config(path, off, 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    counts = []
+    for i in range(20):
+        write_config(path, on if i % 2 == 0 else off, 2_000_000_000 + i * 1_000_000)
+        train_steps(model, optimizer, 1)
+        hooks = (len(model.fc1._forward_hooks) + len(model.fc1._forward_pre_hooks)
+                 + len(model.fc1.weight._post_accumulate_grad_hooks or {}))
+        counts.append((i % 2, hooks))
+    mon.close()
+    assert len({c for c in counts if c[0] == 0}) == 1 and len({c for c in counts if c[0] == 1}) == 1
+
+
+def test_an_invalid_edit_keeps_the_old_config_and_is_logged_once(tmp_path, output_dir, caplog):
+    logging.getLogger("msmon").propagate = True
+    caplog.set_level(logging.ERROR, logger="msmon")
+    path = tmp_path / "monitor.json"
+    good = {"wg_distribution": True, "format": "csv", "ops": ["norm"]}
+    write_config(path, good, 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    write_config(path, {**good, "ops": ["median"]}, 2_000_000_000)
+    train_steps(model, optimizer, 4)
+    mon.close()
+    errors = [r.getMessage() for r in caplog.records if "edited config is invalid" in r.getMessage()]
+    assert len(errors) == 1 and "median" in errors[0]
+    assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "grad_reduced")} == {0, 1, 2, 3}
+    assert json.loads(path.read_text())["ops"] == ["median"]  # the user's file is never rewritten
+
+
+def test_dynamic_on_collects_collect_times_steps_from_the_edit(tmp_path, output_dir, monkeypatch):
+    monkeypatch.setenv("DYNAMIC_MONITOR", "True")
+    path = tmp_path / "monitor.json"
+    cfg = {"wg_distribution": True, "format": "csv", "ops": ["norm"], "collect_times": 2}
+    write_config(path, {**cfg, "dynamic_on": False}, 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    train_steps(model, optimizer, 3)                         # steps 0-2: waiting for dynamic_on
+    write_config(path, {**cfg, "dynamic_on": True}, 2_000_000_000)
+    train_steps(model, optimizer, 5)                         # step 3 picks it up: 4 and 5 recorded
+    mon.close()
+    assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "grad_reduced")} == {4, 5}
+    assert json.loads(path.read_text())["dynamic_on"] is True
+
+
+def test_reload_xy_switches_activations(tmp_path, output_dir):
+    path = tmp_path / "monitor.json"
+    write_config(path, {"format": "csv", "ops": ["norm"]}, 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    train_steps(model, optimizer, 1)
+    mon.reload_xy(True)
+    train_steps(model, optimizer, 1)
+    mon.reload_xy(False)
+    train_steps(model, optimizer, 1)
+    mon.close()
+    assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "actv")} == {1}
