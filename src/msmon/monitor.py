@@ -21,6 +21,7 @@ from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
                          OptimizerStateCollector, ParamCollector, StructCollector)
+from .collectors.nan_origin import NanOriginCollector
 from .config import ConfigError, MonitorConfig, TensorSpec, load_config, parse_ops
 from .distributed import current_rank, pipeline_position
 from .naming import check_targets, covers, display, model_chunks, split_vpp
@@ -87,6 +88,7 @@ class TrainerMon:
         self._first_step_time: float | None = None
         self._failed: set[str] = set()
         self.attached = False
+        self._closed = False
         if self.active:
             self._open_output()
         lifecycle.register(self)
@@ -185,10 +187,10 @@ class TrainerMon:
     def close(self) -> None:
         """Detach, write what is pending and a summary; safe to call more than once."""
         self.detach()
-        if self.writer is not None:
+        if self.writer is not None and not self._closed:
+            self._closed = True
             self.writer.close()
             self._write_summary()
-            self.writer = None
 
     def summary(self) -> dict[str, Any]:
         wall = (time.perf_counter() - self._first_step_time) if self._first_step_time else 0.0
@@ -197,6 +199,7 @@ class TrainerMon:
             "output_dir": self.log_dir,
             "steps_recorded": self.steps_recorded,
             "alerts": self.writer.alerts_raised if self.writer else 0,
+            "first_nonfinite": self.writer.first_origin if self.writer else None,
             "monitor_seconds": round(self.monitor_seconds, 6),
             "monitor_cost_pct": round(100 * self.monitor_seconds / wall, 3) if wall > 0 else None,
             "last_step": self.step,
@@ -237,7 +240,7 @@ class TrainerMon:
         if self._api is None:  # the generate_*_metrics API works whatever the format
             self._api = ApiSink()
             sinks.append(self._api)
-        rules = RuleEngine(build_rules(cfg.alert.rules)) if cfg.alert.rules else None
+        rules = RuleEngine(build_rules(cfg.alert.rules))
         self.writer = BackgroundWriter(sinks, self.rank, rules, None, cfg.alert.max_lines_per_step)
         with open(os.path.join(self.log_dir, "config.json"), "w", encoding="utf-8") as fh:
             json.dump(cfg.raw, fh, indent=2)
@@ -316,7 +319,7 @@ class TrainerMon:
         cfg = self.config
         self._enable_dump()
         collectors: list[Collector] = []
-        needs_tracker = cfg.xy_enabled or cfg.print_struct
+        needs_tracker = cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled
         self._tracker = MicroStepTracker(self, self.models) if needs_tracker else None
         if self._tracker is not None:
             collectors.append(self._tracker)
@@ -326,6 +329,10 @@ class TrainerMon:
                       for n, m in named.items() if n]
             self._struct = StructCollector(self, listed)
             collectors.append(self._struct)
+        if cfg.nan_origin_enabled:
+            modules, _ = self._names()
+            collectors.append(NanOriginCollector(self, [(m, n, c, c) for c, named in enumerate(modules)
+                                                        for n, m in named.items() if n]))
         if cfg.xy_enabled:
             collectors.append(ActivationCollector(self, self._xy_targets()))
         if cfg.wg_distribution:
@@ -388,9 +395,9 @@ class TrainerMon:
 
     def _finish_step(self) -> None:
         if self.recording:
-            keys, chunks, hists = self.buffer.take()
-            if (keys or hists) and self.writer is not None:
-                batch = stage_to_host(keys, chunks, len(self.step_ops), hists)
+            keys, chunks, hists, flag_keys, flags = self.buffer.take()
+            if (keys or hists or flags) and self.writer is not None:
+                batch = stage_to_host(keys, chunks, len(self.step_ops), hists, flag_keys, flags)
                 self.writer.submit(self.step, self.step_ops, batch)
             self.collected += 1
             self.steps_recorded += 1

@@ -81,6 +81,8 @@ class StepBuffer:
         self.keys: list[RowKey] = []
         self._chunks: list[torch.Tensor] = []
         self.histograms: list[Histogram] = []
+        self.flag_keys: list[RowKey] = []
+        self.flags: list[torch.Tensor] = []
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -94,11 +96,16 @@ class StepBuffer:
             self.keys.extend(keys)
             self._chunks.append(rows)
 
-    def take(self) -> tuple[list[RowKey], list[torch.Tensor], list[Histogram]]:
+    def add_flag(self, key: RowKey, finite: torch.Tensor) -> None:
+        """A 0-d bool: is this tensor free of NaN/Inf (for the non-finite origin)."""
+        self.flag_keys.append(key)
+        self.flags.append(finite)
+
+    def take(self) -> tuple[list[RowKey], list[torch.Tensor], list[Histogram], list[RowKey], list[torch.Tensor]]:
         """Hand over everything recorded so far and start empty."""
-        keys, chunks, hists = self.keys, self._chunks, self.histograms
-        self.keys, self._chunks, self.histograms = [], [], []
-        return keys, chunks, hists
+        taken = self.keys, self._chunks, self.histograms, self.flag_keys, self.flags
+        self.keys, self._chunks, self.histograms, self.flag_keys, self.flags = [], [], [], [], []
+        return taken
 
     def clear(self) -> None:
         self.take()

@@ -23,10 +23,15 @@ class HostBatch:
     values: torch.Tensor
     histograms: list[tuple[str, list[float], torch.Tensor]] = field(default_factory=list)
     events: list[Any] = field(default_factory=list)
+    flag_keys: list[RowKey] = field(default_factory=list)
+    flag_values: torch.Tensor | None = None
 
     def wait(self) -> None:
         for event in self.events:
             event.synchronize()
+
+    def finite_flags(self) -> list[bool]:
+        return [] if self.flag_values is None else [bool(v) for v in self.flag_values.tolist()]
 
 
 def _to_host(t: torch.Tensor, events: list[Any]) -> torch.Tensor:
@@ -46,8 +51,10 @@ def _to_host(t: torch.Tensor, events: list[Any]) -> torch.Tensor:
 
 
 def stage_to_host(keys: list[RowKey], chunks: list[torch.Tensor], width: int,
-                  histograms: list[Histogram]) -> HostBatch:
-    """Concatenate each device's rows and start their copy to the host."""
+                  histograms: list[Histogram], flag_keys: list[RowKey] | None = None,
+                  flags: list[torch.Tensor] | None = None) -> HostBatch:
+    """Concatenate each device's rows and start their copy to the host. Finiteness flags
+    travel in the same copy as the rows of their device."""
     events: list[Any] = []
     by_device: dict[torch.device, list[int]] = defaultdict(list)
     for i, chunk in enumerate(chunks):
@@ -59,14 +66,26 @@ def stage_to_host(keys: list[RowKey], chunks: list[torch.Tensor], width: int,
     for chunk in chunks:
         spans.append((start, start + chunk.shape[0]))
         start += chunk.shape[0]
+    flags = flags or []
+    flag_device = flags[0].device if flags else None
+    flag_host: torch.Tensor | None = None
     for device, indices in by_device.items():
         device_rows = torch.cat([chunks[i] for i in indices]) if len(indices) > 1 else chunks[indices[0]]
-        host_parts.append(_to_host(device_rows, events))
+        if device == flag_device:  # pack the flags after the rows: still one copy
+            packed = torch.cat([device_rows.flatten(), torch.stack(flags).to(device_rows.dtype)])
+            host = _to_host(packed, events)
+            split = device_rows.numel()
+            host_parts.append(host[:split].view(device_rows.shape))
+            flag_host = host[split:]
+        else:
+            host_parts.append(_to_host(device_rows, events))
         for i in indices:
             ordered_keys.extend(keys[spans[i][0]:spans[i][1]])
+    if flags and flag_host is None:
+        flag_host = _to_host(torch.stack([f.to(flag_device) for f in flags]).to(torch.float64), events)
     if host_parts:
         values = host_parts[0] if len(host_parts) == 1 else torch.cat(host_parts)
     else:
         values = torch.empty((0, width), dtype=torch.float64)
     hist_host = [(h.tag, h.edges, _to_host(h.counts, events)) for h in histograms]
-    return HostBatch(ordered_keys, values, hist_host, events)
+    return HostBatch(ordered_keys, values, hist_host, events, list(flag_keys or []), flag_host)

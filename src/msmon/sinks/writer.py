@@ -13,7 +13,8 @@ from typing import Callable
 
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.rules import Alert, RuleEngine
-from ..records import StepRecord
+from ..origin import Origin, find_origin
+from ..records import RowKey, StepRecord
 from ..transfer import HostBatch
 from .base import Sink
 
@@ -35,6 +36,7 @@ class BackgroundWriter:
         self.on_alerts = on_alerts
         self.steps_written = 0
         self.alerts_raised = 0
+        self.first_origin: dict | None = None
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"msmon-writer-rank{rank}", daemon=True)
@@ -88,10 +90,23 @@ class BackgroundWriter:
                              self.rank, sink.name, step, exc)
                 self.sinks.remove(sink)
         self.steps_written += 1
-        if self.rules is not None:
-            alerts = self.rules.scan(record.keys, ops, record.values)
-            if alerts:
-                self._report(record, alerts)
+        alerts = self.rules.scan(record.keys, ops, record.values) if self.rules is not None else []
+        origin = find_origin(batch.flag_keys, batch.finite_flags()) if batch.flag_keys else None
+        if origin is not None:
+            alerts.insert(0, self._origin_alert(record, origin))
+        if alerts:
+            self._report(record, alerts)
+
+    def _origin_alert(self, record: StepRecord, origin: Origin) -> Alert:
+        message = f"first non-finite value: {origin.describe()}, all that fed it was finite"
+        logger.warning("msmon[rank %d] step %d: %s", self.rank, record.step, message)
+        if self.first_origin is None:
+            self.first_origin = {"step": record.step, "rank": self.rank, "stage": origin.stage,
+                                 "module": origin.module, "tensor": origin.tensor,
+                                 "micro_step": origin.micro_step, "vpp_stage": origin.vpp_stage}
+        category = "actv" if origin.stage == "forward" else "actv_grad"
+        key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step)
+        return Alert(key, origin.call_id, "nonfinite", float("nan"), None, "NanOrigin", message)
 
     def _report(self, record: StepRecord, alerts: list[Alert]) -> None:
         self.alerts_raised += len(alerts)

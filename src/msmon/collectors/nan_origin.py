@@ -1,0 +1,93 @@
+"""Where the first NaN/Inf came from: a finiteness flag per module input and output.
+
+Each flag is a 0-d bool tensor computed on the device (is the sum finite? one reduction, no
+sync) and appended to the step buffer in execution order; the writer thread resolves the
+origin once per step, after the step's single copy to the host (see msmon.origin).
+Forward: flags of every module's inputs (pre-hook) and outputs (post-hook). Backward: flags of
+the gradients of those same tensors, in the order autograd produces them.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..records import RowKey
+from .activations import in_backward
+from .base import Collector
+from .module_io import iter_tensors
+
+
+def finite_flag(t: torch.Tensor) -> torch.Tensor:
+    """True when `t` has no NaN/Inf: the sum of finite values is finite (accumulated in
+    float32 or wider, so overflow needs values near 1e38)."""
+    acc = torch.float64 if t.dtype == torch.float64 else torch.float32
+    return torch.isfinite(t.detach().sum(dtype=acc))
+
+
+class NanOriginCollector(Collector):
+    name = "nan origin"
+
+    def __init__(self, monitor, modules: list[tuple[torch.nn.Module, str, int, int]]) -> None:
+        super().__init__(monitor)
+        self.modules = modules
+        self._calls: dict[int, tuple[int, int]] = {}
+        self._open: dict[int, list[tuple[int, str]]] = {}
+
+    def attach(self) -> None:
+        for module, name, vpp, chunk in self.modules:
+            self.handles.append(module.register_forward_pre_hook(
+                self.guard(self._pre(name, vpp, chunk)), with_kwargs=True))
+            self.handles.append(module.register_forward_hook(self.guard(self._post(name, vpp)), with_kwargs=True))
+
+    def end_step(self) -> None:
+        self._calls.clear()
+        self._open.clear()
+
+    def _flag(self, category: str, name: str, vpp: int, micro: int, tensors) -> None:
+        for t in tensors:
+            if t.is_floating_point() and t.numel():
+                self.mon.buffer.add_flag(RowKey(category, name, vpp, micro), finite_flag(t))
+
+    def _grad_hooks(self, name: str, vpp: int, micro: int, tensors) -> None:
+        if not torch.is_grad_enabled():
+            return
+        key = RowKey("actv_grad", name, vpp, micro)
+        for t in tensors:
+            if t.requires_grad and t.is_floating_point():
+                t.register_hook(self.guard(self._grad_hook(key)))
+
+    def _grad_hook(self, key: RowKey):
+        def hook(grad):
+            if grad is not None and grad.numel() and self.mon.recording:
+                self.mon.buffer.add_flag(key, finite_flag(grad))
+            return None
+        return hook
+
+    def _pre(self, name: str, vpp: int, chunk: int):
+        mon = self.mon
+
+        def pre_hook(module, args, kwargs):
+            if not mon.recording or not module.training or in_backward():
+                return None
+            micro = mon.forward_micro_step(chunk)
+            last = self._calls.get(id(module))
+            call = last[1] + 1 if last is not None and last[0] == micro else 0
+            self._calls[id(module)] = (micro, call)
+            base = name if call == 0 else f"{name}_{call}"
+            self._open.setdefault(id(module), []).append((micro, base))
+            inputs = list(iter_tensors(args)) + list(iter_tensors(kwargs))
+            self._flag("actv", f"{base}.input", vpp, micro, inputs)
+            self._grad_hooks(f"{base}.input", vpp, micro, inputs)
+            return None
+        return pre_hook
+
+    def _post(self, name: str, vpp: int):
+        def post_hook(module, args, kwargs, output):
+            in_flight = self._open.get(id(module))
+            if not in_flight:
+                return None
+            micro, base = in_flight.pop()
+            outputs = list(iter_tensors(output))
+            self._flag("actv", f"{base}.output", vpp, micro, outputs)
+            self._grad_hooks(f"{base}.output", vpp, micro, outputs)
+            return None
+        return post_hook

@@ -1,0 +1,154 @@
+"""The first non-finite origin: the module where NaN/Inf first appears, found once per step."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from msmon import TrainerMon
+from msmon.origin import find_origin
+from msmon.records import RowKey
+
+from conftest import MLP
+
+
+class Poisoned(torch.nn.Module):
+    """fc1 -> act -> fc2 -> head; `poison_step` makes the user's own code put inf between
+    fc2 and head (functional code, outside any module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = MLP()
+        self.head = torch.nn.Linear(4, 1)
+        self.poison_step = None
+        self.step = 0
+
+    def forward(self, x):
+        h = self.body(x)
+        if self.step == self.poison_step:
+            h = torch.where(h > 0, float("inf"), h)
+        return self.head(h).sum()
+
+
+def poison_output(module, step_holder, step):
+    """The user's fault: a forward hook of their own that makes the module's output inf."""
+    def hook(mod, args, output):
+        if step_holder.step == step:
+            return torch.where(output > 0, float("inf"), output)
+        return None
+    return module.register_forward_hook(hook)
+
+
+def test_forward_origin_names_the_module_step_and_micro_step(write_config, output_dir):
+    model = Poisoned()
+    poison_output(model.body.fc2, model, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(write_config({"wg_distribution": True, "format": "csv",
+                                   "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=2)
+    for step in range(5):
+        model.step = step
+        for _ in range(2):
+            model(torch.randn(3, 8)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    origin = mon.summary()["first_nonfinite"]
+    assert origin == {"step": 3, "rank": 0, "stage": "forward", "module": "body.fc2", "tensor": "body.fc2.output",
+                      "micro_step": 0, "vpp_stage": 0}
+    records = [json.loads(l) for l in (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()]
+    nan_origin = [r for r in records if r["rule"] == "NanOrigin"]
+    assert (nan_origin[0]["step"], nan_origin[0]["micro_step"], nan_origin[0]["name"]) == (3, 0, "body.fc2.output")
+
+
+def test_non_finite_values_made_outside_any_module_name_the_first_module_they_reach(write_config, output_dir):
+    model = Poisoned()
+    model.poison_step = 1
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = TrainerMon(write_config({"format": "csv", "nan_origin": True}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    for step in range(2):
+        model.step = step
+        model(torch.randn(3, 8)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    origin = mon.summary()["first_nonfinite"]
+    assert (origin["step"], origin["module"], origin["tensor"]) == (1, "head", "head.input")
+
+
+class BadWeight(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+        self.c = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(self.a(x)))).sum()
+
+
+def test_a_module_with_a_nan_weight_is_the_origin(write_config, output_dir):
+    model = BadWeight()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = TrainerMon(write_config({"format": "csv", "nan_origin": True}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    model(torch.randn(2, 4)).backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    with torch.no_grad():
+        model.b.weight[0, 0] = float("nan")
+    model(torch.randn(2, 4)).backward()
+    optimizer.step()
+    mon.close()
+    origin = mon.summary()["first_nonfinite"]
+    assert (origin["step"], origin["module"], origin["stage"]) == (1, "b", "forward")
+
+
+class NanGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+class BackwardFault(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.bad = NanGradModule()
+        self.c = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.c(self.bad(self.a(x))).sum()
+
+
+class NanGradModule(torch.nn.Module):
+    def forward(self, x):
+        return NanGrad.apply(x)
+
+
+def test_backward_origin_is_the_module_whose_input_grad_turns_non_finite(write_config, output_dir):
+    model = BackwardFault()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = TrainerMon(write_config({"format": "csv", "nan_origin": True}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    model(torch.randn(2, 4)).backward()
+    optimizer.step()
+    mon.close()
+    origin = mon.summary()["first_nonfinite"]
+    assert (origin["stage"], origin["module"], origin["tensor"]) == ("backward", "bad", "bad.input")
+
+
+def test_find_origin_requires_finite_inputs():
+    keys = [RowKey("actv", "a.input", 0, 0), RowKey("actv", "a.output", 0, 0),
+            RowKey("actv", "b.input", 0, 0), RowKey("actv", "b.output", 0, 0)]
+    assert find_origin(keys, [True, True, True, True]) is None
+    origin = find_origin(keys, [True, False, False, False])
+    assert origin.module == "a" and origin.stage == "forward"
+    # non-finite data arriving at the first module: reported where it entered
+    origin = find_origin(keys, [False, False, False, False])
+    assert (origin.module, origin.tensor) == ("a", "a.input")
