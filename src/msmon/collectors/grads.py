@@ -71,8 +71,9 @@ class GradCollector(Collector):
         reused: dict[int, torch.Tensor] = {}
         fresh: list[int] = []
         grads: list[torch.Tensor] = []
+        consumed = mon.adapter.grads([mp.param for mp in mon.params], mon.grad_of)
         for index, mp in enumerate(mon.params):
-            grad = mon.grad_of(mp.param)
+            grad = consumed.get(id(mp.param))
             if grad is None:
                 continue
             if index in self.last_rows and self.last_identity.get(index) == _identity(grad):

@@ -22,19 +22,21 @@ class ParamCollector(Collector):
 
     def _record(self, category: str, reuse: bool) -> None:
         mon = self.mon
-        indices = [i for i, mp in enumerate(mon.params) if mp.param.numel() > 0]
+        weights = mon.adapter.weights([mp.param for mp in mon.params])
+        tensors = {i: weights[id(mp.param)] for i, mp in enumerate(mon.params) if id(mp.param) in weights}
+        indices = [i for i, t in tensors.items() if local_tensor(t).numel() > 0]
         if not indices:
             return
         rows: dict[int, torch.Tensor] = {}
         todo = []
         for i in indices:
             cached = self._after.get(i) if reuse and self._ops == mon.step_ops else None
-            if cached is not None and cached[0] == local_tensor(mon.params[i].param)._version:
+            if cached is not None and cached[0] == local_tensor(tensors[i])._version:
                 rows[i] = cached[1]
             else:
                 todo.append(i)
         if todo:
-            computed = batch_stats([mon.params[i].param for i in todo], mon.step_ops, mon.config.eps)
+            computed = batch_stats([tensors[i] for i in todo], mon.step_ops, mon.config.eps)
             for j, i in enumerate(todo):
                 rows[i] = computed[j]
         keys = [RowKey(category, mon.params[i].name, mon.params[i].vpp_stage) for i in indices]
@@ -42,8 +44,7 @@ class ParamCollector(Collector):
         mon.buffer.add_many(keys, stacked)
         if category == "param_updated":
             self._ops = list(mon.step_ops)
-            self._after = {i: (local_tensor(mon.params[i].param)._version, stacked[j])
-                           for j, i in enumerate(indices)}
+            self._after = {i: (local_tensor(tensors[i])._version, stacked[j]) for j, i in enumerate(indices)}
 
     def before_update(self) -> None:
         if self.mon.recording:

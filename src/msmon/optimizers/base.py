@@ -50,6 +50,21 @@ class OptimizerAdapter:
     def params(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def weights(self, params: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+        """The tensor reported as each parameter's weight, keyed by id(param): the parameter
+        itself here; an fp32 master copy (or its local shard) for mixed-precision families."""
+        return {id(p): p for p in params}
+
+    def grads(self, params: list[torch.Tensor],
+              grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, torch.Tensor]:
+        """The gradient the optimizer consumes at step time, keyed by id(param)."""
+        out = {}
+        for p in params:
+            g = grad_of(p)
+            if g is not None:
+                out[id(p)] = g
+        return out
+
     def moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
         """Adam moments keyed by id(param), for the params that have them."""
         raise NotImplementedError
