@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import torch.distributed as dist
@@ -34,7 +35,9 @@ def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:
             return dist.get_group_rank(process_group, rank), dist.get_process_group_ranks(process_group)
         except Exception:
             pass
-    try:  # Megatron-core, when its parallel state is initialised
+    try:  # Megatron-core, when the job uses it (never imported by us) and it is initialised
+        if "megatron.core" not in sys.modules:
+            raise ImportError
         from megatron.core import parallel_state as mpu  # type: ignore
 
         if mpu.model_parallel_is_initialized():
@@ -42,7 +45,9 @@ def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:
             return mpu.get_pipeline_model_parallel_rank(), dist.get_process_group_ranks(group)
     except Exception:
         pass
-    try:  # DeepSpeed pipeline engine groups
+    try:  # DeepSpeed pipeline engine groups, when the job uses DeepSpeed
+        if "deepspeed" not in sys.modules:
+            raise ImportError
         from deepspeed.utils import groups  # type: ignore
 
         grid = getattr(groups, "_grid", None) or getattr(groups, "mpu", None)
