@@ -7,6 +7,7 @@ torchrun in test_comm_e2e.py.
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -127,6 +128,22 @@ def test_async_collective_is_measured_when_its_work_is_waited_not_at_launch(worl
     cc.remove_listener(recorder)
 
 
+def test_async_work_nobody_waits_on_is_reported_at_step_end_once_completed(world_of_one):
+    recorder = Recorder()
+    cc.instrument()
+    cc.add_listener(recorder)
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    deadline = time.monotonic() + 30
+    while not work.is_completed() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cc.deliver_completed()  # what the collector does at the step's end
+    assert recorder.events == [("launch", "all_reduce", [2.0]), ("complete", "all_reduce", [2.0])]
+    work.wait()  # already reported: nothing more
+    cc.deliver_completed()
+    assert len(recorder.events) == 2
+    cc.remove_listener(recorder)
+
+
 def test_call_site_is_the_calling_line_outside_torch_and_msmon(world_of_one):
     recorder = Recorder()
     cc.instrument()
@@ -228,3 +245,60 @@ def test_compiled_collective_is_traced_by_dynamo_without_a_graph_break(world_of_
     torch._dynamo.reset()
     assert explained.graph_break_count == 0
     assert result.tolist() == [3.0, 3.0, 3.0]
+
+
+class AllReduceBothWays(torch.autograd.Function):
+    """Tensor-parallel style: a collective in forward and one in backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(_with_nan(x))  # line: forward
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(_with_nan(grad))  # line: backward
+        return grad
+
+
+class SyncingSGD(torch.optim.SGD):
+    """An optimizer that communicates inside its step (as ZeRO does)."""
+
+    def step(self, closure=None):
+        dist.all_reduce(torch.tensor([float("nan")]))  # line: optimizer
+        return super().step(closure)
+
+
+def _with_nan(t: torch.Tensor) -> torch.Tensor:
+    copy = t.detach().clone()
+    copy.view(-1)[0] = float("nan")
+    return copy
+
+
+def test_each_row_carries_the_pass_its_collective_ran_in(world_of_one, write_config, output_dir):
+    import json
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 3)
+    optimizer = SyncingSGD(model.parameters(), lr=0.1)
+    mon = TrainerMon(write_config({"cc_distribution": {"enable": True}, "format": "csv", "ops": ["norm", "nans"],
+                                   "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    AllReduceBothWays.apply(model(torch.randn(2, 3))).sum().backward()
+    dist.all_reduce(_with_nan(model.weight.grad))  # line: after backward
+    optimizer.step()
+    mon.close()
+    source = open(__file__).read().splitlines()
+    line = {tag: n for n, text in enumerate(source, 1) for tag in
+            ("forward", "backward", "optimizer", "after backward") if text.endswith(f"# line: {tag}")}
+    dumped = [json.loads(text) for text in
+              (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()]
+    stages = {record["name"]: record["stage"] for record in dumped}
+    assert stages == {
+        f"all_reduce@test_comm.py[{line['forward']}]/post": "forward",
+        f"all_reduce@test_comm.py[{line['backward']}]/post": "backward",
+        f"all_reduce@test_comm.py[{line['after backward']}]/post": "backward",
+        f"all_reduce@test_comm.py[{line['optimizer']}]/post": "optimizer",
+    }
+    assert all(record["category"] == "other" for record in dumped)
+    assert {record["tag"] for record in dumped} == {name.replace("/post", "/rank0/post") for name in stages}

@@ -213,3 +213,31 @@ def test_cc_log_only_logs_each_collective_once_then_stops_cleanly(tmp_path):
         stops = [line for line in job.log.splitlines() if f"msmon[rank {rank}]: cc_log_only:" in line]
         assert len(stops) == 1 and f"{len(logged)} distinct collectives logged in step 0" in stops[0]
     assert "Traceback" not in job.log
+
+
+def test_msmon_run_covers_a_library_that_copied_all_reduce_before_the_script_ran(tmp_path):
+    """`msmon run` wraps torch.distributed when torch is imported, before any library can copy
+    a collective; the unmodified script's own calls and the library's are both recorded."""
+    scripts = SCRIPT.parent
+    lib_line = next(n for n, text in enumerate((scripts / "comm_cached_lib.py").read_text().splitlines(), 1)
+                    if "# site:cached" in text)
+    direct_line = next(n for n, text in enumerate((scripts / "comm_launched.py").read_text().splitlines(), 1)
+                       if "# site:direct" in text)
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"cc_distribution": {"enable": True}, "format": "csv", "ops": ["norm", "max"]}))
+    out = tmp_path / "monitor_output"
+    result = subprocess.run(
+        [str(TORCHRUN.parent / "msmon"), "run", "--config", str(config), "--output-dir", str(out), "--standalone",
+         "--nproc-per-node", "2", "--", str(scripts / "comm_launched.py"), "--steps", "2"],
+        capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    lib, direct = f"all_reduce@comm_cached_lib.py[{lib_line}]/post", f"all_reduce@comm_launched.py[{direct_line}]/post"
+    per_rank = []
+    for rank in (0, 1):
+        rows = {(int(r["step"]), r["name"]): (float(r["norm"]), float(r["max"]))
+                for r in read_csv_rows(rank_dir(out, rank), "other")}
+        assert set(rows) == {(step, name) for step in (0, 1) for name in (lib, direct)}, rows
+        # all_reduce of [rank + step] over ranks 0 and 1: 1 + 2 * step
+        assert [rows[(step, direct)] for step in (0, 1)] == [(1.0, 1.0), (3.0, 3.0)]
+        per_rank.append(rows)
+    assert per_rank[0] == per_rank[1]  # an all_reduce leaves the same result on every rank

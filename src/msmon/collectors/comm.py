@@ -8,6 +8,8 @@ norm from the sum of squares, min of mins, max of maxes, count-weighted mean, su
 so a step adds one row per group, named `{op}@{file}[{line}]/{pre|post}` in category "other"
 (CSV `other_*.csv`; TensorBoard `{op}@{file}[{line}]/rank{r}/{pre|post}_{stat}`).
 
+Each row's stage is the pass its first call ran in: backward inside autograd and after it
+until the model's next forward (gradient all-reduces), optimizer inside the step, else forward.
 cc_codeline keeps only calls from the listed code lines; cc_log_only logs each distinct
 collective once during the first step, then stops the job cleanly (exit code 0).
 """
@@ -26,6 +28,7 @@ from ..records import BACKWARD, FORWARD, OPTIMIZER, RowKey
 from ..stats import batch_stats, combine_rows, local_tensor
 from .activations import in_backward
 from .base import Collector
+from .module_io import iter_tensors
 
 logger = logging.getLogger("msmon")
 
@@ -90,6 +93,7 @@ class CommCollector(Collector):
         self._logged: set[tuple] = set()
         self._group_ranks: dict[int, list[int]] = {}
         self._in_update = False
+        self._pass = FORWARD
         self._instrumented = False
         # the listener interface, guarded: a failure switches this collector off
         self.on_launch = self.guard(self._on_launch)
@@ -107,6 +111,10 @@ class CommCollector(Collector):
                            "collectives are recorded once init_process_group has run", rank)
         self._instrumented = cc.instrument()
         cc.add_listener(self)
+        if not self.log_only:
+            for chunk in self.mon.models:
+                self.handles.append(chunk.register_forward_pre_hook(self.guard(self._forward_starts)))
+                self.handles.append(chunk.register_forward_hook(self.guard(self._forward_ends)))
 
     def detach(self) -> None:
         super().detach()
@@ -114,6 +122,29 @@ class CommCollector(Collector):
         if self._instrumented:
             self._instrumented = False
             cc.uninstrument()
+
+    # -- which pass a call runs in -------------------------------------------------------------
+    def _forward_starts(self, module, args) -> None:
+        if not in_backward():  # not a checkpoint recomputation
+            self._pass = FORWARD
+
+    def _forward_ends(self, module, args, output) -> None:
+        if in_backward() or not torch.is_grad_enabled():
+            return
+        for t in iter_tensors(output):
+            if t.requires_grad:  # fires when this output's gradient arrives: backward has begun
+                t.register_hook(self.guard(self._backward_begins))
+                break
+
+    def _backward_begins(self, grad) -> None:
+        self._pass = BACKWARD
+
+    def _stage(self) -> str:
+        """Inside autograd or the optimizer step, that; else the pass the model is in, so a
+        gradient all-reduce after loss.backward() counts as backward."""
+        if in_backward():
+            return BACKWARD
+        return OPTIMIZER if self._in_update else self._pass
 
     # -- listener -----------------------------------------------------------------------------
     def wants(self) -> bool:
@@ -125,7 +156,7 @@ class CommCollector(Collector):
             return False
         if not self.selects(call.site):
             return False
-        stage = BACKWARD if in_backward() else OPTIMIZER if self._in_update else FORWARD
+        stage = self._stage()
         call.extra[id(self)] = stage
         if self.pre_hook:
             self._record(call, "pre", call.inputs, stage)
@@ -176,6 +207,7 @@ class CommCollector(Collector):
     def end_step(self) -> None:
         self._series.clear()
         self._in_update = False
+        self._pass = FORWARD
         if self.log_only and self.enabled:
             mon = self.mon
             logger.info("msmon[rank %d]: cc_log_only: %d distinct collectives logged in step %d; stopping as "
