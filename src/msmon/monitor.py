@@ -85,7 +85,8 @@ class TrainerMon:
         self.buffer = StepBuffer()
         self.pp_stage, self.group_mates = 0, [self.rank]
         self.monitor_seconds = 0.0
-        self._first_step_time: float | None = None
+        self._first_step_time: float | None = None  # set at attach: the wall clock the cost is relative to
+        self._last_step_end: float | None = None
         self._failed: set[str] = set()
         self.attached = False
         self._closed = False
@@ -149,6 +150,7 @@ class TrainerMon:
         self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
         self._build_collectors()
         self._decide_recording()
+        self._first_step_time = time.perf_counter()
 
     def generate_wgrad_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """(reduced, unreduced) weight-gradient statistics of the last recorded step:
@@ -193,7 +195,7 @@ class TrainerMon:
             self._write_summary()
 
     def summary(self) -> dict[str, Any]:
-        wall = (time.perf_counter() - self._first_step_time) if self._first_step_time else 0.0
+        wall = (self._last_step_end - self._first_step_time) if self._first_step_time and self._last_step_end else 0.0
         return {
             "rank": self.rank,
             "output_dir": self.log_dir,
@@ -374,8 +376,6 @@ class TrainerMon:
 
     def _before_update(self) -> None:
         started = time.perf_counter()
-        if self._first_step_time is None:
-            self._first_step_time = started
         self._run_callbacks("before_update")
         self.monitor_seconds += time.perf_counter() - started
 
@@ -391,7 +391,8 @@ class TrainerMon:
                          self.rank, self.step, exc)
             self.detach()
         finally:
-            self.monitor_seconds += time.perf_counter() - started
+            self._last_step_end = time.perf_counter()
+            self.monitor_seconds += self._last_step_end - started
 
     def _finish_step(self) -> None:
         if self.recording:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -51,14 +52,20 @@ class Collector:
     def guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Wrap a hook so a failure disables this collector instead of breaking training."""
 
+        clock = time.perf_counter
+        mon = self.mon
+
         @functools.wraps(fn)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             if not self.enabled:
                 return None
+            started = clock()
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:  # contained: monitoring must never break training
-                self.mon._contain_failure(self, exc)
+                mon._contain_failure(self, exc)
                 return None
+            finally:
+                mon.monitor_seconds += clock() - started
 
         return guarded
