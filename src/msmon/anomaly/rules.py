@@ -1,32 +1,63 @@
 """Alert rules, applied on the writer thread to each step's host values.
 
-AnomalyTurbulence: for each (category, name, vpp stage, op) the history h is an exponential
-moving average of |value| over earlier steps, h <- (1 - alpha) * h + alpha * |value| with
-alpha = 0.1, seeded with the first value. After `warmup` observations, a finite value alerts
-when | |value| - h | > threshold * h: a jump up or a collapse down by more than `threshold`
-relative to its history. Micro-steps of one step share a history. It watches `norm`, `min`
-and `max` (as magnitudes); `mean` is near zero for gradients and pure noise, counts are for
-AnomalyNan. Non-finite values never enter the history.
+Nothing here runs on the training thread: the rows arrive after the step's one device-to-host
+copy, so a rule can look at every value without a sync.
 
-AnomalyNan: a NaN or +-inf statistic, a positive `nans`/`infs` count, or, with a threshold,
-|value| > threshold for norm/min/max.
+AnomalyNan(threshold=None)
+    A row alerts when any statistic is NaN or +-inf, its `nans`/`infs` count is positive, or,
+    with a threshold, |norm|, |min| or |max| exceeds it.
+
+AnomalyTurbulence(threshold)
+    Watches two magnitudes of every recorded tensor: its `norm` and its peak |x|, that is
+    max(|min|, |max|) (whichever of min/max is recorded). With m the magnitude now and h its
+    history, it alerts when
+
+        m > h * (1 + threshold)      (a jump up)   or   m < h / (1 + threshold)   (a collapse)
+
+    so threshold 2 means "more than 3x, or less than a third, of the usual value". The test is
+    symmetric in ratio, so a collapse is caught whatever the threshold (a linear band could
+    never see a fall below zero for threshold >= 1).
+
+    History: per (category, name, vpp stage, magnitude), a bias-corrected exponential moving
+    average over steps, s <- (1 - a) * s + a * x, h = s / (1 - (1 - a)^n), a = EMA_ALPHA, n
+    the number of steps seen, where x is the mean over the step's micro-steps. No alert fires
+    before n >= warmup (WARMUP steps by default), nor when h is 0 (no scale to compare to).
+    After the warm-up a value outside the band enters the history clipped to the band's edge:
+    a single spike neither hides the next one nor makes the return to normal look like a
+    collapse, while a lasting level change is absorbed within a few steps. Non-finite values
+    never enter the history (they are AnomalyNan's business).
+
+    Scope: `mean` is never watched (near zero for gradients and LayerNorm outputs: pure noise),
+    nor are the counts; min and max count only as the peak magnitude, because a min or max
+    near zero (ReLU outputs, token ids, a gradient whose signs are mostly alike) jumps by large
+    ratios for no reason. Adam's moments (exp_avg, exp_avg_sq) are not watched: they are moving
+    averages of the gradient, which is watched, and they grow by construction in the first
+    thousand steps (1 - beta^t), which a relative rule reads as turbulence.
+
+A row gives at most one alert: its first symptom (AnomalyNan before AnomalyTurbulence), the
+other symptoms folded into the message, so one bad tensor is one line and one dump record.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..config import AlertRuleConfig
 from ..records import RowKey
 
-TURBULENCE_OPS = ("norm", "min", "max")
-EMA_ALPHA = 0.1
+EMA_ALPHA = 0.3
 WARMUP = 5
+MAGNITUDE_OPS = ("norm", "min", "max")
+COUNT_OPS = ("nans", "infs")
+UNWATCHED_CATEGORIES = frozenset({"exp_avg", "exp_avg_sq"})
+NAN_ORIGIN_RULE = "NanOrigin"  # records written by the first-non-finite-origin detector
 
 
 @dataclass
 class Alert:
+    """One tensor's anomaly in one step; `call_id` is its row's position in the step."""
+
     key: RowKey
     call_id: int
     op: str
@@ -36,87 +67,163 @@ class Alert:
     message: str
 
 
+@dataclass
+class _Symptom:
+    rule: str
+    op: str
+    value: float
+    history: float | None
+    text: str
+
+
 class AnomalyNan:
+    """Non-finite statistics or counts, or a magnitude above an absolute threshold."""
+
     name = "AnomalyNan"
 
     def __init__(self, threshold: float | None = None) -> None:
         self.threshold = threshold
 
-    def check(self, key: RowKey, op: str, value: float, history: float | None) -> str | None:
-        if math.isnan(value) or math.isinf(value):
-            return f"{op} is {value}"
-        if op in ("nans", "infs") and value > 0:
-            return f"{int(value)} {'NaN' if op == 'nans' else 'inf'} values"
-        if self.threshold is not None and op in TURBULENCE_OPS and abs(value) > self.threshold:
-            return f"|{op}| = {abs(value):.6g} > threshold {self.threshold:g}"
+    def check_row(self, ops: Sequence[str], row: Sequence[float]) -> _Symptom | None:
+        """The row's most telling non-finite symptom, or the first value over the threshold."""
+        first_bad: _Symptom | None = None
+        for op, value in zip(ops, row):
+            if op in COUNT_OPS:
+                if value > 0:  # a count says how many: better than "norm is nan"
+                    kind = "NaN" if op == "nans" else "inf"
+                    return _Symptom(self.name, op, value, None, f"{int(value)} {kind} value{'s' if value != 1 else ''}")
+            elif not math.isfinite(value) and first_bad is None:
+                first_bad = _Symptom(self.name, op, value, None, f"{op}={_fmt(value)}")
+        if first_bad is not None:
+            return first_bad
+        if self.threshold is not None:
+            for op, value in zip(ops, row):
+                if op in MAGNITUDE_OPS and abs(value) > self.threshold:
+                    return _Symptom(self.name, op, value, None,
+                                    f"|{op}|={_fmt(abs(value))} > threshold {self.threshold:g}")
         return None
 
 
 class AnomalyTurbulence:
+    """A magnitude more than (1 + threshold) times above or below its history."""
+
     name = "AnomalyTurbulence"
 
     def __init__(self, threshold: float) -> None:
+        if not threshold > 0:
+            raise ValueError(f"AnomalyTurbulence needs a positive threshold, got {threshold!r}")
         self.threshold = threshold
 
-    def check(self, key: RowKey, op: str, value: float, history: float | None) -> str | None:
-        if history is None or op not in TURBULENCE_OPS or not math.isfinite(value):
+    @property
+    def factor(self) -> float:
+        return 1.0 + self.threshold
+
+    def check(self, op: str, value: float, history: float | None) -> _Symptom | None:
+        if history is None or history <= 0 or not math.isfinite(value):
             return None
-        magnitude = abs(value)
-        if abs(magnitude - history) > self.threshold * history:
-            direction = "up" if magnitude > history else "down"
-            return (f"|{op}| = {magnitude:.6g} moved {direction} from history {history:.6g} "
-                    f"by more than {self.threshold:.0%}")
+        ratio = abs(value) / history
+        if ratio > self.factor or ratio < 1.0 / self.factor:
+            return _Symptom(self.name, op, value, history,
+                            f"|{op}|={_fmt(abs(value))} is {ratio:.3g}x its history {_fmt(history)} "
+                            f"(threshold {self.threshold:g})")
         return None
 
 
+
 def build_rules(configs: Iterable[AlertRuleConfig]) -> list[AnomalyNan | AnomalyTurbulence]:
+    """The rule objects for a validated `alert.rules` list."""
     rules: list[AnomalyNan | AnomalyTurbulence] = []
     for cfg in configs:
         if cfg.rule_name == "AnomalyNan":
             rules.append(AnomalyNan(cfg.threshold))
         else:
-            assert cfg.threshold is not None
+            if cfg.threshold is None:
+                raise ValueError("AnomalyTurbulence needs a threshold")
             rules.append(AnomalyTurbulence(cfg.threshold))
     return rules
 
 
-class RuleEngine:
-    """Keeps per-statistic history and yields the alerts of one step."""
+def _fmt(value: float) -> str:
+    return f"{value:.6g}"
 
-    def __init__(self, rules: list[AnomalyNan | AnomalyTurbulence], warmup: int = WARMUP) -> None:
+
+def _magnitudes(ops: Sequence[str], row: Sequence[float]) -> list[tuple[str, str, float]]:
+    """(history name, reported op, value) of the watched magnitudes of one row."""
+    values = dict(zip(ops, row))
+    out: list[tuple[str, str, float]] = []
+    if "norm" in values:
+        out.append(("norm", "norm", values["norm"]))
+    extremes = [(op, values[op]) for op in ("max", "min") if op in values]
+    if extremes:
+        if any(not math.isfinite(v) for _, v in extremes):
+            op, value = next((op, v) for op, v in extremes if not math.isfinite(v))
+        else:
+            op, value = max(extremes, key=lambda item: abs(item[1]))
+        out.append(("peak", op, value))
+    return out
+
+
+class RuleEngine:
+    """Keeps the per-statistic history and yields the alerts of one step."""
+
+    def __init__(self, rules: list[AnomalyNan | AnomalyTurbulence], warmup: int = WARMUP,
+                 alpha: float = EMA_ALPHA) -> None:
         self.rules = rules
         self.warmup = warmup
-        self._history: dict[tuple[str, str, int, str], tuple[float, int]] = {}
+        self.alpha = alpha
+        self._nan_rules = [r for r in rules if isinstance(r, AnomalyNan)]
+        self._turbulence = sorted((r for r in rules if isinstance(r, AnomalyTurbulence)),
+                                  key=lambda r: r.threshold)
+        # the band a value is clipped to before it enters the history: the loosest rule's
+        self._clip = self._turbulence[-1].factor if self._turbulence else None
+        self._sums: dict[tuple[str, str, int, str], tuple[float, int]] = {}
+
+    def history(self, category: str, name: str, vpp_stage: int, magnitude: str) -> float | None:
+        """The history h of one watched magnitude ("norm" or "peak"), None while warming up."""
+        s, n = self._sums.get((category, name, vpp_stage, magnitude), (0.0, 0))
+        if n < self.warmup or n == 0:
+            return None
+        return s / (1.0 - (1.0 - self.alpha) ** n)
 
     def scan(self, keys: list[RowKey], ops: list[str], values: list[list[float]]) -> list[Alert]:
+        """Check one step's rows (in recording order) and update the history."""
         if not self.rules:
             return []
         alerts: list[Alert] = []
-        updates: dict[tuple[str, str, int, str], list[float]] = {}
+        step_values: dict[tuple[str, str, int, str], list[float]] = {}
         for call_id, (key, row) in enumerate(zip(keys, values)):
-            first: Alert | None = None
-            others: list[str] = []
-            for op, value in zip(ops, row):
-                hkey = (key.category, key.name, key.vpp_stage, op)
-                ema, seen = self._history.get(hkey, (0.0, 0))
-                history = ema if seen >= self.warmup else None
-                for rule in self.rules:
-                    message = rule.check(key, op, value, history)
-                    if message is not None:
-                        if first is None:
-                            first = Alert(key, call_id, op, value, ema if seen else None, rule.name, message)
-                        else:
-                            others.append(message)
-                        break
-                if op in TURBULENCE_OPS and math.isfinite(value):
-                    updates.setdefault(hkey, []).append(abs(value))
-            if first is not None:  # one alert per tensor: its first symptom, the rest in the message
-                if others:
-                    first.message += "; also " + "; ".join(others)
-                alerts.append(first)
-        for hkey, magnitudes in updates.items():
-            ema, seen = self._history.get(hkey, (0.0, 0))
-            step_value = sum(magnitudes) / len(magnitudes)
-            ema = step_value if seen == 0 else (1 - EMA_ALPHA) * ema + EMA_ALPHA * step_value
-            self._history[hkey] = (ema, seen + 1)
+            symptoms: list[_Symptom] = []
+            for rule in self._nan_rules:
+                found = rule.check_row(ops, row)
+                if found is not None:
+                    symptoms.append(found)
+                    break
+            if self._turbulence and key.category not in UNWATCHED_CATEGORIES:
+                for magnitude, op, value in _magnitudes(ops, row):
+                    hkey = (key.category, key.name, key.vpp_stage, magnitude)
+                    history = self.history(*hkey)
+                    for rule in self._turbulence:
+                        found = rule.check(op, value, history)
+                        if found is not None:
+                            symptoms.append(found)
+                            break
+                    if math.isfinite(value):
+                        step_values.setdefault(hkey, []).append(self._clipped(abs(value), history))
+            if symptoms:
+                first = symptoms[0]
+                message = "; ".join(s.text for s in symptoms)
+                alerts.append(Alert(key, call_id, first.op, first.value, first.history, first.rule, message))
+        self._update(step_values)
         return alerts
+
+    def _clipped(self, magnitude: float, history: float | None) -> float:
+        if history is None or history <= 0 or self._clip is None:
+            return magnitude
+        return min(max(magnitude, history / self._clip), history * self._clip)
+
+    def _update(self, step_values: dict[tuple[str, str, int, str], list[float]]) -> None:
+        a = self.alpha
+        for hkey, magnitudes in step_values.items():
+            s, n = self._sums.get(hkey, (0.0, 0))
+            x = sum(magnitudes) / len(magnitudes)
+            self._sums[hkey] = ((1.0 - a) * s + a * x, n + 1)
