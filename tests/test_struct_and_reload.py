@@ -151,3 +151,25 @@ def test_reload_xy_switches_activations(tmp_path, output_dir):
     train_steps(model, optimizer, 1)
     mon.close()
     assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "actv")} == {1}
+
+
+def test_an_edit_of_ops_and_format_reopens_the_outputs_without_losing_rows(tmp_path, output_dir):
+    path = tmp_path / "monitor.json"
+    write_config(path, {"wg_distribution": True, "format": "csv", "ops": ["norm"], "step_count_per_record": 10},
+                 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    train_steps(model, optimizer, 2)
+    write_config(path, {"wg_distribution": True, "format": ["csv", "tensorboard"], "ops": ["norm", "max"],
+                        "step_count_per_record": 10}, 2_000_000_000)
+    train_steps(model, optimizer, 3)
+    mon.close()
+    out = rank_dir(output_dir)
+    files = sorted(p.name for p in out.glob("grad_reduced_*.csv"))
+    assert files == ["grad_reduced_0-9.csv", "grad_reduced_0-9_from3.csv"]
+    rows = read_csv_rows(out, "grad_reduced")
+    assert [int(r["step"]) for r in rows if "max" in r] == [3] * 4 + [4] * 4
+    assert {int(r["step"]) for r in rows} == {0, 1, 2, 3, 4}
+    assert list(out.glob("events.out.tfevents.*"))

@@ -234,9 +234,13 @@ class TrainerMon:
 
     # -- setup ----------------------------------------------------------------------------------
     def _open_output(self) -> None:
-        cfg = self.config
         self.log_dir = os.path.join(self.output_base, rank_dir_name(self.rank))
         os.makedirs(self.log_dir, exist_ok=True)
+        self._start_writer()
+
+    def _start_writer(self) -> None:
+        cfg = self.config
+        assert self.log_dir is not None
         sinks = make_sinks(cfg.format, self.log_dir, cfg.ndigits, cfg.step_count_per_record)
         self._api = next((s for s in sinks if isinstance(s, ApiSink)), None)
         if self._api is None:  # the generate_*_metrics API works whatever the format
@@ -459,6 +463,13 @@ class TrainerMon:
             self.config = old
             raise
         self._ops = list(new.ops)
+        output_keys = ("format", "ndigits", "step_count_per_record", "alert")
+        if self.writer is not None and any(getattr(new, k) != getattr(old, k) for k in output_keys):
+            previous = self.writer
+            previous.close()  # writes what is pending with the old sinks
+            self._start_writer()
+            self.writer.steps_written, self.writer.alerts_raised = previous.steps_written, previous.alerts_raised
+            self.writer.first_origin = previous.first_origin
         if not self._grad_acc_given:
             self.grad_acc_steps = self.grad_acc_steps if new.grad_acc_steps is None else new.grad_acc_steps
         if new.dynamic_on or new.start_step != old.start_step or new.step_interval != old.step_interval \

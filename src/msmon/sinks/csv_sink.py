@@ -17,6 +17,14 @@ def format_number(value: float, ndigits: int) -> str:
     return repr(round(value, ndigits))
 
 
+def _first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().rstrip("\n") or None
+    except FileNotFoundError:
+        return None
+
+
 class CsvSink(Sink):
     """Header `vpp_stage,name,step[,micro_step],<ops>`; one file per category and step window."""
 
@@ -26,7 +34,7 @@ class CsvSink(Sink):
         self.log_dir = log_dir
         self.ndigits = ndigits
         self.window = step_count_per_record
-        self._files: dict[str, tuple[str, IO[str], bool, list[str]]] = {}
+        self._files: dict[str, tuple[str, str, IO[str], bool, list[str]]] = {}
 
     def _window(self, step: int) -> tuple[int, int]:
         first = step // self.window * self.window
@@ -34,20 +42,21 @@ class CsvSink(Sink):
 
     def _file_for(self, category: str, step: int, ops: list[str], micro: bool) -> tuple[IO[str], bool]:
         first, last = self._window(step)
-        path = os.path.join(self.log_dir, f"{category}_{first}-{last}.csv")
+        base = os.path.join(self.log_dir, f"{category}_{first}-{last}.csv")
         current = self._files.get(category)
-        if current is not None and current[0] == path and current[3] == ops:
-            return current[1], current[2]
+        if current is not None and current[0] == base and current[4] == ops:
+            return current[2], current[3]
         if current is not None:
-            current[1].close()
-        if current is not None and current[0] == path:  # ops changed mid-window: start a new file
+            current[2].close()
+        header = ",".join(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops))
+        path = base
+        if _first_line(path) not in (None, header):  # columns changed mid-window: start a new file
             path = os.path.join(self.log_dir, f"{category}_{first}-{last}_from{step}.csv")
-        exists = os.path.exists(path) and os.path.getsize(path) > 0
+        exists = _first_line(path) is not None
         fh = open(path, "a", encoding="utf-8")
         if not exists:
-            header = ["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops)
-            fh.write(",".join(header) + "\n")
-        self._files[category] = (path, fh, micro, list(ops))
+            fh.write(header + "\n")
+        self._files[category] = (base, path, fh, micro, list(ops))
         return fh, micro
 
     def write(self, record: StepRecord) -> None:
@@ -70,10 +79,10 @@ class CsvSink(Sink):
         self.flush()
 
     def flush(self) -> None:
-        for _, fh, _, _ in self._files.values():
-            fh.flush()
+        for entry in self._files.values():
+            entry[2].flush()
 
     def close(self) -> None:
-        for _, fh, _, _ in self._files.values():
-            fh.close()
+        for entry in self._files.values():
+            entry[2].close()
         self._files.clear()
