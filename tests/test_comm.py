@@ -29,8 +29,9 @@ def world_of_one():
     try:
         yield
     finally:
+        cc.uninstrument()
         while cc.is_instrumented():
-            cc.uninstrument()
+            cc.release()
         dist.destroy_process_group()
 
 
@@ -93,10 +94,24 @@ def test_instrument_wraps_every_collective_and_uninstrument_restores_the_origina
 
 def test_wrapping_is_counted_so_a_monitor_detach_keeps_the_launchers_wrapping(world_of_one):
     original = dist.all_reduce
-    cc.instrument()  # the launcher, at import time
-    cc.instrument()  # a monitor's attach
-    cc.uninstrument()  # that monitor's detach
+    assert cc.instrument()  # the launcher, when torch is imported
+    assert cc.instrument()  # idempotent: the registry may switch it on again
+    assert cc.acquire()  # a monitor's attach
+    cc.release()  # that monitor's detach
     assert dist.all_reduce is not original
+    cc.uninstrument()
+    assert dist.all_reduce is original
+
+
+def test_launcher_leaves_torch_untouched_when_the_config_has_cc_off(world_of_one, write_config):
+    from msmon.hooks import Session
+
+    original = dist.all_reduce
+    off = Session.from_file(write_config({"cc_distribution": {"enable": False}}, "off.json"))
+    assert not cc.instrument(off)
+    assert dist.all_reduce is original and not cc.is_instrumented()
+    on = Session.from_file(write_config({"cc_distribution": {"enable": True}}, "on.json"))
+    assert cc.instrument(on) and dist.all_reduce is not original
     cc.uninstrument()
     assert dist.all_reduce is original
 

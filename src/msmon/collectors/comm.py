@@ -109,7 +109,7 @@ class CommCollector(Collector):
         if not dist.is_initialized():
             logger.warning("msmon[rank %d]: cc_distribution is on but torch.distributed is not initialised; "
                            "collectives are recorded once init_process_group has run", rank)
-        self._instrumented = cc.instrument()
+        self._instrumented = cc.acquire()
         cc.add_listener(self)
         if not self.log_only:
             for chunk in self.mon.models:
@@ -121,7 +121,7 @@ class CommCollector(Collector):
         cc.remove_listener(self)
         if self._instrumented:
             self._instrumented = False
-            cc.uninstrument()
+            cc.release()
 
     # -- which pass a call runs in -------------------------------------------------------------
     def _forward_starts(self, module, args) -> None:

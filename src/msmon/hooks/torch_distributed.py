@@ -14,9 +14,10 @@ Guarantees, because monitoring must never change or break training:
 - under torch.compile the wrapper calls the original straight away, so dynamo still rewrites
   it to a functional collective.
 
-`instrument()`/`uninstrument()` are reference counted: the launcher wraps at import time of
-torch.distributed and keeps it; a TrainerMon used as a library wraps at attach and unwraps at
-detach. Code that copied a collective (`from torch.distributed import all_reduce`) before the
+Wrapping is reference counted: the launcher holds it from the moment torch is imported (the
+hooks registry calls `instrument(session)`, which does nothing when the config leaves
+cc_distribution off), and each monitor's collector holds it from attach to detach
+(`acquire()`/`release()`); the originals come back when the last hold goes. Code that copied a collective (`from torch.distributed import all_reduce`) before the
 wrapping keeps the original and is not seen; after unwrapping, a copied wrapper just passes
 through. `P2POp.op` always reads as the current isend/irecv, so P2POps built from either
 version keep working with batch_isend_irecv (torch compares them by identity).
@@ -174,6 +175,7 @@ _originals: dict[str, Callable[..., Any]] = {}
 _wrappers: dict[str, Callable[..., Any]] = {}
 _original_wait: Callable[..., Any] | None = None
 _refcount = 0
+_session_hold = False
 _lock = threading.RLock()
 _reported: set[str] = set()
 
@@ -381,8 +383,30 @@ def _install_p2p_shim() -> None:
 
 # -- instrument / uninstrument ------------------------------------------------------------------
 def instrument(session: Any = None) -> bool:
-    """Wrap the collectives (once; counted). False when torch.distributed is unavailable.
-    `session` is the launcher's (hooks.Session); wrapping needs nothing from it."""
+    """The launcher's hold (hooks registry): wrap for the whole process, once, when the
+    session's config has cc_distribution on; without a session, unconditionally."""
+    global _session_hold
+    config = getattr(session, "config", None)
+    if config is not None and not config.cc_distribution.enable:
+        return False
+    with _lock:
+        if not _session_hold:
+            _session_hold = acquire()
+        return _session_hold
+
+
+def uninstrument() -> None:
+    """Drop the launcher's hold; the wrappers go when no monitor holds them either."""
+    global _session_hold
+    with _lock:
+        if _session_hold:
+            _session_hold = False
+            release()
+
+
+def acquire() -> bool:
+    """A monitor's hold: wrap the collectives if nobody has yet (counted). False when
+    torch.distributed is unavailable."""
     global _refcount, _original_wait
     if not dist.is_available():
         return False
@@ -408,8 +432,8 @@ def instrument(session: Any = None) -> bool:
     return True
 
 
-def uninstrument() -> None:
-    """Undo one instrument(); the last one puts the originals back where they were replaced."""
+def release() -> None:
+    """Undo one acquire(); the last one puts the originals back where they were replaced."""
     global _refcount, _original_wait
     with _lock:
         if _refcount == 0:
