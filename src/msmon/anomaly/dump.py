@@ -1,59 +1,135 @@
-"""Append-only anomaly dump: one JSON record per line, fsync'd once per step."""
+"""Append-only anomaly dump: `anomaly_detected/rank{r}/anomaly.jsonl`, one JSON record a line.
+
+A record is written once and never rewritten (msprobe rewrote one anomaly.json per step, so a
+crash mid-write lost everything); each step's records are flushed and fsync'd together, so a
+killed job loses at most the step being written, and a torn last line is all a reader can
+meet. Fields: rank, step, micro_step (null for a statistic of the whole step), pp_stage,
+vpp_stage, stage (forward / backward / optimizer), call_id (the row's order within the rank's
+step), tag, name, category, op, value, history, rule, message, group_mates. Non-finite numbers
+are written as the strings "nan", "inf", "-inf" (strict JSON has no literal for them).
+"""
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
+from typing import Any, Iterable
 
-from ..records import StepRecord
+from ..records import RowKey, StepRecord
 from .rules import Alert
+
+DUMP_DIR = "anomaly_detected"
+DUMP_FILE = "anomaly.jsonl"
+MSPROBE_DUMP_FILE = "anomaly.json"
+STAGES = ("forward", "backward", "optimizer")
+FIELDS = ("rank", "step", "micro_step", "pp_stage", "vpp_stage", "stage", "call_id", "tag", "name", "category",
+          "op", "value", "history", "rule", "message", "group_mates")
+
+
+def dump_path(base_dir: str, rank: int) -> str:
+    """Where rank `rank` appends its anomalies under the output directory `base_dir`."""
+    return os.path.join(base_dir, DUMP_DIR, f"rank{rank}", DUMP_FILE)
+
+
+def json_number(value: float | None) -> float | str | None:
+    """A float as strict JSON allows: NaN and infinities become strings."""
+    if value is None:
+        return None
+    value = float(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
 
 
 class AnomalyDumpWriter:
-    """Writes `anomaly_detected/rank{r}/anomaly.jsonl`; never rewrites what is there."""
+    """Appends one rank's anomaly records; safe to call from the writer thread and the
+    training thread alike (one lock, one append + fsync per call)."""
 
     def __init__(self, base_dir: str, rank: int, pp_stage: int, group_mates: list[int]) -> None:
-        self.dir = os.path.join(base_dir, "anomaly_detected", f"rank{rank}")
+        self.path = dump_path(base_dir, rank)
+        self.dir = os.path.dirname(self.path)
         os.makedirs(self.dir, exist_ok=True)
-        self.path = os.path.join(self.dir, "anomaly.jsonl")
         self.rank = rank
         self.pp_stage = pp_stage
-        self.group_mates = group_mates
+        self.group_mates = list(group_mates)
+        self.records_written = 0
+        self._lock = threading.Lock()
+        self._tail_checked = False
+
+    def record(self, step: int, alert: Alert) -> dict[str, Any]:
+        """The dump record of one alert (what a line of anomaly.jsonl holds)."""
+        key = alert.key
+        return {
+            "rank": self.rank,
+            "step": step,
+            "micro_step": key.micro_step,
+            "pp_stage": self.pp_stage,
+            "vpp_stage": key.vpp_stage,
+            "stage": key.train_stage,
+            "call_id": alert.call_id,
+            "tag": key.tag(self.rank),
+            "name": key.name,
+            "category": key.category,
+            "op": alert.op,
+            "value": json_number(alert.value),
+            "history": json_number(alert.history),
+            "rule": alert.rule,
+            "message": alert.message,
+            "group_mates": self.group_mates,
+        }
 
     def write(self, record: StepRecord, alerts: list[Alert]) -> None:
-        if not alerts:
-            return
+        """Append the alerts of one step."""
+        self.append(self.record(record.step, alert) for alert in alerts)
+
+    def append(self, records: Iterable[dict[str, Any]]) -> None:
+        """Append ready-made records (e.g. the NanOrigin detector's) in one fsync'd write.
+
+        rank, pp_stage and group_mates are filled in when missing; step, stage, name,
+        category and rule are required, so nothing unreadable for `msmon analyse` is written.
+        """
         lines = []
-        for alert in alerts:
-            key = alert.key
-            lines.append(json.dumps({
-                "rank": self.rank,
-                "step": record.step,
-                "micro_step": key.micro_step if key.micro_step is not None else 0,
-                "pp_stage": self.pp_stage,
-                "vpp_stage": key.vpp_stage,
-                "stage": key.train_stage,
-                "call_id": alert.call_id,
-                "tag": key.tag(self.rank),
-                "name": key.name,
-                "category": key.category,
-                "op": alert.op,
-                "value": _json_number(alert.value),
-                "history": _json_number(alert.history),
-                "rule": alert.rule,
-                "message": alert.message,
-                "group_mates": self.group_mates,
-            }, allow_nan=False))
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        for rec in records:
+            full = {"rank": self.rank, "pp_stage": self.pp_stage, "group_mates": self.group_mates,
+                    "micro_step": None, "vpp_stage": 0, "call_id": -1, **rec}
+            missing = [k for k in ("step", "stage", "name", "category", "rule") if full.get(k) is None]
+            if missing:
+                raise ValueError(f"anomaly record lacks {', '.join(missing)}: {rec!r}")
+            if full["stage"] not in STAGES:
+                raise ValueError(f"anomaly record stage must be one of {STAGES}, got {full['stage']!r}")
+            for field in ("value", "history"):
+                if field in full:
+                    full[field] = json_number(full[field])
+            if not full.get("tag"):
+                key = RowKey(full["category"], full["name"], full["vpp_stage"], full["micro_step"])
+                full["tag"] = key.tag(full["rank"])
+            ordered = {k: full[k] for k in FIELDS if k in full}
+            ordered.update((k, v) for k, v in full.items() if k not in ordered)
+            lines.append(json.dumps(ordered, allow_nan=False))
+        if not lines:
+            return
+        data = "\n".join(lines) + "\n"
+        with self._lock:
+            if not self._tail_checked:
+                data = self._after_torn_line() + data
+                self._tail_checked = True
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+            self.records_written += len(lines)
 
-
-def _json_number(value: float | None) -> float | str | None:
-    if value is None:
-        return None
-    if value != value:
-        return "nan"
-    if value in (float("inf"), float("-inf")):
-        return "inf" if value > 0 else "-inf"
-    return value
+    def _after_torn_line(self) -> str:
+        """A newline when an earlier run was killed mid-line, so our first record stays whole."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(0, os.SEEK_END)
+                if fh.tell() == 0:
+                    return ""
+                fh.seek(-1, os.SEEK_END)
+                return "" if fh.read(1) == b"\n" else "\n"
+        except FileNotFoundError:
+            return ""
