@@ -17,9 +17,9 @@ Guarantees, because monitoring must never change or break training:
 Wrapping is reference counted: the launcher holds it from the moment torch is imported (the
 hooks registry calls `instrument(session)`, which does nothing when the config leaves
 cc_distribution off), and each monitor's collector holds it from attach to detach
-(`acquire()`/`release()`); the originals come back when the last hold goes. Code that copied a collective (`from torch.distributed import all_reduce`) before the
-wrapping keeps the original and is not seen; after unwrapping, a copied wrapper just passes
-through. `P2POp.op` always reads as the current isend/irecv, so P2POps built from either
+(`acquire()`/`release()`); the originals come back when the last hold goes. Code that
+copied a collective (`from torch.distributed import all_reduce`) before the wrapping keeps the
+original and is not seen; after unwrapping, a copied wrapper just passes through. `P2POp.op` always reads as the current isend/irecv, so P2POps built from either
 version keep working with batch_isend_irecv (torch compares them by identity).
 """
 from __future__ import annotations
@@ -102,12 +102,12 @@ class CallSite:
     line: int
     function: str
 
-    @property
+    @functools.cached_property
     def short(self) -> str:
         """`train.py[23]`: how the site appears in metric names."""
         return f"{os.path.basename(self.path)}[{self.line}]"
 
-    @property
+    @functools.cached_property
     def full(self) -> str:
         """`/abs/path/train.py[23]`: what cc_codeline patterns are matched against."""
         return f"{self.path}[{self.line}]"
@@ -427,14 +427,15 @@ def acquire() -> bool:
                 if getattr(module, name, None) is original:
                     setattr(module, name, wrapper)
         _install_p2p_shim()
-        _original_wait = dist.Work.wait
+        if dist.Work.wait is not _wait:
+            _original_wait = dist.Work.wait  # kept after release: a copied _wait still works
         dist.Work.wait = _wait
     return True
 
 
 def release() -> None:
     """Undo one acquire(); the last one puts the originals back where they were replaced."""
-    global _refcount, _original_wait
+    global _refcount
     with _lock:
         if _refcount == 0:
             return
@@ -449,7 +450,6 @@ def release() -> None:
         _wrappers.clear()
         if _original_wait is not None and dist.Work.wait is _wait:
             dist.Work.wait = _original_wait
-        _original_wait = None
         _pending.clear()
 
 
