@@ -173,3 +173,20 @@ def test_an_edit_of_ops_and_format_reopens_the_outputs_without_losing_rows(tmp_p
     assert [int(r["step"]) for r in rows if "max" in r] == [3] * 4 + [4] * 4
     assert {int(r["step"]) for r in rows} == {0, 1, 2, 3, 4}
     assert list(out.glob("events.out.tfevents.*"))
+
+
+def test_a_rank_outside_module_ranks_stops_with_print_struct_instead_of_hanging(tmp_path, monkeypatch):
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "out"))
+    path = tmp_path / "monitor.json"
+    write_config(path, {"print_struct": True, "module_ranks": [1]}, 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))  # this process is rank 0
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    model(torch.randn(2, 8)).sum().backward()
+    try:
+        optimizer.step()
+    except SystemExit as stop:
+        assert stop.code == 0
+    else:
+        raise AssertionError("rank 0 kept training while the recording ranks stopped")

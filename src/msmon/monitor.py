@@ -146,6 +146,9 @@ class TrainerMon:
         if not self.active:
             logger.info("msmon[rank %d]: not in module_ranks %s; this rank records nothing",
                         self.rank, self.config.module_ranks)
+            if self.config.print_struct or self.config.cc_distribution.cc_log_only:
+                # the recording ranks stop after step 0: stop with them rather than hang in a collective
+                self._unhook_step = self.adapter.hook_step(lambda: None, self._stop_with_the_others)
             return
         self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
         self._build_collectors()
@@ -434,6 +437,11 @@ class TrainerMon:
         self.close()
         print(f"msmon: module structure of rank {self.rank} written to {path}; stopping after step "
               f"{self.step} as print_struct asks", flush=True)
+        raise StopAfterStruct(0)
+
+    def _stop_with_the_others(self) -> None:
+        self.close()
+        print(f"msmon: rank {self.rank} stops after step {self.step} with the recording ranks", flush=True)
         raise StopAfterStruct(0)
 
     def _maybe_reload_config(self) -> None:
