@@ -180,27 +180,37 @@ def test_alert_lines_are_rate_limited_per_step_and_the_rest_counted(write_config
     assert alert_lines[2].startswith("msmon alert [rank 0] step 0: ") and "more alerts not shown" in alert_lines[2]
 
 
-def test_a_healthy_50_step_run_with_the_bundled_alert_settings_raises_no_alert(write_config, output_dir):
+def train_tiny_gpt(config_path: str, steps: int, spike_step: int | None = None) -> tuple[TrainerMon, list[float]]:
+    """The bundled tiny GPT (scaled down for CPU), AdamW, 2 micro-steps; at `spike_step` the
+    gradients are made 20x larger (the loss is scaled in backward only)."""
     from tiny_gpt import TinyGPT, lm_loss, synthetic_batch
 
-    example = json.loads((ROOT / "examples" / "monitor.json").read_text())
-    assert example["alert"]["rules"], "the bundled example config has alert rules"
-    cfg = dict(example, format=["csv"])
     torch.manual_seed(0)
     model = TinyGPT(d_model=64, n_layer=2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    mon = TrainerMon(write_config(cfg))
+    mon = TrainerMon(config_path)
     mon.set_monitor(model, optimizer)
     gen = torch.Generator().manual_seed(0)
     losses = []
-    for _ in range(50):
+    for step in range(steps):
         for _ in range(2):
             loss = lm_loss(model, synthetic_batch(gen)) / 2
-            loss.backward()
+            (loss * (20.0 if step == spike_step else 1.0)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item() * 2)
     mon.close()
+    return mon, losses
+
+
+def bundled_config() -> dict:
+    return json.loads((ROOT / "examples" / "monitor.json").read_text())
+
+
+def test_a_healthy_50_step_run_with_the_bundled_alert_settings_raises_no_alert(write_config, output_dir):
+    example = bundled_config()
+    assert example["alert"]["rules"], "the bundled example config has alert rules"
+    mon, losses = train_tiny_gpt(write_config(dict(example, format=["csv"])), 50)
     assert losses[-1] < losses[0] - 0.1, "the run trains"
     summary = mon.summary()
     assert summary["steps_recorded"] == 50
@@ -209,25 +219,11 @@ def test_a_healthy_50_step_run_with_the_bundled_alert_settings_raises_no_alert(w
 
 
 def test_a_gradient_spike_in_a_real_run_is_flagged_at_its_step_and_not_before(write_config, output_dir):
-    from tiny_gpt import TinyGPT, lm_loss, synthetic_batch
-
-    example = json.loads((ROOT / "examples" / "monitor.json").read_text())
+    example = bundled_config()
     cfg = {"xy_distribution": True, "all_xy": True, "wg_distribution": True, "format": ["csv"],
            "ops": example["ops"], "alert": dict(example["alert"], dump=True)}
-    torch.manual_seed(0)
-    model = TinyGPT(d_model=64, n_layer=2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    mon = TrainerMon(write_config(cfg))
-    mon.set_monitor(model, optimizer)
-    gen = torch.Generator().manual_seed(0)
     spike_step = 20
-    for step in range(spike_step + 1):
-        for _ in range(2):
-            loss = lm_loss(model, synthetic_batch(gen)) / 2
-            (loss * (20.0 if step == spike_step else 1.0)).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    mon.close()
+    train_tiny_gpt(write_config(cfg), spike_step + 1, spike_step)
     lines = (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert records and {r["step"] for r in records} == {spike_step}
