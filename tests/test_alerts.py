@@ -223,7 +223,7 @@ def test_a_gradient_spike_in_a_real_run_is_flagged_at_its_step_and_not_before(wr
     cfg = {"xy_distribution": True, "all_xy": True, "wg_distribution": True, "format": ["csv"],
            "ops": example["ops"], "alert": dict(example["alert"], dump=True)}
     spike_step = 20
-    train_tiny_gpt(write_config(cfg), spike_step + 1, spike_step)
+    mon, _ = train_tiny_gpt(write_config(cfg), spike_step + 1, spike_step)
     lines = (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
     assert records and {r["step"] for r in records} == {spike_step}
@@ -231,3 +231,4 @@ def test_a_gradient_spike_in_a_real_run_is_flagged_at_its_step_and_not_before(wr
     assert {r["category"] for r in records} >= {"actv_grad", "grad_reduced"}
     assert "actv" not in {r["category"] for r in records}, "the forward pass was not touched"
     assert all(r["value"] > 3 * r["history"] for r in records)
+    assert mon.summary()["alerts"] == len(records)

@@ -147,20 +147,34 @@ def _fmt(value: float) -> str:
     return f"{value:.6g}"
 
 
-def _magnitudes(ops: Sequence[str], row: Sequence[float]) -> list[tuple[str, str, float]]:
-    """(history name, reported op, value) of the watched magnitudes of one row."""
-    values = dict(zip(ops, row))
-    out: list[tuple[str, str, float]] = []
-    if "norm" in values:
-        out.append(("norm", "norm", values["norm"]))
-    extremes = [(op, values[op]) for op in ("max", "min") if op in values]
-    if extremes:
-        if any(not math.isfinite(v) for _, v in extremes):
-            op, value = next((op, v) for op, v in extremes if not math.isfinite(v))
-        else:
-            op, value = max(extremes, key=lambda item: abs(item[1]))
-        out.append(("peak", op, value))
-    return out
+class _Layout:
+    """Where each watched statistic sits in a row, for one ops list (computed once)."""
+
+    def __init__(self, ops: Sequence[str]) -> None:
+        index = {op: i for i, op in enumerate(ops)}
+        self.norm = index.get("norm")
+        self.extremes = [(op, index[op]) for op in ("max", "min") if op in index]
+        self.counts = [index[op] for op in COUNT_OPS if op in index]
+        self.magnitudes = [index[op] for op in MAGNITUDE_OPS if op in index]
+
+    def watched(self, row: Sequence[float]) -> list[tuple[str, str, float]]:
+        """(history name, reported op, value): the norm, and the peak of min/max."""
+        out: list[tuple[str, str, float]] = []
+        if self.norm is not None:
+            out.append(("norm", "norm", row[self.norm]))
+        if self.extremes:
+            pairs = [(op, row[i]) for op, i in self.extremes]
+            bad = [(op, v) for op, v in pairs if not math.isfinite(v)]
+            op, value = bad[0] if bad else max(pairs, key=lambda item: abs(item[1]))
+            out.append(("peak", op, value))
+        return out
+
+    def suspicious(self, row: Sequence[float], bound: float | None) -> bool:
+        """A cheap screen before AnomalyNan looks closely: anything non-finite, any count,
+        or a magnitude over the smallest threshold."""
+        if not all(map(math.isfinite, row)) or any(row[i] > 0 for i in self.counts):
+            return True
+        return bound is not None and any(abs(row[i]) > bound for i in self.magnitudes)
 
 
 class RuleEngine:
@@ -169,46 +183,62 @@ class RuleEngine:
     def __init__(self, rules: list[AnomalyNan | AnomalyTurbulence], warmup: int = WARMUP,
                  alpha: float = EMA_ALPHA) -> None:
         self.rules = rules
-        self.warmup = warmup
+        self.warmup = max(int(warmup), 1)
         self.alpha = alpha
         self._nan_rules = [r for r in rules if isinstance(r, AnomalyNan)]
+        bounds = [r.threshold for r in self._nan_rules if r.threshold is not None]
+        self._nan_bound = min(bounds) if bounds else None
         self._turbulence = sorted((r for r in rules if isinstance(r, AnomalyTurbulence)),
                                   key=lambda r: r.threshold)
         # the band a value is clipped to before it enters the history: the loosest rule's
         self._clip = self._turbulence[-1].factor if self._turbulence else None
         self._sums: dict[tuple[str, str, int, str], tuple[float, int]] = {}
+        self._layouts: dict[tuple[str, ...], _Layout] = {}
 
     def history(self, category: str, name: str, vpp_stage: int, magnitude: str) -> float | None:
         """The history h of one watched magnitude ("norm" or "peak"), None while warming up."""
-        s, n = self._sums.get((category, name, vpp_stage, magnitude), (0.0, 0))
-        if n < self.warmup or n == 0:
+        return self._history((category, name, vpp_stage, magnitude))
+
+    def _history(self, hkey: tuple[str, str, int, str]) -> float | None:
+        entry = self._sums.get(hkey)
+        if entry is None or entry[1] < self.warmup:
             return None
+        s, n = entry
         return s / (1.0 - (1.0 - self.alpha) ** n)
 
     def scan(self, keys: list[RowKey], ops: list[str], values: list[list[float]]) -> list[Alert]:
         """Check one step's rows (in recording order) and update the history."""
         if not self.rules:
             return []
+        layout = self._layouts.get(tuple(ops))
+        if layout is None:
+            layout = self._layouts[tuple(ops)] = _Layout(ops)
         alerts: list[Alert] = []
         step_values: dict[tuple[str, str, int, str], list[float]] = {}
         for call_id, (key, row) in enumerate(zip(keys, values)):
             symptoms: list[_Symptom] = []
-            for rule in self._nan_rules:
-                found = rule.check_row(ops, row)
-                if found is not None:
-                    symptoms.append(found)
-                    break
+            if self._nan_rules and layout.suspicious(row, self._nan_bound):
+                for rule in self._nan_rules:
+                    found = rule.check_row(ops, row)
+                    if found is not None:
+                        symptoms.append(found)
+                        break
             if self._turbulence and key.category not in UNWATCHED_CATEGORIES:
-                for magnitude, op, value in _magnitudes(ops, row):
+                for magnitude, op, value in layout.watched(row):
                     hkey = (key.category, key.name, key.vpp_stage, magnitude)
-                    history = self.history(*hkey)
-                    for rule in self._turbulence:
-                        found = rule.check(op, value, history)
-                        if found is not None:
-                            symptoms.append(found)
-                            break
+                    history = self._history(hkey)
+                    if history is not None:
+                        for rule in self._turbulence:
+                            found = rule.check(op, value, history)
+                            if found is not None:
+                                symptoms.append(found)
+                                break
                     if math.isfinite(value):
-                        step_values.setdefault(hkey, []).append(self._clipped(abs(value), history))
+                        acc = step_values.get(hkey)
+                        if acc is None:
+                            acc = step_values[hkey] = [0.0, 0]
+                        acc[0] += self._clipped(abs(value), history)
+                        acc[1] += 1
             if symptoms:
                 first = symptoms[0]
                 message = "; ".join(s.text for s in symptoms)
@@ -221,9 +251,8 @@ class RuleEngine:
             return magnitude
         return min(max(magnitude, history / self._clip), history * self._clip)
 
-    def _update(self, step_values: dict[tuple[str, str, int, str], list[float]]) -> None:
+    def _update(self, step_values: dict[tuple[str, str, int, str], list]) -> None:
         a = self.alpha
-        for hkey, magnitudes in step_values.items():
+        for hkey, (total, count) in step_values.items():
             s, n = self._sums.get(hkey, (0.0, 0))
-            x = sum(magnitudes) / len(magnitudes)
-            self._sums[hkey] = ((1.0 - a) * s + a * x, n + 1)
+            self._sums[hkey] = ((1.0 - a) * s + a * total / count, n + 1)
