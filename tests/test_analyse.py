@@ -117,6 +117,12 @@ def test_a_nan_origin_record_sorts_with_the_alert_on_the_same_tensor(tmp_path, c
     assert "That is the first non-finite origin" in result["verdict"]
 
 
+def test_a_non_finite_value_made_outside_any_module_is_explained_as_such(tmp_path):
+    write_dump(tmp_path, 0, [rec(0, 2, 0, "forward", 0, 7, "head.input", "actv", rule="NanOrigin", op="nonfinite")])
+    assert run_analyse(str(tmp_path)) == 0
+    assert "already non-finite when it reached this module (made outside any module" in analysed(tmp_path)["verdict"]
+
+
 def test_ranks_that_fail_at_the_same_point_are_named_together(tmp_path, capsys):
     for rank in (0, 1, 2):
         write_dump(tmp_path, rank, [rec(rank, 3, 0, "forward", 0, 4, "emb.output", "actv")])

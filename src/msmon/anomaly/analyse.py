@@ -83,7 +83,7 @@ class AnomalyEvent:
         return f"rank {self.rank}, step {self.step}{micro}"
 
     def what(self) -> str:
-        """"forward output of layers.1.fc2", "reduced gradient of fc1.weight", ..."""
+        """In words, e.g. "forward output of layers.1.fc2" or "reduced gradient of fc1.weight"."""
         module, slot = _split_slot(self.name)
         if self.category == "actv" and slot:
             return f"forward {slot} of {module}"
@@ -370,8 +370,11 @@ def verdict(ordered: list[AnomalyEvent]) -> str:
         parts.append(f"Other ranks' first anomalies came later: {listed}{more}.")
     origin = next((e for e in ordered if e.rule == NAN_ORIGIN_RULE), None)
     if origin is not None:
-        feeds = "output" if origin.stage == FORWARD else "input gradient"
-        why = (f"the first module whose {feeds} was non-finite while everything that fed it was finite")
+        if origin.stage == FORWARD and _split_slot(origin.name)[1] == "input":
+            why = "the value was already non-finite when it reached this module (made outside any module, or by the data)"
+        else:
+            feeds = "output" if origin.stage == FORWARD else "input gradient"
+            why = f"the first module whose {feeds} was non-finite while everything that fed it was finite"
         if origin is first:
             parts.append(f"That is the first non-finite origin: {why}.")
         else:
