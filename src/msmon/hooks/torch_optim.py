@@ -1,0 +1,277 @@
+"""Attach a TrainerMon to every torch.optim optimizer a script builds, with no code change.
+
+When: at construction, the moment the outermost `__init__` of the optimizer returns. The
+model is known by then in almost every script (the optimizer is built from its
+parameters), and attaching before the first forward means step 0 is recorded like every
+other step: activations, per-micro-batch gradients, the grad_acc_steps inference. Attaching
+at the first `step()` instead would miss all of step 0 except the reduced gradients and
+the weights, so it is only the fallback: for optimizers built before msmon was loaded, or
+whose parameters belonged to no module yet.
+
+How: every Optimizer subclass's own `__init__` is wrapped (the existing classes now, classes
+defined later, a user's included, through `Optimizer.__init_subclass__`); a global step
+pre-hook is the fallback. Optimizers built inside another optimizer's constructor (sharded
+or wrapping optimizers) and wrappers that resolve to an already monitored optimizer
+(accelerate's AcceleratedOptimizer, Lookahead-like classes sharing `param_groups`) are not
+monitored twice.
+
+Each monitored optimizer gets its own TrainerMon, hence its own output directory. The
+monitor holds its optimizer weakly, so an optimizer the script drops is garbage collected;
+its monitor is then closed (pending rows written, summary.json) and released.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import weakref
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
+
+from ..config import ConfigError
+from ..distributed import current_rank
+from ..monitor import TrainerMon
+from ..naming import check_targets, display
+from ..optimizers.base import resolve_optimizer
+from . import Session
+from .modules import ModuleTracker, roots_in_memory
+
+logger = logging.getLogger("msmon")
+
+CONSTRUCTION, FIRST_STEP = "construction", "first step"
+_WRAPPED_FLAG = "__msmon_wrapped__"
+
+_local = threading.local()  # .building: {id(optimizer): nesting} of constructors running here
+_instrumentation: "_Instrumentation | None" = None
+
+
+def instrument(session: Session) -> None:
+    global _instrumentation
+    if _instrumentation is None:
+        _instrumentation = _Instrumentation(session)
+        _instrumentation.install()
+
+
+def uninstrument() -> None:
+    global _instrumentation
+    if _instrumentation is not None:
+        _instrumentation.remove()
+        _instrumentation = None
+
+
+@contextmanager
+def suppressed() -> Iterator[None]:
+    """Optimizers built inside this block are left alone: for framework instrumentors
+    (DeepSpeed, Megatron) that attach to the optimizers they build themselves."""
+    _local.suppressed = getattr(_local, "suppressed", 0) + 1
+    try:
+        yield
+    finally:
+        _local.suppressed -= 1
+
+
+def _building() -> dict[int, int]:
+    building = getattr(_local, "building", None)
+    if building is None:
+        building = _local.building = {}
+    return building
+
+
+class _Instrumentation:
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.tracker = ModuleTracker()
+        self._originals: dict[type, Callable[..., None]] = {}
+        self._had_init_subclass = "__init_subclass__" in Optimizer.__dict__
+        self._step_hook: Any = None
+        self._decided: dict[int, weakref.ref] = {}  # id(optimizer) -> optimizer: handled once
+        self._attached: list[weakref.ref] = []  # the monitored optimizers
+        self._lock = threading.RLock()
+
+    # -- installing ------------------------------------------------------------------------------
+    def install(self) -> None:
+        self.tracker.start()
+        for cls in _with_subclasses(Optimizer):
+            self._wrap_init(cls)
+        instrumentation = self
+
+        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+            super(Optimizer, cls).__init_subclass__(**kwargs)
+            instrumentation._wrap_init(cls)
+
+        Optimizer.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+        self._step_hook = register_optimizer_step_pre_hook(self._on_step)
+
+    def remove(self) -> None:
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+        if not self._had_init_subclass and "__init_subclass__" in Optimizer.__dict__:
+            del Optimizer.__init_subclass__
+        for cls, original in self._originals.items():
+            cls.__init__ = original  # type: ignore[misc]
+        self._originals.clear()
+        self.tracker.stop()
+
+    def _wrap_init(self, cls: type) -> None:
+        original = cls.__dict__.get("__init__")
+        if original is None or getattr(original, _WRAPPED_FLAG, False):
+            return
+        on_built = self._on_built
+
+        @functools.wraps(original)
+        def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
+            building = _building()
+            key = id(opt)
+            outermost = key not in building  # not a super().__init__ of the same object
+            inside_another = outermost and bool(building)
+            building[key] = building.get(key, 0) + 1
+            try:
+                original(opt, *args, **kwargs)
+            finally:
+                building[key] -= 1
+                if not building[key]:
+                    del building[key]
+            if outermost:
+                on_built(opt, inside_another)
+
+        setattr(__init__, _WRAPPED_FLAG, True)
+        self._originals[cls] = original
+        cls.__init__ = __init__  # type: ignore[misc]
+
+    # -- deciding ----------------------------------------------------------------------------------
+    def _on_built(self, opt: Any, inside_another: bool) -> None:
+        if not self.session.in_owner_process() or getattr(_local, "suppressed", 0):
+            return
+        if inside_another:  # built by another optimizer's constructor: that one is monitored
+            self._decide(opt)
+            return
+        self._guarded(opt, CONSTRUCTION)
+
+    def _on_step(self, opt: Any, _args: tuple, _kwargs: dict) -> None:
+        if not self._is_decided(opt) and self.session.in_owner_process() and not getattr(_local, "suppressed", 0):
+            self._guarded(opt, FIRST_STEP)
+        return None
+
+    def _guarded(self, opt: Any, when: str) -> None:
+        try:
+            with self._lock:
+                self._consider(opt, when)
+        except Exception as exc:  # monitoring must never break the training script
+            self._decide(opt)
+            logger.error("msmon[rank %d]: attaching to %s failed; it is not monitored: %r",
+                         current_rank(), type(opt).__name__, exc)
+
+    def _is_decided(self, opt: Any) -> bool:
+        known = self._decided.get(id(opt))
+        return known is not None and known() is opt
+
+    def _decide(self, opt: Any) -> None:
+        key = id(opt)
+        decided = self._decided
+
+        def forget(ref: weakref.ref, key: int = key) -> None:
+            if decided.get(key) is ref:
+                del decided[key]
+
+        decided[key] = weakref.ref(opt, forget)
+
+    def _consider(self, opt: Any, when: str) -> None:
+        if self._is_decided(opt):
+            return
+        real = resolve_optimizer(opt)
+        if real is not opt or self._wraps_monitored(opt):
+            self._decide(opt)  # a wrapper: the optimizer inside is the one to monitor
+            if real is not opt:
+                self._consider(real, when)
+            return
+        params = [p for group in getattr(opt, "param_groups", None) or [] for p in group.get("params", [])]
+        if not params:
+            return  # nothing to monitor yet; its first step looks again
+        ids = {id(p) for p in params}
+        roots = self.tracker.roots_owning(ids)
+        if not roots and when == CONSTRUCTION:
+            return  # its model is unknown so far; its first step looks again
+        if not roots:
+            roots = roots_in_memory(ids)
+        self._decide(opt)
+        if not roots:
+            self._skip(opt, "its parameters belong to no nn.Module")
+            return
+        self._attach(opt, roots, when)
+
+    def _wraps_monitored(self, opt: Any) -> bool:
+        """Lookahead-like wrappers share the inner optimizer's `param_groups` list."""
+        groups = getattr(opt, "param_groups", None)
+        return groups is not None and any(
+            inner is not None and inner is not opt and getattr(inner, "param_groups", None) is groups
+            for inner in (ref() for ref in self._attached))
+
+    def _skip(self, opt: Any, reason: str) -> None:
+        logger.info("msmon[rank %d]: %s is not monitored: %s", current_rank(), type(opt).__name__, reason)
+        self.session.emit("skipped", optimizer=type(opt).__name__, reason=reason)
+
+    # -- attaching ---------------------------------------------------------------------------------
+    def _attach(self, opt: Any, roots: list[torch.nn.Module], when: str) -> None:
+        config = self.session.config
+        if config.targets:
+            squash = config.squash_name
+            try:
+                check_targets(config.targets,
+                              [{display(n, squash) for n, _ in root.named_modules()} for root in roots],
+                              [{display(n, squash) for n, _ in root.named_parameters()} for root in roots])
+            except ConfigError as exc:
+                self._skip(opt, f"the config's targets are not in its model ({exc})")
+                return
+        monitor = TrainerMon(self.session.config_path)
+        try:
+            monitor.set_monitor(roots[0] if len(roots) == 1 else roots, opt)
+        except BaseException:
+            monitor.close()
+            raise
+        _hold_optimizer_weakly(monitor, opt)
+        self.session.monitors.append(monitor)
+        self._attached = [ref for ref in self._attached if ref() is not None] + [weakref.ref(opt)]
+        weakref.finalize(opt, _on_optimizer_collected, self.session, monitor)
+        models = [type(root).__name__ for root in roots]
+        logger.info("msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s", current_rank(),
+                    type(opt).__name__, " + ".join(models), when, monitor.log_dir or "no output on this rank")
+        self.session.emit("attached", monitor=monitor, optimizer=type(opt).__name__, models=models, when=when)
+
+
+def _with_subclasses(cls: type) -> list[type]:
+    out, todo = [], [cls]
+    while todo:
+        current = todo.pop()
+        if current not in out:
+            out.append(current)
+            todo.extend(current.__subclasses__())
+    return out
+
+
+def _hold_optimizer_weakly(monitor: TrainerMon, opt: Any) -> None:
+    """The session keeps its monitors; a monitor keeping its optimizer would keep every
+    optimizer (and its state) alive for the whole process. Swap the monitor's strong
+    references for weak proxies once it is attached."""
+    proxy = weakref.proxy(opt)
+    monitor.optimizer = proxy
+    adapter = getattr(monitor, "adapter", None)
+    if adapter is not None and getattr(adapter, "optimizer", None) is opt:
+        adapter.optimizer = proxy
+
+
+def _on_optimizer_collected(session: Session, monitor: TrainerMon) -> None:
+    """The script dropped the optimizer: write what is pending and let the monitor go."""
+    if threading.current_thread().name.startswith("msmon-writer"):
+        threading.Thread(target=_on_optimizer_collected, args=(session, monitor), daemon=False).start()
+        return
+    try:
+        monitor.close()
+    except Exception as exc:
+        logger.warning("msmon[rank %d]: closing the monitor of a collected optimizer failed: %r", monitor.rank, exc)
+    if monitor in session.monitors:
+        session.monitors.remove(monitor)
+    session.emit("closed", monitor=monitor)

@@ -1,0 +1,77 @@
+"""The end-of-job summary: one line per monitor (output directory, steps recorded, alerts
+raised), read from the workers' records in the bootstrap directory and each monitor's
+summary.json. Nothing here guesses from directory names, so other jobs writing to the same
+output directory never show up."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+from .worker import WORKERS_DIR
+
+
+def worker_records(bootstrap_dir: str) -> list[dict[str, Any]]:
+    records = []
+    for path in glob.glob(os.path.join(bootstrap_dir, WORKERS_DIR, "*.json")):
+        try:
+            with open(path, encoding="utf-8") as fh:
+                records.append(json.load(fh))
+        except (OSError, ValueError):
+            continue
+    records.sort(key=lambda r: (r.get("rank", 0), r.get("host", ""), r.get("pid", 0)))
+    return records
+
+
+def _shown(path: str) -> str:
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else path
+
+
+def _read_summary(log_dir: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(log_dir, "summary.json"), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def summary_lines(records: list[dict[str, Any]], mode: str) -> list[str]:
+    """What the launcher prints when the job ends."""
+    if not records:
+        return ["msmon: no training process loaded msmon, so nothing was monitored. Python started with -E, -I "
+                "or -S, or a launcher that drops PYTHONPATH, skips msmon's sitecustomize: add `import msmon.auto` "
+                "at the top of the training script (see docs/launcher.md)."]
+    lines = []
+    for record in records:
+        where = f"rank {record.get('rank', '?')}"
+        monitors = record.get("monitors", [])
+        if not monitors:
+            skipped = record.get("skipped", [])
+            reason = "; ".join(f"{s['optimizer']}: {s['reason']}" for s in skipped)
+            lines.append(f"msmon: {where}: nothing was monitored ("
+                         + (reason if reason else "the process built no torch.optim optimizer") + ")")
+            continue
+        for monitor in monitors:
+            lines.append(_monitor_line(monitor, mode, len(monitors) > 1))
+    return lines
+
+
+def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
+    where = f"rank {monitor.get('rank', '?')}" + (f" {monitor['optimizer']}" if several else "")
+    log_dir = monitor.get("log_dir")
+    if mode == "struct":
+        path = os.path.join(monitor["output_base"], "module_struct", f"rank{monitor.get('rank', 0)}",
+                            "module_struct.json")
+        if os.path.isfile(path):
+            return f"msmon: {where}: module structure written to {_shown(path)}"
+        return f"msmon: {where}: no module structure was written (the script made no optimizer step?)"
+    if not log_dir:
+        return f"msmon: {where}: not in the config's module_ranks, nothing recorded"
+    summary = _read_summary(log_dir)
+    if summary is None:
+        return (f"msmon: {where}: {_shown(log_dir)} (no summary.json: the process ended before the monitor "
+                "could close)")
+    return (f"msmon: {where}: {summary.get('steps_recorded', 0)} steps recorded, {summary.get('alerts', 0)} alerts "
+            f"raised -> {_shown(log_dir)}")

@@ -1,0 +1,132 @@
+"""Monitoring inside one training process, without a line of msmon in the script.
+
+Started by the job's bootstrap once the script imports torch (`start`), or by
+`import msmon.auto` (`start_here`). It builds the session every instrumentor shares, switches
+the instrumentors on as their frameworks are imported, and keeps this worker's record in
+the bootstrap directory so the launcher can print where each monitor wrote.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+from typing import Any
+
+from .. import hooks, lifecycle
+from ..distributed import current_rank
+from ..output import ENV_OUTPUT_DIR
+from . import boot
+
+logger = logging.getLogger("msmon")
+
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.json")
+ENV_CONFIG = "MSMON_CONFIG"
+WORKERS_DIR = "workers"
+
+_session: hooks.Session | None = None
+
+
+def start(bootstrap_dir: str) -> hooks.Session:
+    """Monitor this worker of a job launched by `msmon run` (its bootstrap directory)."""
+    if _session is not None:
+        return _session
+    lifecycle.setup_logging()
+    settings = boot.read_settings(bootstrap_dir)
+    if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
+        os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
+    session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings))
+    record = WorkerRecord(os.path.join(bootstrap_dir, WORKERS_DIR), session)
+    session.listeners.append(record.on_event)
+    record.write()
+    return _begin(session, record)
+
+
+def start_here() -> hooks.Session | None:
+    """`import msmon.auto`: monitor this process, unless it is the child of a monitored one
+    (a DataLoader worker re-importing the script) or already monitored."""
+    role = boot.decide_role(os.environ, os.getpid(), launcher=None)
+    if role == boot.ACTIVE or _session is not None:
+        return _session
+    if role != boot.WORKER:
+        return None
+    boot.mark_active(os.environ, os.getpid())
+    bootstrap_dir = os.environ.get(boot.ENV_BOOTSTRAP_DIR)
+    if bootstrap_dir and os.path.isfile(os.path.join(bootstrap_dir, boot.SETTINGS_FILE)):
+        return start(bootstrap_dir)  # under `msmon run`, with sitecustomize disabled (python -E/-I)
+    lifecycle.setup_logging()
+    config_path = os.environ.get(ENV_CONFIG) or DEFAULT_CONFIG
+    return _begin(hooks.Session.from_file(config_path), None)
+
+
+def worker_config_path(bootstrap_dir: str, settings: dict) -> str:
+    """The user's own config file when this machine sees it (so that editing it during the
+    run takes effect, msprobe's dynamic workflow), else the copy the launcher resolved."""
+    source = settings.get("config_source")
+    if source and os.path.isfile(source):
+        return source
+    return os.path.join(bootstrap_dir, settings["config"])
+
+
+def _begin(session: hooks.Session, record: "WorkerRecord | None") -> hooks.Session:
+    global _session
+    _session = session
+    atexit.register(_report_at_exit, session, record)  # runs after the monitors closed (LIFO)
+    hooks.enable(session)
+    return session
+
+
+def _report_at_exit(session: hooks.Session, record: "WorkerRecord | None") -> None:
+    if not session.in_owner_process():
+        return
+    attached = record.data["monitors"] if record is not None else session.monitors
+    if not attached:
+        logger.info("msmon[rank %d]: no optimizer was monitored in this process (none was built, or none "
+                    "could be attached); nothing was recorded", current_rank())
+
+
+class WorkerRecord:
+    """This worker's file in the bootstrap directory: who it is and where its monitors
+    write. Rewritten (atomically) at each attachment, so even a worker killed later leaves
+    the launcher something to report."""
+
+    def __init__(self, directory: str, session: hooks.Session) -> None:
+        self.path = os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}.json")
+        self.data: dict[str, Any] = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "rank": int(os.environ.get("RANK", "0") or 0),
+            "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
+            "config": session.config_path,
+            "monitors": [],
+            "skipped": [],
+        }
+
+    def on_event(self, event: str, info: dict) -> None:
+        if event == "attached":
+            monitor = info["monitor"]
+            self.data["rank"] = monitor.rank
+            self.data["monitors"].append({
+                "rank": monitor.rank,
+                "log_dir": os.path.abspath(monitor.log_dir) if monitor.log_dir else None,
+                "output_base": os.path.abspath(monitor.output_base),
+                "optimizer": info["optimizer"],
+                "models": info["models"],
+                "attached_at": info["when"],
+            })
+        elif event == "skipped":
+            self.data["skipped"].append({"optimizer": info["optimizer"], "reason": info["reason"]})
+        else:
+            return
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path + ".tmp"
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(self.data, fh, indent=2)
+            os.replace(tmp, self.path)
+        except OSError as exc:  # the summary line is lost, never the monitoring
+            logger.warning("msmon[rank %d]: cannot write %s: %s", current_rank(), self.path, exc)
