@@ -1,0 +1,119 @@
+"""The `msmon` command line: mistakes refused before a job starts, `--no-torchrun` jobs, exit
+codes and tracebacks passed through, the summary printed at the end."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from msmon.launcher.cli import analyse, main
+
+from conftest import ROOT, read_csv_rows
+
+SCRIPTS = ROOT / "tests" / "scripts"
+MSMON = [sys.executable, "-m", "msmon.launcher"]
+
+
+def msmon(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 240):
+    proc = subprocess.run([*MSMON, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={k: v for k, v in (env or os.environ).items() if not k.startswith("MSMON_")})
+    return proc
+
+
+def test_run_wants_a_double_dash_before_the_training_script(tmp_path):
+    result = CliRunner().invoke(main, ["run", "--nproc-per-node", "2", str(SCRIPTS / "launcher_single.py")])
+    assert result.exit_code == 2
+    assert "missing the training script" in result.output and "-- train.py" in result.output
+
+
+def test_an_invalid_config_is_refused_before_the_job_starts(tmp_path):
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"wg_distribution": True, "opss": ["norm"]}))
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    result = CliRunner().invoke(main, ["run", "--config", str(config), "--no-torchrun", "--", str(script)])
+    assert result.exit_code == 1
+    assert "invalid config" in result.output and "did you mean 'ops'" in result.output
+    assert not marker.exists()
+
+
+def test_an_unwritable_output_directory_is_refused_before_the_job_starts(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    result = CliRunner().invoke(main, ["run", "--output-dir", str(blocker / "out"), "--no-torchrun", "--",
+                                       str(SCRIPTS / "launcher_single.py")])
+    assert result.exit_code == 1
+    assert "is not writable" in result.output
+
+
+def test_torchrun_options_cannot_be_mixed_with_no_torchrun():
+    result = CliRunner().invoke(main, ["run", "--no-torchrun", "--nnodes", "2", "--", str(SCRIPTS / "launcher_single.py")])
+    assert result.exit_code == 2
+    assert "--nnodes 2 cannot be used with --no-torchrun" in result.output
+
+
+def test_analyse_takes_several_steps_after_one_option(tmp_path):
+    context = analyse.make_context("analyse", ["-d", str(tmp_path), "-s", "3", "4", "5", "-k", "2"])
+    assert context.params["steps"] == (3, 4, 5) and context.params["top_k"] == 2
+    bad = CliRunner().invoke(main, ["analyse", "-d", str(tmp_path), "-s", "three"])
+    assert bad.exit_code == 2 and "'three' is not a valid integer" in bad.output
+    help_text = CliRunner().invoke(main, ["analyse", "--help"]).output
+    assert "-s, --steps" in help_text and "-k, --top-k" in help_text and "-o, --output" in help_text
+
+
+@pytest.mark.e2e
+def test_no_torchrun_runs_one_process_with_the_default_config(tmp_path):
+    out = tmp_path / "out"
+    proc = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"))
+    assert proc.returncode == 0, proc.stderr
+    assert "no --config given; using the built-in default config" in proc.stderr
+    assert '"wg_distribution": true' in proc.stderr  # the default, printed
+    assert proc.stdout.count("step ") == 3
+    (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
+    assert {r["step"] for r in read_csv_rows(Path(rank_dir), "grad_reduced")} == {"0", "1", "2"}
+    assert (Path(rank_dir) / "config.json").exists()
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("msmon: rank 0: 3 steps recorded, 0 alerts raised -> ") and last.endswith(Path(rank_dir).name)
+
+
+@pytest.mark.e2e
+def test_a_crash_keeps_its_traceback_and_exit_code_and_what_was_recorded(tmp_path):
+    out = tmp_path / "out"
+    crash = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"),
+                  "--crash-at", "1")
+    assert crash.returncode == 1
+    assert "Traceback (most recent call last)" in crash.stderr and "ValueError: crash at step 1" in crash.stderr
+    assert "msmon: rank 0: 1 steps recorded" in crash.stderr  # step 0 was written before the crash
+    code = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"),
+                 "--exit-code", "3")
+    assert code.returncode == 3, code.stderr
+
+
+@pytest.mark.e2e
+def test_a_script_without_an_optimizer_runs_and_says_nothing_was_monitored(tmp_path):
+    out = tmp_path / "out"
+    proc = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_manual_sgd.py"))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("step ") == 3
+    assert "msmon: rank 0: nothing was monitored (the process built no torch.optim optimizer)" in proc.stderr
+    assert not glob.glob(str(out / "*-rank*"))
+
+
+@pytest.mark.e2e
+def test_python_E_is_detected_and_import_msmon_auto_still_monitors(tmp_path):
+    out = tmp_path / "out"
+    proc = msmon("run", "--output-dir", str(out), "--nproc-per-node", "1", "--no-python", "--",
+                 sys.executable, "-E", str(SCRIPTS / "launcher_auto_fallback.py"))
+    assert proc.returncode == 0, proc.stderr
+    assert "skips sitecustomize, so msmon cannot load by itself" in proc.stderr and "import msmon.auto" in proc.stderr
+    assert "trained" in proc.stdout
+    assert "msmon: rank 0: 2 steps recorded, 0 alerts raised" in proc.stderr
+    (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
+    assert read_csv_rows(Path(rank_dir), "grad_reduced")

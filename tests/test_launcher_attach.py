@@ -1,0 +1,300 @@
+"""The torch.optim instrumentor, in-process: it finds the model and attaches on its own, and
+what it records is what the TrainerMon API records for the same training."""
+from __future__ import annotations
+
+import filecmp
+import gc
+import glob
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from msmon import TrainerMon
+from msmon.hooks import Session
+from msmon.hooks import torch_optim
+
+from conftest import MLP, read_csv_rows
+
+CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "xy_distribution": True,
+          "all_xy": True, "format": ["csv"], "ops": ["norm", "min", "max", "mean"]}
+
+
+@pytest.fixture
+def session(write_config, output_dir):
+    """The instrumentor switched on for this test, and everything it did undone after."""
+    session = Session.from_file(write_config(CONFIG))
+    torch_optim.instrument(session)
+    yield session
+    torch_optim.uninstrument()
+    for monitor in list(session.monitors):
+        monitor.close()
+
+
+def rank_dirs(output_dir: Path) -> list[Path]:
+    return sorted(Path(p) for p in glob.glob(str(output_dir / "*-rank0-*")))
+
+
+def train(model, optimizer, steps=2, grad_acc=2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        for _ in range(grad_acc):
+            loss = model(torch.randn(4, 8, generator=gen)).pow(2).mean()
+            loss.backward()
+            losses.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+    return losses
+
+
+def test_attaches_when_the_optimizer_is_built_so_step_zero_is_complete(session, output_dir):
+    model = MLP()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    assert len(session.monitors) == 1 and session.monitors[0].models == [model]
+    train(model, optimizer)
+    session.monitors[0].close()
+    (out,) = rank_dirs(output_dir)
+    unreduced = read_csv_rows(out, "grad_unreduced")
+    assert {(r["name"], r["step"]) for r in unreduced} >= {("fc1.weight", "0"), ("fc2.bias", "1")}
+    actv_steps = {r["step"] for r in read_csv_rows(out, "actv")}
+    assert actv_steps == {"0", "1"}
+    assert {r["micro_step"] for r in read_csv_rows(out, "actv")} == {"0", "1"}  # grad_acc inferred: 2
+    assert {r["step"] for r in read_csv_rows(out, "exp_avg")} == {"0", "1"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps_recorded"] == 2
+
+
+def test_records_exactly_what_the_trainermon_api_records(write_config, tmp_path, monkeypatch):
+    config = write_config(CONFIG)
+    losses = {}
+    for mode in ("api", "auto"):
+        monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / mode))
+        torch.manual_seed(0)
+        if mode == "auto":
+            session = Session.from_file(config)
+            torch_optim.instrument(session)
+        model = MLP()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        if mode == "api":
+            monitor = TrainerMon(config)
+            monitor.set_monitor(model, optimizer)
+        else:
+            (monitor,) = session.monitors
+        losses[mode] = train(model, optimizer, steps=3)
+        monitor.close()
+        torch_optim.uninstrument()
+    assert losses["api"] == losses["auto"]  # training itself is untouched
+    (api_dir,), (auto_dir,) = rank_dirs(tmp_path / "api"), rank_dirs(tmp_path / "auto")
+    csvs = sorted(p.name for p in api_dir.glob("*.csv"))
+    assert csvs and csvs == sorted(p.name for p in auto_dir.glob("*.csv"))
+    match, mismatch, errors = filecmp.cmpfiles(api_dir, auto_dir, csvs, shallow=False)
+    assert mismatch == [] and errors == [] and len(match) == len(csvs)
+
+
+def test_optimizer_classes_defined_later_by_the_user_are_attached_too(session):
+    class MySGD(torch.optim.SGD):  # defined after instrumentation: seen through __init_subclass__
+        def __init__(self, params, lr):
+            super().__init__(params, lr=lr)
+            self.extra = True
+
+    class Plain(torch.optim.Optimizer):  # a from-scratch optimizer
+        def __init__(self, params):
+            super().__init__(params, {"lr": 0.1})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-group["lr"])
+
+    kept = []
+    for cls, kwargs in ((MySGD, {"lr": 0.1}), (Plain, {})):
+        model = MLP()
+        kept.append((model, cls(model.parameters(), **kwargs)))
+        train(*kept[-1], steps=1, grad_acc=1)
+    assert [m.models for m in session.monitors] == [[model] for model, _ in kept]
+    assert [m.steps_recorded for m in session.monitors] == [1, 1]
+
+
+class AcceleratedLike(torch.optim.Optimizer):
+    """accelerate's shape: an Optimizer subclass that never calls Optimizer.__init__ and
+    forwards to the real optimizer in `.optimizer`."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none)
+
+
+class Wrapper(torch.nn.Module):
+    """A DDP-like module wrapper: the model sits under `module`."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, x):
+        return self.module(x)
+
+
+def test_wrappers_resolve_to_the_real_optimizer_and_the_users_names(session, output_dir):
+    model = Wrapper(MLP())
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapped = AcceleratedLike(inner)
+    train(model, wrapped, steps=1, grad_acc=1)
+    (monitor,) = session.monitors
+    assert monitor.models == [model]  # the root: the wrapper, not the inner MLP
+    monitor.close()
+    (out,) = rank_dirs(output_dir)
+    names = {r["name"] for r in read_csv_rows(out, "grad_reduced")}
+    assert names == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}  # no `module.` prefix
+    actv = {r["name"] for r in read_csv_rows(out, "actv")}
+    assert "fc1.input" in actv and not any(name.startswith("module") for name in actv)
+
+
+def test_an_optimizer_built_inside_another_is_not_monitored_twice(session):
+    class Sharded(torch.optim.Optimizer):
+        """Builds its own inner optimizer, as ZeroRedundancyOptimizer does."""
+
+        def __init__(self, params):
+            params = list(params)
+            super().__init__(params, {})
+            self.local = torch.optim.SGD(params, lr=0.1)
+
+        def step(self, closure=None):
+            return self.local.step(closure)
+
+    model = MLP()
+    optimizer = Sharded(model.parameters())
+    train(model, optimizer, steps=2, grad_acc=1)
+    (monitor,) = session.monitors
+    assert monitor.adapter.optimizer.__class__ is Sharded  # the outer one, whose step the script calls
+    assert monitor.steps_recorded == 2
+
+
+def test_each_optimizer_gets_its_own_monitor_and_output(session, output_dir):
+    generator, discriminator = MLP(), torch.nn.Sequential(torch.nn.Linear(4, 1))
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    opt_d = torch.optim.SGD(discriminator.parameters(), lr=1e-3)
+    for _ in range(2):
+        discriminator(generator(torch.randn(4, 8)).detach()).mean().backward()
+        opt_d.step()
+        opt_d.zero_grad()
+        discriminator(generator(torch.randn(4, 8))).mean().backward()
+        opt_g.step()
+        opt_g.zero_grad()
+    monitors = list(session.monitors)
+    assert [m.models for m in monitors] == [[generator], [discriminator]]
+    for monitor in monitors:
+        monitor.close()
+    dirs = {Path(m.log_dir) for m in monitors}
+    assert len(dirs) == 2 and set(rank_dirs(output_dir)) == dirs
+    by_dir = {Path(m.log_dir): {r["name"] for r in read_csv_rows(Path(m.log_dir), "grad_reduced")} for m in monitors}
+    assert by_dir[Path(monitors[0].log_dir)] == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+    assert by_dir[Path(monitors[1].log_dir)] == {"0.weight", "0.bias"}
+
+
+def test_a_dropped_optimizer_is_collected_and_its_monitor_closed(session):
+    model = MLP()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    train(model, optimizer, steps=2, grad_acc=1)
+    (monitor,) = session.monitors
+    del optimizer
+    gc.collect()
+    assert session.monitors == []  # released, and with it the Adam state
+    assert not model.fc1._forward_pre_hooks and not model._forward_hooks  # detached from the model
+    summary = json.loads((Path(monitor.log_dir) / "summary.json").read_text())
+    assert summary["steps_recorded"] == 2
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)  # the next one gets a fresh monitor
+    train(model, optimizer, steps=1, grad_acc=1)
+    assert len(session.monitors) == 1 and session.monitors[0] is not monitor
+
+
+def test_lbfgs_gradients_are_read_after_its_closure_ran(session, output_dir):
+    model = MLP()
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.1, max_iter=2)
+    x = torch.randn(4, 8)
+    seen = []
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        if not seen:
+            seen.append(model.fc2.weight.grad.norm().item())
+        return loss
+
+    optimizer.step(closure)
+    session.monitors[0].close()
+    (out,) = rank_dirs(output_dir)
+    rows = {r["name"]: r for r in read_csv_rows(out, "grad_reduced")}
+    assert float(rows["fc2.weight"]["norm"]) == pytest.approx(seen[0], rel=1e-5)
+
+
+def test_manual_sgd_without_an_optimizer_runs_unharmed_and_attaches_nothing(session, output_dir):
+    model = MLP()
+    for _ in range(2):
+        model(torch.randn(4, 8)).sum().backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+    assert session.monitors == []
+    assert rank_dirs(output_dir) == []
+
+
+def test_an_optimizer_built_before_msmon_attaches_at_its_first_step(write_config, output_dir):
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # before instrumentation: unseen
+    session = Session.from_file(write_config(CONFIG))
+    torch_optim.instrument(session)
+    try:
+        train(model, optimizer, steps=2, grad_acc=1)
+    finally:
+        torch_optim.uninstrument()
+    (monitor,) = session.monitors
+    monitor.close()
+    (out,) = rank_dirs(output_dir)
+    assert {r["step"] for r in read_csv_rows(out, "grad_reduced")} == {"0", "1"}  # step 0: gradients were final
+    assert {r["step"] for r in read_csv_rows(out, "actv")} == {"1"}  # step 0's forward ran before the hooks
+
+
+def test_an_optimizer_whose_model_lacks_the_targets_is_left_alone(write_config, output_dir, caplog):
+    session = Session.from_file(write_config({**CONFIG, "targets": {"fc1": {}}}))
+    torch_optim.instrument(session)
+    try:
+        with caplog.at_level(logging.INFO, logger="msmon"):
+            mlp, other = MLP(), torch.nn.Sequential(torch.nn.Linear(4, 1))
+            optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (mlp, other)]
+    finally:
+        torch_optim.uninstrument()
+    assert [m.models for m in session.monitors] == [[mlp]]
+    assert "SGD is not monitored: the config's targets are not in its model" in caplog.text
+    assert len(optimizers) == 2
+    for monitor in session.monitors:
+        monitor.close()
+
+
+def test_uninstrument_restores_every_optimizer_class(write_config, output_dir):
+    before = {cls: cls.__dict__.get("__init__") for cls in (torch.optim.Optimizer, torch.optim.Adam, torch.optim.SGD)}
+    session = Session.from_file(write_config(CONFIG))
+    torch_optim.instrument(session)
+    assert torch.optim.Adam.__dict__["__init__"] is not before[torch.optim.Adam]
+    torch_optim.uninstrument()
+    assert {cls: cls.__dict__.get("__init__") for cls in before} == before
+    assert "__init_subclass__" not in torch.optim.Optimizer.__dict__
+    model = MLP()
+    torch.optim.Adam(model.parameters())
+    assert session.monitors == []

@@ -1,0 +1,206 @@
+"""Acceptance: unmodified scripts under `msmon run` (real torchrun, 2 processes on gloo) give,
+rank by rank, the same output as the TrainerMon API gives for the same script."""
+from __future__ import annotations
+
+import filecmp
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+SCRIPTS = ROOT / "tests" / "scripts"
+MSMON = [sys.executable, "-m", "msmon.launcher"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+TWO_RANKS = ["--standalone", "--nproc-per-node", "2"]
+CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "xy_distribution": True,
+          "all_xy": True, "format": ["csv"], "ops": ["norm", "min", "max", "mean", "zeros", "nans", "infs"]}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """One thread per process everywhere (torchrun sets it only for several processes per
+    node): matmuls then add in the same order in every layout, so outputs compare exactly."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MSMON_", "TORCHELASTIC_", "MONITOR_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def run(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, timeout: int = 300):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env or clean_env())
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("config") / "monitor.json"
+    path.write_text(json.dumps(CONFIG))
+    return str(path)
+
+
+def msmon_run(config: str, out: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None):
+    proc = run([*MSMON, "run", "--config", config, "--output-dir", str(out), *args], env=env, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def api_run(config: str, out: Path, script: str, *args: str):
+    """The same script attaching with the TrainerMon API itself (`--api`), under plain torchrun."""
+    proc = run([*TORCHRUN, *TWO_RANKS, str(SCRIPTS / script), *args, "--api", config],
+               env=clean_env(MONITOR_OUTPUT_DIR=str(out)))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def rank_dir(out: Path, rank: int) -> Path:
+    (directory,) = glob.glob(str(out / f"*-rank{rank}-*"))
+    return Path(directory)
+
+
+def assert_same_output(auto: Path, api: Path, ranks=(0, 1)) -> None:
+    for rank in ranks:
+        a, b = rank_dir(auto, rank), rank_dir(api, rank)
+        files = sorted(p.name for p in a.iterdir() if p.suffix == ".csv")
+        assert len(files) >= 6, files  # every category, every step
+        assert files == sorted(p.name for p in b.iterdir() if p.suffix == ".csv")
+        match, mismatch, errors = filecmp.cmpfiles(a, b, files + ["config.json"], shallow=False)
+        assert (mismatch, errors) == ([], []), f"rank {rank}: {mismatch} {errors}"
+
+
+def assert_summary(proc, steps: int, ranks=(0, 1)) -> None:
+    for rank in ranks:
+        assert re.search(rf"^msmon: rank {rank}: {steps} steps recorded, 0 alerts raised -> ", proc.stderr, re.M), \
+            proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def ddp_api_output(config, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ddp_api")
+    api_run(config, out, "launcher_ddp.py")
+    return out
+
+
+def test_plain_ddp_script_matches_the_api(config, ddp_api_output, tmp_path):
+    proc = msmon_run(config, tmp_path, *TWO_RANKS, "--", str(SCRIPTS / "launcher_ddp.py"))
+    assert_summary(proc, 3)
+    assert_same_output(tmp_path, ddp_api_output)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_nodes_with_c10d_rendezvous_match_the_api(config, ddp_api_output, tmp_path):
+    rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", uuid.uuid4().hex[:8]]
+    nodes = [subprocess.Popen([*MSMON, "run", "--config", config, "--output-dir", str(tmp_path), *rendezvous,
+                               "--node-rank", str(node), "--", str(SCRIPTS / "launcher_ddp.py")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+             for node in (0, 1)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
+    summaries = [line for _, err in outputs for line in err.splitlines() if line.startswith("msmon: rank")]
+    assert len(summaries) == 2  # each node's launcher reports its own worker
+    assert_same_output(tmp_path, ddp_api_output)
+
+
+def test_huggingface_trainer_matches_the_api(config, tmp_path):
+    auto, api = tmp_path / "auto", tmp_path / "api"
+    proc = msmon_run(config, auto, *TWO_RANKS, "--", str(SCRIPTS / "launcher_hf_trainer.py"),
+                     "--output", str(tmp_path / "hf"))
+    assert "monitoring AdamW of GPT2LMHeadModel (attached at construction)" in proc.stderr
+    assert_summary(proc, 3)
+    api_run(config, api, "launcher_hf_trainer.py", "--output", str(tmp_path / "hf"))
+    assert_same_output(auto, api)
+
+
+def test_accelerate_loop_matches_the_api(config, tmp_path):
+    auto, api = tmp_path / "auto", tmp_path / "api"
+    proc = msmon_run(config, auto, *TWO_RANKS, "--", str(SCRIPTS / "launcher_accelerate.py"))
+    assert_summary(proc, 3)
+    api_run(config, api, "launcher_accelerate.py")
+    assert_same_output(auto, api)
+
+
+def test_lightning_ddp_trainer_matches_the_api(config, tmp_path):
+    auto, api = tmp_path / "auto", tmp_path / "api"
+    proc = msmon_run(config, auto, *TWO_RANKS, "--", str(SCRIPTS / "launcher_lightning.py"))
+    assert_summary(proc, 3)
+    api_run(config, api, "launcher_lightning.py")
+    assert_same_output(auto, api)
+
+
+@pytest.fixture(scope="module")
+def loader_job(config, tmp_path_factory):
+    """`-m launcher_pkg.train_loader` with a user sitecustomize on PYTHONPATH and spawned
+    DataLoader workers; the bootstrap directory is kept to see which processes activated."""
+    base = tmp_path_factory.mktemp("loader")
+    pids = base / "pids"
+    pids.mkdir()
+    env = clean_env(PYTHONPATH=str(SCRIPTS / "launcher_user_site"), LAUNCHER_TEST_PIDS=str(pids),
+                    MSMON_KEEP_BOOTSTRAP="1")
+    proc = msmon_run(config, base / "out", *TWO_RANKS, "--", "-m", "launcher_pkg.train_loader", env=env, cwd=SCRIPTS)
+    kept = re.search(r"bootstrap directory kept: (\S+)", proc.stderr).group(1)
+    records = [json.loads(Path(p).read_text()) for p in glob.glob(os.path.join(kept, "workers", "*.json"))]
+    shutil.rmtree(kept)
+    files = {p.name for p in pids.iterdir()}
+    return {
+        "proc": proc,
+        "records": records,
+        "loader_pids": {int(n.split("-")[-1]) for n in files if n.startswith("loader-")},
+        "user_site_pids": {int(n.split("-")[-1]) for n in files if n.startswith("user-site-")},
+    }
+
+
+def test_a_module_target_runs_and_is_monitored(loader_job):
+    proc = loader_job["proc"]
+    assert "rank 0 trained 3 steps" in proc.stdout and "rank 1 trained 3 steps" in proc.stdout
+    assert_summary(proc, 3)
+
+
+def test_dataloader_workers_do_not_activate(loader_job):
+    records = loader_job["records"]
+    assert sorted(r["rank"] for r in records) == [0, 1]  # only the two training workers
+    assert len(loader_job["loader_pids"]) == 4  # two spawned DataLoader workers per rank really ran
+    assert not loader_job["loader_pids"] & {r["pid"] for r in records}
+
+
+def test_a_user_sitecustomize_still_runs_in_every_process(loader_job):
+    workers = {r["pid"] for r in loader_job["records"]}
+    assert workers | loader_job["loader_pids"] <= loader_job["user_site_pids"]
+    assert len(loader_job["user_site_pids"]) >= 7  # and in torchrun's agent too
+
+
+def test_a_crash_keeps_the_traceback_and_the_exit_code_of_plain_torchrun(config, tmp_path):
+    script = [str(SCRIPTS / "launcher_single.py"), "--crash-at", "1"]
+    monitored = run([*MSMON, "run", "--config", config, "--output-dir", str(tmp_path), *TWO_RANKS, "--", *script])
+    plain = run([*TORCHRUN, *TWO_RANKS, *script])
+    assert plain.returncode != 0
+    assert monitored.returncode == plain.returncode
+    for proc in (monitored, plain):
+        assert "Traceback (most recent call last)" in proc.stderr and "ValueError: crash at step 1" in proc.stderr
+    assert_summary(monitored, 1)  # step 0 was recorded and written before the crash
+
+
+def test_struct_prints_the_module_tree_and_stops_at_the_first_step(tmp_path):
+    proc = run([*MSMON, "struct", "--output-dir", str(tmp_path), *TWO_RANKS, "--",
+                str(SCRIPTS / "launcher_ddp.py"), "--steps", "5"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "step 0 loss" not in proc.stdout  # stopped inside the first optimizer step
+    assert re.search(r"^\s*qkv  \[input tensor: size=\(4, 8, 16\)", proc.stdout, re.M)  # rank 0 printed the tree
+    for rank in (0, 1):
+        struct = json.loads((tmp_path / "module_struct" / f"rank{rank}" / "module_struct.json").read_text())
+        assert struct["layers.0.attn.qkv"]["input"]["0"] == "size=(4, 8, 16), dtype=torch.float32"
+        assert f"msmon: rank {rank}: module structure written to" in proc.stderr
