@@ -73,19 +73,21 @@ def test_records_exactly_what_the_trainermon_api_records(write_config, tmp_path,
     for mode in ("api", "auto"):
         monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / mode))
         torch.manual_seed(0)
+        session = Session.from_file(config)
         if mode == "auto":
-            session = Session.from_file(config)
             torch_optim.instrument(session)
-        model = MLP()
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-        if mode == "api":
-            monitor = TrainerMon(config)
-            monitor.set_monitor(model, optimizer)
-        else:
-            (monitor,) = session.monitors
-        losses[mode] = train(model, optimizer, steps=3)
+        try:
+            model = MLP()
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+            if mode == "api":
+                monitor = TrainerMon(config)
+                monitor.set_monitor(model, optimizer)
+            else:
+                (monitor,) = session.monitors
+            losses[mode] = train(model, optimizer, steps=3)
+        finally:
+            torch_optim.uninstrument()
         monitor.close()
-        torch_optim.uninstrument()
     assert losses["api"] == losses["auto"]  # training itself is untouched
     (api_dir,), (auto_dir,) = rank_dirs(tmp_path / "api"), rank_dirs(tmp_path / "auto")
     csvs = sorted(p.name for p in api_dir.glob("*.csv"))

@@ -125,7 +125,10 @@ def test_python_flags_that_skip_sitecustomize_are_detected(job, tmp_path, flag):
     assert sitecustomize_disabled_by(command) == flag
     clustered = parse(["--no-python"], ["python", "-u" + flag[1], "train.py"], use_torchrun=True)
     assert sitecustomize_disabled_by(clustered) == flag
+    after_a_value = parse(["--no-python"], ["python", "-W", "ignore", flag, "train.py"], use_torchrun=True)
+    assert sitecustomize_disabled_by(after_a_value) == flag
     assert sitecustomize_disabled_by(parse(["--no-python"], ["python", "-u", "train.py"], True)) is None
+    assert sitecustomize_disabled_by(parse(["--no-python"], ["python", "-c", flag], True)) is None
 
 
 def test_the_job_command_passes_torchrun_options_through_in_order(tmp_path):

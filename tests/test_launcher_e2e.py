@@ -116,29 +116,18 @@ def test_two_nodes_with_c10d_rendezvous_match_the_api(config, ddp_api_output, tm
     assert_same_output(tmp_path, ddp_api_output)
 
 
-def test_huggingface_trainer_matches_the_api(config, tmp_path):
+@pytest.mark.parametrize("script, args, attached", [
+    ("launcher_hf_trainer.py", ["--output", "{tmp}/hf"], "AdamW of GPT2LMHeadModel"),  # transformers.Trainer
+    ("launcher_accelerate.py", [], "AdamW of Sequential"),  # built before accelerator.prepare
+    ("launcher_lightning.py", [], "Adam of DistributedDataParallel"),  # Trainer(strategy="ddp")
+], ids=["hf_trainer", "accelerate", "lightning"])
+def test_framework_scripts_match_the_api(config, tmp_path, script, args, attached):
+    args = [a.format(tmp=tmp_path) for a in args]
     auto, api = tmp_path / "auto", tmp_path / "api"
-    proc = msmon_run(config, auto, *TWO_RANKS, "--", str(SCRIPTS / "launcher_hf_trainer.py"),
-                     "--output", str(tmp_path / "hf"))
-    assert "monitoring AdamW of GPT2LMHeadModel (attached at construction)" in proc.stderr
+    proc = msmon_run(config, auto, *TWO_RANKS, "--", str(SCRIPTS / script), *args)
+    assert f"monitoring {attached} (attached at construction)" in proc.stderr
     assert_summary(proc, 3)
-    api_run(config, api, "launcher_hf_trainer.py", "--output", str(tmp_path / "hf"))
-    assert_same_output(auto, api)
-
-
-def test_accelerate_loop_matches_the_api(config, tmp_path):
-    auto, api = tmp_path / "auto", tmp_path / "api"
-    proc = msmon_run(config, auto, *TWO_RANKS, "--", str(SCRIPTS / "launcher_accelerate.py"))
-    assert_summary(proc, 3)
-    api_run(config, api, "launcher_accelerate.py")
-    assert_same_output(auto, api)
-
-
-def test_lightning_ddp_trainer_matches_the_api(config, tmp_path):
-    auto, api = tmp_path / "auto", tmp_path / "api"
-    proc = msmon_run(config, auto, *TWO_RANKS, "--", str(SCRIPTS / "launcher_lightning.py"))
-    assert_summary(proc, 3)
-    api_run(config, api, "launcher_lightning.py")
+    api_run(config, api, script, *args)
     assert_same_output(auto, api)
 
 

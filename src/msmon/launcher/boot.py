@@ -24,6 +24,7 @@ from typing import Mapping, MutableMapping
 ENV_ACTIVE_PID = "MSMON_ACTIVE_PID"
 ENV_BOOTSTRAP_DIR = "MSMON_BOOTSTRAP_DIR"
 SETTINGS_FILE = "bootstrap.json"
+WORKERS_DIR = "workers"  # one record per activated worker: <host>-<pid>.json
 TORCHRUN_WORKER_ENV = "TORCHELASTIC_RUN_ID"
 
 WORKER, AGENT, CHILD, ACTIVE = "worker", "agent", "child", "active"

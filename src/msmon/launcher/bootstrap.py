@@ -20,6 +20,7 @@ from . import boot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CONFIG_FILE = "config.json"
+DEFAULT_CONFIG = os.path.join(HERE, "default_config.json")
 # variables a parent job may have left that would mislead this job's role detection
 _STALE = (boot.ENV_ACTIVE_PID, boot.TORCHRUN_WORKER_ENV)
 

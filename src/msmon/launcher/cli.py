@@ -15,7 +15,6 @@ from ..config import ConfigError, load_config, read_config_file
 from ..output import ensure_writable, output_base_dir
 from . import bootstrap, report
 from .command import JobCommand, UsageError, parse, sitecustomize_disabled_by
-from .worker import DEFAULT_CONFIG
 
 ENV_KEEP_BOOTSTRAP = "MSMON_KEEP_BOOTSTRAP"
 STRUCT_CONFIG = {"print_struct": True, "format": ["csv"]}
@@ -65,7 +64,7 @@ def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_
     if config_path:
         config = _load(config_path)
     else:
-        config = read_config_file(DEFAULT_CONFIG)
+        config = read_config_file(bootstrap.DEFAULT_CONFIG)
         click.echo("msmon: no --config given; using the built-in default config:\n"
                    + json.dumps(config, indent=2), err=True)
     sys.exit(_launch(command, config, config_path, output_dir, not no_torchrun, "run"))
@@ -86,7 +85,7 @@ def struct(ctx: click.Context, output_dir: str | None, no_torchrun: bool) -> Non
     sys.exit(_launch(command, dict(STRUCT_CONFIG), None, output_dir, not no_torchrun, "struct"))
 
 
-class _StepsOption(click.Command):
+class _SeveralSteps(click.Command):
     """`-s 3 4 5`: one option followed by several steps, as msprobe writes it."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -117,7 +116,7 @@ def _is_int(text: str) -> bool:
     return True
 
 
-@main.command(cls=_StepsOption)
+@main.command(cls=_SeveralSteps)
 @click.option("-d", "--dir", "directory", required=True, type=click.Path(exists=True, file_okay=False),
               help="The anomaly_detected directory of a run.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the ordered anomalies to this JSON file.")

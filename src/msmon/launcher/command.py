@@ -54,17 +54,23 @@ def parse(torchrun_args: list[str], target: list[str] | None, use_torchrun: bool
 
 
 def sitecustomize_disabled_by(command: JobCommand) -> str | None:
-    """The python flag in the target command that stops msmon from loading, if any: only
-    possible with torchrun's --no-python, where the target names the interpreter itself."""
+    """The python flag in the training command that keeps msmon from loading, if any. Only
+    torchrun's --no-python lets the command name the interpreter and its flags."""
     if not command.no_python or not os.path.basename(command.target[0]).startswith("python"):
         return None
-    for arg in command.target[1:]:
-        if not arg.startswith("-") or arg in ("-m", "-c") or arg.startswith("--"):
-            return None
-        letters = arg[1:]
-        for flag in letters:
-            if flag in _NO_SITECUSTOMIZE_FLAGS:
-                return f"-{flag}"
-            if flag in "WXcmQ":  # options that take a value end the cluster
+    args = command.target[1:]
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("-") or arg.startswith("--") or arg == "-":
+            return None  # the script, stdin, or a long option: python's own flags are over
+        for position, letter in enumerate(arg[1:], start=2):
+            if letter in _NO_SITECUSTOMIZE_FLAGS:
+                return f"-{letter}"
+            if letter in "cm":  # the rest is the program
+                return None
+            if letter in "WX":  # takes a value: the rest of this argument, or the next one
+                i += position == len(arg)
                 break
+        i += 1
     return None

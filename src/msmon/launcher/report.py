@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any
 
-from .worker import WORKERS_DIR
+from .boot import WORKERS_DIR
 
 
 def worker_records(bootstrap_dir: str) -> list[dict[str, Any]]:

@@ -18,12 +18,11 @@ from .. import hooks, lifecycle
 from ..distributed import current_rank
 from ..output import ENV_OUTPUT_DIR
 from . import boot
+from .bootstrap import DEFAULT_CONFIG
 
 logger = logging.getLogger("msmon")
 
-DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_config.json")
 ENV_CONFIG = "MSMON_CONFIG"
-WORKERS_DIR = "workers"
 
 _session: hooks.Session | None = None
 
@@ -37,7 +36,7 @@ def start(bootstrap_dir: str) -> hooks.Session:
     if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
     session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings))
-    record = WorkerRecord(os.path.join(bootstrap_dir, WORKERS_DIR), session)
+    record = WorkerRecord(os.path.join(bootstrap_dir, boot.WORKERS_DIR), session)
     session.listeners.append(record.on_event)
     record.write()
     return _begin(session, record)
