@@ -300,3 +300,17 @@ def test_uninstrument_restores_every_optimizer_class(write_config, output_dir):
     model = MLP()
     torch.optim.Adam(model.parameters())
     assert session.monitors == []
+
+
+def test_a_framework_instrumentor_can_take_an_optimizer_over(session):
+    model = MLP()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    (monitor,) = session.monitors
+    assert torch_optim.release(optimizer) and not torch_optim.release(optimizer)
+    assert session.monitors == [] and not model._forward_hooks and not model.fc1._forward_pre_hooks
+    train(model, optimizer, steps=1, grad_acc=1)  # decided: the first step does not attach again
+    assert session.monitors == []
+    with torch_optim.suppressed():
+        other = torch.optim.SGD(model.parameters(), lr=0.1)
+    train(model, other, steps=1, grad_acc=1)
+    assert session.monitors == []

@@ -193,3 +193,18 @@ def test_struct_prints_the_module_tree_and_stops_at_the_first_step(tmp_path):
         struct = json.loads((tmp_path / "module_struct" / f"rank{rank}" / "module_struct.json").read_text())
         assert struct["layers.0.attn.qkv"]["input"]["0"] == "size=(4, 8, 16), dtype=torch.float32"
         assert f"msmon: rank {rank}: module structure written to" in proc.stderr
+
+
+def test_accelerates_own_test_script_gets_one_monitor_per_optimizer(tmp_path):
+    """A real third-party script that builds about ten optimizers in sequence (single process:
+    its multi-process mode fails under plain torchrun on CPU as well)."""
+    import accelerate
+
+    script = Path(accelerate.__file__).parent / "test_utils" / "scripts" / "test_script.py"
+    out = tmp_path / "out"
+    proc = run([*MSMON, "run", "--output-dir", str(out), "--no-torchrun", "--", str(script)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]  # and its own checks of the training results passed
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("msmon: rank 0")]
+    assert len(lines) >= 5 and all(re.search(r": [1-9]\d* steps recorded", line) for line in lines), lines
+    directories = [line.rsplit(" -> ", 1)[1] for line in lines]
+    assert len(set(directories)) == len(lines) == len(glob.glob(str(out / "*-rank0-*")))  # no collision

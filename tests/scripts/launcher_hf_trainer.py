@@ -4,6 +4,8 @@
 `--api CONFIG` attaches the TrainerMon API from a TrainerCallback at the start of training,
 for comparison with what `msmon run` gives for the unmodified script.
 """
+from __future__ import annotations
+
 import argparse
 
 import torch

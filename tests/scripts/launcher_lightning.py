@@ -4,6 +4,8 @@
 `--api CONFIG` attaches the TrainerMon API in `configure_optimizers`, for comparison with
 what `msmon run` gives for the unmodified script.
 """
+from __future__ import annotations
+
 import argparse
 
 import pytorch_lightning as pl

@@ -62,6 +62,13 @@ def uninstrument() -> None:
         _instrumentation = None
 
 
+def release(optimizer: Any) -> bool:
+    """Close and forget the monitor attached to `optimizer`: for framework instrumentors that
+    take over an optimizer the script built first (`deepspeed.initialize(optimizer=...)`).
+    Returns whether there was one."""
+    return _instrumentation is not None and _instrumentation.release(optimizer)
+
+
 @contextmanager
 def suppressed() -> Iterator[None]:
     """Optimizers built inside this block are left alone: for framework instrumentors
@@ -88,7 +95,7 @@ class _Instrumentation:
         self._had_init_subclass = "__init_subclass__" in Optimizer.__dict__
         self._step_hook: Any = None
         self._decided: dict[int, weakref.ref] = {}  # id(optimizer) -> optimizer: handled once
-        self._attached: list[weakref.ref] = []  # the monitored optimizers
+        self._attached: list[tuple[weakref.ref, TrainerMon]] = []  # the monitored optimizers
         self._lock = threading.RLock()
 
     # -- installing ------------------------------------------------------------------------------
@@ -144,10 +151,10 @@ class _Instrumentation:
 
     # -- deciding ----------------------------------------------------------------------------------
     def _on_built(self, opt: Any, inside_another: bool) -> None:
-        if not self.session.in_owner_process() or getattr(_local, "suppressed", 0):
+        if not self.session.in_owner_process():
             return
-        if inside_another:  # built by another optimizer's constructor: that one is monitored
-            self._decide(opt)
+        if inside_another or getattr(_local, "suppressed", 0):
+            self._decide(opt)  # another optimizer's part, or a framework's own: never ours
             return
         self._guarded(opt, CONSTRUCTION)
 
@@ -208,7 +215,16 @@ class _Instrumentation:
         groups = getattr(opt, "param_groups", None)
         return groups is not None and any(
             inner is not None and inner is not opt and getattr(inner, "param_groups", None) is groups
-            for inner in (ref() for ref in self._attached))
+            for inner in (ref() for ref, _ in self._attached))
+
+    def release(self, opt: Any) -> bool:
+        with self._lock:
+            for ref, monitor in self._attached:
+                if ref() is opt:
+                    self._attached.remove((ref, monitor))
+                    _on_optimizer_collected(self.session, monitor)
+                    return True
+        return False
 
     def _skip(self, opt: Any, reason: str) -> None:
         logger.info("msmon[rank %d]: %s is not monitored: %s", current_rank(), type(opt).__name__, reason)
@@ -234,7 +250,7 @@ class _Instrumentation:
             raise
         _hold_optimizer_weakly(monitor, opt)
         self.session.monitors.append(monitor)
-        self._attached = [ref for ref in self._attached if ref() is not None] + [weakref.ref(opt)]
+        self._attached = [(ref, m) for ref, m in self._attached if ref() is not None] + [(weakref.ref(opt), monitor)]
         weakref.finalize(opt, _on_optimizer_collected, self.session, monitor)
         models = [type(root).__name__ for root in roots]
         logger.info("msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s", current_rank(),
