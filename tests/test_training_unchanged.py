@@ -76,10 +76,12 @@ def test_failure_inside_a_collector_is_contained_and_logged_once(write_config, o
     logging.getLogger("msmon").propagate = True
     caplog.set_level(logging.ERROR, logger="msmon")
 
-    def broken(*args, **kwargs):
-        raise RuntimeError("injected statistics failure")
+    def broken_hook(self, index):
+        def hook(param):
+            raise RuntimeError("injected statistics failure")
+        return hook
 
-    monkeypatch.setattr(grads_module, "tensor_stats", broken)
+    monkeypatch.setattr(grads_module.GradCollector, "_make_hook", broken_hook)
     plain_losses, _ = train(None, steps=4)
     monitored_losses, _ = train(write_config({"wg_distribution": True, "param_distribution": True,
                                               "format": "csv", "ops": ["norm"]}), steps=4)
