@@ -16,12 +16,13 @@ from typing import Any
 
 import torch
 
-from . import lifecycle
+from . import dedupe, lifecycle
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
                          OptimizerStateCollector, ParamCollector, StructCollector)
 from .collectors.nan_origin import NanOriginCollector
+from .collectors.sync_grads import SyncGradCollector
 from .config import ConfigError, MonitorConfig, TensorSpec, load_config, parse_ops
 from .distributed import current_rank, pipeline_position
 from .naming import check_targets, covers, display, model_chunks, split_vpp
@@ -142,6 +143,7 @@ class TrainerMon:
         self.adapter = adapter_for(optimizer, self.opt_ty)
         self.params = self._monitored_params()
         self._use_main_grad = self._decide_main_grad()
+        self.shards = dedupe.attach(self, dp_group, tp_group)  # who writes what: decided once, here
         self.attached = True
         if not self.active:
             logger.info("msmon[rank %d]: not in module_ranks %s; this rank records nothing",
@@ -344,6 +346,8 @@ class TrainerMon:
                                                         for n, m in named.items() if n]))
         if cfg.xy_enabled:
             collectors.append(ActivationCollector(self, self._xy_targets()))
+        if cfg.wg_distribution and self.adapter.hooks_unreduced:  # rank-local grads at the bucket's grad sync
+            collectors.append(SyncGradCollector(self))
         if cfg.wg_distribution:
             collectors.append(GradCollector(self))
         if cfg.param_distribution:
@@ -403,6 +407,7 @@ class TrainerMon:
 
     def _finish_step(self) -> None:
         if self.recording:
+            self.shards.flush()  # sharded tensors: every rank's piece statistics, combined
             keys, chunks, hists, flag_keys, flags = self.buffer.take()
             if (keys or hists or flags) and self.writer is not None:
                 batch = stage_to_host(keys, chunks, len(self.step_ops), hists, flag_keys, flags)

@@ -39,7 +39,7 @@ class GradCollector(Collector):
             count = self.counts.get(index, 0) + 1
             self.counts[index] = count
             mon = self.mon
-            if not mon.recording:
+            if not mon.recording or mon.adapter.hooks_unreduced:  # that family reports them at its grad sync
                 return
             grad = mon.grad_of(param)
             if grad is None:
@@ -71,7 +71,7 @@ class GradCollector(Collector):
         reused: dict[int, torch.Tensor] = {}
         fresh: list[int] = []
         grads: list[torch.Tensor] = []
-        consumed = mon.adapter.grads([mp.param for mp in mon.params], mon.grad_of)
+        consumed = mon.shards.take("grad_reduced", mon.adapter.grads([mp.param for mp in mon.params], mon.grad_of))
         for index, mp in enumerate(mon.params):
             grad = consumed.get(id(mp.param))
             if grad is None:

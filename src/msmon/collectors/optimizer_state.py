@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..records import Histogram, RowKey
+from ..optimizers.base import Shard
 from ..stats import batch_stats, local_tensor
 from .base import Collector
 
@@ -35,29 +36,40 @@ class OptimizerStateCollector(Collector):
             return
         if cfg.mv_distribution:
             for category, attr in (("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
-                tensors = [getattr(m, attr) for _, _, m in present]
-                keys = [RowKey(category, mp.name, mp.vpp_stage) for _, mp, _ in present]
-                mon.buffer.add_many(keys, batch_stats(tensors, mon.step_ops, cfg.eps))
+                self._add(category, {id(mp.param): getattr(m, attr) for _, mp, m in present})
         if cfg.ur_distribution:
             self._update_ratio(present)
+
+    def _add(self, category: str, values: dict) -> None:
+        """Rows of `values` (keyed by id(param)); Shards go to the monitor's combiner."""
+        mon = self.mon
+        values = mon.shards.take(category, values)
+        chosen = [mp for mp in mon.params if id(mp.param) in values]
+        if chosen:
+            keys = [RowKey(category, mp.name, mp.vpp_stage) for mp in chosen]
+            rows = batch_stats([values[id(mp.param)] for mp in chosen], mon.step_ops, mon.config.eps)
+            mon.buffer.add_many(keys, rows)
 
     @torch.no_grad()
     def _update_ratio(self, present) -> None:
         mon = self.mon
-        updates, ratios = [], []
+        updates, ratios = {}, {}
         for _, mp, m in present:
-            exp_avg = local_tensor(m.exp_avg).float()
-            exp_avg_sq = local_tensor(m.exp_avg_sq).float()
+            shard = m.exp_avg if isinstance(m.exp_avg, Shard) else None
+            exp_avg = (shard.local if shard else local_tensor(m.exp_avg)).float()
+            exp_avg_sq = (m.exp_avg_sq.local if shard else local_tensor(m.exp_avg_sq)).float()
             m_hat = exp_avg / _bias_correction(m.beta1, m.step)
             root_v = (exp_avg_sq / _bias_correction(m.beta2, m.step)).sqrt()
             update = m_hat / (root_v + m.eps)
             ratio = torch.where(root_v > 0, m_hat / root_v, torch.zeros_like(m_hat))  # 0/0: untouched rows
-            updates.append(update)
-            ratios.append(ratio)
-            for category, t in (("update", update), ("ratio", ratio)):
+            for category, t, out in (("update", update, updates), ("ratio", ratio, ratios)):
                 counts = torch.histc(t.clamp(-1.0, 1.0), bins=len(HIST_EDGES) - 1, min=-1.0, max=1.0)
                 tag = f"{mp.vpp_stage}:{mp.name}/rank{mon.rank}/{category}_hist"
-                mon.buffer.histograms.append(Histogram(tag, HIST_EDGES, counts))
-        for category, tensors in (("update", updates), ("ratio", ratios)):
-            keys = [RowKey(category, mp.name, mp.vpp_stage) for _, mp, _ in present]
-            mon.buffer.add_many(keys, batch_stats(tensors, mon.step_ops, mon.config.eps))
+                if shard:  # a piece: its histogram is summed over the ranks holding the others
+                    out[id(mp.param)] = Shard(t, shard.group, shard.write)
+                    mon.shards.add_histogram(tag, HIST_EDGES, counts, out[id(mp.param)])
+                else:
+                    out[id(mp.param)] = t
+                    mon.buffer.histograms.append(Histogram(tag, HIST_EDGES, counts))
+        self._add("update", updates)
+        self._add("ratio", ratios)

@@ -22,7 +22,7 @@ class ParamCollector(Collector):
 
     def _record(self, category: str, reuse: bool) -> None:
         mon = self.mon
-        weights = mon.adapter.weights([mp.param for mp in mon.params])
+        weights = mon.shards.take(category, mon.adapter.weights([mp.param for mp in mon.params]))
         tensors = {i: weights[id(mp.param)] for i, mp in enumerate(mon.params) if id(mp.param) in weights}
         indices = [i for i, t in tensors.items() if local_tensor(t).numel() > 0]
         if not indices:

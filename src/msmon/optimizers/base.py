@@ -1,4 +1,15 @@
-"""What every optimizer adapter provides, and how wrappers are seen through."""
+"""What every optimizer adapter provides, and how wrappers are seen through.
+
+An adapter answers, per model parameter (keyed by id): the weight the optimizer updates (an
+fp32 master copy where there is one), the reduced gradient it consumes, and its Adam moments.
+Families that split a parameter across data-parallel ranks (DeepSpeed ZeRO, Megatron's
+distributed optimizer) answer with a `Shard`: this rank's piece, whose statistics are combined
+with the other ranks' pieces at the end of the step (optimizers/shards.py).
+
+Which rank writes a replicated tensor is decided once, at attach time (dedupe.py), and handed
+to the adapter as `writer`: the public methods leave out what this rank does not write, so the
+collectors never need to know about data or tensor parallelism.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,14 +19,17 @@ import torch
 
 _WRAPPER_ATTRS = ("optimizer", "_optimizer")
 
+GradPairs = list[tuple[torch.Tensor, torch.Tensor]]  # (model parameter, its gradient)
+
 
 def resolve_optimizer(optimizer: Any) -> Any:
     """The real optimizer under wrappers (accelerate's AcceleratedOptimizer, Lightning's
     LightningOptimizer, HF's wrappers): follow `.optimizer` / `._optimizer` while they lead to
-    another object with `step` and `param_groups`."""
+    another object with `step` and `param_groups`. Framework optimizers (DeepSpeed, Megatron)
+    are not wrappers: they are what is monitored, with the adapter of their family."""
     seen = set()
     current = optimizer
-    while id(current) not in seen:
+    while id(current) not in seen and not _is_framework_optimizer(current):
         seen.add(id(current))
         for attr in _WRAPPER_ATTRS:
             inner = getattr(current, attr, None)
@@ -27,12 +41,42 @@ def resolve_optimizer(optimizer: Any) -> Any:
     return current
 
 
+# Classes whose `.optimizer` is an inner torch optimizer they drive, not a wrapper to see through.
+FRAMEWORK_OPTIMIZERS = frozenset({
+    "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3", "BF16_Optimizer", "FP16_UnfusedOptimizer",
+    "FP16_Optimizer", "MegatronOptimizer", "ChainedOptimizer",
+})
+
+
+def class_names(obj: Any) -> list[str]:
+    """The names of obj's class and its bases, most derived first (dispatch by name lets the
+    adapters work without importing DeepSpeed or Megatron)."""
+    return [cls.__name__ for cls in type(obj).__mro__]
+
+
+def _is_framework_optimizer(optimizer: Any) -> bool:
+    return not FRAMEWORK_OPTIMIZERS.isdisjoint(class_names(optimizer))
+
+
+@dataclass
+class Shard:
+    """This rank's piece of a tensor split across `group` (empty when this rank holds none).
+
+    Every rank of the group yields one for the same parameters in the same order, so their
+    statistics can be combined with one collective per step; `write` says whether this rank
+    writes the combined statistics."""
+
+    local: torch.Tensor
+    group: Any
+    write: bool = True
+
+
 @dataclass
 class Moments:
-    """Adam state of one parameter, as the optimizer holds it."""
+    """Adam state of one parameter, as the optimizer holds it (tensors or Shards)."""
 
-    exp_avg: torch.Tensor
-    exp_avg_sq: torch.Tensor
+    exp_avg: Any
+    exp_avg_sq: Any
     step: Any  # int, float or a (device) tensor
     beta1: float
     beta2: float
@@ -40,36 +84,107 @@ class Moments:
 
 
 class OptimizerAdapter:
-    """Family-specific access to an optimizer; see TorchOptimAdapter for the plain case."""
+    """Family-specific access to an optimizer; see TorchOptimAdapter for the plain case.
+
+    Subclasses implement `params`, `_weights`, `_grads`, `_moments` and `hook_step`; sharded
+    families also `shard_groups`, and families whose gradients are taken away before autograd's
+    hooks could read them also `hook_unreduced`."""
 
     family = "base"
+    #: True when `hook_unreduced` reports the rank-local gradients before the data-parallel
+    #: reduction (then nothing else reads them)
+    hooks_unreduced = False
+    #: set (at attach) when something reduces the gradients through `.data` (DeepSpeed's
+    #: stage-0 engine), which leaves their version counters alone: each gradient is then handed
+    #: out as a fresh view, so statistics read before the reduction are never reused for it
+    reduced_through_data = False
 
     def __init__(self, optimizer: Any) -> None:
         self.optimizer = optimizer
+        self.writer: Callable[[torch.Tensor], bool] = lambda _param: True
 
+    # -- what the collectors call ------------------------------------------------------------------
     def params(self) -> list[torch.Tensor]:
+        """The model parameters this optimizer trains (on every rank the same list, sharded or not)."""
         raise NotImplementedError
 
-    def weights(self, params: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    def weights(self, params: list[torch.Tensor]) -> dict[int, Any]:
         """The tensor reported as each parameter's weight, keyed by id(param): the parameter
-        itself here; an fp32 master copy (or its local shard) for mixed-precision families."""
-        return {id(p): p for p in params}
+        itself, an fp32 master copy, or a Shard of one."""
+        return self._written(params, self._weights(params))
 
     def grads(self, params: list[torch.Tensor],
-              grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, torch.Tensor]:
+              grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, Any]:
         """The gradient the optimizer consumes at step time, keyed by id(param)."""
-        out = {}
-        for p in params:
-            g = grad_of(p)
-            if g is not None:
-                out[id(p)] = g
-        return out
+        return self._written(params, self._grads(params, grad_of))
 
     def moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
         """Adam moments keyed by id(param), for the params that have them."""
-        raise NotImplementedError
+        return self._written(params, self._moments(params))
 
     def hook_step(self, before: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
         """Call `before` once the gradients are final (after a closure ran) and `after` once the
         update is applied. Returns a function that removes the hooks."""
         raise NotImplementedError
+
+    def hook_unreduced(self, models: list[torch.nn.Module],
+                       record: Callable[[GradPairs], None]) -> Callable[[], None] | None:
+        """Call `record` with the rank-local gradients right before each data-parallel
+        reduction (a bucket's grad sync). None: this family has no such point."""
+        return None
+
+    def shard_groups(self) -> list[Any]:
+        """The process groups across which this optimizer splits parameters (none here)."""
+        return []
+
+    def shard_group(self, param: torch.Tensor) -> Any:
+        """The group `param` is split across, or None when this rank holds all of it."""
+        return None
+
+    def data_parallel_group(self) -> Any:
+        """The data-parallel group the optimizer itself knows, or None."""
+        return None
+
+    # -- family-specific -----------------------------------------------------------------------------
+    def _weights(self, params: list[torch.Tensor]) -> dict[int, Any]:
+        return {id(p): p for p in params}
+
+    def _grads(self, params: list[torch.Tensor],
+               grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, Any]:
+        out = {}
+        for p in params:
+            g = grad_of(p)
+            if g is not None:
+                out[id(p)] = g.view_as(g) if self.reduced_through_data else g
+        return out
+
+    def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
+        raise NotImplementedError
+
+    def _written(self, params: list[torch.Tensor], values: dict[int, Any]) -> dict[int, Any]:
+        """Leave out the replicated tensors another rank writes. Shards stay (every rank's
+        piece is needed for the combined statistics); they only carry whether this rank writes."""
+        out = {}
+        for p in params:
+            value = values.get(id(p))
+            if value is None:
+                continue
+            writes = self.writer(p)
+            if _has_shard(value):
+                _mark_written(value, writes)
+                out[id(p)] = value
+            elif writes:
+                out[id(p)] = value
+        return out
+
+
+def _has_shard(value: Any) -> bool:
+    if isinstance(value, Moments):
+        return isinstance(value.exp_avg, Shard)
+    return isinstance(value, Shard)
+
+
+def _mark_written(value: Any, writes: bool) -> None:
+    for shard in ((value.exp_avg, value.exp_avg_sq) if isinstance(value, Moments) else (value,)):
+        if isinstance(shard, Shard):
+            shard.write = writes

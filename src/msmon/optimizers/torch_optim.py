@@ -31,24 +31,8 @@ class TorchOptimAdapter(OptimizerAdapter):
     def params(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
-        wanted = {id(p) for p in params}
-        out: dict[int, Moments] = {}
-        state = getattr(self.optimizer, "state", {})
-        for group in self.optimizer.param_groups:
-            betas = group.get("betas")
-            if betas is None:
-                continue
-            beta1, beta2 = float(betas[0]), float(betas[1])
-            eps = float(group.get("eps", 1e-8))
-            for p in group["params"]:
-                if id(p) not in wanted:
-                    continue
-                s = state.get(p)
-                if not s or "exp_avg" not in s or "exp_avg_sq" not in s:
-                    continue
-                out[id(p)] = Moments(s["exp_avg"], s["exp_avg_sq"], s.get("step", 1), beta1, beta2, eps)
-        return out
+    def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
+        return inner_moments(self.optimizer, {id(p): id(p) for p in params})
 
     def hook_step(self, before: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
         opt = self.optimizer
@@ -71,6 +55,31 @@ class TorchOptimAdapter(OptimizerAdapter):
             handles = [opt.register_step_pre_hook(pre_hook), opt.register_step_post_hook(post_hook)]
             return lambda: [h.remove() for h in handles]
         return _wrap_step_method(opt, pre_hook, post_hook)
+
+
+def adam_hyper(group: dict) -> tuple[float, float, float] | None:
+    """(beta1, beta2, eps) of an Adam-like param group; None for optimizers without betas."""
+    betas = group.get("betas")
+    if betas is None:
+        return None
+    return float(betas[0]), float(betas[1]), float(group.get("eps", 1e-8))
+
+
+def inner_moments(optimizer: Any, held: dict[int, int]) -> dict[int, Moments]:
+    """Adam moments of a torch optimizer's params, keyed as `held` maps them: {id(param the
+    optimizer holds): key}. Master-weight families map their fp32 copies to model params."""
+    out: dict[int, Moments] = {}
+    state = getattr(optimizer, "state", {})
+    for group in optimizer.param_groups:
+        hyper = adam_hyper(group)
+        if hyper is None:
+            continue
+        for p in group["params"]:
+            key = held.get(id(p))
+            s = state.get(p) if key is not None else None
+            if s and "exp_avg" in s and "exp_avg_sq" in s:
+                out[key] = Moments(s["exp_avg"], s["exp_avg_sq"], s.get("step", 1), *hyper)
+    return out
 
 
 def _wrap_step_method(opt: Any, pre_hook: Callable, post_hook: Callable) -> Callable[[], None]:

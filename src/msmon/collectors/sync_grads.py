@@ -1,0 +1,64 @@
+"""Rank-local gradients read where the optimizer family reduces them (a bucket's grad sync).
+
+DeepSpeed and Megatron move gradients into their own buffers during backward, so what
+autograd's hooks see is not what gets reduced. Their adapters call back right before each
+data-parallel reduction with (parameter, gradient) pairs; this collector records them as
+`grad_unreduced`: one row per reduction with monitor_mbs_grad (ZeRO-2/3 reduce every
+micro-batch, ZeRO-1 and Megatron once per step), else the last one of the step.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..records import RowKey
+from ..stats import batch_stats
+from .base import Collector
+
+
+class SyncGradCollector(Collector):
+    name = "rank-local gradients"
+
+    def __init__(self, monitor) -> None:
+        super().__init__(monitor)
+        self.index = {id(mp.param): i for i, mp in enumerate(monitor.params)}
+        self.syncs: dict[int, int] = {}  # param index -> reductions seen this step
+        self.last: dict[int, torch.Tensor] = {}
+        self._undo = None
+
+    def attach(self) -> None:
+        self._undo = self.mon.adapter.hook_unreduced(self.mon.models, self.guard(self._on_sync))
+
+    def detach(self) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+        super().detach()
+
+    def _on_sync(self, pairs) -> None:
+        mon = self.mon
+        if not mon.recording:
+            return
+        chosen = [(self.index[id(p)], g) for p, g in pairs if id(p) in self.index and g is not None]
+        if not chosen:
+            return
+        rows = batch_stats([g for _, g in chosen], mon.step_ops, mon.config.eps)
+        keys = []
+        for j, (i, _) in enumerate(chosen):
+            count = self.syncs.get(i, 0)
+            self.syncs[i] = count + 1
+            mp = mon.params[i]
+            keys.append(RowKey("grad_unreduced", mp.name, mp.vpp_stage, count))
+            self.last.pop(i, None)  # keep reduction order
+            self.last[i] = rows[j]
+        if mon.config.monitor_mbs_grad:
+            mon.buffer.add_many(keys, rows)
+
+    def before_update(self) -> None:
+        mon = self.mon
+        if mon.recording and not mon.config.monitor_mbs_grad and self.last:
+            keys = [RowKey("grad_unreduced", mon.params[i].name, mon.params[i].vpp_stage) for i in self.last]
+            mon.buffer.add_many(keys, torch.stack(list(self.last.values())))
+
+    def end_step(self) -> None:
+        self.syncs.clear()
+        self.last.clear()

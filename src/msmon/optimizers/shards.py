@@ -1,0 +1,183 @@
+"""Exact statistics of tensors split across ranks (ZeRO partitions, distributed-optimizer shards).
+
+During the step each rank computes the statistics of its own piece of every split tensor
+(`take`), on its device, and the writing rank reserves a placeholder row in the step buffer,
+so rows keep their order. When the step ends (`flush`), one all_gather per process group brings
+every rank's piece rows together (a few numbers per tensor, never the tensors), they are
+combined exactly (min of mins, max of maxes, square root of summed squares, count-weighted
+mean and zero fraction, summed nan/inf counts and histograms) and copied into the
+placeholders before the buffer goes to the host.
+
+Every rank of a group must take the same Shards in the same order and flush at the same step:
+they do, since the adapters yield a (possibly empty) piece for every parameter on every rank
+and the recorded steps follow from the shared config.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..records import Histogram, RowKey
+from ..stats import batch_stats
+from .base import Shard
+
+if TYPE_CHECKING:
+    from ..monitor import TrainerMon
+
+logger = logging.getLogger("msmon")
+
+
+def combine_gathered(rows: torch.Tensor, counts: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
+    """Combine [ranks, tensors, ops] piece statistics with [ranks, tensors] element counts into
+    [tensors, ops] statistics of the whole tensors. Empty pieces (count 0) are left out; a
+    tensor empty everywhere gets a NaN row. No host sync."""
+    counts = counts.to(rows.dtype)
+    keep = counts > 0
+    total = counts.sum(0)
+    columns = []
+    for j, op in enumerate(ops):
+        col = rows[..., j]
+        if op == "norm":
+            columns.append(torch.where(keep, col, 0.0).square().sum(0).sqrt())
+        elif op == "min":
+            columns.append(torch.where(keep, col, math.inf).amin(0))
+        elif op == "max":
+            columns.append(torch.where(keep, col, -math.inf).amax(0))
+        elif op == "mean":
+            columns.append(torch.where(keep, col * counts, 0.0).sum(0) / total)
+        elif op == "zeros":
+            columns.append(torch.where(keep, torch.round(col * counts), 0.0).sum(0) / total)
+        else:  # nans, infs: counts add up
+            columns.append(torch.where(keep, col, 0.0).sum(0))
+    return torch.where((total > 0).unsqueeze(-1), torch.stack(columns, dim=-1), math.nan)
+
+
+@dataclass
+class _Pending:
+    """One group's pieces of this step."""
+
+    group: Any
+    rows: list[torch.Tensor] = field(default_factory=list)  # [n, ops] per take
+    counts: list[int] = field(default_factory=list)
+    targets: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)  # (placeholder, slot per row)
+    hists: list[torch.Tensor] = field(default_factory=list)
+    hist_targets: list[torch.Tensor] = field(default_factory=list)  # placeholder counts (None: not written)
+    size: int = 0
+
+
+class ShardCombiner:
+    """Statistics of one monitor's Shards: pieces during the step, combined at its end."""
+
+    def __init__(self, monitor: "TrainerMon", enabled: bool = True) -> None:
+        self.mon = monitor
+        self.enabled = enabled
+        self.pending: dict[int, _Pending] = {}
+        self.ops: list[str] = []
+
+    def take(self, category: str, values: dict[int, Any]) -> dict[int, Any]:
+        """Record the Shards among `values` (keyed by id(param), in the monitor's parameter
+        order) under `category`; return the other values for the caller to record itself."""
+        plain = {k: v for k, v in values.items() if not isinstance(v, Shard)}
+        if len(plain) == len(values):
+            return values
+        if not self.enabled:
+            return plain
+        mon = self.mon
+        by_group: dict[int, list[tuple[RowKey, Shard]]] = {}
+        for mp in mon.params:
+            value = values.get(id(mp.param))
+            if isinstance(value, Shard):
+                by_group.setdefault(id(value.group), []).append((RowKey(category, mp.name, mp.vpp_stage), value))
+        for entries in by_group.values():
+            self._add(mon.buffer, entries, mon.step_ops, mon.config.eps)
+        return plain
+
+    def _add(self, buffer: Any, entries: list[tuple[RowKey, Shard]], ops: list[str], eps: float) -> None:
+        shards = [s for _, s in entries]
+        pending = self.pending.get(id(shards[0].group))
+        if pending is None:
+            pending = self.pending[id(shards[0].group)] = _Pending(shards[0].group)
+        self.ops = list(ops)
+        rows = batch_stats([s.local for s in shards], ops, eps)
+        first = pending.size
+        pending.rows.append(rows)
+        pending.counts.extend(s.local.numel() for s in shards)
+        pending.size += len(shards)
+        written = [i for i, s in enumerate(shards) if s.write]
+        if written:
+            placeholder = torch.full((len(written), len(ops)), math.nan, dtype=rows.dtype, device=rows.device)
+            buffer.add_many([entries[i][0] for i in written], placeholder)
+            pending.targets.append((placeholder, [first + i for i in written]))
+
+    def add_histogram(self, tag: str, edges: list[float], counts: torch.Tensor, shard: Shard) -> None:
+        """A histogram of a Shard's piece; the ranks' counts are summed at the end of the step."""
+        if not self.enabled:
+            return
+        pending = self.pending.get(id(shard.group))
+        if pending is None:
+            pending = self.pending[id(shard.group)] = _Pending(shard.group)
+        counts = counts.to(torch.float64)
+        pending.hists.append(counts)
+        target = None
+        if shard.write:
+            target = torch.zeros_like(counts)
+            self.mon.buffer.histograms.append(Histogram(tag, edges, target))
+        pending.hist_targets.append(target)
+
+    def flush(self) -> None:
+        """Combine this step's pieces across ranks and fill the placeholders (one all_gather
+        per group). A failure switches combining off: the placeholders stay NaN."""
+        pending, self.pending = self.pending, {}
+        for part in pending.values():
+            try:
+                self._combine(part)
+            except Exception as exc:  # contained: training goes on, sharded statistics stop
+                self.enabled = False
+                logger.error("msmon[rank %d]: combining sharded statistics failed and is switched off; training "
+                             "continues: %r", self.mon.rank, exc)
+                return
+
+    def clear(self) -> None:
+        self.pending = {}
+
+    def _combine(self, part: _Pending) -> None:
+        n_ops = len(self.ops)
+        device = part.rows[0].device if part.rows else part.hists[0].device
+        rows = torch.cat(part.rows).to(device) if part.rows else torch.empty((0, n_ops), dtype=torch.float64,
+                                                                             device=device)
+        counts = torch.tensor(part.counts, dtype=torch.float64).to(device, non_blocking=True)
+        hists = torch.stack(part.hists).to(device) if part.hists else torch.empty((0, 0), dtype=torch.float64,
+                                                                                  device=device)
+        payload = torch.cat([rows.reshape(-1), counts, hists.reshape(-1)])
+        gathered = _all_gather(payload, part.group)  # [ranks, payload]
+        n = rows.shape[0]
+        all_rows = gathered[:, :n * n_ops].reshape(-1, n, n_ops)
+        all_counts = gathered[:, n * n_ops:n * n_ops + n]
+        combined = combine_gathered(all_rows, all_counts, self.ops)
+        for placeholder, slots in part.targets:
+            index = torch.tensor(slots, dtype=torch.long).to(combined.device, non_blocking=True)
+            placeholder.copy_(combined.index_select(0, index).to(placeholder.device))
+        if part.hists:
+            summed = gathered[:, n * n_ops + n:].reshape(gathered.shape[0], *hists.shape).sum(0)
+            for i, target in enumerate(part.hist_targets):
+                if target is not None:
+                    target.copy_(summed[i].to(target.device))
+
+
+def _all_gather(payload: torch.Tensor, group: Any) -> torch.Tensor:
+    """[ranks, len(payload)]: every rank's payload, in group-rank order."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return payload.unsqueeze(0)
+    world = dist.get_world_size(group)
+    if world == 1:
+        return payload.unsqueeze(0)
+    if "nccl" in str(dist.get_backend(group)) and payload.device.type == "cpu":
+        payload = payload.to(torch.device("cuda", torch.cuda.current_device()))
+    out = [torch.empty_like(payload) for _ in range(world)]
+    dist.all_gather(out, payload, group=group)
+    return torch.stack(out)
