@@ -1,0 +1,60 @@
+"""Attach msmon to the optimizer every `deepspeed.initialize` builds (directly, or through HF
+Trainer / accelerate, which call it by attribute): ZeRO stages 0-3, no code change.
+
+The engine is handed to the monitor as the model (names lose its `module.` prefix like any
+wrapper's) and `engine.optimizer` as the optimizer; the adapter is chosen from its class.
+Optimizers built inside `initialize` are left to this instrumentor, and a client optimizer the
+script built first (and the torch.optim instrumentor attached to) is released to it.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+import torch
+
+from ..distributed import current_rank
+from . import Session, torch_optim
+from .framework_attach import attach
+
+logger = logging.getLogger("msmon")
+
+_original: Any = None
+
+
+def instrument(session: Session) -> None:
+    global _original
+    import deepspeed
+
+    if _original is not None:
+        return
+    _original = deepspeed.initialize
+
+    @functools.wraps(_original)
+    def initialize(*args: Any, **kwargs: Any) -> Any:
+        if not session.in_owner_process():
+            return _original(*args, **kwargs)
+        client = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
+        if isinstance(client, torch.optim.Optimizer):
+            torch_optim.release(client)  # the engine drives it from now on: its monitor is this one's
+        with torch_optim.suppressed():
+            result = _original(*args, **kwargs)
+        try:
+            engine = result[0]
+            attach(session, engine, getattr(engine, "optimizer", None), "deepspeed.initialize")
+        except Exception as exc:  # monitoring must never break the training script
+            logger.error("msmon[rank %d]: attaching to the DeepSpeed engine failed; it is not monitored: %r",
+                         current_rank(), exc)
+        return result
+
+    deepspeed.initialize = initialize
+
+
+def uninstrument() -> None:
+    global _original
+    if _original is not None:
+        import deepspeed
+
+        deepspeed.initialize = _original
+        _original = None
