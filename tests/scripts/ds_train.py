@@ -1,0 +1,124 @@
+"""A DeepSpeed training script with no monitoring code, for `msmon run`: a tiny MLP on 2 CPU
+ranks (gloo), ZeRO stage and dtype from the command line.
+
+It saves what DeepSpeed itself assembles for every parameter, in the same run, as the
+independent truth: the full fp32 weight before and after each step and the full reduced
+gradient (`safe_get_full_fp32_param`, `safe_get_full_grad`), the full Adam moments
+(`safe_get_full_optimizer_state`), and, for fp32 runs, the rank-local gradients an unwrapped
+copy of the model computes on this rank's micro-batches.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from conftest import MLP, reference_stats  # noqa: E402
+
+import deepspeed  # noqa: E402
+from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state  # noqa: E402
+
+
+def ds_config(stage: int, dtype: str, grad_acc: int) -> dict:
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": grad_acc,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "steps_per_print": 10_000,
+    }
+    if dtype == "bf16":  # stage 0: FP16_UnfusedOptimizer; stage 1 (fp32 accumulation): BF16_Optimizer
+        config["bf16"] = {"enabled": True}
+        if stage == 1:
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
+def full_stats(params: dict, getter) -> dict:
+    return {name: reference_stats(getter(p).float()) for name, p in params.items()}
+
+
+def fp32_copies(optimizer) -> dict:
+    """FP16_UnfusedOptimizer keeps whole fp32 copies that DeepSpeed's safe_get_* do not see."""
+    return {id(lp): main for lps, mains in zip(getattr(optimizer, "fp16_groups", []), getattr(optimizer, "fp32_groups", []))
+            for lp, main in zip(lps, mains)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--stage", type=int, required=True)
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--grad-acc", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = torch.distributed.get_rank()
+    torch.manual_seed(0)
+    model = MLP()
+    reference = MLP()
+    reference.load_state_dict(model.state_dict())
+    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                                   config=ds_config(args.stage, args.dtype, args.grad_acc))
+    params = dict(model.named_parameters())
+    copies = fp32_copies(optimizer)
+
+    def weight(p):  # stage 0 without a bf16 wrapper: the parameter is the fp32 weight
+        if id(p) in copies:
+            return copies[id(p)]
+        full = safe_get_full_fp32_param(p)
+        return p.detach() if full is None else full
+
+    def state(p, key):
+        if id(p) in copies:
+            return optimizer.optimizer.state[copies[id(p)]][key]
+        full = safe_get_full_optimizer_state(p, key)
+        return optimizer.state[p][key] if full is None else full
+    gen = torch.Generator().manual_seed(100 + rank)
+    truth = {"optimizer": type(optimizer).__name__, "steps": [], "losses": []}
+    for _ in range(args.steps):
+        local_last, local_acc = {}, {}
+        for micro in range(args.grad_acc):
+            x = torch.randn(2, 8, generator=gen)
+            out = engine(x.to(torch.bfloat16) if args.dtype == "bf16" else x)
+            loss = out.float().pow(2).mean()
+            truth["losses"].append(loss.item())
+            engine.backward(loss)
+            reference.zero_grad()
+            (reference(x).pow(2).mean() / args.grad_acc).backward()  # DeepSpeed scales by 1/GAS
+            local_last = {n: p.grad.clone() for n, p in reference.named_parameters()}
+            for n, g in local_last.items():
+                local_acc[n] = local_acc.get(n, 0) + g
+            if micro == args.grad_acc - 1:
+                before = {"grad_reduced": full_stats(params, safe_get_full_grad),
+                          "param_origin": full_stats(params, weight)}
+            engine.step()
+        with torch.no_grad():  # keep the reference on DeepSpeed's weights: local gradients stay comparable
+            for n, p in reference.named_parameters():
+                p.copy_(weight(params[n]))
+        inner = getattr(optimizer, "optimizer", optimizer)  # the torch AdamW DeepSpeed steps
+        betas, eps, t = (0.9, 0.999), 1e-8, float(next(iter(inner.state.values()))["step"])  # AdamW's defaults
+        updates, ratios = {}, {}
+        for n, p in params.items():
+            m = state(p, "exp_avg").double() / (1 - betas[0] ** t)
+            v = (state(p, "exp_avg_sq").double() / (1 - betas[1] ** t)).sqrt()
+            updates[n] = reference_stats(m / (v + eps))
+            ratios[n] = reference_stats(torch.where(v > 0, m / v, torch.zeros_like(m)))
+        record = {**before, "update": updates, "ratio": ratios,
+                  "param_updated": full_stats(params, weight),
+                  "exp_avg": full_stats(params, lambda p: state(p, "exp_avg")),
+                  "exp_avg_sq": full_stats(params, lambda p: state(p, "exp_avg_sq")),
+                  "local_last": {n: reference_stats(g) for n, g in local_last.items()},
+                  "local_acc": {n: reference_stats(g) for n, g in local_acc.items()}}
+        truth["steps"].append(record)
+    with open(os.path.join(args.out, f"truth_rank{rank}.json"), "w") as fh:
+        json.dump(truth, fh)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""DeepSpeed ZeRO stages 0-3 under `msmon run`, for real: 2 CPU ranks on gloo, no monitoring code
+in the scripts, the adapter chosen from the optimizer's class.
+
+The truth is what DeepSpeed itself assembles in the same run (`safe_get_full_fp32_param`,
+`safe_get_full_grad`, `safe_get_full_optimizer_state`, gathered whole on every rank), while
+msmon only ever reads each rank's own partition and combines statistics. For fp32 runs the
+rank-local gradients are checked against an unwrapped copy of the model fed the same batches.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ALL_OPS, ROOT, read_csv_rows
+
+pytestmark = pytest.mark.e2e
+
+SCRIPTS = ROOT / "tests" / "scripts"
+CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "ur_distribution": True,
+          "format": ["csv"], "ndigits": 12, "squash_name": False, "ops": ALL_OPS}
+REPLICATED = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
+PARAMS = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+STEPS = 3
+# (stage, dtype) -> the optimizer DeepSpeed builds, hence the adapter msmon must pick
+RUNS = {
+    (0, "fp32"): "AdamW",
+    (0, "bf16"): "FP16_UnfusedOptimizer",
+    (1, "fp32"): "DeepSpeedZeroOptimizer",
+    (1, "bf16"): "BF16_Optimizer",
+    (2, "bf16"): "DeepSpeedZeroOptimizer",
+    (3, "fp32"): "DeepSpeedZeroOptimizer_Stage3",
+    (3, "bf16"): "DeepSpeedZeroOptimizer_Stage3",
+}
+
+
+def ds_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MSMON_", "TORCHELASTIC_", "MONITOR_"))}
+    env.update(DS_ACCELERATOR="cpu", DS_BUILD_OPS="0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def msmon_run(work: Path, config: dict, script: str, *args: str) -> subprocess.CompletedProcess:
+    """`msmon run` of an unmodified script on 2 ranks; the first DeepSpeed run of a machine also
+    JIT-builds DeepSpeed's small shared-memory op (cached afterwards), hence the timeout."""
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / "monitor.json"
+    path.write_text(json.dumps(config))
+    argv = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(path), "--output-dir", str(work / "out"),
+            "--standalone", "--nproc-per-node", "2", "--", str(SCRIPTS / script), *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ds_env(), cwd=work)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def output_of(work: Path, rank: int) -> Path:
+    """The rank's directory with recorded steps (a client optimizer released to DeepSpeed's
+    monitor leaves one with nothing but its config and summary)."""
+    dirs = [Path(d) for d in glob.glob(str(work / "out" / f"*-rank{rank}-*"))
+            if json.loads((Path(d) / "summary.json").read_text())["steps_recorded"] > 0]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def truth(work: Path, rank: int = 0) -> dict:
+    return json.loads((work / f"truth_rank{rank}.json").read_text())
+
+
+def assert_close(row: dict[str, str], expected: dict[str, float], what: str) -> None:
+    """Float32 kernels against a float64 reference: relative 1e-5; a mean of values that
+    cancel is judged against the values' magnitude, not the mean's."""
+    scale = max(abs(expected["min"]), abs(expected["max"]))
+    for op, value in expected.items():
+        got = float(row[op])
+        if math.isnan(value):
+            assert math.isnan(got), (what, op)
+            continue
+        slack = 1e-5 * scale if op == "mean" else 0.0
+        assert got == pytest.approx(value, rel=1e-5, abs=1.5e-12 + slack), (what, op, got, value)
+
+
+@pytest.fixture(scope="module", params=sorted(RUNS), ids=lambda run: f"stage{run[0]}-{run[1]}")
+def ds_job(request, tmp_path_factory):
+    stage, dtype = request.param
+    work = tmp_path_factory.mktemp(f"ds{stage}{dtype}")
+    proc = msmon_run(work, CONFIG, "ds_train.py", "--stage", str(stage), "--dtype", dtype, "--steps", str(STEPS),
+                     "--out", str(work))
+    return stage, dtype, work, proc
+
+
+def test_deepspeed_builds_the_optimizer_the_adapter_is_chosen_for(ds_job):
+    stage, dtype, work, proc = ds_job
+    assert truth(work)["optimizer"] == RUNS[(stage, dtype)]
+    for rank in (0, 1):
+        assert f"msmon[rank {rank}]: monitoring {RUNS[(stage, dtype)]} of MLP (attached at deepspeed.initialize)" \
+            in proc.stderr
+
+
+def test_weights_gradients_and_moments_equal_deepspeeds_own_full_tensors(ds_job):
+    _, _, work, _ = ds_job
+    steps = truth(work)["steps"]
+    directory = output_of(work, 0)
+    for category in REPLICATED:
+        rows = read_csv_rows(directory, category)
+        assert {(int(r["step"]), r["name"]) for r in rows} == {(s, n) for s in range(STEPS) for n in PARAMS}, category
+        for row in rows:
+            assert_close(row, steps[int(row["step"])][category][row["name"]], f"{category} {row['name']}")
+
+
+def test_replicated_tensors_are_written_once_by_the_first_data_parallel_rank(ds_job):
+    _, _, work, _ = ds_job
+    directory = output_of(work, 1)
+    for category in REPLICATED:
+        assert not read_csv_rows(directory, category), category
+    assert read_csv_rows(directory, "grad_unreduced")
+
+
+def test_rank_local_gradients_are_written_by_every_rank_before_the_reduction(ds_job):
+    stage, dtype, work, _ = ds_job
+    seen = {}
+    for rank in (0, 1):
+        rows = read_csv_rows(output_of(work, rank), "grad_unreduced")
+        assert {(int(r["step"]), r["name"]) for r in rows} == {(s, n) for s in range(STEPS) for n in PARAMS}
+        seen[rank] = {(r["step"], r["name"]): r["norm"] for r in rows}
+        if dtype == "fp32":  # ZeRO-2/3 reduce every micro-batch: the last one is reported; others accumulate
+            local = "local_last" if stage >= 2 else "local_acc"
+            for row in rows:
+                assert_close(row, truth(work, rank)["steps"][int(row["step"])][local][row["name"]], row["name"])
+    assert seen[0] != seen[1]  # different batches on the two ranks
+
+
+def test_hf_trainer_with_deepspeed_zero3_is_monitored_without_code(tmp_path):
+    work = tmp_path / "hf"
+    config = dict(CONFIG, ur_distribution=False)
+    proc = msmon_run(work, config, "ds_hf_trainer.py", "--output", str(work), "--stage", "3")
+    assert "monitoring DeepSpeedZeroOptimizer_Stage3 of GPT2LMHeadModel" in proc.stderr
+    steps = truth(work)["steps"]
+    directory = output_of(work, 0)
+    names = set(steps[0]["param_updated"])
+    for category in ("param_updated", "exp_avg", "exp_avg_sq"):
+        rows = read_csv_rows(directory, category)
+        assert {(int(r["step"]), r["name"]) for r in rows} == {(s, n) for s in range(3) for n in names}, category
+        for row in rows:
+            assert_close(row, steps[int(row["step"])][category][row["name"]], f"{category} {row['name']}")
+    assert not read_csv_rows(output_of(work, 1), "param_updated")
+
+
+def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+            str(SCRIPTS / "ds_train.py"), "--stage", "3", "--dtype", "bf16", "--out", str(plain)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ds_env(), cwd=plain)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    monitored = tmp_path / "monitored"
+    msmon_run(monitored, CONFIG, "ds_train.py", "--stage", "3", "--dtype", "bf16", "--out", str(monitored))
+    for rank in (0, 1):
+        assert truth(monitored, rank)["losses"] == truth(plain, rank)["losses"]
