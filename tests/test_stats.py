@@ -226,3 +226,14 @@ def test_combining_only_empty_pieces_gives_a_nan_row():
     rows = batch_stats([torch.zeros(0), torch.zeros(0)], ALL_OPS, EPS)
     combined = combine_rows(rows, torch.tensor([0, 0]), ALL_OPS)
     assert torch.isnan(combined).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_many_small_tensors_reduced_together_equal_the_reference(dtype):
+    ts = [sample(dtype, n, seed=n) for n in (1, 5, 256, 4096, 17, 300)]
+    ts[2][7] = math.nan
+    ts[3][0] = -math.inf
+    ts.append(sample(dtype, 50_000, seed=9))  # a larger one in the same batch stays in place
+    rows = batch_stats(ts, ALL_OPS, EPS)
+    for row, t in zip(rows, ts):
+        assert_row(row, t)

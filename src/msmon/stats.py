@@ -34,8 +34,11 @@ import torch
 RESULT_DTYPE = torch.float64
 OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 CHUNK = 1 << 18  # elements per CPU pass: 1 MiB of float32, read once, then reduced in cache
+SMALL = 1 << 12  # tensors up to this size are reduced together, as segments of one buffer
+_MIN_SEGMENTS = 4  # fewer small tensors than this are cheaper one by one
 _EXACT_F32_COUNT = 1 << 24  # counts up to this are exact in float32
 _SCALED_OPS = ("mean", "zeros")  # the sum and the zero count are divided by numel
+_FIELD_OF = {"norm": "norm", "min": "min", "max": "max", "mean": "sum", "zeros": "zeros"}
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -90,6 +93,13 @@ class _Plan:
         # the sum gives the mean, and is the NaN/Inf witness when min/max are not computed
         self.total = "mean" in ops or (self.flags and not self.minmax)
         self.scaled = any(op in _SCALED_OPS for op in ops)
+        self.fields = [name for name, wanted in (("norm", self.norm), ("min", self.minmax), ("max", self.minmax),
+                                                 ("sum", self.total), ("zeros", self.zeros)) if wanted]
+
+    @functools.cached_property
+    def without_norm(self) -> "_Plan":
+        """The same reductions but the norm (computed for a whole batch in one call)."""
+        return _Plan(tuple(op for op in self.ops if op != "norm"))
 
 
 @functools.lru_cache(maxsize=32)
@@ -133,132 +143,237 @@ def _count_small(t: torch.Tensor, threshold: float) -> torch.Tensor:
     return torch.lt(work, threshold, out=work).sum(dtype=_accumulate_dtype(t.dtype))
 
 
-class _Values:
-    """The unscaled results for one tensor: 0-d tensors (or None when not asked for)."""
-
-    __slots__ = ("norm", "min", "max", "sum", "zeros", "clean")
-
-    def __init__(self) -> None:
-        self.norm = self.min = self.max = self.sum = self.zeros = None
-        self.clean = False  # proven free of NaN and Inf
-
-
-def _chunked(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> _Values:
+def _chunked(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
     """All reductions of a large contiguous CPU tensor, chunk by chunk: each chunk is read
     from memory once and reduced while it is in cache; the partial results are combined
     exactly (min of mins, sum of counts) or in float (norms in squares, sums)."""
     flat = t.view(-1)
-    norms, mins, maxs, sums, zeros = [], [], [], [], []
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in plan.fields}
     for start in range(0, flat.numel(), CHUNK):
         piece = flat[start:start + CHUNK]
         if plan.norm:
-            norms.append(torch.linalg.vector_norm(piece, dtype=acc))
+            parts["norm"].append(torch.linalg.vector_norm(piece, dtype=acc))
         if plan.minmax:
             low, high = torch.aminmax(piece)
-            mins.append(low)
-            maxs.append(high)
+            parts["min"].append(low)
+            parts["max"].append(high)
         if plan.total:
-            sums.append(piece.sum(dtype=acc))
+            parts["sum"].append(piece.sum(dtype=acc))
         if plan.zeros:
-            zeros.append(_count_small(piece, threshold))
-    v = _Values()
+            parts["zeros"].append(_count_small(piece, threshold))
+    out = {}
     if plan.norm:
-        v.norm = torch.linalg.vector_norm(torch.stack(norms))
+        out["norm"] = torch.linalg.vector_norm(torch.stack(parts["norm"]))
     if plan.minmax:
-        v.min, v.max = torch.stack(mins).min(), torch.stack(maxs).max()
+        out["min"], out["max"] = torch.stack(parts["min"]).min(), torch.stack(parts["max"]).max()
     if plan.total:
-        v.sum = torch.stack(sums).sum()
+        out["sum"] = torch.stack(parts["sum"]).sum()
     if plan.zeros:
-        v.zeros = torch.stack(zeros).sum(dtype=RESULT_DTYPE)
-    return v
+        out["zeros"] = torch.stack(parts["zeros"]).sum(dtype=RESULT_DTYPE)
+    return out
 
 
-def _whole(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype) -> list[_Values]:
-    """All reductions of tensors read whole: one kernel per op per tensor (norms batched)."""
-    values = [_Values() for _ in ts]
+def _one(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
+    """All reductions of one tensor, as 0-d tensors by field."""
+    if t.device.type == "cpu" and t.numel() > CHUNK and t.is_contiguous():
+        return _chunked(t, plan, threshold, acc)
+    out = {}
     if plan.norm:
-        norms = [torch.linalg.vector_norm(ts[0], dtype=acc)] if len(ts) == 1 else torch._foreach_norm(ts, 2, dtype=acc)
-        for v, n in zip(values, norms):
-            v.norm = n
-    for v, t in zip(values, ts):
-        if plan.minmax:
-            v.min, v.max = torch.aminmax(t)
-        if plan.total:
-            v.sum = t.sum(dtype=acc)
-        if plan.zeros:
-            v.zeros = _count_small(t, threshold)
-    return values
+        out["norm"] = torch.linalg.vector_norm(t, dtype=acc)
+    if plan.minmax:
+        out["min"], out["max"] = torch.aminmax(t)
+    if plan.total:
+        out["sum"] = t.sum(dtype=acc)
+    if plan.zeros:
+        out["zeros"] = _count_small(t, threshold)
+    return out
 
 
-def _mark_clean(values: list[_Values], plan: _Plan) -> None:
-    """On the CPU: which tensors are provably free of NaN and Inf (a finite min and max, or
-    a finite sum). Reading CPU scalars waits for nothing: there is no device."""
-    witness = [w for v in values for w in ((v.min, v.max) if plan.minmax else (v.sum,))]
-    per = len(witness) // len(values)
-    if len(values) == 1:
-        values[0].clean = all(math.isfinite(w.item()) for w in witness)
-        return
-    finite = torch.isfinite(torch.stack(witness))
+def _each(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
+    """Columns ([n] tensors by field) of tensors reduced one by one (norms in one call)."""
+    lists: dict[str, list[torch.Tensor]] = {name: [] for name in plan.fields}
+    batch_norm = plan.norm and not any(t.device.type == "cpu" and t.numel() > CHUNK for t in ts)
+    for t in ts:
+        if batch_norm:
+            values = _one(t, plan.without_norm, threshold, acc)
+        else:
+            values = _one(t, plan, threshold, acc)
+        for name, value in values.items():
+            lists[name].append(value)
+    if batch_norm:
+        lists["norm"] = torch._foreach_norm(ts, 2, dtype=acc)
+    return {name: torch.stack(values) for name, values in lists.items()}
+
+
+def _segmented(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
+    """Columns of many small tensors reduced together: they are copied into one flat buffer
+    (a few KiB; for small tensors the per-kernel cost, not the data, is what counts) and
+    reduced per segment, so a batch costs about a dozen kernels instead of six per tensor."""
+    flat = torch._utils._flatten_dense_tensors(ts)
+    lengths, segment_ids = _layouts.get(tuple(t.numel() for t in ts), flat.device)
+    count = len(ts)
+    wide = flat if flat.dtype == acc else flat.to(acc)
+    out = {}
+    if plan.norm:
+        out["norm"] = torch.segment_reduce(wide * wide, "sum", lengths=lengths).sqrt_()
+    if plan.minmax:
+        out["min"] = torch.full((count,), math.inf, dtype=flat.dtype, device=flat.device).scatter_reduce_(
+            0, segment_ids, flat, "amin")
+        out["max"] = torch.full((count,), -math.inf, dtype=flat.dtype, device=flat.device).scatter_reduce_(
+            0, segment_ids, flat, "amax")
+    if plan.total:
+        out["sum"] = torch.segment_reduce(wide, "sum", lengths=lengths)
+    if plan.zeros:
+        out["zeros"] = torch.segment_reduce(torch.lt(torch.abs(flat), threshold).to(acc), "sum", lengths=lengths)
+    return out
+
+
+class _Layouts:
+    """Cached segment lengths and per-element segment ids, per sequence of sizes and device."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._size = size
+
+    def get(self, numels: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (numels, device)
+        found = self._cache.get(key)
+        if found is None:
+            if len(self._cache) >= self._size:
+                self._cache.clear()
+            lengths = torch.tensor(numels, dtype=torch.long)
+            ids = torch.repeat_interleave(torch.arange(len(numels)), lengths)
+            found = (_to_device(lengths, device), _to_device(ids, device))
+            self._cache[key] = found
+        return found
+
+
+_layouts = _Layouts()
+
+
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host-built tensor on the device; from pinned memory the copy is asynchronous."""
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _kind(t: torch.Tensor) -> str:
+    return "segment" if t.numel() <= SMALL else "each"
+
+
+def _columns(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype) -> tuple[dict[str, torch.Tensor], list[int] | None]:
+    """Columns for all tensors, and the input position of each row (None: input order)."""
+    kinds = [_kind(t) for t in ts]
+    segments = [i for i, k in enumerate(kinds) if k == "segment"]
+    if len(segments) < _MIN_SEGMENTS:
+        return _each(ts, plan, threshold, acc), None
+    if len(segments) == len(ts):
+        return _segmented(ts, plan, threshold, acc), None
+    rest = [i for i, k in enumerate(kinds) if k != "segment"]
+    first = _segmented([ts[i] for i in segments], plan, threshold, acc)
+    second = _each([ts[i] for i in rest], plan, threshold, acc)
+    return {name: torch.cat([first[name], second[name]]) for name in first}, segments + rest
+
+
+def _finite_rows(witness: list[torch.Tensor]) -> list[bool] | bool:
+    """Which rows have all-finite witnesses ([n] CPU columns), or True when all do. Reading
+    CPU values waits for nothing: there is no device."""
+    finite = torch.isfinite(torch.stack(witness)) if len(witness) > 1 else torch.isfinite(witness[0])
     if finite.all().item():
-        flags = [True] * len(values)
-    else:
-        flat = finite.tolist()
-        flags = [all(flat[i * per:(i + 1) * per]) for i in range(len(values))]
-    for v, flag in zip(values, flags):
-        v.clean = flag
+        return True
+    flags = finite.view(len(witness), -1).all(0) if len(witness) > 1 else finite
+    return flags.tolist()
 
 
-_ZERO = torch.zeros((), dtype=torch.float32)
+def _count_columns(ts: list[torch.Tensor], columns: dict[str, torch.Tensor], plan: _Plan) -> None:
+    """Add the nans/infs columns: zeros where min/max (or the sum) prove there is nothing to
+    count (CPU only), exact counts elsewhere."""
+    n = len(ts)
+    clean: list[bool] | bool = False
+    if ts[0].device.type == "cpu":
+        clean = _finite_rows([columns["min"], columns["max"]] if plan.minmax else [columns["sum"]])
+    for op, test in (("nans", torch.isnan), ("infs", torch.isinf)):
+        if op not in plan.ops:
+            continue
+        if clean is True:
+            columns[op] = _zeros(n)
+        else:
+            flags = clean if isinstance(clean, list) else [False] * n
+            columns[op] = torch.stack([_ZERO if ok else test(t).sum().to(RESULT_DTYPE) for t, ok in zip(ts, flags)])
 
 
-def _row(t: torch.Tensor, v: _Values, plan: _Plan) -> list[torch.Tensor]:
-    """The row's 0-d values in ops order; counts are float64 when float32 could not hold them."""
+_zero_columns: dict[int, torch.Tensor] = {}
+
+
+def _zeros(n: int) -> torch.Tensor:
+    found = _zero_columns.get(n)
+    if found is None:
+        if len(_zero_columns) > 64:
+            _zero_columns.clear()
+        found = _zero_columns[n] = torch.zeros(n, dtype=torch.float32)
+    return found
+
+
+_ZERO = torch.zeros((), dtype=RESULT_DTYPE)
+
+
+def _one_row(t: torch.Tensor, plan: _Plan, eps: float) -> torch.Tensor:
+    """One tensor's unscaled row (sums and counts), in ops order, one kernel per op."""
+    acc = _accumulate_dtype(t.dtype)
+    values = _one(t, plan, zero_threshold(eps, t.dtype) if plan.zeros else 0.0, acc)
+    clean = False
+    if plan.flags and t.device.type == "cpu":
+        witness = (values["min"], values["max"]) if plan.minmax else (values["sum"],)
+        clean = all(math.isfinite(w.item()) for w in witness)
     big = t.numel() > _EXACT_F32_COUNT
     row = []
     for op in plan.ops:
-        if op == "norm":
-            row.append(v.norm)
-        elif op == "min":
-            row.append(v.min)
-        elif op == "max":
-            row.append(v.max)
-        elif op == "mean":
-            row.append(v.sum)
-        elif op == "zeros":
-            row.append(v.zeros)
-        elif v.clean:
-            row.append(_ZERO)
+        if op in ("nans", "infs"):
+            if clean:
+                row.append(_ZERO)
+            else:
+                row.append((torch.isnan(t) if op == "nans" else torch.isinf(t)).sum().to(RESULT_DTYPE))
         else:
-            count = torch.isnan(t).sum() if op == "nans" else torch.isinf(t).sum()
-            row.append(count.to(RESULT_DTYPE) if big else count)
-    return row
+            value = values[_FIELD_OF[op]]
+            row.append(value.to(RESULT_DTYPE) if big and op == "zeros" else value)
+    return torch.stack(row)
 
 
-def _parts(ts: list[torch.Tensor], plan: _Plan, eps: float) -> list[list[torch.Tensor]]:
-    """Per tensor, its row of 0-d values (sums and counts, not yet means and fractions).
-    All tensors share one device and dtype."""
+def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor:
+    """Unscaled [n, ops] rows of tensors sharing one device and dtype."""
     acc = _accumulate_dtype(ts[0].dtype)
-    threshold = zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0
-    on_cpu = ts[0].device.type == "cpu"
-    chunked = [on_cpu and t.numel() > CHUNK and t.is_contiguous() for t in ts]
-    if not any(chunked):
-        values = _whole(ts, plan, threshold, acc)
-    else:
-        values = [None] * len(ts)
-        whole = [i for i, c in enumerate(chunked) if not c]
-        for i, v in zip(whole, _whole([ts[i] for i in whole], plan, threshold, acc) if whole else []):
-            values[i] = v
-        for i, c in enumerate(chunked):
-            if c:
-                values[i] = _chunked(ts[i], plan, threshold, acc)
-    if plan.flags and on_cpu:
-        _mark_clean(values, plan)
-    return [_row(t, v, plan) for t, v in zip(ts, values)]
+    columns, positions = _columns(ts, plan, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, acc)
+    if plan.flags:
+        _count_columns(ts if positions is None else [ts[i] for i in positions], columns, plan)
+    if plan.zeros and any(t.numel() > _EXACT_F32_COUNT for t in ts):
+        columns["zeros"] = columns["zeros"].to(RESULT_DTYPE)
+    rows = torch.stack([columns[_FIELD_OF.get(op, op)] for op in plan.ops], dim=1)
+    if positions is not None:
+        rows = rows.index_select(0, _inverse(tuple(positions), rows.device))
+    return rows
+
+
+_inverses: dict[tuple, torch.Tensor] = {}
+
+
+def _inverse(positions: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The permutation that puts rows computed in `positions` order back in input order."""
+    key = (positions, device)
+    found = _inverses.get(key)
+    if found is None:
+        inverse = [0] * len(positions)
+        for row, position in enumerate(positions):
+            inverse[position] = row
+        if len(_inverses) > 64:
+            _inverses.clear()
+        found = _inverses[key] = _to_device(torch.tensor(inverse, dtype=torch.long), device)
+    return found
 
 
 class _Divisors:
-    """Cached [rows*ops] float64 divisors (numel for mean and zeros, 1 elsewhere), so a
-    step neither builds them again nor copies them to an accelerator."""
+    """Cached float64 divisors (numel for mean and zeros, 1 elsewhere) shaped [rows, ops],
+    so a step neither builds them again nor copies them to an accelerator."""
 
     def __init__(self, size: int = 512) -> None:
         self._cache: dict[tuple, torch.Tensor] = {}
@@ -267,30 +382,23 @@ class _Divisors:
     def get(self, numels: tuple[int, ...], ops: tuple[str, ...], device: torch.device) -> torch.Tensor:
         key = (numels, ops, device)
         found = self._cache.get(key)
-        if found is not None:
-            return found
-        values = [float(n) if op in _SCALED_OPS else 1.0 for n in numels for op in ops]
-        if device.type == "cpu":
-            made = torch.tensor(values, dtype=RESULT_DTYPE)
-        else:  # from pinned memory the copy is asynchronous: no sync, even the first time
-            made = torch.tensor(values, dtype=RESULT_DTYPE, pin_memory=True).to(device, non_blocking=True)
-        if len(self._cache) >= self._size:
-            self._cache.clear()
-        self._cache[key] = made
-        return made
+        if found is None:
+            values = [[float(n) if op in _SCALED_OPS else 1.0 for op in ops] for n in numels]
+            if len(self._cache) >= self._size:
+                self._cache.clear()
+            found = self._cache[key] = _to_device(torch.tensor(values, dtype=RESULT_DTYPE), device)
+        return found
 
 
 _divisors = _Divisors()
 
 
-def _assemble(rows: list[list[torch.Tensor]], numels: list[int], plan: _Plan,
-              device: torch.device) -> torch.Tensor:
-    """One stack for every value of every row, then the divisions, in float64."""
-    flat = torch.stack([v for row in rows for v in row] if len(rows) > 1 else rows[0])
-    flat = flat.to(device=device, dtype=RESULT_DTYPE)
+def _scaled(rows: torch.Tensor, numels: list[int], plan: _Plan) -> torch.Tensor:
+    """[n, ops] unscaled rows to the float64 result: means and zero fractions divided by numel."""
+    rows = rows.to(RESULT_DTYPE)
     if plan.scaled:
-        flat = flat / _divisors.get(tuple(numels), plan.ops, device)
-    return flat.view(len(rows), len(plan.ops))
+        rows = rows / _divisors.get(tuple(numels), plan.ops, rows.device)
+    return rows
 
 
 def _nan_rows(count: int, plan: _Plan, device: torch.device) -> torch.Tensor:
@@ -308,25 +416,17 @@ def batch_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float)
         return torch.empty((0, len(plan.ops)), dtype=RESULT_DTYPE)
     prepared = [_as_stat_input(t) for t in tensors]
     device = prepared[0].device
+    numels = [t.numel() for t in prepared]
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = defaultdict(list)
     for i, t in enumerate(prepared):
-        if t.numel():
+        if numels[i]:
             groups[(t.device, t.dtype)].append(i)
-    rows: list[list[torch.Tensor] | None] = [None] * len(prepared)
-    for indices in groups.values():
-        for i, row in zip(indices, _parts([prepared[i] for i in indices], plan, eps)):
-            rows[i] = row
-    numels = [t.numel() for t in prepared]
-    if len(groups) == 1 and all(n for n in numels) and next(iter(groups))[0] == device:
-        return _assemble(rows, numels, plan, device)
+    if len(groups) == 1 and all(numels) and next(iter(groups))[0] == device:
+        return _scaled(_batch_rows(prepared, plan, eps), numels, plan)
     out = _nan_rows(len(prepared), plan, device)
-    by_device: dict[torch.device, list[int]] = defaultdict(list)
-    for i, row in enumerate(rows):
-        if row is not None:
-            by_device[prepared[i].device].append(i)
-    for dev, indices in by_device.items():
-        part = _assemble([rows[i] for i in indices], [numels[i] for i in indices], plan, dev)
-        out[torch.tensor(indices, device=device)] = part.to(device, non_blocking=True)
+    for (dev, _), indices in groups.items():
+        rows = _scaled(_batch_rows([prepared[i] for i in indices], plan, eps), [numels[i] for i in indices], plan)
+        out[torch.tensor(indices, device=device)] = rows.to(device, non_blocking=True)
     return out
 
 
@@ -336,7 +436,7 @@ def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.
     t = _as_stat_input(tensor)
     if t.numel() == 0:
         return _nan_rows(1, plan, t.device).view(-1)
-    return _assemble(_parts([t], plan, eps), [t.numel()], plan, t.device).view(-1)
+    return _scaled(_one_row(t, plan, eps).view(1, -1), [t.numel()], plan).view(-1)
 
 
 class StatRows:
@@ -344,37 +444,36 @@ class StatRows:
 
     `add` launches the reductions of one tensor right away (the tensor may change after the
     hook returns) and gives its row index; `rows()` builds the [n, ops] float64 tensor with
-    one stack instead of one per tensor.
+    one stack and one division instead of one of each per tensor.
     """
 
     def __init__(self, ops: Sequence[str], eps: float) -> None:
         self.plan = _plan(tuple(ops))
         self.eps = eps
-        self._rows: list[list[torch.Tensor] | None] = []
+        self._rows: list[torch.Tensor | None] = []
         self._numels: list[int] = []
-        self._devices: list[torch.device] = []
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def add(self, tensor: torch.Tensor) -> int:
         t = _as_stat_input(tensor)
-        self._rows.append(_parts([t], self.plan, self.eps)[0] if t.numel() else None)
+        self._rows.append(_one_row(t, self.plan, self.eps) if t.numel() else None)
         self._numels.append(t.numel())
-        self._devices.append(t.device)
         return len(self._rows) - 1
 
     def rows(self) -> torch.Tensor:
-        """All rows so far, in the order added, on the first tensor's device."""
-        if not self._rows:
-            return torch.empty((0, len(self.plan.ops)), dtype=RESULT_DTYPE)
-        device = self._devices[0]
-        if all(r is not None for r in self._rows) and all(d == device for d in self._devices):
-            return _assemble(self._rows, self._numels, self.plan, device)
+        """All rows so far, in the order added, on the first non-empty tensor's device."""
+        present = [r for r in self._rows if r is not None]
+        if not present:
+            return _nan_rows(len(self._rows), self.plan, torch.device("cpu"))
+        device = present[0].device
+        if len(present) == len(self._rows) and all(r.device == device for r in present):
+            return _scaled(torch.stack(self._rows), self._numels, self.plan)
         out = _nan_rows(len(self._rows), self.plan, device)
         for i, row in enumerate(self._rows):
             if row is not None:
-                out[i] = _assemble([row], [self._numels[i]], self.plan, self._devices[i])[0].to(device)
+                out[i] = _scaled(row.view(1, -1), [self._numels[i]], self.plan).to(device).view(-1)
         return out
 
 
