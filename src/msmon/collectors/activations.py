@@ -16,6 +16,7 @@ without grad (reentrant checkpointing), so gradients are still recorded once.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -56,6 +57,9 @@ class ActivationCollector(Collector):
         self._recompute_calls: dict[int, tuple[int, int]] = {}
         self._warned: set[str] = set()
         self._open: dict[int, list[tuple[int, str, bool]]] = {}  # id(module) -> calls in flight
+        # one module's output is usually the next one's input (and they share a gradient): such a
+        # tensor is read once per version; a weak reference makes a recycled id never match
+        self._seen: dict[int, tuple[Any, int, torch.Tensor]] = {}
 
     def attach(self) -> None:
         for target in self.targets:
@@ -65,7 +69,16 @@ class ActivationCollector(Collector):
             self.handles.append(module.register_forward_hook(
                 self.guard(self._make_post_hook(target)), with_kwargs=True))
 
+    def _stats(self, t: torch.Tensor) -> torch.Tensor:
+        entry = self._seen.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == t._version:
+            return entry[2]
+        row = tensor_stats(t, self.mon.step_ops, self.mon.config.eps)
+        self._seen[id(t)] = (weakref.ref(t), t._version, row)
+        return row
+
     def end_step(self) -> None:
+        self._seen.clear()
         self._calls.clear()
         self._recompute_calls.clear()
         self._open.clear()
@@ -141,8 +154,7 @@ class ActivationCollector(Collector):
         tensors = self._tensors(target, slot, value)
         for name, t in zip(self._names(base, slot, len(tensors)), tensors):
             if t.numel():
-                mon.buffer.add(RowKey("actv", name, target.vpp_stage, micro),
-                               tensor_stats(t, mon.step_ops, mon.config.eps))
+                mon.buffer.add(RowKey("actv", name, target.vpp_stage, micro), self._stats(t))
 
     def _grad_hooks(self, target: _Target, slot: str, value: Any, micro: int, base: str) -> None:
         """Register gradient hooks on the tensors the `{slot}_grad` spec selects."""
@@ -162,7 +174,7 @@ class ActivationCollector(Collector):
 
         def grad_hook(grad: torch.Tensor) -> None:
             if grad is not None and mon.recording and grad.numel():
-                mon.buffer.add(key, tensor_stats(grad, mon.step_ops, mon.config.eps))
+                mon.buffer.add(key, self._stats(grad))
             return None
 
         return grad_hook
