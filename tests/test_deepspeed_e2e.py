@@ -162,3 +162,28 @@ def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path):
     msmon_run(monitored, CONFIG, "ds_train.py", "--stage", "3", "--dtype", "bf16", "--out", str(monitored))
     for rank in (0, 1):
         assert truth(monitored, rank)["losses"] == truth(plain, rank)["losses"]
+
+
+def test_per_micro_batch_rank_local_gradients_under_zero2(tmp_path):
+    """ZeRO-2 reduces after every micro-batch: with monitor_mbs_grad each reduction is a row."""
+    work = tmp_path / "mbs"
+    msmon_run(work, dict(CONFIG, monitor_mbs_grad=True), "ds_train.py", "--stage", "2", "--steps", "2",
+              "--out", str(work))
+    steps = truth(work)["steps"]
+    rows = read_csv_rows(output_of(work, 0), "grad_unreduced")
+    assert {(int(r["step"]), int(r["micro_step"]), r["name"]) for r in rows} == {
+        (s, m, n) for s in range(2) for m in range(2) for n in PARAMS}
+    for row in rows:
+        if row["micro_step"] == "1":  # the last micro-batch's gradient, which the script keeps
+            assert_close(row, steps[int(row["step"])]["local_last"][row["name"]], row["name"])
+
+
+def test_module_ranks_leaving_out_a_partition_holder_records_no_split_tensor_and_never_hangs(tmp_path):
+    work = tmp_path / "ranks"
+    proc = msmon_run(work, dict(CONFIG, module_ranks=[0]), "ds_train.py", "--stage", "1", "--steps", "2",
+                     "--out", str(work))
+    assert "module_ranks leaves out ranks [1]" in proc.stderr
+    directory = output_of(work, 0)
+    for category in REPLICATED:
+        assert not read_csv_rows(directory, category), category
+    assert read_csv_rows(directory, "grad_unreduced")  # rank-local: nothing to combine

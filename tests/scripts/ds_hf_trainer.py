@@ -16,18 +16,9 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 from conftest import reference_stats  # noqa: E402
-
-
-class Tokens(torch.utils.data.Dataset):
-    """Arithmetic token sequences: deterministic, learnable, no tokenizer needed."""
-
-    def __len__(self) -> int:
-        return 64
-
-    def __getitem__(self, i: int) -> dict:
-        ids = (i * 3 + torch.arange(9) * (1 + i % 5)) % 64
-        return {"input_ids": ids, "labels": ids.clone()}
+from launcher_hf_trainer import Tokens  # noqa: E402  (the same synthetic data as the plain HF script)
 
 
 class SaveTruth(TrainerCallback):

@@ -165,12 +165,18 @@ class Zero12Adapter(HpMappingAdapter):
         opt = self.optimizer
 
         def before_reduce(comm_dtype: Any = None, *_args: Any, **_kwargs: Any) -> None:
-            buckets = getattr(opt, "ipg_buckets", {})
-            chosen = [buckets[comm_dtype]] if comm_dtype in buckets else list(buckets.values())
+            buckets = getattr(opt, "ipg_buckets", None)
             pairs = []
-            for bucket in chosen:
-                for (group_index, index_in_group, _param_id), grad in zip(bucket.params, bucket.grads):
-                    pairs.append((opt.bit16_groups[group_index][index_in_group], grad))
+            if buckets is None:  # deepspeed < 0.17: one bucket, (group, param or its index, id) entries
+                for group_index, param, _param_id in getattr(opt, "params_in_ipg_bucket", []):
+                    if isinstance(param, int):
+                        param = opt.bit16_groups[group_index][param]
+                    pairs.append((param, opt.get_gradient_for_reduction(param)))
+            else:
+                chosen = [buckets[comm_dtype]] if comm_dtype in buckets else list(buckets.values())
+                for bucket in chosen:
+                    for (group_index, index_in_group, _param_id), grad in zip(bucket.params, bucket.grads):
+                        pairs.append((opt.bit16_groups[group_index][index_in_group], grad))
             if pairs:
                 record(pairs)
 
@@ -287,9 +293,13 @@ class Zero3Adapter(_DeepSpeedAdapter):
         opt = self.optimizer
 
         def before_reduce(comm_dtype: Any = None, *_args: Any, **_kwargs: Any) -> None:
-            buckets = getattr(opt, "ipg_buckets", {})
-            chosen = [buckets[comm_dtype]] if comm_dtype in buckets else list(buckets.values())
-            pairs = [(p, p.grad) for bucket in chosen for p in bucket.params if p.grad is not None]
+            buckets = getattr(opt, "ipg_buckets", None)
+            if buckets is None:  # deepspeed < 0.17: one bucket, a list of parameters
+                params = list(getattr(opt, "params_in_ipg_bucket", []))
+            else:
+                chosen = [buckets[comm_dtype]] if comm_dtype in buckets else list(buckets.values())
+                params = [p for bucket in chosen for p in bucket.params]
+            pairs = [(p, p.grad) for p in params if p.grad is not None]
             if pairs:
                 record(pairs)
 
