@@ -44,12 +44,9 @@ def inner_optimizers(optimizer: Any) -> list[Any]:
 def claim(optimizer: Any) -> None:
     """Keep the torch.optim instrumentor off this optimizer and the ones inside it: the
     framework's monitor covers them (a second monitor would see flat fp32 partitions)."""
-    instrumentation = getattr(torch_optim, "_instrumentation", None)
     for opt in inner_optimizers(optimizer):
         torch_optim.release(opt)
-        decide = getattr(instrumentation, "_decide", None)
-        if decide is not None:
-            decide(opt)
+        torch_optim.claim(opt)
 
 
 def attach(session: Session, models: Any, optimizer: Any, when: str) -> Any:

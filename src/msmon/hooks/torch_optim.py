@@ -69,6 +69,12 @@ def release(optimizer: Any) -> bool:
     return _instrumentation is not None and _instrumentation.release(optimizer)
 
 
+def claim(optimizer: Any) -> None:
+    """Mark `optimizer` as handled by someone else (a framework's monitor): never attach to it."""
+    if _instrumentation is not None:
+        _instrumentation._decide(optimizer)
+
+
 @contextmanager
 def suppressed() -> Iterator[None]:
     """Optimizers built inside this block are left alone: for framework instrumentors
