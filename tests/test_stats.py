@@ -237,3 +237,17 @@ def test_many_small_tensors_reduced_together_equal_the_reference(dtype):
     rows = batch_stats(ts, ALL_OPS, EPS)
     for row, t in zip(rows, ts):
         assert_row(row, t)
+
+
+def test_staged_rows_keep_empty_tensors_in_place():
+    a, b = sample(torch.float32, 40, seed=11), sample(torch.bfloat16, 3000, seed=12)
+    staged = StatRows(ALL_OPS, EPS)
+    assert [staged.add(t) for t in (a, torch.zeros(0), b)] == [0, 1, 2]
+    rows = staged.rows()
+    assert rows.shape == (3, len(ALL_OPS))
+    assert torch.isnan(rows[1]).all()
+    assert_row(rows[0], a)
+    assert_row(rows[2], b)
+    only_empty = StatRows(ALL_OPS, EPS)
+    only_empty.add(torch.zeros(0))
+    assert torch.isnan(only_empty.rows()).all()

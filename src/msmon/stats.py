@@ -36,6 +36,7 @@ OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 CHUNK = 1 << 18  # elements per CPU pass: 1 MiB of float32, read once, then reduced in cache
 SMALL = 1 << 12  # tensors up to this size are reduced together, as segments of one buffer
 _MIN_SEGMENTS = 4  # fewer small tensors than this are cheaper one by one
+HISTC_MAX = 1 << 11  # up to this size one histc call counts small values faster than three ops
 _EXACT_F32_COUNT = 1 << 24  # counts up to this are exact in float32
 _SCALED_OPS = ("mean", "zeros")  # the sum and the zero count are divided by numel
 _FIELD_OF = {"norm": "norm", "min": "min", "max": "max", "mean": "sum", "zeros": "zeros"}
@@ -132,11 +133,21 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
+@functools.lru_cache(maxsize=64)
+def _below(threshold: float, dtype: torch.dtype) -> float:
+    """The largest value of dtype below the threshold: |x| < threshold iff |x| <= this."""
+    return float(torch.nextafter(torch.tensor(threshold, dtype=dtype), torch.tensor(0.0, dtype=dtype)))
+
+
 def _count_small(t: torch.Tensor, threshold: float) -> torch.Tensor:
     """Number of elements with |x| < threshold (0-d). On the CPU, for at most CHUNK
     elements, through the scratch buffer: nothing of the tensor's size is allocated."""
     if t.device.type != "cpu":
         return torch.count_nonzero(t.abs() < threshold)
+    if t.numel() <= HISTC_MAX and t.dtype in (torch.float32, torch.float64):
+        below = _below(threshold, t.dtype)
+        if below > 0:  # one kernel instead of three; its counts are exact in float32/64
+            return torch.histc(t, bins=1, min=-below, max=below).view(())
     if t.numel() > CHUNK:  # only non-contiguous tensors get here (contiguous ones are chunked)
         return torch.count_nonzero(t.abs() < threshold)
     work = torch.abs(t, out=_scratch.like(t))
@@ -318,14 +329,17 @@ def _zeros(n: int) -> torch.Tensor:
 _ZERO = torch.zeros((), dtype=RESULT_DTYPE)
 
 
-def _one_row(t: torch.Tensor, plan: _Plan, eps: float) -> torch.Tensor:
-    """One tensor's unscaled row (sums and counts), in ops order, one kernel per op."""
+def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
+    """One tensor's unscaled row (sums and counts) as 0-d tensors in ops order: one kernel
+    per reduction and, on the CPU, one read of a witness instead of two counting passes."""
     acc = _accumulate_dtype(t.dtype)
     values = _one(t, plan, zero_threshold(eps, t.dtype) if plan.zeros else 0.0, acc)
     clean = False
     if plan.flags and t.device.type == "cpu":
-        witness = (values["min"], values["max"]) if plan.minmax else (values["sum"],)
-        clean = all(math.isfinite(w.item()) for w in witness)
+        if plan.total:  # a finite sum means no NaN and no Inf (an overflow only costs the counts)
+            clean = math.isfinite(values["sum"].item())
+        else:
+            clean = math.isfinite(values["min"].item()) and math.isfinite(values["max"].item())
     big = t.numel() > _EXACT_F32_COUNT
     row = []
     for op in plan.ops:
@@ -337,7 +351,7 @@ def _one_row(t: torch.Tensor, plan: _Plan, eps: float) -> torch.Tensor:
         else:
             value = values[_FIELD_OF[op]]
             row.append(value.to(RESULT_DTYPE) if big and op == "zeros" else value)
-    return torch.stack(row)
+    return row
 
 
 def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor:
@@ -436,7 +450,7 @@ def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.
     t = _as_stat_input(tensor)
     if t.numel() == 0:
         return _nan_rows(1, plan, t.device).view(-1)
-    return _scaled(_one_row(t, plan, eps).view(1, -1), [t.numel()], plan).view(-1)
+    return _scaled(torch.stack(_row_values(t, plan, eps)).view(1, -1), [t.numel()], plan).view(-1)
 
 
 class StatRows:
@@ -444,36 +458,49 @@ class StatRows:
 
     `add` launches the reductions of one tensor right away (the tensor may change after the
     hook returns) and gives its row index; `rows()` builds the [n, ops] float64 tensor with
-    one stack and one division instead of one of each per tensor.
+    one stack and one division for all rows, instead of some per tensor.
     """
 
     def __init__(self, ops: Sequence[str], eps: float) -> None:
         self.plan = _plan(tuple(ops))
         self.eps = eps
-        self._rows: list[torch.Tensor | None] = []
+        self._values: list[torch.Tensor] = []  # row after row, len(ops) values each
         self._numels: list[int] = []
+        self._empty: list[int] = []
+        self._device: torch.device | None = None
+        self._mixed = False
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._numels)
 
     def add(self, tensor: torch.Tensor) -> int:
         t = _as_stat_input(tensor)
-        self._rows.append(_one_row(t, self.plan, self.eps) if t.numel() else None)
+        if t.numel():
+            self._values.extend(_row_values(t, self.plan, self.eps))
+            if self._device is None:
+                self._device = t.device
+            self._mixed = self._mixed or t.device != self._device
+        else:
+            self._empty.append(len(self._numels))
         self._numels.append(t.numel())
-        return len(self._rows) - 1
+        return len(self._numels) - 1
 
     def rows(self) -> torch.Tensor:
         """All rows so far, in the order added, on the first non-empty tensor's device."""
-        present = [r for r in self._rows if r is not None]
-        if not present:
-            return _nan_rows(len(self._rows), self.plan, torch.device("cpu"))
-        device = present[0].device
-        if len(present) == len(self._rows) and all(r.device == device for r in present):
-            return _scaled(torch.stack(self._rows), self._numels, self.plan)
-        out = _nan_rows(len(self._rows), self.plan, device)
-        for i, row in enumerate(self._rows):
-            if row is not None:
-                out[i] = _scaled(row.view(1, -1), [self._numels[i]], self.plan).to(device).view(-1)
+        width = len(self.plan.ops)
+        if self._device is None:
+            return _nan_rows(len(self._numels), self.plan, torch.device("cpu"))
+        if self._mixed:
+            values = [v.to(self._device) for v in self._values]
+        else:
+            values = self._values
+        present = [n for n in self._numels if n]
+        rows = _scaled(torch.stack(values).view(len(present), width), present, self.plan)
+        if not self._empty:
+            return rows
+        out = _nan_rows(len(self._numels), self.plan, self._device)
+        filled = [i for i, n in enumerate(self._numels) if n]
+        out[torch.tensor(filled, device=self._device)] = rows
         return out
 
 
