@@ -1,0 +1,155 @@
+"""msmon's overhead benchmark: monitored vs unmonitored training steps, and against msprobe.
+
+    python benchmarks/overhead.py                        # reference model, all configurations
+    python benchmarks/overhead.py --models gpt-3.7M gpt-58M --compare-msprobe --json out.json
+
+Each (tool, model, configuration) runs in its own process (bench_worker.py): two copies of
+the model with the same weights, one monitored, stepped alternately on the same batches;
+the overhead is the median of the per-pair step-time ratios, with the 10th-90th percentile
+spread. Peak RSS comes from separate single-model processes (plain, and monitored per
+configuration). `--compare-msprobe` runs msprobe's TrainerMon the same way with the
+interpreter of a venv where mindstudio-probe is installed (default /tmp/refvenv).
+Machines shared with other work give noisy ratios: the table records the load average.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from workloads import CONFIGS, MODELS  # noqa: E402
+
+WORKER = os.path.join(HERE, "bench_worker.py")
+DEFAULT_MSPROBE_PYTHON = "/tmp/refvenv/bin/python"
+
+
+def run_worker(python: str, args: list[str], timeout: float) -> dict[str, Any] | None:
+    """Run one measurement; its last stdout line is the JSON result."""
+    try:
+        proc = subprocess.run([python, WORKER, *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  timed out: {' '.join(args)}", file=sys.stderr)
+        return None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(f"  failed ({proc.returncode}): {' '.join(args)}\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])
+
+
+def msprobe_available(python: str) -> bool:
+    if not os.path.exists(python):
+        return False
+    probe = subprocess.run([python, "-c", "import msprobe.pytorch, torch"], capture_output=True, timeout=120)
+    return probe.returncode == 0
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            names = [line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "threads": torch.get_num_threads()}
+
+
+def fmt_ratio(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "n/a"
+    return f"×{r['ratio_median']:.3f} ({r['ratio_p10']:.2f}–{r['ratio_p90']:.2f})"
+
+
+def fmt_mem(mon: dict[str, Any] | None, plain: dict[str, Any] | None) -> str:
+    if not mon or not plain:
+        return "n/a"
+    delta = mon["peak_rss_mib"] - plain["peak_rss_mib"]
+    return f"{delta:+.0f} MiB ({100 * delta / plain['peak_rss_mib']:+.1f} %)"
+
+
+def table(results: dict[str, Any], models: list[str], configs: list[str], compare: bool) -> str:
+    head = ["model", "configuration", "plain step", "msmon", "msmon peak RSS", "msmon self-reported"]
+    if compare:
+        head += ["msprobe", "msprobe peak RSS"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for model in models:
+        plain_mem = results.get(f"memory/plain/{model}")
+        for config in configs:
+            ours = results.get(f"pairs/msmon/{model}/{config}")
+            summary = (ours or {}).get("monitor_summary") or {}
+            cells = [model, config, f"{ours['plain_ms']:.0f} ms" if ours else "n/a", fmt_ratio(ours),
+                     fmt_mem(results.get(f"memory/msmon/{model}/{config}"), plain_mem),
+                     f"{summary['monitor_cost_pct']:.1f} %" if summary.get("monitor_cost_pct") is not None else "n/a"]
+            if compare:
+                cells += [fmt_ratio(results.get(f"pairs/msprobe/{model}/{config}")),
+                          fmt_mem(results.get(f"memory/msprobe/{model}/{config}"), plain_mem)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["gpt-3.7M"])
+    parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compare-msprobe", action="store_true", help="also run msprobe's TrainerMon")
+    parser.add_argument("--msprobe-python", default=DEFAULT_MSPROBE_PYTHON,
+                        help="interpreter of a venv with mindstudio-probe installed")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS runs")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
+    parser.add_argument("--json", help="write every result to this file")
+    args = parser.parse_args()
+
+    tools = [("msmon", sys.executable)]
+    if args.compare_msprobe:
+        if msprobe_available(args.msprobe_python):
+            tools.append(("msprobe", args.msprobe_python))
+        else:
+            print(f"msprobe is not importable with {args.msprobe_python}; comparing skipped", file=sys.stderr)
+    common = ["--device", args.device] + (["--threads", str(args.threads)] if args.threads else [])
+    results: dict[str, Any] = {"machine": machine(), "load_before": os.getloadavg(), "started": time.time()}
+    for model in args.models:
+        if not args.no_memory:
+            results[f"memory/plain/{model}"] = run_worker(sys.executable, ["--model", model, "--memory", "plain",
+                                                                           *common], args.timeout)
+        for config in args.configs:
+            for tool, python in tools:
+                print(f"{tool:8s} {model:9s} {config} ...", file=sys.stderr, flush=True)
+                base = ["--tool", tool, "--model", model, "--config", config, *common]
+                load = os.getloadavg()[0]
+                result = run_worker(python, base + ["--pairs", str(args.pairs), "--warmup", str(args.warmup)],
+                                    args.timeout)
+                if result is not None:
+                    result["load_before"], result["load_after"] = load, os.getloadavg()[0]
+                results[f"pairs/{tool}/{model}/{config}"] = result
+                if not args.no_memory:
+                    results[f"memory/{tool}/{model}/{config}"] = run_worker(python, base + ["--memory", "monitored"],
+                                                                            args.timeout)
+    results["load_after"] = os.getloadavg()
+    compare = any(tool == "msprobe" for tool, _ in tools)
+    text = table(results, args.models, args.configs, compare)
+    print(text)
+    m = results["machine"]
+    print(f"\n{m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads); load average "
+          f"{results['load_before'][0]:.2f} before, {results['load_after'][0]:.2f} after; {args.pairs} pairs each.")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(results, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
