@@ -180,7 +180,12 @@ def test_a_crash_keeps_the_traceback_and_the_exit_code_of_plain_torchrun(config,
     assert monitored.returncode == plain.returncode
     for proc in (monitored, plain):
         assert "Traceback (most recent call last)" in proc.stderr and "ValueError: crash at step 1" in proc.stderr
-    assert_summary(monitored, 1)  # step 0 was recorded and written before the crash
+    # torchrun stops the other rank as soon as one fails, so only a rank that reached the crash
+    # is sure to have recorded step 0; no rank may report anything else
+    assert re.search(r"^msmon: rank \d: 1 steps recorded, 0 alerts raised -> ", monitored.stderr, re.M), \
+        monitored.stderr[-3000:]
+    for line in re.findall(r"^msmon: rank \d: .*$", monitored.stderr, re.M):
+        assert "1 steps recorded" in line or "nothing was monitored" in line, line
 
 
 def test_struct_prints_the_module_tree_and_stops_at_the_first_step(tmp_path):
