@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from msmon.stats import CHUNK, StatRows, batch_stats, combine_rows, tensor_stats, zero_threshold
+from msmon.stats import CHUNK, batch_stats, combine_rows, tensor_stats, zero_threshold
 
 ALL_OPS = ["norm", "min", "max", "mean", "zeros", "nans", "infs"]
 EPS = 1e-8
@@ -163,18 +163,13 @@ def test_unknown_op_is_rejected():
         tensor_stats(torch.ones(3), ["median"], EPS)
 
 
-def test_batch_single_and_staged_rows_agree_for_mixed_dtypes_and_sizes():
+def test_batch_and_single_statistics_agree_for_mixed_dtypes_and_sizes():
     ts = [sample(torch.float32, 1000, 1), sample(torch.bfloat16, 257, 2), sample(torch.float32, CHUNK + 9, 3),
           sample(torch.float64, 33, 4), torch.tensor([1, 2, 3], dtype=torch.int32)]
     ts[0][4] = math.nan
     batch = batch_stats(ts, ALL_OPS, EPS)
-    staged = StatRows(ALL_OPS, EPS)
     for i, t in enumerate(ts):
-        assert staged.add(t) == i
-    staged_rows = staged.rows()
-    for i, t in enumerate(ts):
-        single = tensor_stats(t, ALL_OPS, EPS)
-        for row in (batch[i], staged_rows[i], single):
+        for row in (batch[i], tensor_stats(t, ALL_OPS, EPS)):
             assert_row(row, t)
 
 
@@ -239,15 +234,12 @@ def test_many_small_tensors_reduced_together_equal_the_reference(dtype):
         assert_row(row, t)
 
 
-def test_staged_rows_keep_empty_tensors_in_place():
-    a, b = sample(torch.float32, 40, seed=11), sample(torch.bfloat16, 3000, seed=12)
-    staged = StatRows(ALL_OPS, EPS)
-    assert [staged.add(t) for t in (a, torch.zeros(0), b)] == [0, 1, 2]
-    rows = staged.rows()
-    assert rows.shape == (3, len(ALL_OPS))
-    assert torch.isnan(rows[1]).all()
-    assert_row(rows[0], a)
-    assert_row(rows[2], b)
-    only_empty = StatRows(ALL_OPS, EPS)
-    only_empty.add(torch.zeros(0))
-    assert torch.isnan(only_empty.rows()).all()
+def test_cpu_statistics_leave_torchs_thread_count_as_it_was():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        batch_stats([sample(torch.float32, 70_000, seed=13), sample(torch.float32, 10, seed=14)], ALL_OPS, EPS)
+        tensor_stats(sample(torch.float32, 70_000, seed=15), ALL_OPS, EPS)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import threading
 from collections import defaultdict
 from typing import Sequence
@@ -36,7 +37,8 @@ OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 CHUNK = 1 << 18  # elements per CPU pass: 1 MiB of float32, read once, then reduced in cache
 SMALL = 1 << 12  # tensors up to this size are reduced together, as segments of one buffer
 _MIN_SEGMENTS = 4  # fewer small tensors than this are cheaper one by one
-HISTC_MAX = 1 << 11  # up to this size one histc call counts small values faster than three ops
+# CPU threads for the reductions (0: torch's own setting); see _cpu_threads
+STAT_THREADS = int(os.environ.get("MSMON_STAT_THREADS", "1") or 0)
 _EXACT_F32_COUNT = 1 << 24  # counts up to this are exact in float32
 _SCALED_OPS = ("mean", "zeros")  # the sum and the zero count are divided by numel
 _FIELD_OF = {"norm": "norm", "min": "min", "max": "max", "mean": "sum", "zeros": "zeros"}
@@ -133,21 +135,11 @@ class _Scratch(threading.local):
 _scratch = _Scratch()
 
 
-@functools.lru_cache(maxsize=64)
-def _below(threshold: float, dtype: torch.dtype) -> float:
-    """The largest value of dtype below the threshold: |x| < threshold iff |x| <= this."""
-    return float(torch.nextafter(torch.tensor(threshold, dtype=dtype), torch.tensor(0.0, dtype=dtype)))
-
-
 def _count_small(t: torch.Tensor, threshold: float) -> torch.Tensor:
     """Number of elements with |x| < threshold (0-d). On the CPU, for at most CHUNK
     elements, through the scratch buffer: nothing of the tensor's size is allocated."""
     if t.device.type != "cpu":
         return torch.count_nonzero(t.abs() < threshold)
-    if t.numel() <= HISTC_MAX and t.dtype in (torch.float32, torch.float64):
-        below = _below(threshold, t.dtype)
-        if below > 0:  # one kernel instead of three; its counts are exact in float32/64
-            return torch.histc(t, bins=1, min=-below, max=below).view(())
     if t.numel() > CHUNK:  # only non-contiguous tensors get here (contiguous ones are chunked)
         return torch.count_nonzero(t.abs() < threshold)
     work = torch.abs(t, out=_scratch.like(t))
@@ -415,6 +407,27 @@ def _scaled(rows: torch.Tensor, numels: list[int], plan: _Plan) -> torch.Tensor:
     return rows
 
 
+class _cpu_threads:
+    """Run the CPU reductions on STAT_THREADS threads. Every parallel region costs a fork and
+    a join of torch's thread pool; on a machine whose cores the training already keeps busy
+    (and whose writer thread, data loader or neighbours take a core now and then) each join
+    can wait for a preempted thread. The statistics are many short reductions, so they pay
+    that far more often than the training does. Restored on exit (set_num_threads: 0.3 us)."""
+
+    __slots__ = ("before",)
+
+    def __init__(self, device: torch.device) -> None:
+        self.before = torch.get_num_threads() if device.type == "cpu" and STAT_THREADS else 0
+
+    def __enter__(self) -> None:
+        if self.before and self.before != STAT_THREADS:
+            torch.set_num_threads(STAT_THREADS)
+
+    def __exit__(self, *exc) -> None:
+        if self.before and self.before != STAT_THREADS:
+            torch.set_num_threads(self.before)
+
+
 def _nan_rows(count: int, plan: _Plan, device: torch.device) -> torch.Tensor:
     return torch.full((count, len(plan.ops)), math.nan, dtype=RESULT_DTYPE, device=device)
 
@@ -435,13 +448,14 @@ def batch_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float)
     for i, t in enumerate(prepared):
         if numels[i]:
             groups[(t.device, t.dtype)].append(i)
-    if len(groups) == 1 and all(numels) and next(iter(groups))[0] == device:
-        return _scaled(_batch_rows(prepared, plan, eps), numels, plan)
-    out = _nan_rows(len(prepared), plan, device)
-    for (dev, _), indices in groups.items():
-        rows = _scaled(_batch_rows([prepared[i] for i in indices], plan, eps), [numels[i] for i in indices], plan)
-        out[torch.tensor(indices, device=device)] = rows.to(device, non_blocking=True)
-    return out
+    with _cpu_threads(device):
+        if len(groups) == 1 and all(numels) and next(iter(groups))[0] == device:
+            return _scaled(_batch_rows(prepared, plan, eps), numels, plan)
+        out = _nan_rows(len(prepared), plan, device)
+        for (dev, _), indices in groups.items():
+            rows = _scaled(_batch_rows([prepared[i] for i in indices], plan, eps), [numels[i] for i in indices], plan)
+            out[torch.tensor(indices, device=device)] = rows.to(device, non_blocking=True)
+        return out
 
 
 def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor:
@@ -450,58 +464,8 @@ def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.
     t = _as_stat_input(tensor)
     if t.numel() == 0:
         return _nan_rows(1, plan, t.device).view(-1)
-    return _scaled(torch.stack(_row_values(t, plan, eps)).view(1, -1), [t.numel()], plan).view(-1)
-
-
-class StatRows:
-    """Rows computed one tensor at a time (in hooks) and assembled once, at the end.
-
-    `add` launches the reductions of one tensor right away (the tensor may change after the
-    hook returns) and gives its row index; `rows()` builds the [n, ops] float64 tensor with
-    one stack and one division for all rows, instead of some per tensor.
-    """
-
-    def __init__(self, ops: Sequence[str], eps: float) -> None:
-        self.plan = _plan(tuple(ops))
-        self.eps = eps
-        self._values: list[torch.Tensor] = []  # row after row, len(ops) values each
-        self._numels: list[int] = []
-        self._empty: list[int] = []
-        self._device: torch.device | None = None
-        self._mixed = False
-
-    def __len__(self) -> int:
-        return len(self._numels)
-
-    def add(self, tensor: torch.Tensor) -> int:
-        t = _as_stat_input(tensor)
-        if t.numel():
-            self._values.extend(_row_values(t, self.plan, self.eps))
-            if self._device is None:
-                self._device = t.device
-            self._mixed = self._mixed or t.device != self._device
-        else:
-            self._empty.append(len(self._numels))
-        self._numels.append(t.numel())
-        return len(self._numels) - 1
-
-    def rows(self) -> torch.Tensor:
-        """All rows so far, in the order added, on the first non-empty tensor's device."""
-        width = len(self.plan.ops)
-        if self._device is None:
-            return _nan_rows(len(self._numels), self.plan, torch.device("cpu"))
-        if self._mixed:
-            values = [v.to(self._device) for v in self._values]
-        else:
-            values = self._values
-        present = [n for n in self._numels if n]
-        rows = _scaled(torch.stack(values).view(len(present), width), present, self.plan)
-        if not self._empty:
-            return rows
-        out = _nan_rows(len(self._numels), self.plan, self._device)
-        filled = [i for i, n in enumerate(self._numels) if n]
-        out[torch.tensor(filled, device=self._device)] = rows
-        return out
+    with _cpu_threads(t.device):
+        return _scaled(torch.stack(_row_values(t, plan, eps)).view(1, -1), [t.numel()], plan).view(-1)
 
 
 def combine_rows(rows: torch.Tensor, counts: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
