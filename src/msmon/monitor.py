@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -24,7 +25,9 @@ from .collectors import (ActivationCollector, Collector, GradCollector, MicroSte
 from .collectors.nan_origin import NanOriginCollector
 from .collectors.sync_grads import SyncGradCollector
 from .config import ConfigError, MonitorConfig, TensorSpec, load_config, parse_ops
+from .cost import CostMeter, describe
 from .distributed import current_rank, pipeline_position
+from .launcher.boot import ENV_BOOTSTRAP_DIR
 from .naming import check_targets, covers, display, model_chunks, split_vpp
 from .optimizers import adapter_for
 from .output import ensure_writable, output_base_dir, rank_dir_name
@@ -85,9 +88,7 @@ class TrainerMon:
         self._use_main_grad = False
         self.buffer = StepBuffer()
         self.pp_stage, self.group_mates = 0, [self.rank]
-        self.monitor_seconds = 0.0
-        self._first_step_time: float | None = None  # set at attach: the wall clock the cost is relative to
-        self._last_step_end: float | None = None
+        self.cost = CostMeter()
         self._failed: set[str] = set()
         self.attached = False
         self._closed = False
@@ -155,7 +156,7 @@ class TrainerMon:
         self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
         self._build_collectors()
         self._decide_recording()
-        self._first_step_time = time.perf_counter()
+        self.cost.attached()
 
     def generate_wgrad_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """(reduced, unreduced) weight-gradient statistics of the last recorded step:
@@ -198,19 +199,24 @@ class TrainerMon:
             self._closed = True
             self.writer.close()
             self._write_summary()
+            self._report_cost()
 
     def summary(self) -> dict[str, Any]:
-        wall = (self._last_step_end - self._first_step_time) if self._first_step_time and self._last_step_end else 0.0
+        """What the run recorded and what the monitor cost (also written to summary.json)."""
         return {
             "rank": self.rank,
             "output_dir": self.log_dir,
             "steps_recorded": self.steps_recorded,
             "alerts": self.writer.alerts_raised if self.writer else 0,
             "first_nonfinite": self.writer.first_origin if self.writer else None,
-            "monitor_seconds": round(self.monitor_seconds, 6),
-            "monitor_cost_pct": round(100 * self.monitor_seconds / wall, 3) if wall > 0 else None,
+            **self.cost.report(self.writer.cpu_seconds if self.writer else None),
             "last_step": self.step,
         }
+
+    @property
+    def monitor_seconds(self) -> float:
+        """Wall time spent in monitor code on the training thread so far."""
+        return self.cost.seconds
 
     # -- internals used by collectors -----------------------------------------------------------
     def grad_of(self, param: torch.Tensor) -> torch.Tensor | None:
@@ -388,7 +394,7 @@ class TrainerMon:
     def _before_update(self) -> None:
         started = time.perf_counter()
         self._run_callbacks("before_update")
-        self.monitor_seconds += time.perf_counter() - started
+        self.cost.seconds += time.perf_counter() - started
 
     def _after_update(self) -> None:
         started = time.perf_counter()
@@ -402,8 +408,9 @@ class TrainerMon:
                          self.rank, self.step, exc)
             self.detach()
         finally:
-            self._last_step_end = time.perf_counter()
-            self.monitor_seconds += self._last_step_end - started
+            ended = time.perf_counter()
+            self.cost.seconds += ended - started
+            self.cost.step_ended(ended)
 
     def _finish_step(self) -> None:
         if self.recording:
@@ -497,6 +504,21 @@ class TrainerMon:
         if self.writer is not None:
             self.writer.drain()
         return self._api.metrics(category) if self._api is not None else {}
+
+    def _report_cost(self) -> None:
+        """Tell the user what monitoring cost. Under `msmon run` the launcher prints every rank's
+        line at the end of the job. With the API, every rank logs its line to the "msmon" logger
+        at INFO when logging is set up for it; otherwise rank 0 prints its line on stderr (every
+        rank's is in its summary.json either way)."""
+        if self.steps_recorded == 0 and self.cost.steps == 0:
+            return
+        line = f"msmon[rank {self.rank}]: {self.steps_recorded} steps recorded; {describe(self.summary())}"
+        if os.environ.get(ENV_BOOTSTRAP_DIR):
+            logger.debug(line)
+        elif logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+            logger.info(line)
+        elif self.rank == 0:
+            print(line, file=sys.stderr, flush=True)
 
     def _write_summary(self) -> None:
         if self.log_dir is None:

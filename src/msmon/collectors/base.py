@@ -66,6 +66,6 @@ class Collector:
                 mon._contain_failure(self, exc)
                 return None
             finally:
-                mon.monitor_seconds += clock() - started
+                mon.cost.seconds += clock() - started
 
         return guarded

@@ -9,6 +9,7 @@ import json
 import os
 from typing import Any
 
+from ..cost import describe
 from .boot import WORKERS_DIR
 
 
@@ -73,5 +74,6 @@ def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
     if summary is None:
         return (f"msmon: {where}: {_shown(log_dir)} (no summary.json: the process ended before the monitor "
                 "could close)")
+    cost = f", {describe(summary)}" if summary.get("monitor_cost_pct") is not None else ""
     return (f"msmon: {where}: {summary.get('steps_recorded', 0)} steps recorded, {summary.get('alerts', 0)} alerts "
-            f"raised -> {_shown(log_dir)}")
+            f"raised{cost} -> {_shown(log_dir)}")

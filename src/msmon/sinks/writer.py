@@ -9,6 +9,7 @@ import atexit
 import logging
 import queue
 import threading
+import time
 from typing import Callable
 
 from ..anomaly.dump import AnomalyDumpWriter
@@ -37,6 +38,7 @@ class BackgroundWriter:
         self.steps_written = 0
         self.alerts_raised = 0
         self.first_origin: dict | None = None
+        self.cpu_seconds = 0.0  # this thread's CPU time: off the training thread, not free on few cores
         self._queue: queue.Queue = queue.Queue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"msmon-writer-rank{rank}", daemon=True)
@@ -70,7 +72,11 @@ class BackgroundWriter:
             try:
                 if item is _STOP:
                     return
-                self._write(*item)
+                started = time.thread_time()
+                try:
+                    self._write(*item)
+                finally:
+                    self.cpu_seconds += time.thread_time() - started
             except Exception as exc:
                 logger.error("msmon[rank %d]: writing step statistics failed: %r", self.rank, exc)
             finally:
