@@ -272,3 +272,28 @@ def test_batch_stats_handles_mixed_devices_dtypes_and_empty():
     assert math.isnan(rows[1, 0].item())
     assert rows[2].tolist() == [4.0, 0.0, 0.0]
     assert rows[0, 1].item() == 1.0 and rows[3, 2].item() == 1.0
+
+
+def test_tensorboard_gets_one_event_per_step_holding_all_its_values(write_config, output_dir):
+    """One event per step (not one per scalar) keeps the writer thread's CPU cost low."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    torch.manual_seed(4)
+    model = MLP()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    mon = TrainerMon(write_config({"wg_distribution": True, "ur_distribution": True, "format": "tensorboard",
+                                   "ops": ["norm", "min", "max"]}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    for _ in range(2):
+        model(torch.randn(5, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    (path,) = rank_dir(output_dir).glob("events.out.tfevents.*")
+    events = [e for e in EventFileLoader(str(path)).Load() if e.HasField("summary")]
+    assert [e.step for e in events] == [0, 1]
+    params = len(list(model.parameters()))
+    for event in events:
+        tags = [v.tag for v in event.summary.value]
+        assert len([t for t in tags if t.endswith("grad_reduced_norm")]) == params
+        assert len([t for t in tags if t.endswith("update_hist")]) == params

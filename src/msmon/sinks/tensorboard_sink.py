@@ -1,8 +1,18 @@
-"""TensorBoard event files, written live by the tensorboard package's own writer."""
+"""TensorBoard event files, written live by the tensorboard package's own event writer.
+
+A step is one event holding every scalar and histogram of the step. torch's SummaryWriter
+builds, checks and queues one event per `add_scalar`; at a thousand scalars per step that
+costs the writer thread about fifteen times more CPU (docs/performance.md), which on a
+machine with few cores is taken from the training. TensorBoard reads both forms the same way.
+"""
 from __future__ import annotations
 
-from ..records import StepRecord
+import time
+
+from ..records import RowKey, StepRecord
 from .base import Sink
+
+_MAX_CACHED_ROWS = 1 << 16
 
 
 class TensorBoardSink(Sink):
@@ -11,27 +21,50 @@ class TensorBoardSink(Sink):
     name = "tensorboard"
 
     def __init__(self, log_dir: str) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self._writer = SummaryWriter(log_dir=log_dir, flush_secs=5)
+        self._event, self._summary, self._histogram = Event, Summary, HistogramProto
+        self._writer = EventFileWriter(log_dir, flush_secs=5)
+        self._tag_cache: dict[tuple, list[str]] = {}
+
+    def _tags(self, key: RowKey, rank: int, ops: list[str]) -> list[str]:
+        """The row's tags, one per op; the same rows come back every step, so they are kept."""
+        cache_key = (key, rank, tuple(ops))
+        tags = self._tag_cache.get(cache_key)
+        if tags is None:
+            if len(self._tag_cache) >= _MAX_CACHED_ROWS:
+                self._tag_cache.clear()
+            prefix = key.tag(rank)
+            tags = self._tag_cache[cache_key] = [f"{prefix}_{op}" for op in ops]
+        return tags
 
     def write(self, record: StepRecord) -> None:
-        add = self._writer.add_scalar
-        for key, values in zip(record.keys, record.values):
-            prefix = key.tag(record.rank)
-            for op, value in zip(record.ops, values):
-                add(f"{prefix}_{op}", value, record.step)
+        value = self._summary.Value
+        values = [value(tag=tag, simple_value=v)
+                  for key, row in zip(record.keys, record.values)
+                  for tag, v in zip(self._tags(key, record.rank, record.ops), row)]
         for tag, edges, counts in record.histograms:
-            total = sum(counts)
-            if total <= 0:
-                continue
-            centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-            value_sum = sum(c * n for c, n in zip(centres, counts))
-            self._writer.add_histogram_raw(
-                tag, min=edges[0], max=edges[-1], num=int(total), sum=value_sum,
-                sum_squares=sum(c * c * n for c, n in zip(centres, counts)),
-                bucket_limits=edges[1:], bucket_counts=counts, global_step=record.step)
+            histogram = self._histogram_of(edges, counts)
+            if histogram is not None:
+                values.append(value(tag=tag, histo=histogram))
+        if values:
+            self._writer.add_event(self._event(wall_time=time.time(), step=record.step,
+                                               summary=self._summary(value=values)))
         self.flush()
+
+    def _histogram_of(self, edges: list[float], counts: list[float]):
+        """TensorBoard's histogram of bucket counts: limits are the right edges, sums from the
+        bucket centres (the values themselves are not kept)."""
+        total = sum(counts)
+        if total <= 0:
+            return None
+        centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
+        return self._histogram(min=edges[0], max=edges[-1], num=float(total),
+                               sum=sum(c * n for c, n in zip(centres, counts)),
+                               sum_squares=sum(c * c * n for c, n in zip(centres, counts)),
+                               bucket_limit=list(edges[1:]), bucket=list(counts))
 
     def flush(self) -> None:
         self._writer.flush()
