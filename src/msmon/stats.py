@@ -319,6 +319,13 @@ def _zeros(n: int) -> torch.Tensor:
 
 
 _ZERO = torch.zeros((), dtype=RESULT_DTYPE)
+_ZERO_OF = {dtype: torch.zeros((), dtype=dtype) for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
+def _zero_like(values: dict[str, torch.Tensor]) -> torch.Tensor:
+    """A 0-d CPU zero of the values' common dtype (float64 when they differ)."""
+    dtypes = {v.dtype for v in values.values()}
+    return _ZERO_OF.get(dtypes.pop(), _ZERO) if len(dtypes) == 1 else _ZERO
 
 
 def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
@@ -333,11 +340,13 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
         else:
             clean = math.isfinite(values["min"].item()) and math.isfinite(values["max"].item())
     big = t.numel() > _EXACT_F32_COUNT
+    # a zero of the other values' dtype: stacking one dtype costs a fifth of promoting a mix
+    zero = _zero_like(values) if clean else _ZERO
     row = []
     for op in plan.ops:
         if op in ("nans", "infs"):
             if clean:
-                row.append(_ZERO)
+                row.append(zero)
             else:
                 row.append((torch.isnan(t) if op == "nans" else torch.isinf(t)).sum().to(RESULT_DTYPE))
         else:
