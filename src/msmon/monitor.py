@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import dedupe, lifecycle
+from . import dedupe, lifecycle, native
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
@@ -154,6 +154,8 @@ class TrainerMon:
                 self._unhook_step = self.adapter.hook_step(lambda: None, self._stop_with_the_others)
             return
         self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
+        if native.requested():  # build before the first step rather than inside a hook
+            native.load()
         self._build_collectors()
         self._decide_recording()
         self.cost.attached()

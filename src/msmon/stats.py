@@ -20,6 +20,9 @@ measured (docs/performance.md):
 - nan/inf counts are skipped when provably zero: min and max (or the sum) are finite only
   if no element is NaN or infinite. Reading that CPU scalar waits for nothing. On
   accelerators the counts are always computed on the device, so nothing synchronises.
+
+With MSMON_NATIVE_STATS=1, contiguous float32/float64 CPU tensors are read once for all ops
+by an optional compiled kernel (msmon.native); everything else takes the paths below.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ from collections import defaultdict
 from typing import Sequence
 
 import torch
+
+from . import native
 
 RESULT_DTYPE = torch.float64
 OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
@@ -176,8 +181,22 @@ def _chunked(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -
     return out
 
 
+_NATIVE_FIELDS = ("norm", "min", "max", "sum", "zeros", "nans", "infs")
+
+
+def _native_one(fused, t: torch.Tensor, plan: _Plan, threshold: float) -> dict[str, torch.Tensor]:
+    """Every field of one tensor from the optional native kernel, in one read (msmon.native)."""
+    values = dict(zip(_NATIVE_FIELDS, fused(t, threshold).unbind()))
+    if not plan.norm:
+        del values["norm"]
+    return values
+
+
 def _one(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
     """All reductions of one tensor, as 0-d tensors by field."""
+    fused = native.fused_stats()
+    if fused is not None and native.eligible(t):
+        return _native_one(fused, t, plan, threshold)
     if t.device.type == "cpu" and t.numel() > CHUNK and t.is_contiguous():
         return _chunked(t, plan, threshold, acc)
     out = {}
@@ -195,14 +214,17 @@ def _one(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> di
 def _each(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
     """Columns ([n] tensors by field) of tensors reduced one by one (norms in one call)."""
     lists: dict[str, list[torch.Tensor]] = {name: [] for name in plan.fields}
-    batch_norm = plan.norm and not any(t.device.type == "cpu" and t.numel() > CHUNK for t in ts)
+    fused = native.fused_stats()
+    batch_norm = plan.norm and not any(t.device.type == "cpu" and t.numel() > CHUNK for t in ts) and not (
+        fused is not None and all(native.eligible(t) for t in ts))
     for t in ts:
         if batch_norm:
             values = _one(t, plan.without_norm, threshold, acc)
         else:
             values = _one(t, plan, threshold, acc)
         for name, value in values.items():
-            lists[name].append(value)
+            if name in lists:  # the native kernel also gives the NaN/Inf counts
+                lists[name].append(value)
     if batch_norm:
         lists["norm"] = torch._foreach_norm(ts, 2, dtype=acc)
     return {name: torch.stack(values) for name, values in lists.items()}
@@ -333,6 +355,8 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     per reduction and, on the CPU, one read of a witness instead of two counting passes."""
     acc = _accumulate_dtype(t.dtype)
     values = _one(t, plan, zero_threshold(eps, t.dtype) if plan.zeros else 0.0, acc)
+    if "nans" in values:  # the native kernel counted them exactly
+        return [values[_FIELD_OF.get(op, op)] for op in plan.ops]
     clean = False
     if plan.flags and t.device.type == "cpu":
         if plan.total:  # a finite sum means no NaN and no Inf (an overflow only costs the counts)

@@ -1,0 +1,123 @@
+"""The optional one-pass native statistics (MSMON_NATIVE_STATS=1) give the torch path's values,
+and a failed build falls back to torch with one warning."""
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+
+import pytest
+import torch
+
+from msmon import TrainerMon, native
+from msmon.stats import CHUNK, batch_stats, tensor_stats
+
+from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows
+
+
+def _reset():
+    native._loaded, native._tried = None, False
+
+
+@pytest.fixture
+def use_native(monkeypatch):
+    monkeypatch.setenv(native.ENV, "1")
+    _reset()
+    if native.load() is None:
+        pytest.fail("the native statistics did not build (a C++ compiler and ninja are test requirements)")
+    yield
+    monkeypatch.delenv(native.ENV)
+    _reset()
+
+
+def tensors() -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    plain = torch.randn(1000, generator=gen)
+    edges = torch.tensor([0.0, -0.0, 1e-8, -1e-8, 9.999e-9, 1e-45, -3.0, 2.5])  # eps edges, a denormal
+    with_nan = torch.randn(5000, generator=gen)
+    with_nan[[3, 77]] = math.nan
+    with_inf = torch.randn(300, generator=gen)
+    with_inf[5], with_inf[6] = math.inf, -math.inf
+    sparse = torch.randn(3 * CHUNK + 17, generator=gen)  # larger than a CPU chunk
+    sparse[::3] = 0
+    return [plain, edges, with_nan, with_inf, sparse, torch.randn(64, 64, generator=gen).double(),
+            torch.tensor([7.0]), 1e30 * torch.randn(100, generator=gen)]
+
+
+def assert_rows_equal(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype == torch.float64
+    for g, w, op in zip(got.tolist(), want.tolist(), ALL_OPS * len(got)):
+        if math.isnan(w):
+            assert math.isnan(g), op
+        else:
+            assert g == pytest.approx(w, rel=1e-5, abs=1e-12), op  # float32 accumulation either way
+
+
+def test_native_rows_equal_the_torch_rows(use_native, monkeypatch):
+    ts = tensors()
+    got = [tensor_stats(t, ALL_OPS, 1e-8) for t in ts]
+    batch = batch_stats(ts, ALL_OPS, 1e-8)
+    monkeypatch.setenv(native.ENV, "0")
+    _reset()
+    for t, row, batched in zip(ts, got, batch):
+        want = tensor_stats(t, ALL_OPS, 1e-8)
+        assert_rows_equal(row, want)
+        assert_rows_equal(batched, want)
+
+
+def test_tensors_the_kernel_cannot_read_take_the_torch_path(use_native):
+    base = torch.randn(40, 30)
+    odd = [base.t(), base.bfloat16(), torch.arange(10), torch.empty(0)]  # strided, bf16, integer, empty
+    rows = batch_stats(odd, ALL_OPS, 1e-8)
+    assert rows[0].tolist()[:3] == pytest.approx([base.norm().item(), base.min().item(), base.max().item()], rel=1e-6)
+    assert rows[2].tolist()[3] == pytest.approx(4.5)
+    assert all(math.isnan(v) for v in rows[3].tolist())
+
+
+def test_a_monitored_run_records_the_same_values_with_the_native_kernel(write_config, output_dir, monkeypatch):
+    def run(flag: str) -> dict:
+        monkeypatch.setenv(native.ENV, flag)
+        _reset()
+        torch.manual_seed(0)
+        model = MLP()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        mon = TrainerMon(write_config({"wg_distribution": True, "mv_distribution": True, "xy_distribution": True,
+                                       "format": "csv", "ops": ALL_OPS}), params_have_main_grad=False)
+        mon.set_monitor(model, optimizer)
+        losses = []
+        for _ in range(3):
+            loss = model(torch.randn(4, 8)).square().mean()
+            loss.backward()
+            losses.append(loss.item())
+            optimizer.step()
+            optimizer.zero_grad()
+        mon.close()
+        rows = {(c, r["name"], r["step"], r.get("micro_step", "")): r for c in ("grad_reduced", "exp_avg", "actv")
+                for r in read_csv_rows(rank_dir(output_dir), c)}
+        assert native.fused_stats() is not None if flag == "1" else native.fused_stats() is None
+        shutil.rmtree(output_dir)
+        return {"losses": losses, "rows": rows}
+
+    with_native, with_torch = run("1"), run("0")
+    _reset()
+    assert with_native["losses"] == with_torch["losses"]
+    assert with_native["rows"].keys() == with_torch["rows"].keys() and with_native["rows"]
+    for key, row in with_native["rows"].items():
+        for op in ALL_OPS:
+            assert float(row[op]) == pytest.approx(float(with_torch["rows"][key][op]), rel=1e-5, abs=1e-9), (key, op)
+
+
+def test_a_failed_build_warns_once_and_the_torch_path_is_used(monkeypatch, caplog, tmp_path):
+    monkeypatch.setenv(native.ENV, "1")
+    monkeypatch.setattr(native, "_SOURCE", str(tmp_path / "missing.cpp"))
+    monkeypatch.setattr(native, "_NAME", "msmon_fused_stats_missing")
+    _reset()
+    try:
+        with caplog.at_level(logging.WARNING, logger="msmon"):
+            row = tensor_stats(torch.tensor([1.0, -2.0]), ["min", "max"], 1e-8)
+            tensor_stats(torch.tensor([3.0]), ["min"], 1e-8)
+        assert row.tolist() == [-2.0, 1.0]
+        warnings = [r for r in caplog.records if native.ENV in r.getMessage()]
+        assert len(warnings) == 1 and "using torch reductions" in warnings[0].getMessage()
+    finally:
+        _reset()
