@@ -35,6 +35,14 @@ def write_config(tmp_path):
     return write
 
 
+def train_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, batch: int = 5) -> None:
+    """Plain optimizer steps of MLP on random data (what a test monitors, not what it checks)."""
+    for _ in range(steps):
+        model(torch.randn(batch, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
 def rank_dir(output_dir: Path, rank: int = 0) -> Path:
     dirs = sorted(glob.glob(str(output_dir / f"*-rank{rank}-*")))
     assert dirs, f"no rank{rank} directory under {output_dir}"

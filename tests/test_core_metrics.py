@@ -9,7 +9,7 @@ import torch
 from msmon import TrainerMon
 from msmon.stats import batch_stats
 
-from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows, reference_stats
+from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows, reference_stats, train_steps
 
 
 def assert_row_matches(row: dict[str, str], expected: dict[str, float], ndigits: int = 6) -> None:
@@ -177,10 +177,7 @@ def test_step_window_start_interval_and_collect_times(write_config, output_dir):
     mon = TrainerMon(write_config({"wg_distribution": True, "format": "csv", "ops": ["norm"],
                                    "start_step": 2, "step_interval": 3, "collect_times": 3}))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
-    for _ in range(15):
-        model(torch.randn(5, 8)).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    train_steps(model, optimizer, 15)
     mon.close()
     steps = {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "grad_reduced")}
     assert steps == {2, 5, 8}
@@ -284,10 +281,7 @@ def test_tensorboard_gets_one_event_per_step_holding_all_its_values(write_config
     mon = TrainerMon(write_config({"wg_distribution": True, "ur_distribution": True, "format": "tensorboard",
                                    "ops": ["norm", "min", "max"]}))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
-    for _ in range(2):
-        model(torch.randn(5, 8)).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
+    train_steps(model, optimizer, 2)
     mon.close()
     (path,) = rank_dir(output_dir).glob("events.out.tfevents.*")
     events = [e for e in EventFileLoader(str(path)).Load() if e.HasField("summary")]
