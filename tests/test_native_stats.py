@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from msmon import TrainerMon, native
-from msmon.stats import CHUNK, batch_stats, tensor_stats
+from msmon.stats import CHUNK, batch_stats, tensor_stats, zero_threshold
 
-from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows
+from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows, reference_stats
 
 
 def _reset():
@@ -63,6 +63,34 @@ def test_native_rows_equal_the_torch_rows(use_native, monkeypatch):
         want = tensor_stats(t, ALL_OPS, 1e-8)
         assert_rows_equal(row, want)
         assert_rows_equal(batched, want)
+
+
+def test_one_kernel_call_gives_finished_rows_in_any_op_order(use_native):
+    ts = tensors()[:-1]  # not the 1e30 one: its float32 norm overflows where the float64 reference does not
+    ops = ["zeros", "max", "nans", "mean", "norm", "infs", "min"]
+    rows = native.stats_rows()([t.float() for t in ts], zero_threshold(1e-8, torch.float32), [4, 2, 5, 3, 0, 6, 1], [True, False, False, True,
+                                                                                   False, False, False], False)
+    assert rows.shape == (len(ts), len(ops))
+    for t, row in zip(ts, rows):
+        want = torch.tensor([reference_stats(t.float(), ops)[op] for op in ops], dtype=torch.float64)
+        assert_rows_equal(row, want)
+    assert native.isa() in ("avx2", "baseline")
+
+
+def test_the_native_path_reads_tensors_that_require_grad_without_recording_autograd(use_native):
+    x = torch.randn(300, 7, requires_grad=True)
+    y = x * 3
+    row = tensor_stats(y, ALL_OPS, 1e-8)
+    assert not row.requires_grad and row.grad_fn is None
+    assert y.grad_fn is not None and y._version == 0
+    assert row.tolist()[0] == pytest.approx(y.detach().norm().item(), rel=1e-6)
+
+
+def test_a_batch_of_mixed_dtypes_gives_each_dtype_its_own_zero_threshold(use_native):
+    tiny = torch.tensor([5e-9, 1.5e-8, 0.0, 1.0])  # 1e-8 rounds differently in float32 and float64
+    rows = batch_stats([tiny, tiny.double()], ["zeros"], 1e-8)
+    want = [tensor_stats(t, ["zeros"], 1e-8).item() for t in (tiny, tiny.double())]
+    assert rows.flatten().tolist() == want == [0.5, 0.5]
 
 
 def test_tensors_the_kernel_cannot_read_take_the_torch_path(use_native):

@@ -104,6 +104,10 @@ class _Plan:
         self.fields = [name for name, wanted in (("norm", self.norm), ("min", self.minmax), ("max", self.minmax),
                                                  ("sum", self.total), ("zeros", self.zeros)) if wanted]
 
+        # the native kernel's field of each op, and whether it is divided by the element count
+        self.native_columns = [_NATIVE_FIELDS.index(_FIELD_OF.get(op, op)) for op in ops]
+        self.native_per_element = [op in _SCALED_OPS for op in ops]
+
     @functools.cached_property
     def without_norm(self) -> "_Plan":
         """The same reductions but the norm (computed for a whole batch in one call)."""
@@ -379,6 +383,20 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     return row
 
 
+def _native_rows(ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = False) -> torch.Tensor | None:
+    """Finished (scaled) rows from one call of the native kernel, or None when it is not built
+    or cannot read every tensor (they then take the torch path together). The tensors must
+    share a dtype (one zero threshold) and be plain tensors (not DTensors)."""
+    rows_of = native.stats_rows()
+    if rows_of is None or not all(native.eligible(t) for t in ts):
+        return None
+    return rows_of(ts, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, plan.native_columns,
+                   plan.native_per_element, flat)
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor:
     """Unscaled [n, ops] rows of tensors sharing one device and dtype."""
     acc = _accumulate_dtype(ts[0].dtype)
@@ -474,6 +492,10 @@ def batch_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float)
     plan = _plan(tuple(ops))
     if not tensors:
         return torch.empty((0, len(plan.ops)), dtype=RESULT_DTYPE)
+    if all(type(t) in _PLAIN_TYPES for t in tensors) and len({t.dtype for t in tensors}) == 1:
+        rows = _native_rows(list(tensors), plan, eps)
+        if rows is not None:
+            return rows
     prepared = [_as_stat_input(t) for t in tensors]
     device = prepared[0].device
     numels = [t.numel() for t in prepared]
@@ -494,6 +516,10 @@ def batch_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float)
 def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor:
     """Statistics of one tensor: a [len(ops)] float64 tensor on its device."""
     plan = _plan(tuple(ops))
+    if type(tensor) in _PLAIN_TYPES:  # no DTensor to unwrap; the kernel reads data, not autograd
+        row = _native_rows([tensor], plan, eps, flat=True)
+        if row is not None:
+            return row
     t = _as_stat_input(tensor)
     if t.numel() == 0:
         return _nan_rows(1, plan, t.device).view(-1)
