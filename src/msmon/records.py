@@ -72,6 +72,7 @@ class StepRecord:
     values: list[list[float]]
     histograms: list[tuple[str, list[float], list[float]]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    table: torch.Tensor | None = None  # `values` as the host float64 [rows, ops] tensor they came from
 
 
 class StepBuffer:
@@ -80,6 +81,7 @@ class StepBuffer:
     def __init__(self) -> None:
         self.keys: list[RowKey] = []
         self._chunks: list[torch.Tensor] = []
+        self._single: list[torch.Tensor] = []  # rows added one by one since the last chunk
         self.histograms: list[Histogram] = []
         self.flag_keys: list[RowKey] = []
         self.flags: list[torch.Tensor] = []
@@ -88,11 +90,22 @@ class StepBuffer:
         return len(self.keys)
 
     def add(self, key: RowKey, row: torch.Tensor) -> None:
+        """One [ops] row. Rows added one by one are stacked together later: one kernel for a
+        run of them instead of one reshaping call each (a hook adds one per activation)."""
         self.keys.append(key)
-        self._chunks.append(row.unsqueeze(0))
+        self._single.append(row)
+
+    def _close_run(self) -> None:
+        if self._single:
+            run, self._single = self._single, []
+            try:
+                self._chunks.append(torch.stack(run))
+            except RuntimeError:  # rows of several devices: stage_to_host groups chunks by device
+                self._chunks.extend(r.unsqueeze(0) for r in run)
 
     def add_many(self, keys: list[RowKey], rows: torch.Tensor) -> None:
         if keys:
+            self._close_run()
             self.keys.extend(keys)
             self._chunks.append(rows)
 
@@ -103,6 +116,7 @@ class StepBuffer:
 
     def take(self) -> tuple[list[RowKey], list[torch.Tensor], list[Histogram], list[RowKey], list[torch.Tensor]]:
         """Hand over everything recorded so far and start empty."""
+        self._close_run()
         taken = self.keys, self._chunks, self.histograms, self.flag_keys, self.flags
         self.keys, self._chunks, self.histograms, self.flag_keys, self.flags = [], [], [], [], []
         return taken

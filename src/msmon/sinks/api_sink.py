@@ -2,30 +2,35 @@
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
 
 from ..records import StepRecord
 from .base import Sink
 
 
 class ApiSink(Sink):
-    """Keeps the most recent step's values per category: {category: {tag: {op: value}}}."""
+    """Keeps the most recent step's values per category: {category: {tag: {op: value}}}.
+
+    Every step is written here, but the API is asked rarely, so a step only keeps a reference
+    to its record per category; the dictionaries are built when asked for."""
 
     name = "api"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._latest: dict[str, dict[str, dict[str, float]]] = {}
+        self._latest: dict[str, StepRecord] = {}
         self.last_step: int | None = None
 
     def write(self, record: StepRecord) -> None:
-        fresh: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
-        for key, values in zip(record.keys, record.values):
-            fresh[key.category][key.tag(record.rank)] = dict(zip(record.ops, values))
+        categories = {key.category for key in record.keys}
         with self._lock:
-            self._latest.update(fresh)
+            for category in categories:
+                self._latest[category] = record
             self.last_step = record.step
 
     def metrics(self, category: str) -> dict[str, dict[str, float]]:
         with self._lock:
-            return {tag: dict(ops) for tag, ops in self._latest.get(category, {}).items()}
+            record = self._latest.get(category)
+        if record is None:
+            return {}
+        return {key.tag(record.rank): dict(zip(record.ops, values))
+                for key, values in zip(record.keys, record.values) if key.category == category}

@@ -1,20 +1,42 @@
-"""CSV files in the msprobe layout: `{category}_{first}-{last}.csv`, flushed every step."""
+"""CSV files in the msprobe layout: `{category}_{first}-{last}.csv`, flushed every step.
+
+A value is written as `repr(round(value, ndigits))`. The writer thread formats every value of
+every step, and on a machine with few cores its CPU time is taken from the training, so the
+rounding runs on the whole step at once (torch.round, which rounds like Python's round) and
+each row's fixed cells are built once.
+"""
 from __future__ import annotations
 
-import math
 import os
 from typing import IO
 
-from ..records import MICRO_STEP_CATEGORIES, StepRecord
+import torch
+
+from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from .base import Sink
 
 
-def format_number(value: float, ndigits: int) -> str:
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return repr(round(value, ndigits))
+_MAX_CACHED_ROWS = 1 << 16
+
+
+def round_like_python(table: torch.Tensor, ndigits: int) -> list[list[float]]:
+    """`[[round(v, ndigits) for v in row] for row in table.tolist()]`, vectorised.
+
+    Python rounds the exact binary value to ndigits decimals (ties to even); x * 10**ndigits
+    rounded to an integer and divided back gives the same double unless the scaled product
+    was inexact right at a tie. Those values (within a few ulps of one, or too large to scale,
+    or not finite) are rounded by Python itself, so the result is identical.
+    """
+    scale = 10.0 ** ndigits
+    scaled = table * scale
+    rows = (torch.round(scaled) / scale).tolist()
+    magnitude = scaled.abs()
+    doubtful = ((scaled - torch.floor(scaled) - 0.5).abs() <= magnitude * 2.0 ** -48) | ~(magnitude < 2.0 ** 52)
+    if doubtful.any():
+        values = table.tolist()
+        for i, j in doubtful.nonzero().tolist():
+            rows[i][j] = round(values[i][j], ndigits)
+    return rows
 
 
 def _first_line(path: str) -> str | None:
@@ -35,6 +57,7 @@ class CsvSink(Sink):
         self.ndigits = ndigits
         self.window = step_count_per_record
         self._files: dict[str, tuple[str, str, IO[str], bool, list[str]]] = {}
+        self._prefixes: dict[tuple[RowKey, bool], str] = {}
 
     def _window(self, step: int) -> tuple[int, int]:
         first = step // self.window * self.window
@@ -59,21 +82,37 @@ class CsvSink(Sink):
         self._files[category] = (base, path, fh, micro, list(ops))
         return fh, micro
 
+    def _prefix(self, key: RowKey, micro: bool) -> str:
+        """`vpp_stage,name,` of a row (and `,micro_step` after the step): the same every step."""
+        found = self._prefixes.get((key, micro))
+        if found is None:
+            if len(self._prefixes) >= _MAX_CACHED_ROWS:
+                self._prefixes.clear()
+            name = key.name if "," not in key.name else '"' + key.name.replace('"', '""') + '"'
+            found = f"{key.vpp_stage},{name},"
+            self._prefixes[(key, micro)] = found
+        return found
+
+    def _rounded(self, record: StepRecord) -> list[list[float]]:
+        table = record.table
+        if table is not None and table.dtype == torch.float64 and table.dim() == 2 and len(table) == len(record.keys):
+            return round_like_python(table, self.ndigits)
+        return [[round(v, self.ndigits) for v in row] for row in record.values]
+
     def write(self, record: StepRecord) -> None:
         lines: dict[str, list[str]] = {}
         handles: dict[str, tuple[IO[str], bool]] = {}
-        for key, values in zip(record.keys, record.values):
+        step = f"{record.step},"
+        for key, values in zip(record.keys, self._rounded(record)):
             if key.category not in handles:
                 micro = key.micro_step is not None or key.category in MICRO_STEP_CATEGORIES
                 handles[key.category] = self._file_for(key.category, record.step, record.ops, micro)
                 lines[key.category] = []
-            _, micro = handles[key.category]
-            name = key.name if "," not in key.name else '"' + key.name.replace('"', '""') + '"'
-            cells = [str(key.vpp_stage), name, str(record.step)]
+            micro = handles[key.category][1]
+            cells = ",".join(map(repr, values))
             if micro:
-                cells.append("" if key.micro_step is None else str(key.micro_step))
-            cells.extend(format_number(v, self.ndigits) for v in values)
-            lines[key.category].append(",".join(cells))
+                cells = ("" if key.micro_step is None else str(key.micro_step)) + "," + cells
+            lines[key.category].append(self._prefix(key, micro) + step + cells)
         for category, rows in lines.items():
             handles[category][0].write("\n".join(rows) + "\n")
         self.flush()

@@ -87,7 +87,7 @@ class BackgroundWriter:
         record = StepRecord(step=step, rank=self.rank, ops=ops, keys=batch.keys,
                             values=batch.values.tolist(),
                             histograms=[(tag, edges, counts.tolist()) for tag, edges, counts in batch.histograms],
-                            meta=meta)
+                            meta=meta, table=batch.values)
         for sink in list(self.sinks):
             try:
                 sink.write(record)
