@@ -130,7 +130,18 @@ def run_pairs(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         "monitor_summary": summary,
         "sync_check": sync_check,
         "params": sum(p.numel() for p in plain.parameters()),
+        "native_stats": native_isa(args.tool),
     }
+
+
+def native_isa(tool: str) -> str | None:
+    """Which statistics path msmon used: the native kernel's loop ("avx2", "baseline") or None
+    for torch reductions."""
+    if tool != "msmon":
+        return None
+    from msmon import native
+
+    return native.isa() if native._loaded is not None else None
 
 
 def check_no_syncs(tool: str, monitor, model, optimizer, batch) -> dict[str, Any]:

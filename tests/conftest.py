@@ -19,6 +19,18 @@ torch.set_num_threads(1)  # tests share two cores with each other; no spinning t
 ALL_OPS = ["norm", "min", "max", "mean", "zeros", "nans", "infs"]
 
 
+@pytest.fixture(autouse=True)
+def torch_statistics(monkeypatch):
+    """Tests exercise the torch reductions (and their child processes too) unless they ask for
+    the native kernel, which would otherwise be used wherever it is built (test_native_stats)."""
+    from msmon import native
+
+    monkeypatch.setenv(native.ENV, "0")
+    native._loaded, native._tried = None, False
+    yield
+    native._loaded, native._tried = None, False
+
+
 @pytest.fixture
 def output_dir(tmp_path, monkeypatch):
     out = tmp_path / "monitor_output"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import shutil
 
 import pytest
@@ -26,7 +27,7 @@ def use_native(monkeypatch):
     if native.load() is None:
         pytest.fail("the native statistics did not build (a C++ compiler and ninja are test requirements)")
     yield
-    monkeypatch.delenv(native.ENV)
+    monkeypatch.delenv(native.ENV, raising=False)
     _reset()
 
 
@@ -135,10 +136,46 @@ def test_a_monitored_run_records_the_same_values_with_the_native_kernel(write_co
             assert float(row[op]) == pytest.approx(float(with_torch["rows"][key][op]), rel=1e-5, abs=1e-9), (key, op)
 
 
+def test_by_default_a_built_kernel_is_used_and_nothing_is_compiled(use_native, monkeypatch):
+    import torch.utils.cpp_extension as cpp_extension
+
+    assert os.path.exists(native.built_path())
+    monkeypatch.delenv(native.ENV)
+    monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("auto mode must not build"))
+    _reset()
+    assert native.mode() == "auto" and native.stats_rows() is not None
+    monkeypatch.setenv(native.ENV, "0")
+    _reset()
+    assert native.stats_rows() is None and native.load() is None
+
+
+def test_by_default_without_a_build_the_torch_path_is_used_silently(monkeypatch, caplog):
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.delenv(native.ENV)
+    monkeypatch.setattr(native, "_NAME", "msmon_stats_never_built")
+    monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("auto mode must not build"))
+    _reset()
+    with caplog.at_level(logging.WARNING, logger="msmon"):
+        row = tensor_stats(torch.tensor([1.0, -2.0]), ["min", "max"], 1e-8)
+    assert row.tolist() == [-2.0, 1.0] and native.stats_rows() is None
+    assert not caplog.records
+
+
+def test_msmon_build_native_builds_and_reports_the_kernel(use_native):
+    from click.testing import CliRunner
+
+    from msmon.launcher.cli import main
+
+    result = CliRunner().invoke(main, ["build-native"])
+    assert result.exit_code == 0, result.output
+    assert native.built_path() in result.output and native.isa() in result.output
+
+
 def test_a_failed_build_warns_once_and_the_torch_path_is_used(monkeypatch, caplog, tmp_path):
     monkeypatch.setenv(native.ENV, "1")
     monkeypatch.setattr(native, "_SOURCE", str(tmp_path / "missing.cpp"))
-    monkeypatch.setattr(native, "_NAME", "msmon_fused_stats_missing")
+    monkeypatch.setattr(native, "_NAME", "msmon_stats_missing")
     _reset()
     try:
         with caplog.at_level(logging.WARNING, logger="msmon"):

@@ -154,8 +154,7 @@ class TrainerMon:
                 self._unhook_step = self.adapter.hook_step(lambda: None, self._stop_with_the_others)
             return
         self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
-        if native.requested():  # build before the first step rather than inside a hook
-            native.load()
+        native.prepare()  # find or build the kernel before the first step rather than inside a hook
         self._build_collectors()
         self._decide_recording()
         self.cost.attached()

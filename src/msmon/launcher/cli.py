@@ -132,6 +132,20 @@ def analyse(directory: str, output: str | None, top_k: int, steps: tuple[int, ..
     sys.exit(run_analyse(directory, output, top_k, list(steps) or None))
 
 
+@main.command("build-native")
+def build_native() -> None:
+    """Build the one-pass CPU statistics kernel for this torch (needs a C++ compiler and ninja).
+
+    Once built, every monitor on this machine uses it (MSMON_NATIVE_STATS=0 turns it off)."""
+    from .. import native
+
+    os.environ[native.ENV] = "1"
+    if native.load() is None:
+        raise click.ClickException("the native statistics could not be built (see the warning above); "
+                                   "monitors keep using torch reductions")
+    click.echo(f"msmon: native statistics built ({native.isa()} loop on this CPU): {native.built_path()}")
+
+
 # -- helpers -------------------------------------------------------------------------------------
 def _job(ctx: click.Context, no_torchrun: bool) -> JobCommand:
     try:

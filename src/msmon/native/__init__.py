@@ -1,17 +1,28 @@
-"""Optional one-pass CPU statistics, built on first use (MSMON_NATIVE_STATS=1).
+"""One-pass CPU statistics from a small C++ kernel, used whenever it has been built.
 
 On the CPU, msmon's statistics are torch reductions, one pass over the tensor per op. This
-extension reads a contiguous float32/float64 tensor once for all of them, which halves the
-monitor's CPU time (docs/performance.md). It is off by default because it needs a C++
-compiler and ninja on the training machine: it is compiled by torch.utils.cpp_extension the
-first time a monitor attaches (about a minute, cached in TORCH_EXTENSIONS_DIR after that).
-Portable flags only: the cache may be shared by nodes with different CPUs. If the build
-fails, the reason is logged once and the torch reductions are used.
+extension reads a contiguous float32/float64 tensor once for all of them, a whole batch per
+call, which cuts the monitor's CPU time by a half to two thirds (docs/performance.md).
+
+It needs a C++ compiler and ninja, so it is never built behind the user's back in the middle
+of a job. MSMON_NATIVE_STATS decides:
+
+- unset or `auto` (the default): use the kernel if it was already built for this source and
+  this torch (`msmon build-native`, which `make` runs); otherwise the torch reductions;
+- `1`: build it at the first attach if needed (about a minute, cached in TORCH_EXTENSIONS_DIR);
+- `0`: never use it.
+
+The build uses portable flags (the AVX2 loop is chosen at run time), since the cache may be
+shared by nodes with different CPUs. A failed build or load is logged once and the torch
+reductions are used.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import logging
 import os
+import re
 import threading
 from typing import Any, Callable, Optional
 
@@ -20,25 +31,83 @@ import torch
 logger = logging.getLogger("msmon")
 
 ENV = "MSMON_NATIVE_STATS"
-_NAME = "msmon_fused_stats_v3"  # a new name for every change of the source: the cache is keyed on it
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_stats.cpp")
+_CFLAGS = ["-O3", "-fopenmp-simd"]
 
 FusedStats = Callable[[torch.Tensor, float], torch.Tensor]
 FusedStatsMany = Callable[[list, float], torch.Tensor]
 
 _lock = threading.Lock()
-_loaded: Any = None  # the extension module once built
+_loaded: Any = None  # the extension module once built or found
 _tried = False
 
 
+def _extension_name() -> str:
+    """Keyed on the source and the torch version: a build is only ever reused for both."""
+    with open(_SOURCE, "rb") as fh:
+        digest = hashlib.sha1(fh.read() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    return f"msmon_stats_{digest}_torch{re.sub(r'[^0-9A-Za-z]', '_', torch.__version__)}"
+
+
+_NAME = _extension_name()
+
+
+def mode() -> str:
+    """"build", "off" or "auto", from MSMON_NATIVE_STATS."""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("1", "true", "yes", "on", "build"):
+        return "build"
+    if value in ("0", "false", "no", "off"):
+        return "off"
+    return "auto"
+
+
 def requested() -> bool:
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether the kernel should be built if it is not there yet (MSMON_NATIVE_STATS=1)."""
+    return mode() == "build"
+
+
+def built_path() -> str:
+    """Where the compiled extension lives once built."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return os.path.join(_get_build_directory(_NAME, verbose=False), f"{_NAME}.so")
 
 
 def _module() -> Any:
     if _loaded is not None or _tried:
         return _loaded
-    return load() if requested() else None
+    current = mode()
+    if current == "build":
+        return load()
+    if current == "auto":
+        return load_built()
+    return None
+
+
+def prepare() -> None:
+    """Find (or, with MSMON_NATIVE_STATS=1, build) the kernel now, at attach, not in a hook."""
+    _module()
+
+
+def load_built() -> Any:
+    """Import the extension if a build for this source and torch exists; never compile."""
+    global _loaded, _tried
+    with _lock:
+        if _tried:
+            return _loaded
+        _tried = True
+        try:
+            path = built_path()
+            if os.path.exists(path):
+                spec = importlib.util.spec_from_file_location(_NAME, path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                _loaded = module
+        except Exception as exc:  # a broken cache must never stop training
+            logger.warning("msmon: the built native statistics could not be loaded (%s: %s); using torch reductions",
+                           type(exc).__name__, exc)
+        return _loaded
 
 
 def fused_stats() -> Optional[FusedStats]:
@@ -68,16 +137,19 @@ def isa() -> Optional[str]:
 
 
 def load() -> Any:
-    """Build (or load from the cache) the extension; log once and return None on failure."""
+    """Build (or load from the cache) the extension; log once and return None on failure.
+    With MSMON_NATIVE_STATS=0 nothing is built."""
     global _loaded, _tried
     with _lock:
         if _tried:
             return _loaded
         _tried = True
+        if mode() == "off":
+            return None
         try:
             from torch.utils.cpp_extension import load as build
 
-            module = build(name=_NAME, sources=[_SOURCE], extra_cflags=["-O3", "-fopenmp-simd"], verbose=False)
+            module = build(name=_NAME, sources=[_SOURCE], extra_cflags=_CFLAGS, verbose=False)
             _loaded = module
         except Exception as exc:  # a missing compiler or ninja must never stop training
             logger.warning("msmon: %s=1 but the native statistics could not be built (%s: %s); using torch "
