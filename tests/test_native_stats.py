@@ -149,6 +149,18 @@ def test_by_default_a_built_kernel_is_used_and_nothing_is_compiled(use_native, m
     assert native.stats_rows() is None and native.load() is None
 
 
+def test_the_built_path_follows_torchs_build_directory_rule(monkeypatch, tmp_path):
+    import torch.utils.cpp_extension as cpp_extension
+
+    for root in (None, str(tmp_path)):
+        if root is None:
+            monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TORCH_EXTENSIONS_DIR", root)
+        want = os.path.join(cpp_extension._get_build_directory(native._NAME, verbose=False), native._NAME + ".so")
+        assert native.built_path() == want
+
+
 def test_by_default_without_a_build_the_torch_path_is_used_silently(monkeypatch, caplog):
     import torch.utils.cpp_extension as cpp_extension
 

@@ -23,6 +23,7 @@ import importlib.util
 import logging
 import os
 import re
+import sys
 import threading
 from typing import Any, Callable, Optional
 
@@ -68,10 +69,23 @@ def requested() -> bool:
 
 
 def built_path() -> str:
-    """Where the compiled extension lives once built."""
-    from torch.utils.cpp_extension import _get_build_directory
+    """Where torch's cpp_extension puts the compiled extension (its build-directory rule),
+    worked out here without importing cpp_extension, which pulls in setuptools and distutils
+    (4 MiB of resident memory in every rank) and without creating the directory."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is None:
+        import torch._appdirs
 
-    return os.path.join(_get_build_directory(_NAME, verbose=False), f"{_NAME}.so")
+        if torch.version.hip is not None:
+            accelerator = f"rocm{torch.version.hip.replace('.', '')}"
+        elif torch.version.cuda is not None:
+            accelerator = f"cu{torch.version.cuda.replace('.', '')}"
+        else:
+            accelerator = "cpu"
+        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+        root = os.path.join(os.path.realpath(torch._appdirs.user_cache_dir(appname="torch_extensions")),
+                            f"{python}_{accelerator}")
+    return os.path.join(root, _NAME, f"{_NAME}.so")
 
 
 def _module() -> Any:
