@@ -391,10 +391,15 @@ def _native_rows(ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = F
     if rows_of is None or not all(native.eligible(t) for t in ts):
         return None
     return rows_of(ts, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, plan.native_columns,
-                   plan.native_per_element, flat)
+                   plan.native_per_element, flat, _native_threads())
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+NATIVE_THREADS = int(os.environ.get("MSMON_NATIVE_THREADS", "1") or 0)
+
+
+def _native_threads() -> int:
+    return NATIVE_THREADS or torch.get_num_threads()
 
 
 def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor:

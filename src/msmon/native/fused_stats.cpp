@@ -18,22 +18,54 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
 constexpr int64_t kBlock = 1024;
 constexpr int kFields = 7;  // norm, min, max, sum, zeros, nans, infs
+constexpr int64_t kMinPiece = 1 << 18;  // elements: below this a helper thread costs more than it saves
+
+// What one stretch of a tensor contributes; stretches combine exactly (counts, min, max) or
+// in float64 (sums).
+struct Partial {
+  double sum = 0, sumsq = 0;
+  double lo = std::numeric_limits<double>::infinity();
+  double hi = -std::numeric_limits<double>::infinity();
+  int64_t zeros = 0, nans = 0, infs = 0;
+
+  void add(const Partial& o) {
+    sum += o.sum;
+    sumsq += o.sumsq;
+    lo = std::min(lo, o.lo);
+    hi = std::max(hi, o.hi);
+    zeros += o.zeros;
+    nans += o.nans;
+    infs += o.infs;
+  }
+
+  void write(double* o) const {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    o[0] = std::sqrt(sumsq);
+    o[1] = nans ? nan : lo;  // NaN never wins a comparison below: propagated here, like aminmax
+    o[2] = nans ? nan : hi;
+    o[3] = sum;
+    o[4] = static_cast<double>(zeros);
+    o[5] = static_cast<double>(nans);
+    o[6] = static_cast<double>(infs);
+  }
+};
 
 template <typename scalar_t, typename acc_t>
-__attribute__((always_inline)) inline void stats_of(const scalar_t* p, int64_t n, double threshold, double* o) {
+__attribute__((always_inline)) inline Partial stats_of(const scalar_t* p, int64_t begin, int64_t end,
+                                                       double threshold) {
   const scalar_t th = static_cast<scalar_t>(threshold);
-  double sumsq = 0, sum = 0;
+  Partial out;
   scalar_t lo = std::numeric_limits<scalar_t>::infinity();
   scalar_t hi = -std::numeric_limits<scalar_t>::infinity();
-  int64_t zeros = 0, nans = 0, infs = 0;
-  for (int64_t b = 0; b < n; b += kBlock) {
-    const int64_t e = std::min(n, b + kBlock);
+  for (int64_t b = begin; b < end; b += kBlock) {
+    const int64_t e = std::min(end, b + kBlock);
     acc_t s = 0, ss = 0;
     scalar_t l = std::numeric_limits<scalar_t>::infinity();
     scalar_t h = -std::numeric_limits<scalar_t>::infinity();
@@ -43,29 +75,24 @@ __attribute__((always_inline)) inline void stats_of(const scalar_t* p, int64_t n
       const scalar_t v = p[i];
       s += v;
       ss += static_cast<acc_t>(v) * v;
-      l = v < l ? v : l;  // NaN never wins a comparison: counted below and propagated at the end
+      l = v < l ? v : l;
       h = v > h ? v : h;
       const scalar_t a = std::fabs(v);
       z += a < th;
       na += v != v;
       in += a == std::numeric_limits<scalar_t>::infinity();
     }
-    sum += s;
-    sumsq += ss;
+    out.sum += s;
+    out.sumsq += ss;
     lo = std::min(lo, l);
     hi = std::max(hi, h);
-    zeros += z;
-    nans += na;
-    infs += in;
+    out.zeros += z;
+    out.nans += na;
+    out.infs += in;
   }
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  o[0] = std::sqrt(sumsq);
-  o[1] = nans ? nan : static_cast<double>(lo);
-  o[2] = nans ? nan : static_cast<double>(hi);
-  o[3] = sum;
-  o[4] = static_cast<double>(zeros);
-  o[5] = static_cast<double>(nans);
-  o[6] = static_cast<double>(infs);
+  out.lo = static_cast<double>(lo);
+  out.hi = static_cast<double>(hi);
+  return out;
 }
 
 struct Input {
@@ -74,37 +101,101 @@ struct Input {
   bool is_double;
 };
 
-// The same loop for every input; `inline` into each target-specific caller below, so each
+// A stretch of one input, read by one thread.
+struct Piece {
+  size_t input;
+  int64_t begin, end;
+};
+
+// The same loop for every piece; `inline` into each target-specific caller below, so each
 // caller's instruction set decides the vector width.
-__attribute__((always_inline)) inline void fill(const std::vector<Input>& inputs, double threshold, double* out) {
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Input& in = inputs[i];
-    double* o = out + i * kFields;
-    if (in.is_double) {
-      stats_of<double, double>(static_cast<const double*>(in.data), in.numel, threshold, o);
-    } else {
-      stats_of<float, float>(static_cast<const float*>(in.data), in.numel, threshold, o);
-    }
+__attribute__((always_inline)) inline void read_pieces(const std::vector<Input>& inputs, const Piece* pieces,
+                                                       size_t count, double threshold, Partial* out) {
+  for (size_t k = 0; k < count; ++k) {
+    const Piece& piece = pieces[k];
+    const Input& in = inputs[piece.input];
+    out[k] = in.is_double
+                 ? stats_of<double, double>(static_cast<const double*>(in.data), piece.begin, piece.end, threshold)
+                 : stats_of<float, float>(static_cast<const float*>(in.data), piece.begin, piece.end, threshold);
   }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) void fill_avx2(const std::vector<Input>& inputs, double threshold, double* out) {
-  fill(inputs, threshold, out);
+__attribute__((target("avx2,fma"))) void read_avx2(const std::vector<Input>& inputs, const Piece* pieces,
+                                                     size_t count, double threshold, Partial* out) {
+  read_pieces(inputs, pieces, count, threshold, out);
 }
 #endif
 
-void fill_baseline(const std::vector<Input>& inputs, double threshold, double* out) { fill(inputs, threshold, out); }
+void read_baseline(const std::vector<Input>& inputs, const Piece* pieces, size_t count, double threshold,
+                   Partial* out) {
+  read_pieces(inputs, pieces, count, threshold, out);
+}
 
-void fill_best(const std::vector<Input>& inputs, double threshold, double* out) {
+void read_best(const std::vector<Input>& inputs, const Piece* pieces, size_t count, double threshold,
+               Partial* out) {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (avx2) {
-    fill_avx2(inputs, threshold, out);
+    read_avx2(inputs, pieces, count, threshold, out);
     return;
   }
 #endif
-  fill_baseline(inputs, threshold, out);
+  read_baseline(inputs, pieces, count, threshold, out);
+}
+
+// Every input's fields into out[i * 7 ...]. With threads > 1 and enough data, the elements are
+// cut into equal shares (at block boundaries, whole inputs where they fit) and read by that
+// many threads, this one included; the result does not depend on how the work was shared
+// beyond the order of float64 additions.
+void fill(const std::vector<Input>& inputs, double threshold, int threads, double* out) {
+  int64_t total = 0;
+  for (const Input& in : inputs) {
+    total += in.numel;
+  }
+  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(threads, total / kMinPiece));
+  const int64_t share = (total + wanted - 1) / wanted;
+  // pieces in input order, each ending at a share boundary or at its input's end
+  std::vector<Piece> pieces;
+  std::vector<size_t> first_of_share{0};
+  int64_t position = 0;  // elements before the current piece, over all inputs
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    int64_t begin = 0;
+    while (begin < inputs[i].numel) {
+      const int64_t boundary = (position / share + 1) * share;  // the end of the current share
+      int64_t end = std::min(inputs[i].numel, begin + (boundary - position));
+      if (end < inputs[i].numel) {  // cut at the next block boundary: a share may run a block long
+        end = std::min(inputs[i].numel, (end + kBlock - 1) / kBlock * kBlock);
+      }
+      pieces.push_back(Piece{i, begin, end});
+      position += end - begin;
+      begin = end;
+      if (position >= boundary && position < total) {
+        first_of_share.push_back(pieces.size());
+      }
+    }
+  }
+  first_of_share.push_back(pieces.size());
+  std::vector<Partial> partials(pieces.size());
+  {
+    pybind11::gil_scoped_release no_gil;
+    std::vector<std::thread> helpers;
+    for (size_t t = 1; t + 1 < first_of_share.size(); ++t) {
+      const size_t a = first_of_share[t], b = first_of_share[t + 1];
+      helpers.emplace_back([&, a, b] { read_best(inputs, pieces.data() + a, b - a, threshold, partials.data() + a); });
+    }
+    read_best(inputs, pieces.data(), first_of_share[1], threshold, partials.data());
+    for (auto& helper : helpers) {
+      helper.join();
+    }
+  }
+  std::vector<Partial> totals(inputs.size());
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    totals[pieces[k].input].add(partials[k]);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    totals[i].write(out + i * kFields);
+  }
 }
 
 Input input_of(const torch::Tensor& x) {
@@ -126,24 +217,19 @@ std::vector<Input> inputs_of(const std::vector<torch::Tensor>& xs) {
   return inputs;
 }
 
-void fill_unlocked(const std::vector<Input>& inputs, double threshold, double* out) {
-  pybind11::gil_scoped_release no_gil;
-  fill_best(inputs, threshold, out);
-}
-
 }  // namespace
 
 // [norm, min, max, sum, count(|x| < threshold), count(NaN), count(Inf)] as float64.
 torch::Tensor fused_stats(const torch::Tensor& x, double threshold) {
   auto out = torch::empty({kFields}, torch::kDouble);
-  fill_unlocked(inputs_of({x}), threshold, out.data_ptr<double>());
+  fill(inputs_of({x}), threshold, 1, out.data_ptr<double>());
   return out;
 }
 
 // The same for many tensors: one [len(xs), 7] float64 tensor, a row per input.
 torch::Tensor fused_stats_many(const std::vector<torch::Tensor>& xs, double threshold) {
   auto out = torch::empty({static_cast<int64_t>(xs.size()), kFields}, torch::kDouble);
-  fill_unlocked(inputs_of(xs), threshold, out.data_ptr<double>());
+  fill(inputs_of(xs), threshold, 1, out.data_ptr<double>());
   return out;
 }
 
@@ -151,9 +237,9 @@ torch::Tensor fused_stats_many(const std::vector<torch::Tensor>& xs, double thre
 // where per_element[j] is set the field is divided by the tensor's element count (the mean
 // from the sum, the zero fraction from the count). [len(xs), len(columns)] float64, or
 // [len(columns)] when `flat` (one tensor). This is what the monitor records, without further
-// kernels on the Python side.
+// kernels on the Python side. Up to `threads` threads read the tensors when there is enough data.
 torch::Tensor stats_rows(const std::vector<torch::Tensor>& xs, double threshold, const std::vector<int64_t>& columns,
-                         const std::vector<bool>& per_element, bool flat) {
+                         const std::vector<bool>& per_element, bool flat, int64_t threads) {
   TORCH_CHECK(columns.size() == per_element.size(), "stats_rows: one per_element flag per column");
   for (const int64_t c : columns) {
     TORCH_CHECK(c >= 0 && c < kFields, "stats_rows: a column is a field index 0..6");
@@ -161,7 +247,7 @@ torch::Tensor stats_rows(const std::vector<torch::Tensor>& xs, double threshold,
   TORCH_CHECK(!flat || xs.size() == 1, "stats_rows: flat output is for one tensor");
   const auto inputs = inputs_of(xs);
   std::vector<double> fields(inputs.size() * kFields);
-  fill_unlocked(inputs, threshold, fields.data());
+  fill(inputs, threshold, static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, 64))), fields.data());
   const int64_t width = static_cast<int64_t>(columns.size());
   auto out = flat ? torch::empty({width}, torch::kDouble)
                   : torch::empty({static_cast<int64_t>(inputs.size()), width}, torch::kDouble);
