@@ -70,7 +70,7 @@ def test_one_kernel_call_gives_finished_rows_in_any_op_order(use_native):
     ts = tensors()[:-1]  # not the 1e30 one: its float32 norm overflows where the float64 reference does not
     ops = ["zeros", "max", "nans", "mean", "norm", "infs", "min"]
     rows = native.stats_rows()([t.float() for t in ts], zero_threshold(1e-8, torch.float32), [4, 2, 5, 3, 0, 6, 1], [True, False, False, True,
-                                                                                   False, False, False], False, 1)
+                                                                                   False, False, False], False, 1, 0)
     assert rows.shape == (len(ts), len(ops))
     for t, row in zip(ts, rows):
         want = torch.tensor([reference_stats(t.float(), ops)[op] for op in ops], dtype=torch.float64)
@@ -83,9 +83,9 @@ def test_threads_share_the_reading_without_changing_the_rows(use_native):
     ts = [torch.randn(n, generator=gen) for n in (5, 1 << 18, 3 * (1 << 18) + 17, 1000, 1 << 20, 7)]
     ts[2][100], ts[4][5], ts[1][7] = math.nan, math.inf, 0.0
     rows_of = native.stats_rows()
-    one = rows_of(ts, 1e-8, list(range(7)), [False] * 7, False, 1)
+    one = rows_of(ts, 1e-8, list(range(7)), [False] * 7, False, 1, 0)
     for threads in (2, 3, 8):
-        shared = rows_of(ts, 1e-8, list(range(7)), [False] * 7, False, threads)
+        shared = rows_of(ts, 1e-8, list(range(7)), [False] * 7, False, threads, 1 << 16)
         assert torch.allclose(shared, one, rtol=1e-12, atol=0, equal_nan=True)
         assert torch.equal(shared[:, 1:3].nan_to_num(), one[:, 1:3].nan_to_num())  # min, max exact
         assert torch.equal(shared[:, 4:], one[:, 4:])  # counts exact

@@ -21,8 +21,9 @@ measured (docs/performance.md):
   if no element is NaN or infinite. Reading that CPU scalar waits for nothing. On
   accelerators the counts are always computed on the device, so nothing synchronises.
 
-With MSMON_NATIVE_STATS=1, contiguous float32/float64 CPU tensors are read once for all ops
-by an optional compiled kernel (msmon.native); everything else takes the paths below.
+Where the native kernel is built (msmon.native: `msmon build-native`, used by default once
+built), plain contiguous float32/float64 CPU tensors are read once for all ops, a whole batch
+per call, and the finished rows come back from it; everything else takes the paths below.
 """
 from __future__ import annotations
 
@@ -391,11 +392,15 @@ def _native_rows(ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = F
     if rows_of is None or not all(native.eligible(t) for t in ts):
         return None
     return rows_of(ts, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, plan.native_columns,
-                   plan.native_per_element, flat, _native_threads())
+                   plan.native_per_element, flat, _native_threads(), NATIVE_SHARE)
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-NATIVE_THREADS = int(os.environ.get("MSMON_NATIVE_THREADS", "1") or 0)
+# Threads that may share one native call (0, the default: torch's setting), each reading at
+# least NATIVE_SHARE elements. Measured on two cores (docs/performance.md): sharing batches of a
+# few MB brought nothing in training, the 233 MB of a larger model's gradients took a fifth less.
+NATIVE_THREADS = int(os.environ.get("MSMON_NATIVE_THREADS", "0") or 0)
+NATIVE_SHARE = 1 << 22  # elements: 16 MiB of float32 per thread
 
 
 def _native_threads() -> int:

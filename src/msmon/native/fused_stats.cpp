@@ -25,7 +25,6 @@ namespace {
 
 constexpr int64_t kBlock = 1024;
 constexpr int kFields = 7;  // norm, min, max, sum, zeros, nans, infs
-constexpr int64_t kMinPiece = 1 << 18;  // elements: below this a helper thread costs more than it saves
 
 // What one stretch of a tensor contributes; stretches combine exactly (counts, min, max) or
 // in float64 (sums).
@@ -144,16 +143,17 @@ void read_best(const std::vector<Input>& inputs, const Piece* pieces, size_t cou
   read_baseline(inputs, pieces, count, threshold, out);
 }
 
-// Every input's fields into out[i * 7 ...]. With threads > 1 and enough data, the elements are
+// Every input's fields into out[i * 7 ...]. With threads > 1 and at least min_share elements
+// per thread, the elements are
 // cut into equal shares (at block boundaries, whole inputs where they fit) and read by that
 // many threads, this one included; the result does not depend on how the work was shared
 // beyond the order of float64 additions.
-void fill(const std::vector<Input>& inputs, double threshold, int threads, double* out) {
+void fill(const std::vector<Input>& inputs, double threshold, int threads, int64_t min_share, double* out) {
   int64_t total = 0;
   for (const Input& in : inputs) {
     total += in.numel;
   }
-  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(threads, total / kMinPiece));
+  const int64_t wanted = std::max<int64_t>(1, std::min<int64_t>(threads, total / std::max<int64_t>(min_share, kBlock)));
   const int64_t share = (total + wanted - 1) / wanted;
   // pieces in input order, each ending at a share boundary or at its input's end
   std::vector<Piece> pieces;
@@ -222,14 +222,14 @@ std::vector<Input> inputs_of(const std::vector<torch::Tensor>& xs) {
 // [norm, min, max, sum, count(|x| < threshold), count(NaN), count(Inf)] as float64.
 torch::Tensor fused_stats(const torch::Tensor& x, double threshold) {
   auto out = torch::empty({kFields}, torch::kDouble);
-  fill(inputs_of({x}), threshold, 1, out.data_ptr<double>());
+  fill(inputs_of({x}), threshold, 1, 0, out.data_ptr<double>());
   return out;
 }
 
 // The same for many tensors: one [len(xs), 7] float64 tensor, a row per input.
 torch::Tensor fused_stats_many(const std::vector<torch::Tensor>& xs, double threshold) {
   auto out = torch::empty({static_cast<int64_t>(xs.size()), kFields}, torch::kDouble);
-  fill(inputs_of(xs), threshold, 1, out.data_ptr<double>());
+  fill(inputs_of(xs), threshold, 1, 0, out.data_ptr<double>());
   return out;
 }
 
@@ -237,9 +237,10 @@ torch::Tensor fused_stats_many(const std::vector<torch::Tensor>& xs, double thre
 // where per_element[j] is set the field is divided by the tensor's element count (the mean
 // from the sum, the zero fraction from the count). [len(xs), len(columns)] float64, or
 // [len(columns)] when `flat` (one tensor). This is what the monitor records, without further
-// kernels on the Python side. Up to `threads` threads read the tensors when there is enough data.
+// kernels on the Python side. Up to `threads` threads read the tensors, each given at least
+// `min_share` elements.
 torch::Tensor stats_rows(const std::vector<torch::Tensor>& xs, double threshold, const std::vector<int64_t>& columns,
-                         const std::vector<bool>& per_element, bool flat, int64_t threads) {
+                         const std::vector<bool>& per_element, bool flat, int64_t threads, int64_t min_share) {
   TORCH_CHECK(columns.size() == per_element.size(), "stats_rows: one per_element flag per column");
   for (const int64_t c : columns) {
     TORCH_CHECK(c >= 0 && c < kFields, "stats_rows: a column is a field index 0..6");
@@ -247,7 +248,8 @@ torch::Tensor stats_rows(const std::vector<torch::Tensor>& xs, double threshold,
   TORCH_CHECK(!flat || xs.size() == 1, "stats_rows: flat output is for one tensor");
   const auto inputs = inputs_of(xs);
   std::vector<double> fields(inputs.size() * kFields);
-  fill(inputs, threshold, static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, 64))), fields.data());
+  fill(inputs, threshold, static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, 64))), min_share,
+       fields.data());
   const int64_t width = static_cast<int64_t>(columns.size());
   auto out = flat ? torch::empty({width}, torch::kDouble)
                   : torch::empty({static_cast<int64_t>(inputs.size()), width}, torch::kDouble);
