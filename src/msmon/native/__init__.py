@@ -36,7 +36,6 @@ _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_stats.
 _CFLAGS = ["-O3", "-fopenmp-simd"]
 
 FusedStats = Callable[[torch.Tensor, float], torch.Tensor]
-FusedStatsMany = Callable[[list, float], torch.Tensor]
 
 _lock = threading.Lock()
 _loaded: Any = None  # the extension module once built or found
@@ -131,15 +130,10 @@ def fused_stats() -> Optional[FusedStats]:
     return None if module is None else module.fused_stats
 
 
-def fused_stats_many() -> Optional[FusedStatsMany]:
-    """The same for a list of tensors in one call, a [n, 7] row per tensor; None when not built."""
-    module = _module()
-    return None if module is None else module.fused_stats_many
-
-
 def stats_rows() -> Optional[Callable[..., torch.Tensor]]:
-    """`stats_rows(tensors, threshold, columns, per_element, flat)`: finished rows in the
-    caller's column order (fields divided by the element count where asked); None when not built."""
+    """`stats_rows(tensors, threshold, columns, per_element, flat, threads, min_share)`: finished
+    rows in the caller's column order (fields divided by the element count where asked), read by
+    up to `threads` threads of at least `min_share` elements each; None when not built."""
     module = _module()
     return None if module is None else module.stats_rows
 

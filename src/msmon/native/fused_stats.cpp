@@ -226,13 +226,6 @@ torch::Tensor fused_stats(const torch::Tensor& x, double threshold) {
   return out;
 }
 
-// The same for many tensors: one [len(xs), 7] float64 tensor, a row per input.
-torch::Tensor fused_stats_many(const std::vector<torch::Tensor>& xs, double threshold) {
-  auto out = torch::empty({static_cast<int64_t>(xs.size()), kFields}, torch::kDouble);
-  fill(inputs_of(xs), threshold, 1, 0, out.data_ptr<double>());
-  return out;
-}
-
 // Finished rows in the caller's column order: columns[j] is the field (0..6) of column j, and
 // where per_element[j] is set the field is divided by the tensor's element count (the mean
 // from the sum, the zero fraction from the count). [len(xs), len(columns)] float64, or
@@ -276,7 +269,6 @@ std::string isa() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fused_stats", &fused_stats, "one-pass statistics of a contiguous CPU float tensor");
-  m.def("fused_stats_many", &fused_stats_many, "one-pass statistics of many contiguous CPU float tensors");
   m.def("stats_rows", &stats_rows, "finished statistic rows of contiguous CPU float tensors, in the caller's columns");
   m.def("isa", &isa, "the instruction set the statistics loop uses on this CPU");
 }
