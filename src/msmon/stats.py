@@ -189,19 +189,8 @@ def _chunked(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -
 _NATIVE_FIELDS = ("norm", "min", "max", "sum", "zeros", "nans", "infs")
 
 
-def _native_one(fused, t: torch.Tensor, plan: _Plan, threshold: float) -> dict[str, torch.Tensor]:
-    """Every field of one tensor from the optional native kernel, in one read (msmon.native)."""
-    values = dict(zip(_NATIVE_FIELDS, fused(t, threshold).unbind()))
-    if not plan.norm:
-        del values["norm"]
-    return values
-
-
 def _one(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
     """All reductions of one tensor, as 0-d tensors by field."""
-    fused = native.fused_stats()
-    if fused is not None and native.eligible(t):
-        return _native_one(fused, t, plan, threshold)
     if t.device.type == "cpu" and t.numel() > CHUNK and t.is_contiguous():
         return _chunked(t, plan, threshold, acc)
     out = {}
@@ -219,17 +208,11 @@ def _one(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> di
 def _each(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
     """Columns ([n] tensors by field) of tensors reduced one by one (norms in one call)."""
     lists: dict[str, list[torch.Tensor]] = {name: [] for name in plan.fields}
-    fused = native.fused_stats()
-    batch_norm = plan.norm and not any(t.device.type == "cpu" and t.numel() > CHUNK for t in ts) and not (
-        fused is not None and all(native.eligible(t) for t in ts))
+    batch_norm = plan.norm and not any(t.device.type == "cpu" and t.numel() > CHUNK for t in ts)
     for t in ts:
-        if batch_norm:
-            values = _one(t, plan.without_norm, threshold, acc)
-        else:
-            values = _one(t, plan, threshold, acc)
+        values = _one(t, plan.without_norm if batch_norm else plan, threshold, acc)
         for name, value in values.items():
-            if name in lists:  # the native kernel also gives the NaN/Inf counts
-                lists[name].append(value)
+            lists[name].append(value)
     if batch_norm:
         lists["norm"] = torch._foreach_norm(ts, 2, dtype=acc)
     return {name: torch.stack(values) for name, values in lists.items()}
@@ -360,8 +343,6 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     per reduction and, on the CPU, one read of a witness instead of two counting passes."""
     acc = _accumulate_dtype(t.dtype)
     values = _one(t, plan, zero_threshold(eps, t.dtype) if plan.zeros else 0.0, acc)
-    if "nans" in values:  # the native kernel counted them exactly
-        return [values[_FIELD_OF.get(op, op)] for op in plan.ops]
     clean = False
     if plan.flags and t.device.type == "cpu":
         if plan.total:  # a finite sum means no NaN and no Inf (an overflow only costs the counts)
@@ -384,15 +365,18 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     return row
 
 
-def _native_rows(ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = False) -> torch.Tensor | None:
-    """Finished (scaled) rows from one call of the native kernel, or None when it is not built
-    or cannot read every tensor (they then take the torch path together). The tensors must
-    share a dtype (one zero threshold) and be plain tensors (not DTensors)."""
+def _native_rows(ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = False,
+                 scaled: bool = True) -> torch.Tensor | None:
+    """Rows from one call of the native kernel (msmon.native), or None when it is not built or
+    cannot read every tensor (they then take the torch path together). The tensors must share
+    a dtype (one zero threshold) and be plain tensors (not DTensors). `scaled`: mean and zero
+    fraction divided by the element count, as returned to callers; otherwise sums and counts."""
     rows_of = native.stats_rows()
     if rows_of is None or not all(native.eligible(t) for t in ts):
         return None
+    per_element = plan.native_per_element if scaled else [False] * len(plan.ops)
     return rows_of(ts, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, plan.native_columns,
-                   plan.native_per_element, flat, _native_threads(), NATIVE_SHARE)
+                   per_element, flat, _native_threads(), NATIVE_SHARE)
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -409,6 +393,9 @@ def _native_threads() -> int:
 
 def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor:
     """Unscaled [n, ops] rows of tensors sharing one device and dtype."""
+    rows = _native_rows(ts, plan, eps, scaled=False)
+    if rows is not None:
+        return rows
     acc = _accumulate_dtype(ts[0].dtype)
     columns, positions = _columns(ts, plan, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, acc)
     if plan.flags:
@@ -502,10 +489,6 @@ def batch_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float)
     plan = _plan(tuple(ops))
     if not tensors:
         return torch.empty((0, len(plan.ops)), dtype=RESULT_DTYPE)
-    if all(type(t) in _PLAIN_TYPES for t in tensors) and len({t.dtype for t in tensors}) == 1:
-        rows = _native_rows(list(tensors), plan, eps)
-        if rows is not None:
-            return rows
     prepared = [_as_stat_input(t) for t in tensors]
     device = prepared[0].device
     numels = [t.numel() for t in prepared]

@@ -35,7 +35,6 @@ ENV = "MSMON_NATIVE_STATS"
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_stats.cpp")
 _CFLAGS = ["-O3", "-fopenmp-simd"]
 
-FusedStats = Callable[[torch.Tensor, float], torch.Tensor]
 
 _lock = threading.Lock()
 _loaded: Any = None  # the extension module once built or found
@@ -121,13 +120,6 @@ def load_built() -> Any:
             logger.warning("msmon: the built native statistics could not be loaded (%s: %s); using torch reductions",
                            type(exc).__name__, exc)
         return _loaded
-
-
-def fused_stats() -> Optional[FusedStats]:
-    """[norm, min, max, sum, zeros, nans, infs] of one tensor when requested and built; None
-    otherwise (use torch)."""
-    module = _module()
-    return None if module is None else module.fused_stats
 
 
 def stats_rows() -> Optional[Callable[..., torch.Tensor]]:

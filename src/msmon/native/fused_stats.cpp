@@ -199,10 +199,10 @@ void fill(const std::vector<Input>& inputs, double threshold, int threads, int64
 }
 
 Input input_of(const torch::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), "fused_stats: a contiguous CPU tensor");
-  TORCH_CHECK(x.numel() > 0, "fused_stats: an empty tensor");
+  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), "stats_rows: a contiguous CPU tensor");
+  TORCH_CHECK(x.numel() > 0, "stats_rows: an empty tensor");
   const auto type = x.scalar_type();
-  TORCH_CHECK(type == torch::kFloat || type == torch::kDouble, "fused_stats: float32 or float64");
+  TORCH_CHECK(type == torch::kFloat || type == torch::kDouble, "stats_rows: float32 or float64");
   return Input{x.data_ptr(), x.numel(), type == torch::kDouble};
 }
 
@@ -219,14 +219,8 @@ std::vector<Input> inputs_of(const std::vector<torch::Tensor>& xs) {
 
 }  // namespace
 
-// [norm, min, max, sum, count(|x| < threshold), count(NaN), count(Inf)] as float64.
-torch::Tensor fused_stats(const torch::Tensor& x, double threshold) {
-  auto out = torch::empty({kFields}, torch::kDouble);
-  fill(inputs_of({x}), threshold, 1, 0, out.data_ptr<double>());
-  return out;
-}
-
-// Finished rows in the caller's column order: columns[j] is the field (0..6) of column j, and
+// Statistic rows in the caller's column order. A tensor's fields are [norm, min, max, sum,
+// count(|x| < threshold), count(NaN), count(Inf)]; columns[j] is the field of column j, and
 // where per_element[j] is set the field is divided by the tensor's element count (the mean
 // from the sum, the zero fraction from the count). [len(xs), len(columns)] float64, or
 // [len(columns)] when `flat` (one tensor). This is what the monitor records, without further
@@ -268,7 +262,6 @@ std::string isa() {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("fused_stats", &fused_stats, "one-pass statistics of a contiguous CPU float tensor");
   m.def("stats_rows", &stats_rows, "finished statistic rows of contiguous CPU float tensors, in the caller's columns");
   m.def("isa", &isa, "the instruction set the statistics loop uses on this CPU");
 }
