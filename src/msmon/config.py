@@ -9,8 +9,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import json
 import logging
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -92,6 +92,7 @@ class MonitorConfig:
     ur_distribution: bool = False
     xy_distribution: bool = False
     all_xy: bool = False
+    xy_each_call: bool = False  # msmon: one row per call of a module run several times per micro-step
     forward_only: bool = False
     backward_only: bool = False
     mv_distribution: bool = False
@@ -128,7 +129,7 @@ class MonitorConfig:
 
 _BOOL_KEYS = ("print_struct", "ur_distribution", "xy_distribution", "all_xy", "forward_only",
               "backward_only", "mv_distribution", "param_distribution", "wg_distribution",
-              "monitor_mbs_grad", "squash_name", "dynamic_on")
+              "monitor_mbs_grad", "squash_name", "dynamic_on", "xy_each_call")
 _INT_KEYS = {"ndigits": 0, "step_count_per_record": 1, "start_step": 0, "step_interval": 1,
              "collect_times": 0}
 VALID_KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig) if f.name != "raw")
@@ -145,11 +146,29 @@ def _expect_bool(key: str, value: Any) -> bool:
 
 
 def _expect_int(key: str, value: Any, minimum: int) -> int:
+    """An integer; an integral float too (`1e8`, the notation the docs use for collect_times,
+    is a float in JSON)."""
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected an integer, got {value!r} (not a finite number)")
+        if value.is_integer():
+            value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{key}: expected an integer, got {value!r} ({_type_name(value)})")
     if value < minimum:
         raise ConfigError(f"{key}: expected an integer >= {minimum}, got {value}")
     return value
+
+
+def _expect_positive(key: str, value: Any) -> float:
+    """A finite number > 0: NaN would compare false everywhere and switch a check off silently."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}: expected a positive number, got {value!r} ({_type_name(value)})")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}: expected a positive number, got {value!r} (not a finite number)")
+    if value <= 0:
+        raise ConfigError(f"{key}: expected a positive number, got {value!r}")
+    return float(value)
 
 
 def _suggest(word: str, choices: Any) -> str:
@@ -268,9 +287,7 @@ def _parse_rule(rule: Any, where: str) -> AlertRuleConfig:
     if threshold is None and name == "AnomalyTurbulence":
         raise ConfigError(f"{where}.args.threshold: AnomalyTurbulence needs a threshold (e.g. 0.5)")
     if threshold is not None:
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or threshold <= 0:
-            raise ConfigError(f"{where}.args.threshold: expected a positive number, got {threshold!r}")
-        threshold = float(threshold)
+        threshold = _expect_positive(f"{where}.args.threshold", threshold)
     return AlertRuleConfig(name, threshold)
 
 
@@ -290,10 +307,12 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
         elif key == "targets":
             cfg.targets = _parse_targets(value)
         elif key == "module_ranks":
-            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                      for v in value):
+            if not isinstance(value, list):
                 raise ConfigError(f"module_ranks: expected a list of rank numbers, got {value!r}")
-            cfg.module_ranks = list(value)
+            try:
+                cfg.module_ranks = [_expect_int(f"module_ranks[{i}]", v, 0) for i, v in enumerate(value)]
+            except ConfigError as exc:
+                raise ConfigError(f"module_ranks: expected a list of rank numbers, got {value!r} ({exc})") from None
         elif key == "cc_distribution":
             cfg.cc_distribution = _parse_cc(value)
         elif key == "alert":
@@ -303,9 +322,7 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
         elif key == "ops":
             cfg.ops = _parse_ops(value)
         elif key == "eps":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ConfigError(f"eps: expected a positive number, got {value!r}")
-            cfg.eps = float(value)
+            cfg.eps = _expect_positive(key, value)
         elif key == "grad_acc_steps":
             cfg.grad_acc_steps = None if value is None else _expect_int(key, value, 1)
         elif key == "nan_origin":
@@ -319,25 +336,18 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
 
 
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a JSON or YAML file into a mapping, with errors that name the file."""
+    """Read a JSON or YAML file into a mapping, with one-line errors that name the file (and
+    the line and column of a bad byte, a full-width comma or a syntax error)."""
+    from .config_text import parse_config_bytes
+
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:
+            data = fh.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    try:
-        if path.endswith((".yaml", ".yml")):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # json.JSONDecodeError, yaml.YAMLError
-        raise ConfigError(f"config file {path} is not valid {'YAML' if path.endswith(('.yaml', '.yml')) else 'JSON'}: {exc}") from None
-    if data is None:
-        data = {}
-    return data
+    parsed = parse_config_bytes(data, path)
+    return {} if parsed is None else parsed
 
 
 def load_config(path: str | os.PathLike) -> MonitorConfig:

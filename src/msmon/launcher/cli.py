@@ -119,7 +119,8 @@ def _is_int(text: str) -> bool:
 @main.command(cls=_SeveralSteps)
 @click.option("-d", "--dir", "directory", required=True, type=click.Path(file_okay=False),
               help="The anomaly_detected directory of a run.")
-@click.option("-o", "--output", type=click.Path(), help="A directory, or the .json file to write (default: DIR/anomaly_analyse.json).")
+@click.option("-o", "--output", type=click.Path(), help="A directory, or the .json file for msmon's report (default: DIR/msmon_analyse.json); "
+                   "msprobe's anomaly_analyse.json is written beside it.")
 @click.option("-k", "--top-k", default=8, show_default=True, type=click.IntRange(min=1),
               help="How many of the first anomalies to print.")
 @click.option("-s", "--steps", type=int, multiple=True, help="Only these steps: -s 3 4 5.")

@@ -45,9 +45,16 @@ def summary_lines(records: list[dict[str, Any]], mode: str) -> list[str]:
                 "or -S, or a launcher that drops PYTHONPATH, skips msmon's sitecustomize: add `import msmon.auto` "
                 "at the top of the training script (see docs/launcher.md)."]
     lines = []
+    stopped = any(record.get("error") for record in records)
     for record in records:
         where = f"rank {record.get('rank', '?')}"
         monitors = record.get("monitors", [])
+        if record.get("error"):
+            lines.append(f"msmon: {where}: stopped before training, invalid config: {record['error']}")
+            continue
+        if not monitors and stopped:
+            lines.append(f"msmon: {where}: nothing was monitored (the job stopped on another rank's config error)")
+            continue
         if not monitors:
             skipped = record.get("skipped", [])
             reason = "; ".join(f"{s['optimizer']}: {s['reason']}" for s in skipped)

@@ -80,7 +80,7 @@ def _report_at_exit(session: hooks.Session, record: "WorkerRecord | None") -> No
     if not session.in_owner_process():
         return
     attached = record.data["monitors"] if record is not None else session.monitors
-    if not attached:
+    if not attached and session.error is None:  # a stopped process said why already
         logger.info("msmon[rank %d]: no optimizer was monitored in this process (none was built, or none "
                     "could be attached); nothing was recorded", current_rank())
 
@@ -116,6 +116,8 @@ class WorkerRecord:
             })
         elif event == "skipped":
             self.data["skipped"].append({"optimizer": info["optimizer"], "reason": info["reason"]})
+        elif event == "stopped":
+            self.data["error"] = info["reason"]
         else:
             return
         self.write()
