@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from msmon.anomaly.analyse import ANALYSE_FILE, run_analyse
+from msmon.anomaly.analyse import REPORT_FILE, event_from_msprobe, run_analyse
+from msmon.anomaly.msprobe_format import MSPROBE_ANALYSE_FILE
 
 
 def rec(rank, step, micro, stage, pp, call, name, category, vpp=0, rule="AnomalyNan", op="nans", value=1.0, **extra):
@@ -28,7 +29,7 @@ def write_dump(directory, rank, records, name="anomaly.jsonl"):
 
 
 def analysed(directory, output=None):
-    path = directory / ANALYSE_FILE if output is None else output
+    path = directory / REPORT_FILE if output is None else output
     return json.loads(path.read_text())
 
 
@@ -93,7 +94,7 @@ def test_the_verdict_names_the_first_anomaly_the_spread_and_the_first_non_finite
     out = capsys.readouterr().out
     assert ("First anomaly: rank 5, step 41210, micro-step 0, backward input gradient of layers.2.attn "
             "(first non-finite; NanOrigin).") in out
-    result = analysed(tmp_path, tmp_path / "result" / ANALYSE_FILE)
+    result = analysed(tmp_path, tmp_path / "result" / REPORT_FILE)
     assert result["nan_origin"]["name"] == "layers.2.attn.input"
     assert result["first_per_rank"]["3"]["description"] == \
         "rank 3, step 41210, micro-step 2, forward: forward output of layers.17.mlp.fc2 (nans)"
@@ -187,7 +188,7 @@ def test_an_empty_directory_is_a_clear_message_and_exit_1(tmp_path, capsys):
     assert "no anomaly dump under" in capsys.readouterr().err
     assert run_analyse(str(tmp_path / "missing")) == 1
     assert "is not a directory" in capsys.readouterr().err
-    assert not (tmp_path / ANALYSE_FILE).exists()
+    assert not (tmp_path / REPORT_FILE).exists() and not (tmp_path / MSPROBE_ANALYSE_FILE).exists()
 
 
 def test_files_with_no_readable_record_exit_1(tmp_path, capsys):
@@ -223,6 +224,118 @@ def test_a_file_holding_two_runs_is_flagged(tmp_path, capsys):
                                     rec(0, 10, 0, "forward", 0, 1, "b.output", "actv")])
     assert run_analyse(str(tmp_path)) == 0
     assert f"{path} line 2: the step goes back from 50 to 10" in capsys.readouterr().err
+
+
+def test_a_record_whose_op_or_another_field_is_not_a_string_is_skipped_and_counted(tmp_path, capsys):
+    good = rec(0, 2, 0, "forward", 0, 1, "fc1.output", "actv")
+    write_dump(tmp_path, 0, [
+        {**good, "op": 5},                    # op a number: once a traceback in the table
+        {**good, "op": ["nans"]},
+        {**good, "tag": 7, "name": None},
+        {**good, "stage": ["forward"]},
+        {**good, "message": {"text": "x"}},
+        {**good, "rule": 3},
+        good,
+    ])
+    msprobe = tmp_path / "rank1" / "anomaly.json"
+    msprobe.parent.mkdir()
+    msprobe.write_text(json.dumps({"k": {"rank": 1, "step": 2, "tag_name": "0:fc2.output:0/rank1/actv",
+                                         "message": ["not", "text"]}}))
+    assert run_analyse(str(tmp_path)) == 0
+    captured = capsys.readouterr()
+    assert "msmon analyse: skipped 7 malformed records" in captured.err
+    assert "line 1: 'op' must be a string, got 5; line skipped" in captured.err
+    assert f"{msprobe} record 'k': 'message' must be a string" in captured.err
+    result = analysed(tmp_path)
+    assert result["skipped_records"] == 7 and [e["op"] for e in result["top_k"]] == ["nans"]
+    assert "Traceback" not in captured.err
+
+
+def msprobe_layout(path):
+    """msprobe's anomaly_analyse.json: {key: GradAnomalyData fields} in its order (a dict)."""
+    data = json.loads(path.read_text())
+    fields = {"rank", "step", "micro_step", "pp_stage", "vpp_stage", "call_id", "tag_name", "message", "group_mates"}
+    assert all(set(record) == fields for record in data.values())
+    return data
+
+
+def test_msprobes_anomaly_analyse_json_holds_the_first_k_records_in_order(tmp_path):
+    write_dump(tmp_path, 0, [
+        rec(0, 7, None, "optimizer", 0, 90, "fc1.weight", "grad_reduced", op="norm", value="nan",
+            tag="0:fc1.weight/rank0/grad_reduced"),
+        rec(0, 7, 0, "forward", 0, 5, "fc1.output", "actv", op="infs", value=3.0, tag="0:fc1.output:0/rank0/actv"),
+        rec(0, 7, 0, "forward", 0, 5, "fc1.output", "actv", rule="NanOrigin", op="nonfinite", value="inf",
+            tag="0:fc1.output:0/rank0/actv"),
+    ])
+    write_dump(tmp_path, 1, [{**rec(1, 7, 0, "forward", 1, 2, "fc3.output", "actv", op="norm", value=9.5,
+                                    rule="AnomalyTurbulence"), "history": 1.25}])  # no tag in the record
+    assert run_analyse(str(tmp_path), top_k=3) == 0
+    data = msprobe_layout(tmp_path / MSPROBE_ANALYSE_FILE)
+    report = analysed(tmp_path)
+    assert list(data) == ["0:fc1.output:0/rank0/actv_step_7_call_5",  # the origin, then the alert on that tensor
+                          "0:fc1.output:0/rank0/actv_step_7_call_5_AnomalyNan",
+                          "0:fc3.output:0/rank1/actv_step_7_call_2"]
+    assert [(r["rank"], r["tag_name"]) for r in data.values()] == [(e["rank"], e["tag"] or r["tag_name"])
+                                                                   for e, r in zip(report["top_k"], data.values())]
+    turbulence = data["0:fc3.output:0/rank1/actv_step_7_call_2"]
+    assert turbulence == {"rank": 1, "step": 7, "micro_step": 0, "pp_stage": 1, "vpp_stage": 0, "call_id": 2,
+                          "tag_name": "0:fc3.output:0/rank1/actv", "group_mates": [0, 1],
+                          "message": "Rule AnomalyTurbulence reports anomaly signal in ('0:fc3.output:0/rank1/actv', "
+                                     "'norm') at step 7, current value 9.5, history mean 1.25."}
+    # what msprobe's own message parser (msmon reads msprobe dumps with it) gets back
+    back = [event_from_msprobe(r) for r in data.values()]
+    assert [(e.rule, e.op, e.value, e.history, e.micro_step) for e in back][1:] == [
+        ("AnomalyNan", "infs", 3.0, None, 0), ("AnomalyTurbulence", "norm", 9.5, 1.25, 0)]
+    assert back[0].rule == "NanOrigin" and back[0].op == "nonfinite"
+
+
+def test_on_msprobes_own_dumps_the_file_is_what_msprobe_writes(tmp_path):
+    """The expected file was written by msprobe 26.2.0 itself (`python -m
+    msprobe.core.monitor.anomaly_processor -d DIR -o OUT -k 3`) from these two anomaly.json."""
+    def msprobe(rank, step, tag, call, value, history, rule="AnomalyTurbulence", pp=0):
+        message = (f"Rule {rule} reports anomaly signal in ('{tag}', 'norm') at step {step}, current value {value}, "
+                   f"history mean {history}.")
+        return f"{tag}_step_{step}_call_{call}", {
+            "rank": rank, "step": step, "micro_step": 0, "pp_stage": pp, "vpp_stage": 0, "call_id": call,
+            "tag_name": tag, "message": message, "group_mates": [0, 1]}
+
+    dumps = {0: dict([msprobe(0, 3, "0:fc1.output:0/rank0/actv", 9, 42.0, 2.0),
+                      msprobe(0, 2, "0:fc2.output:0/rank0/actv", 4, 5.0, 1.0),
+                      msprobe(0, 3, "0:fc1.weight/rank0/exp_avg", 11, 7.0, 0.5)]),
+             1: dict([msprobe(1, 3, "0:fc0.output:0/rank1/actv", 2, float("nan"), 0.1, "AnomalyNan", pp=1)])}
+    for rank, data in dumps.items():
+        (tmp_path / f"rank{rank}").mkdir()
+        (tmp_path / f"rank{rank}" / "anomaly.json").write_text(json.dumps(data, indent=1))
+    assert run_analyse(str(tmp_path), top_k=3) == 0
+    written = msprobe_layout(tmp_path / MSPROBE_ANALYSE_FILE)
+    expected = [dumps[0]["0:fc2.output:0/rank0/actv_step_2_call_4"], dumps[0]["0:fc1.output:0/rank0/actv_step_3_call_9"],
+                dumps[1]["0:fc0.output:0/rank1/actv_step_3_call_2"]]
+    assert list(written) == ["0:fc2.output:0/rank0/actv_step_2_call_4", "0:fc1.output:0/rank0/actv_step_3_call_9",
+                             "0:fc0.output:0/rank1/actv_step_3_call_2"]
+    assert list(written.values()) == expected
+
+
+def test_a_whole_step_statistic_has_msprobes_micro_step_0(tmp_path):
+    write_dump(tmp_path, 0, [rec(0, 3, None, "optimizer", 0, 4, "fc1.weight", "grad_reduced", op="norm", value="nan")])
+    assert run_analyse(str(tmp_path)) == 0
+    (record,) = msprobe_layout(tmp_path / MSPROBE_ANALYSE_FILE).values()
+    assert (record["micro_step"], record["tag_name"]) == (0, "0:fc1.weight/rank0/grad_reduced")
+    assert record["message"].endswith("('0:fc1.weight/rank0/grad_reduced', 'norm') at step 3, current value nan.")
+
+
+@pytest.mark.parametrize("output, report, msprobe", [
+    (None, "dumps/" + REPORT_FILE, "dumps/" + MSPROBE_ANALYSE_FILE),
+    ("out/", "out/" + REPORT_FILE, "out/" + MSPROBE_ANALYSE_FILE),
+    ("out/report.json", "out/report.json", "out/" + MSPROBE_ANALYSE_FILE),
+    ("out/" + MSPROBE_ANALYSE_FILE, "out/" + REPORT_FILE, "out/" + MSPROBE_ANALYSE_FILE),
+])
+def test_msprobes_file_goes_where_msprobe_writes_it_beside_msmons_report(tmp_path, capsys, output, report, msprobe):
+    write_dump(tmp_path / "dumps", 0, [rec(0, 1, 0, "forward", 0, 1, "fc1.output", "actv")])
+    assert run_analyse(str(tmp_path / "dumps"), output=str(tmp_path / output) + ("/" if output == "out/" else "")
+                       if output else None) == 0
+    assert analysed(tmp_path, tmp_path / report)["total"] == 1
+    assert len(msprobe_layout(tmp_path / msprobe)) == 1
+    assert f"Written to {tmp_path / report} (and msprobe's layout to {tmp_path / msprobe})" in capsys.readouterr().out
 
 
 @pytest.mark.e2e

@@ -14,8 +14,11 @@ its step. The first event, the first one on each rank, and the first non-finite 
 (records of rule NanOrigin) make the verdict.
 
 Bad input never stops the analysis: a file that cannot be read or parsed is reported by name
-and skipped; in a .jsonl file each malformed line (a torn last line after a crash, say) is
-reported and skipped and the rest is kept.
+and skipped; in a .jsonl file each malformed line (a torn last line after a crash, say) or
+record (a field of the wrong type) is reported, counted and skipped, and the rest is kept.
+
+Two files are written: msmon's report (the verdict, the first anomaly per rank, ...) and
+msprobe's `anomaly_analyse.json` (msprobe_format), beside it.
 """
 from __future__ import annotations
 
@@ -29,9 +32,11 @@ from typing import Any, Iterable
 
 from ..records import BACKWARD, CATEGORY_STAGE, FORWARD, OPTIMIZER
 from .dump import DUMP_FILE, MSPROBE_DUMP_FILE, json_number
+from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 from .rules import NAN_ORIGIN_RULE
 
-ANALYSE_FILE = "anomaly_analyse.json"
+REPORT_FILE = "msmon_analyse.json"  # msmon's report; msprobe's layout is MSPROBE_ANALYSE_FILE
+_RECORD_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
 STAGE_ORDER = {FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
 # msprobe's task names, mapped to the training stage they happen in (msprobe ranked unknown
 # tasks such as parameters first of all; here every task has its real place)
@@ -46,7 +51,7 @@ CATEGORY_TEXT = {
 MAX_LINE_REPORTS = 5
 _MSPROBE_MESSAGE = re.compile(
     r"Rule (?P<rule>\w+) reports anomaly signal in \('(?P<tag>[^']*)', '(?P<op>\w+)'\)"
-    r"(?:.*?current value (?P<value>[^,\s]+))?(?:.*?history mean (?P<history>[^,\s]+?))?\.?$")
+    r"(?:.*?current value (?P<value>[^,\s]+?)(?=,|\.?$))?(?:.*?history mean (?P<history>[^,\s]+?))?\.?$")
 
 
 @dataclass
@@ -129,6 +134,7 @@ class DumpSet:
     events: list[AnomalyEvent] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    skipped_records: int = 0  # malformed lines and records left out
 
 
 # -- reading ------------------------------------------------------------------------------------
@@ -149,7 +155,7 @@ def read_dumps(directory: str) -> DumpSet:
     for path in find_dump_files(directory):
         result.files.append(path)
         reader = _read_jsonl if path.endswith(".jsonl") else _read_msprobe_json
-        for event in reader(path, result.problems):
+        for event in reader(path, result):
             identity = (event.rank, event.step, event.micro_step, event.stage, event.call_id, event.tag,
                         event.name, event.category, event.op, event.rule, repr(event.value))
             if identity not in seen:  # the same node's directory copied in twice
@@ -173,7 +179,8 @@ def _align_origins(events: list[AnomalyEvent]) -> None:
             e.call_id = rows.get((e.rank, e.step, e.micro_step, e.stage, e.category, e.name), e.call_id)
 
 
-def _read_jsonl(path: str, problems: list[str]) -> Iterable[AnomalyEvent]:
+def _read_jsonl(path: str, result: DumpSet) -> Iterable[AnomalyEvent]:
+    problems = result.problems
     bad_lines = 0
     last_step: int | None = None
     try:
@@ -188,8 +195,9 @@ def _read_jsonl(path: str, problems: list[str]) -> Iterable[AnomalyEvent]:
             try:
                 record = json.loads(line)
                 event = event_from_record(record, path)
-            except (ValueError, TypeError, KeyError) as exc:
+            except _RECORD_ERRORS as exc:
                 bad_lines += 1
+                result.skipped_records += 1
                 if bad_lines <= MAX_LINE_REPORTS:
                     reason = "not valid JSON (a torn or truncated line?)" if isinstance(exc, json.JSONDecodeError) else str(exc)
                     problems.append(f"{path} line {number}: {reason}; line skipped")
@@ -204,7 +212,8 @@ def _read_jsonl(path: str, problems: list[str]) -> Iterable[AnomalyEvent]:
         problems.append(f"{path}: {bad_lines - MAX_LINE_REPORTS} more malformed lines skipped")
 
 
-def _read_msprobe_json(path: str, problems: list[str]) -> Iterable[AnomalyEvent]:
+def _read_msprobe_json(path: str, result: DumpSet) -> Iterable[AnomalyEvent]:
+    problems = result.problems
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
@@ -219,9 +228,12 @@ def _read_msprobe_json(path: str, problems: list[str]) -> Iterable[AnomalyEvent]
         return
     for key, record in data.items():
         try:
-            yield event_from_msprobe(record, path)
-        except (ValueError, TypeError, KeyError) as exc:
+            event = event_from_msprobe(record, path)
+        except _RECORD_ERRORS as exc:
+            result.skipped_records += 1
             problems.append(f"{path} record {key!r}: {exc}; record skipped")
+            continue
+        yield event
 
 
 def _int(record: dict, key: str, default: int | None = None, required: bool = False) -> int | None:
@@ -232,6 +244,14 @@ def _int(record: dict, key: str, default: int | None = None, required: bool = Fa
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _text(record: dict, key: str) -> str | None:
+    """A string field, or absent (None); anything else makes the record malformed."""
+    value = record.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key!r} must be a string, got {value!r}")
     return value
 
 
@@ -267,6 +287,8 @@ def event_from_record(record: Any, path: str = "") -> AnomalyEvent:
     """An event from one msmon anomaly.jsonl record."""
     if not isinstance(record, dict):
         raise ValueError(f"expected a JSON object, got {type(record).__name__}")
+    for key in ("tag", "name", "category", "stage", "op", "rule", "message"):
+        _text(record, key)
     tag = record.get("tag") or ""
     name, category = record.get("name"), record.get("category")
     vpp = _int(record, "vpp_stage", None)
@@ -303,6 +325,7 @@ def event_from_msprobe(record: Any, path: str = "") -> AnomalyEvent:
     tag = record.get("tag_name")
     if not isinstance(tag, str):
         raise ValueError("missing 'tag_name'")
+    _text(record, "message")
     vpp, name, tag_micro, category = parse_tag(tag)
     message = str(record.get("message") or "")
     parsed = _MSPROBE_MESSAGE.search(message)
@@ -403,13 +426,18 @@ def _num(value: float | None) -> str:
 
 
 # -- the command --------------------------------------------------------------------------------
-def _output_path(directory: str, output: str | None) -> str:
-    """OUT is a directory when it is one (or ends with a separator), else the file to write."""
-    if not output:
-        return os.path.join(directory, ANALYSE_FILE)
-    if os.path.isdir(output) or output.endswith(("/", os.sep)):
-        return os.path.join(output, ANALYSE_FILE)
-    return output
+def output_paths(directory: str, output: str | None) -> tuple[str, str]:
+    """(msmon's report, msprobe's anomaly_analyse.json). Both go into OUT when it is a
+    directory (or ends with a separator), into DIR without -o, as msprobe's analyser does;
+    when OUT names a file, that file is the report and msprobe's file goes beside it (unless
+    OUT is itself named anomaly_analyse.json: then that is msprobe's, and the report beside)."""
+    if not output or os.path.isdir(output) or output.endswith(("/", os.sep)):
+        folder = output or directory
+        return os.path.join(folder, REPORT_FILE), os.path.join(folder, MSPROBE_ANALYSE_FILE)
+    folder = os.path.dirname(output)
+    if os.path.basename(output) == MSPROBE_ANALYSE_FILE:
+        return os.path.join(folder, REPORT_FILE), output
+    return output, os.path.join(folder, MSPROBE_ANALYSE_FILE)
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
@@ -422,9 +450,9 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 
 def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps: list[int] | None = None) -> int:
     """Read every rank's anomaly dump under `directory`, print the first `top_k` anomalies in
-    training order and a verdict, write `anomaly_analyse.json` into `output` when it is a
-    directory, to the file `output` otherwise, or into `directory` when no output is given. Returns the exit code: 0 on success, 1 when there is
-    nothing to analyse or the result cannot be written, 2 for a bad argument."""
+    training order and a verdict, and write msmon's report and msprobe's anomaly_analyse.json
+    where `output_paths` says. Returns the exit code: 0 on success, 1 when there is nothing to
+    analyse or the result cannot be written, 2 for a bad argument."""
     err = sys.stderr
     if top_k < 1:
         print(f"msmon analyse: -k must be at least 1, got {top_k}", file=err)
@@ -436,6 +464,9 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
     dumps = read_dumps(directory)
     for problem in dumps.problems:
         print(f"msmon analyse: {problem}", file=err)
+    if dumps.skipped_records:
+        print(f"msmon analyse: skipped {dumps.skipped_records} malformed record{'s' if dumps.skipped_records > 1 else ''}",
+              file=err)
     if not dumps.files:
         print(f"msmon analyse: no anomaly dump under {directory}: no rank*/{DUMP_FILE} (nor msprobe's "
               f"{MSPROBE_DUMP_FILE}). Was alert.dump true and did any alert fire?", file=err)
@@ -463,6 +494,7 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
         "directory": os.path.abspath(directory),
         "files": dumps.files,
         "skipped": dumps.problems,
+        "skipped_records": dumps.skipped_records,
         "steps": list(steps) if steps else None,
         "total": len(selected),
         "ranks": sorted({e.rank for e in selected}),
@@ -472,11 +504,12 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
         "first_per_rank": {str(r): e.to_json() for r, e in sorted(first_per_rank(selected).items())},
         "top_k": [e.to_json() for e in top],
     }
-    path = _output_path(directory, output)
-    try:
-        _write_json(path, result)
-    except OSError as exc:
-        print(f"msmon analyse: cannot write {path}: {exc.strerror or exc}", file=err)
-        return 1
-    print(f"Written to {path}")
+    report, msprobe = output_paths(directory, output)
+    for path, data in ((report, result), (msprobe, msprobe_records(top))):
+        try:
+            _write_json(path, data)
+        except OSError as exc:
+            print(f"msmon analyse: cannot write {path}: {exc.strerror or exc}", file=err)
+            return 1
+    print(f"Written to {report} (and msprobe's layout to {msprobe})")
     return 0
