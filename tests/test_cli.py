@@ -44,6 +44,31 @@ def test_an_invalid_config_is_refused_before_the_job_starts(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("name, data, message", [
+    ("monitor.json", '{"wg_distribution": true,\n "ops": ["norm"\uff0c "max"]}'.encode("gbk"),
+     "is not UTF-8: line 2, column 16: byte 0xA3 (in GBK, '\uff0c' U+FF0C FULLWIDTH COMMA); save the file as UTF-8"),
+    ("monitor.json", '{"wg_distribution": true\uff0c "ops": ["norm"]}'.encode(),
+     ": line 1, column 25: '\uff0c' U+FF0C FULLWIDTH COMMA is not ASCII; write ',' instead"),
+    ("monitor.yaml", "# \u914d\u7f6e\uff0c\u68af\u5ea6\nwg_distribution\uff1a true\n".encode(),
+     ": line 2, column 16: '\uff1a' U+FF1A FULLWIDTH COLON is not ASCII; write ':' instead"),
+    ("monitor.json", b'{"alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": NaN}}]}}',
+     ": alert.rules[0].args.threshold: expected a positive number, got nan (not a finite number)"),
+])
+def test_a_config_not_utf8_full_width_or_non_finite_is_one_line_before_any_worker_starts(tmp_path, name, data,
+                                                                                         message):
+    config = tmp_path / name
+    config.write_bytes(data)
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    proc = msmon("run", "--config", str(config), "--nproc-per-node", "2", "--", str(script), timeout=120)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: invalid config: ") and f"{config}" in lines[0], proc.stderr
+    assert lines[0].endswith(message)
+    assert not marker.exists()  # torchrun never started
+
+
 def test_an_unwritable_output_directory_is_refused_before_the_job_starts(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")

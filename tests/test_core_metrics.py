@@ -1,6 +1,7 @@
 """Recorded statistics equal values recomputed independently from the same tensors."""
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -259,6 +260,47 @@ def test_lbfgs_gradients_are_read_after_the_closure(write_config, output_dir):
     assert len(rows) == 4
     for row in rows:
         assert float(row["norm"]) == pytest.approx(first_norms[row["name"]], rel=1e-5)
+
+
+def test_lbfgs_records_every_step_the_gradient_of_its_first_closure_and_says_it_has_no_moments(
+        write_config, output_dir, caplog):
+    """LBFGS evaluates its closure up to 25 times a step (max_iter=20); grad_acc_steps is inferred."""
+    torch.manual_seed(8)
+    model = MLP()
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=20)
+    mon = TrainerMon(write_config({"wg_distribution": True, "mv_distribution": True, "format": "csv",
+                                   "ops": ALL_OPS}))
+    mon.set_monitor(model, optimizer)
+    x = torch.randn(16, 8)
+    first_grads, evaluations = [], []
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        evaluations[-1] += 1
+        if evaluations[-1] == 1:  # the gradient at the weights the step starts from
+            first_grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        return loss
+
+    with caplog.at_level(logging.INFO, logger="msmon"):
+        for _ in range(3):
+            evaluations.append(0)
+            optimizer.step(closure)
+    mon.close()
+    assert min(evaluations) > 1  # many closures per step
+    out = rank_dir(output_dir)
+    for category in ("grad_unreduced", "grad_reduced"):
+        rows = read_csv_rows(out, category)
+        assert {(r["step"], r["name"]) for r in rows} == {(str(s), n) for s in range(3) for n, _ in
+                                                         model.named_parameters()}, category
+        for row in rows:
+            assert_row_matches(row, reference_stats(first_grads[int(row["step"])][row["name"]]))
+    assert mon.grad_acc_steps == 1  # closure evaluations are not micro-batches
+    said = [r.getMessage() for r in caplog.records if "keeps no Adam moments" in r.getMessage()]
+    assert said == ["msmon[rank 0]: LBFGS keeps no Adam moments (exp_avg, exp_avg_sq); mv_distribution records "
+                    "nothing for it"]
+    assert read_csv_rows(out, "exp_avg") == []
 
 
 def test_batch_stats_handles_mixed_devices_dtypes_and_empty():

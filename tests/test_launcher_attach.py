@@ -7,6 +7,8 @@ import gc
 import glob
 import json
 import logging
+import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -14,9 +16,10 @@ import torch
 
 from msmon import TrainerMon
 from msmon.hooks import Session
-from msmon.hooks import torch_optim
+from msmon.hooks import framework_attach, torch_optim
+from msmon.optimizers import OptimizerGone
 
-from conftest import MLP, read_csv_rows
+from conftest import MLP, ROOT, read_csv_rows
 
 CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "xy_distribution": True,
           "all_xy": True, "format": ["csv"], "ops": ["norm", "min", "max", "mean"]}
@@ -182,7 +185,7 @@ def test_an_optimizer_built_inside_another_is_not_monitored_twice(session):
     optimizer = Sharded(model.parameters())
     train(model, optimizer, steps=2, grad_acc=1)
     (monitor,) = session.monitors
-    assert monitor.adapter.optimizer.__class__ is Sharded  # the outer one, whose step the script calls
+    assert type(monitor.adapter.optimizer) is Sharded  # the outer one, whose step the script calls
     assert monitor.steps_recorded == 2
 
 
@@ -208,20 +211,120 @@ def test_each_optimizer_gets_its_own_monitor_and_output(session, output_dir):
     assert by_dir[Path(monitors[1].log_dir)] == {"0.weight", "0.bias"}
 
 
-def test_a_dropped_optimizer_is_collected_and_its_monitor_closed(session):
+def test_two_optimizers_over_one_model_record_its_activations_once(session, output_dir):
+    """Separate optimizers for parts of one model (GAN-style): one monitor each, but the model's
+    module hooks are installed once, by the first; the other records its own parameters only."""
+    model = MLP()
+    opt_body = torch.optim.SGD(model.fc1.parameters(), lr=0.1)
+    opt_head = torch.optim.Adam(model.fc2.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        for _ in range(2):
+            model(torch.randn(4, 8, generator=gen)).pow(2).mean().backward()
+        opt_body.step()
+        opt_head.step()
+        opt_body.zero_grad()
+        opt_head.zero_grad()
+    first, second = session.monitors
+    assert first.models == second.models == [model]
+    for monitor in (first, second):
+        monitor.close()
+    actv = {m: read_csv_rows(Path(m.log_dir), "actv") for m in (first, second)}
+    assert actv[second] == []
+    keys = [(r["step"], r["micro_step"], r["name"]) for r in actv[first]]
+    assert len(keys) == len(set(keys)) and {k[:2] for k in keys} == {(s, m) for s in "01" for m in "01"}
+    assert {r["name"] for r in read_csv_rows(Path(first.log_dir), "grad_reduced")} == {"fc1.weight", "fc1.bias"}
+    assert {r["name"] for r in read_csv_rows(Path(second.log_dir), "grad_reduced")} == {"fc2.weight", "fc2.bias"}
+
+
+def test_when_the_monitor_recording_a_shared_model_goes_the_other_takes_its_activations_over(session, output_dir):
+    model = MLP()
+    opt_body = torch.optim.SGD(model.fc1.parameters(), lr=0.1)
+    opt_head = torch.optim.SGD(model.fc2.parameters(), lr=0.1)
+    first, second = session.monitors
+    del opt_body
+    gc.collect()
+    assert session.monitors == [second]
+    train(model, opt_head, steps=1, grad_acc=1)
+    second.close()
+    assert {r["name"] for r in read_csv_rows(Path(second.log_dir), "actv")} >= {"fc1.input", "fc2.output"}
+    assert read_csv_rows(Path(first.log_dir), "actv") == []
+
+
+def test_a_dropped_optimizer_is_collected_and_its_monitor_closed(session, caplog):
     model = MLP()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     train(model, optimizer, steps=2, grad_acc=1)
     (monitor,) = session.monitors
-    del optimizer
-    gc.collect()
+    # held through weak references, never proxies: the script's own object, its own class
+    assert monitor.optimizer is optimizer and type(monitor.adapter.optimizer) is torch.optim.Adam
+    alive = weakref.ref(optimizer)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="msmon"):
+        del optimizer
+        gc.collect()
+    assert alive() is None  # nothing of msmon kept it alive
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # closed cleanly
     assert session.monitors == []  # released, and with it the Adam state
+    assert monitor.optimizer is None
+    with pytest.raises(OptimizerGone, match="the Adam this monitor was attached to has been garbage-collected"):
+        monitor.adapter.optimizer
     assert not model.fc1._forward_pre_hooks and not model._forward_hooks  # detached from the model
     summary = json.loads((Path(monitor.log_dir) / "summary.json").read_text())
     assert summary["steps_recorded"] == 2
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)  # the next one gets a fresh monitor
     train(model, optimizer, steps=1, grad_acc=1)
     assert len(session.monitors) == 1 and session.monitors[0] is not monitor
+
+
+def test_a_monitor_attached_through_the_api_does_not_keep_its_optimizer_alive(write_config, output_dir):
+    model = MLP()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    monitor = TrainerMon(write_config(CONFIG))
+    monitor.set_monitor(model, optimizer)
+    train(model, optimizer, steps=1, grad_acc=1)
+    alive = weakref.ref(optimizer)
+    del optimizer
+    gc.collect()
+    assert alive() is None and monitor.optimizer is None
+    monitor.close()
+    assert json.loads((Path(monitor.log_dir) / "summary.json").read_text())["steps_recorded"] == 1
+
+
+def test_a_framework_optimizer_dropped_by_the_script_is_collected_and_its_monitor_closed(session, output_dir):
+    sys.path.insert(0, str(ROOT / "tests" / "scripts"))
+    import megatron_cpu  # a real Megatron FP32Optimizer, built on CPU
+
+    model = MLP()
+    with torch_optim.suppressed():  # as the Megatron instrumentor builds it: its inner Adam is not ours
+        optimizer = megatron_cpu.fp32_optimizer(model.parameters(), megatron_cpu.optimizer_config())
+    monitor = framework_attach.attach(session, model, optimizer, "test")
+    assert session.monitors == [monitor] and monitor.optimizer is optimizer
+    alive = weakref.ref(optimizer)
+    del optimizer
+    gc.collect()
+    assert alive() is None and session.monitors == []
+    assert json.loads((Path(monitor.log_dir) / "summary.json").read_text())["steps_recorded"] == 0
+
+
+def test_the_undo_of_a_wrapped_framework_method_does_not_keep_its_object_alive():
+    from msmon.optimizers.deepspeed import wrap_method
+
+    class Engine:  # stands for a DeepSpeed optimizer, whose reduce_ipg_grads the adapter wraps
+        def reduce_ipg_grads(self):
+            return "reduced"
+
+    engine, seen = Engine(), []
+    undo = wrap_method(engine, "reduce_ipg_grads", before=lambda: seen.append(1))
+    assert engine.reduce_ipg_grads() == "reduced" and seen == [1]
+    undo()
+    assert "reduce_ipg_grads" not in engine.__dict__
+    undo = wrap_method(engine, "reduce_ipg_grads", before=lambda: None)
+    alive = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert alive() is None
+    undo()  # harmless once it is gone
 
 
 def test_lbfgs_gradients_are_read_after_its_closure_ran(session, output_dir):

@@ -2,9 +2,24 @@
 
 Unreduced gradients are read in post-accumulate-grad hooks, which run right after autograd
 accumulates into `.grad` and before DDP's reducer sees the gradient, so no clone is needed.
+That holds while no earlier micro-batch of the step was all-reduced (single process, or DDP
+with `no_sync()` for all but the last micro-batch). When DDP reduces a micro-batch that is
+not the step's last (accumulation without `no_sync()`), `.grad` is the reduced sum from then
+on: the rank-local sum is then kept apart, a copy of `.grad` taken right before the reduction
+plus each later micro-batch's incoming gradient (a tensor hook, registered with the copy, sees
+it before it is accumulated), one gradient's memory for that parameter until the step's rows
+are taken. When grad_acc_steps is not known yet (step 0 while it is inferred), every reduced
+micro-batch might be followed by another, so the copy is taken at each of them in that step.
+A `.grad` rewritten between micro-batches by anything else (its version counter moved by more
+than the one in-place add of an accumulation) is left out with a warning, never misreported.
+
 The reduced gradient is what the optimizer consumes at step time; when it is still the very
 tensor the last hook saw, unmodified (same storage and version counter: no data-parallel
 reduction, no clipping), its statistics are reused instead of read again.
+
+With `step(closure)` (LBFGS evaluates its closure up to max_eval times per step) the step's
+gradients are those of its first closure evaluation, at the weights the step starts from;
+later evaluations inside the step are neither counted as micro-batches nor recorded.
 
 Where nothing can rewrite a gradient before backward ends (no data-parallel reducer: a single
 process; no other post-accumulate hook on the parameter; not per micro-step), the hooks only
@@ -25,6 +40,7 @@ import torch.distributed as dist
 from ..records import RowKey
 from ..stats import batch_stats, tensor_stats
 from .base import Collector
+from .ddp_sync import DdpSync
 
 
 logger = logging.getLogger("msmon")
@@ -38,6 +54,13 @@ def _data_parallel() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def _unserializable(hook):
+    """Tensor hooks are never pickled with their tensor; this says so to torch, whose pickling
+    of a plain tensor would otherwise warn about each of them."""
+    hook.__torch_unserializable__ = True
+    return hook
+
+
 class GradCollector(Collector):
     name = "weight gradients"
 
@@ -49,15 +72,51 @@ class GradCollector(Collector):
         self.batched = True  # read at the end of backward when safe; False once that proved unsafe
         self._noted: dict[int, tuple[torch.Tensor, tuple[int, int, int], int]] = {}
         self._flush_task: int | None = None  # the backward pass whose end reads the noted gradients
+        self._sync: DdpSync | None = None  # under data parallelism: which backward passes DDP reduces
+        self.local: dict[int, torch.Tensor] = {}  # rank-local sums kept apart from a reduced `.grad`
+        self._adding: dict[int, object] = {}  # the tensor hooks that add to them
+        self._reduced: set[int] = set()  # params whose `.grad` DDP reduced in an earlier micro-batch
+        self._versions: dict[int, tuple[int, int]] = {}  # (id, version) of `.grad` as the last micro-batch left it
+        self._lost_said = False
+        self._consumed = False  # the step's gradients were taken (later closure evaluations are not counted)
 
     def attach(self) -> None:
-        for index, mp in enumerate(self.mon.params):
+        mon = self.mon
+        if _data_parallel() and not mon.adapter.hooks_unreduced:
+            self._sync = DdpSync(mon.models, {id(mp.param) for mp in mon.params})
+        for index, mp in enumerate(mon.params):
             if mp.param.requires_grad:
                 hook = self.guard(self._make_hook(index))
                 self.handles.append(mp.param.register_post_accumulate_grad_hook(hook))
 
+    def detach(self) -> None:
+        self._drop_local()
+        super().detach()
+
+    def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        """Copy `.grad` before DDP reduces it, and add each later micro-batch's gradient to the
+        copy in a tensor hook (it sees the gradient before it is accumulated); the hook exists
+        only while the copy does."""
+        local = grad.detach().clone()
+
+        def on_incoming_grad(incoming: torch.Tensor) -> None:
+            local.add_(incoming)  # our own copy; the gradient itself is only read
+            return None
+
+        self.local[index] = local
+        self._adding[index] = param.register_hook(_unserializable(self.guard(on_incoming_grad)))
+        return local
+
+    def _drop_local(self) -> None:
+        for handle in self._adding.values():
+            handle.remove()
+        self._adding.clear()
+        self.local.clear()
+
     def _make_hook(self, index: int):
         def on_grad_accumulated(param: torch.Tensor) -> None:
+            if self._consumed:  # a later closure evaluation inside step(closure)
+                return
             count = self.counts.get(index, 0) + 1
             self.counts[index] = count
             mon = self.mon
@@ -67,6 +126,10 @@ class GradCollector(Collector):
             if grad is None:
                 return
             acc = mon.grad_acc_steps
+            if self._sync is not None:
+                grad = self._rank_local(index, param, grad, acc is not None and count >= acc)
+                if grad is None:
+                    return
             if not mon.config.monitor_mbs_grad and acc is not None and count < acc:
                 return
             if self._can_wait(param):
@@ -75,6 +138,44 @@ class GradCollector(Collector):
             self._record(index, grad, count, tensor_stats(grad, mon.step_ops, mon.config.eps))
 
         return on_grad_accumulated
+
+    def _rank_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, last: bool) -> torch.Tensor | None:
+        """The rank-local gradient accumulated so far, where `.grad` may hold a reduced sum;
+        None when that is no longer known (it was reduced and no copy was kept)."""
+        reduced_before = index in self._reduced
+        if not reduced_before and self._rewritten(index, grad):
+            self._reduced.add(index)
+            self._left_out(index, f"the gradient of {self.mon.params[index].name} was rewritten in place between "
+                                  "micro-batches by something other than DDP's reduction of a forward (a manual "
+                                  "all-reduce?)")
+            return None
+        if self._sync.reduces(param):
+            self._reduced.add(index)
+            if not reduced_before and not last:  # about to be reduced, and more micro-batches follow
+                self._keep_local(index, param, grad)
+        local = self.local.get(index)
+        if local is not None:
+            return local
+        if reduced_before:
+            self._left_out(index, f"step {self.mon.step} ran more micro-batches than grad_acc_steps="
+                                  f"{self.mon.grad_acc_steps}, all-reduced by DDP (no no_sync()); set grad_acc_steps "
+                                  "to the real count")
+            return None
+        self._versions[index] = (id(grad), grad._version)
+        return grad
+
+    def _rewritten(self, index: int, grad: torch.Tensor) -> bool:
+        """Whether `.grad` changed since the last micro-batch otherwise than by this accumulation
+        (one in-place add: its version counter goes up by exactly one). A host-side check."""
+        seen = self._versions.get(index)
+        return seen is not None and seen[0] == id(grad) and grad._version != seen[1] + 1
+
+    def _left_out(self, index: int, why: str) -> None:
+        self.last_rows.pop(index, None)
+        if not self._lost_said:
+            self._lost_said = True
+            logger.warning("msmon[rank %d]: %s: the rank-local gradient of the step is no longer known, so its "
+                           "grad_unreduced rows are left out (said once)", self.mon.rank, why)
 
     def _record(self, index: int, grad: torch.Tensor, count: int, row: torch.Tensor) -> None:
         mon = self.mon
@@ -119,6 +220,8 @@ class GradCollector(Collector):
         return max(self.counts.values(), default=0)
 
     def before_update(self) -> None:
+        self._consumed = True
+        self._drop_local()  # their rows are taken: the copies' memory goes back now, not at the step's end
         mon = self.mon
         if not mon.recording:
             return
@@ -149,6 +252,10 @@ class GradCollector(Collector):
         mon.buffer.add_many(keys, torch.stack([r.to(rows[0].device) for r in rows]))
 
     def end_step(self) -> None:
+        self._consumed = False
+        self._drop_local()
+        self._reduced.clear()
+        self._versions.clear()
         self.counts.clear()
         self.last_rows.clear()
         self.last_identity.clear()

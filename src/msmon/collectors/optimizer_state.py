@@ -2,9 +2,13 @@
 
 update = m_hat / (sqrt(v_hat) + eps) and ratio = m_hat / sqrt(v_hat), with the bias
 corrections m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t). With ur_distribution the
-per-parameter histograms of both go to TensorBoard (the heatmap view).
+per-parameter histograms of both go to TensorBoard (the heatmap view). An optimizer that keeps
+no such moments (LBFGS, SGD with or without momentum, Adagrad...) has nothing to record: that is
+said once per rank, naming its class.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -12,6 +16,8 @@ from ..records import Histogram, RowKey
 from ..optimizers.base import Shard
 from ..stats import batch_stats, local_tensor
 from .base import Collector
+
+logger = logging.getLogger("msmon")
 
 HIST_EDGES = [-1.0 + i / 16 for i in range(33)]  # 32 buckets over [-1, 1]; outliers clamp to the ends
 
@@ -25,14 +31,24 @@ def _bias_correction(beta: float, step) -> torch.Tensor | float:
 class OptimizerStateCollector(Collector):
     name = "optimizer state"
 
+    def __init__(self, monitor) -> None:
+        super().__init__(monitor)
+        self._said_none = False
+
     def after_update(self) -> None:
         mon = self.mon
         if not mon.recording:
             return
         cfg = mon.config
-        moments = mon.adapter.moments([mp.param for mp in mon.params])
+        params = [mp.param for mp in mon.params]
+        moments = mon.adapter.moments(params)
         present = [(i, mp, moments[id(mp.param)]) for i, mp in enumerate(mon.params) if id(mp.param) in moments]
         if not present:
+            if params and not self._said_none and not mon.adapter.holds_moments(params):
+                self._said_none = True
+                asked = " and ".join(k for k in ("mv_distribution", "ur_distribution") if getattr(cfg, k))
+                logger.warning("msmon[rank %d]: %s keeps no Adam moments (exp_avg, exp_avg_sq); %s records nothing "
+                               "for it", mon.rank, mon.adapter.optimizer_name, asked)
             return
         if cfg.mv_distribution:
             for category, attr in (("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):

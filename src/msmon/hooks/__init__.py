@@ -14,7 +14,7 @@ import importlib
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from ..config import MonitorConfig, load_config
 from ..distributed import current_rank
@@ -32,6 +32,13 @@ INSTRUMENTORS: dict[str, str] = {
 Listener = Callable[[str, dict], None]
 
 
+class StopBeforeTraining(SystemExit):
+    """A config mistake seen only once the model is known (a target that names no module):
+    bad input, not a monitoring failure, so the process stops before training instead of
+    training unmonitored. A SystemExit: no traceback, and the script's `except Exception`
+    cannot swallow it."""
+
+
 @dataclass
 class Session:
     """What the instrumentors of one process share: the config every monitor is built from,
@@ -44,6 +51,7 @@ class Session:
     pid: int = field(default_factory=os.getpid)
     monitors: list[Any] = field(default_factory=list)
     listeners: list[Listener] = field(default_factory=list)
+    error: str | None = None  # why the process was stopped before training, if it was
 
     @classmethod
     def from_file(cls, config_path: str) -> "Session":
@@ -52,9 +60,18 @@ class Session:
     def in_owner_process(self) -> bool:
         return os.getpid() == self.pid
 
+    def stop(self, reason: str) -> NoReturn:
+        """Stop this process before training: one error line, the reason kept for the
+        launcher's end-of-job summary, exit code 2."""
+        self.error = reason
+        logger.error("msmon[rank %d]: invalid config %s: %s; stopping before training", current_rank(),
+                     self.config_path, reason)
+        self.emit("stopped", reason=reason)
+        raise StopBeforeTraining(2)
+
     def emit(self, event: str, **info: Any) -> None:
         """Tell listeners: "attached" (monitor, optimizer, when), "skipped" (optimizer,
-        reason), "closed" (monitor)."""
+        reason), "stopped" (reason), "closed" (monitor)."""
         for listener in list(self.listeners):
             try:
                 listener(event, info)

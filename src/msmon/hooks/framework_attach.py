@@ -1,6 +1,8 @@
 """Attaching a monitor to an optimizer a framework built (DeepSpeed, Megatron), shared by their
 instrumentors: the framework hands over the model chunks and the optimizer, the torch.optim
 instrumentor is told to leave every optimizer inside it alone, and the launcher hears about it.
+Like the torch.optim instrumentor's, the monitor holds the optimizer weakly and is closed and
+released once the optimizer is garbage-collected.
 """
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import weakref
 from typing import Any
 
 from ..config import ConfigError
-from ..distributed import current_rank
+from ..distributed import current_rank, pipeline_position
+from ..naming import model_chunks
 from . import Session, torch_optim
 
 logger = logging.getLogger("msmon")
@@ -62,6 +65,10 @@ def attach(session: Session, models: Any, optimizer: Any, when: str) -> Any:
         monitor.set_monitor(models, optimizer)
     except ConfigError as exc:
         monitor.close()
+        config = session.config
+        if torch_optim.targets_error(config.targets, model_chunks(models), config.squash_name) is not None \
+                and len(pipeline_position()[1]) == 1:  # on one pipeline stage, another may hold the target
+            session.stop(str(exc))
         logger.error("msmon[rank %d]: %s is not monitored: %s", current_rank(), type(optimizer).__name__, exc)
         session.emit("skipped", optimizer=type(optimizer).__name__, reason=str(exc))
         return None
@@ -70,6 +77,7 @@ def attach(session: Session, models: Any, optimizer: Any, when: str) -> Any:
         raise
     _attached.add(optimizer)
     session.monitors.append(monitor)
+    torch_optim.close_when_collected(optimizer, session, monitor)
     chunks = models if isinstance(models, (list, tuple)) else [models]
     names = [type(getattr(m, "module", m)).__name__ for m in chunks]
     logger.info("msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s", current_rank(), type(optimizer).__name__,

@@ -16,8 +16,9 @@ or wrapping optimizers) and wrappers that resolve to an already monitored optimi
 monitored twice.
 
 Each monitored optimizer gets its own TrainerMon, hence its own output directory. The
-monitor holds its optimizer weakly, so an optimizer the script drops is garbage collected;
-its monitor is then closed (pending rows written, summary.json) and released.
+monitor and its adapter hold the optimizer through weak references (`TrainerMon.optimizer`
+is None once it is gone), so an optimizer the script drops is garbage collected; its monitor
+is then closed (pending rows written, summary.json) and released.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import torch
 from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
 
 from ..config import ConfigError
-from ..distributed import current_rank
+from ..distributed import current_rank, pipeline_position
 from ..monitor import TrainerMon
 from ..naming import check_targets, display
 from ..optimizers.base import resolve_optimizer
@@ -177,6 +178,7 @@ class _Instrumentation:
             self._decide(opt)
             logger.error("msmon[rank %d]: attaching to %s failed; it is not monitored: %r",
                          current_rank(), type(opt).__name__, exc)
+            self.session.emit("skipped", optimizer=type(opt).__name__, reason=f"attaching failed: {exc!r}")
 
     def _is_decided(self, opt: Any) -> bool:
         known = self._decided.get(id(opt))
@@ -216,6 +218,22 @@ class _Instrumentation:
             return
         self._attach(opt, roots, when)
 
+    def _targets_elsewhere(self, opt: Any, roots: list[torch.nn.Module], error: ConfigError) -> None:
+        """This optimizer's model lacks a target: leave it alone when another model built so far
+        has every missing one (a GAN's other optimizer); else the target names no module at all,
+        a config mistake that stops the job before training, as the API's set_monitor does. On
+        one stage of a pipeline the other stages may hold it, so it is only left alone there."""
+        config = self.session.config
+        others = [[m] for m in _models_built(self.tracker) if all(m is not r for r in roots)]
+        nowhere = [t for t in config.targets
+                   if all(targets_error([t], chunks, config.squash_name) is not None for chunks in [roots, *others])]
+        if nowhere and len(pipeline_position()[1]) == 1:
+            reason = str(targets_error(nowhere[:1], roots, config.squash_name))
+            if others:
+                reason += f" (nor of the {len(others)} other model{'s' if len(others) > 1 else ''} this process built)"
+            self.session.stop(reason)
+        self._skip(opt, f"the config's targets are not in its model ({error})")
+
     def _wraps_monitored(self, opt: Any) -> bool:
         """Lookahead-like wrappers share the inner optimizer's `param_groups` list."""
         groups = getattr(opt, "param_groups", None)
@@ -240,28 +258,44 @@ class _Instrumentation:
     def _attach(self, opt: Any, roots: list[torch.nn.Module], when: str) -> None:
         config = self.session.config
         if config.targets:
-            squash = config.squash_name
-            try:
-                check_targets(config.targets,
-                              [{display(n, squash) for n, _ in root.named_modules()} for root in roots],
-                              [{display(n, squash) for n, _ in root.named_parameters()} for root in roots])
-            except ConfigError as exc:
-                self._skip(opt, f"the config's targets are not in its model ({exc})")
+            error = targets_error(config.targets, roots, config.squash_name)
+            if error is not None:
+                self._targets_elsewhere(opt, roots, error)
                 return
         monitor = TrainerMon(self.session.config_path)
+        hooking = _module_monitor(self.session, roots)
+        monitor.records_modules = hooking is None
         try:
             monitor.set_monitor(roots[0] if len(roots) == 1 else roots, opt)
         except BaseException:
             monitor.close()
             raise
-        _hold_optimizer_weakly(monitor, opt)
         self.session.monitors.append(monitor)
         self._attached = [(ref, m) for ref, m in self._attached if ref() is not None] + [(weakref.ref(opt), monitor)]
-        weakref.finalize(opt, _on_optimizer_collected, self.session, monitor)
+        close_when_collected(opt, self.session, monitor)
         models = [type(root).__name__ for root in roots]
-        logger.info("msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s", current_rank(),
-                    type(opt).__name__, " + ".join(models), when, monitor.log_dir or "no output on this rank")
+        shared = "" if hooking is None else (f"; its model's activations are recorded once, by the monitor of "
+                                             f"{hooking.adapter.optimizer_name} ({hooking.log_dir})")
+        logger.info("msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s%s", current_rank(),
+                    type(opt).__name__, " + ".join(models), when, monitor.log_dir or "no output on this rank", shared)
         self.session.emit("attached", monitor=monitor, optimizer=type(opt).__name__, models=models, when=when)
+
+
+def targets_error(targets: Any, chunks: list[torch.nn.Module], squash: bool) -> ConfigError | None:
+    """Why `targets` are not all in the model made of `chunks` (None: they are)."""
+    try:
+        check_targets(targets, [{display(n, squash) for n, _ in chunk.named_modules()} for chunk in chunks],
+                      [{display(n, squash) for n, _ in chunk.named_parameters()} for chunk in chunks])
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def _models_built(tracker: ModuleTracker) -> list[torch.nn.Module]:
+    """The models the process built so far: tracked modules with parameters that are nobody's child."""
+    modules = tracker.modules()
+    children = {id(child) for m in modules for child in m._modules.values() if child is not None}
+    return [m for m in modules if id(m) not in children and next(m.parameters(), None) is not None]
 
 
 def _with_subclasses(cls: type) -> list[type]:
@@ -274,15 +308,33 @@ def _with_subclasses(cls: type) -> list[type]:
     return out
 
 
-def _hold_optimizer_weakly(monitor: TrainerMon, opt: Any) -> None:
-    """The session keeps its monitors; a monitor keeping its optimizer would keep every
-    optimizer (and its state) alive for the whole process. Swap the monitor's strong
-    references for weak proxies once it is attached."""
-    proxy = weakref.proxy(opt)
-    monitor.optimizer = proxy
-    adapter = getattr(monitor, "adapter", None)
-    if adapter is not None and getattr(adapter, "optimizer", None) is opt:
-        adapter.optimizer = proxy
+def _module_monitor(session: Session, roots: list[torch.nn.Module]) -> TrainerMon | None:
+    """The live monitor that already hooks the modules of all of `roots` (two optimizers over
+    parts of one model: its activations are recorded once), or None."""
+    for monitor in session.monitors:
+        if monitor.records_modules and all(any(root is m for m in monitor.models) for root in roots):
+            return monitor
+    return None
+
+
+def _hand_modules_over(session: Session, gone: TrainerMon) -> None:
+    """`gone` hooked its models' modules for the other optimizers over them too: the first of
+    those still monitored takes the modules over from its next forward."""
+    if not gone.records_modules:
+        return
+    for monitor in session.monitors:
+        if monitor is not gone and not monitor.records_modules and \
+                any(m is g for m in monitor.models for g in gone.models):
+            monitor.records_modules = True
+            if monitor.attached and monitor.active:
+                monitor._rebuild_collectors()
+            return
+
+
+def close_when_collected(optimizer: Any, session: Session, monitor: TrainerMon) -> None:
+    """Once the script drops `optimizer`, close its monitor and release it (also for the
+    framework instrumentors' monitors)."""
+    weakref.finalize(optimizer, _on_optimizer_collected, session, monitor)
 
 
 def _on_optimizer_collected(session: Session, monitor: TrainerMon) -> None:
@@ -296,4 +348,9 @@ def _on_optimizer_collected(session: Session, monitor: TrainerMon) -> None:
         logger.warning("msmon[rank %d]: closing the monitor of a collected optimizer failed: %r", monitor.rank, exc)
     if monitor in session.monitors:
         session.monitors.remove(monitor)
+        try:
+            _hand_modules_over(session, monitor)
+        except Exception as exc:
+            logger.warning("msmon[rank %d]: handing the model's activations over to another monitor failed: %r",
+                           monitor.rank, exc)
     session.emit("closed", monitor=monitor)

@@ -6,12 +6,12 @@ import logging
 from typing import Any
 
 from ..config import ConfigError
-from .base import Moments, OptimizerAdapter, Shard, class_names, resolve_optimizer
+from .base import Moments, OptimizerAdapter, OptimizerGone, Shard, class_names, resolve_optimizer
 from .deepspeed import ADAPTERS as DEEPSPEED_ADAPTERS
 from .megatron import megatron_adapter
 from .torch_optim import TorchOptimAdapter
 
-__all__ = ["Moments", "OptimizerAdapter", "Shard", "TorchOptimAdapter", "adapter_for", "resolve_optimizer",
+__all__ = ["Moments", "OptimizerAdapter", "OptimizerGone", "Shard", "TorchOptimAdapter", "adapter_for", "resolve_optimizer",
            "OPT_TY"]
 
 logger = logging.getLogger("msmon")

@@ -12,6 +12,7 @@ collectors never need to know about data or tensor parallelism.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -83,8 +84,24 @@ class Moments:
     eps: float
 
 
+class OptimizerGone(RuntimeError):
+    """The optimizer a monitor was attached to has been garbage-collected."""
+
+
+def hold_weakly(obj: Any) -> Callable[[], Any]:
+    """A weak reference to `obj` (called, it gives obj or None once obj is gone); an object
+    that cannot be referenced weakly is held as it is."""
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        return lambda: obj
+
+
 class OptimizerAdapter:
     """Family-specific access to an optimizer; see TorchOptimAdapter for the plain case.
+
+    The optimizer is held weakly, so a monitor never keeps a script's optimizer (and its state)
+    alive; `optimizer` raises OptimizerGone once it has been collected.
 
     Subclasses implement `params`, `_weights`, `_grads`, `_moments` and `hook_step`; sharded
     families also `shard_groups`, and families whose gradients are taken away before autograd's
@@ -102,6 +119,19 @@ class OptimizerAdapter:
     def __init__(self, optimizer: Any) -> None:
         self.optimizer = optimizer
         self.writer: Callable[[torch.Tensor], bool] = lambda _param: True
+
+    @property
+    def optimizer(self) -> Any:
+        optimizer = self._optimizer()
+        if optimizer is None:
+            raise OptimizerGone(f"msmon: the {self.optimizer_name} this monitor was attached to has been "
+                                "garbage-collected; there is nothing more to record")
+        return optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: Any) -> None:
+        self.optimizer_name = type(optimizer).__name__
+        self._optimizer = hold_weakly(optimizer)
 
     # -- what the collectors call ------------------------------------------------------------------
     def params(self) -> list[torch.Tensor]:
@@ -121,6 +151,10 @@ class OptimizerAdapter:
     def moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
         """Adam moments keyed by id(param), for the params that have them."""
         return self._written(params, self._moments(params))
+
+    def holds_moments(self, params: list[torch.Tensor]) -> bool:
+        """Whether the optimizer keeps Adam moments for any of `params`, whichever rank writes them."""
+        return bool(self._moments(params))
 
     def hook_step(self, before: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
         """Call `before` once the gradients are final (after a closure ran) and `after` once the

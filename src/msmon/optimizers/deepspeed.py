@@ -20,12 +20,13 @@ Gradients are read before `step()` unscales or clips them.
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from .base import GradPairs, Moments, OptimizerAdapter, Shard
+from .base import GradPairs, Moments, OptimizerAdapter, Shard, hold_weakly
 from .torch_optim import TorchOptimAdapter, adam_hyper, inner_moments
 
 _STAGE3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
@@ -48,10 +49,12 @@ def wrap_method(obj: Any, name: str, before: Callable[..., None] | None = None,
         return result
 
     setattr(obj, name, wrapper)
+    held, ours = hold_weakly(obj), weakref.ref(wrapper)  # the undo keeps neither alive (the monitor holds it)
 
     def undo() -> None:
-        if obj.__dict__.get(name) is wrapper:
-            delattr(obj, name)
+        current, mine = held(), ours()
+        if current is not None and mine is not None and current.__dict__.get(name) is mine:
+            delattr(current, name)
 
     return undo
 

@@ -1,11 +1,12 @@
 """torch.optim optimizers (any subclass, including user-defined ones)."""
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import torch
 
-from .base import Moments, OptimizerAdapter
+from .base import Moments, OptimizerAdapter, hold_weakly
 
 
 class _ClosureOnce:
@@ -95,9 +96,12 @@ def _wrap_step_method(opt: Any, pre_hook: Callable, post_hook: Callable) -> Call
         return result
 
     opt.step = step
+    # the undo must not keep the optimizer alive, nor the wrapper (which holds it; the optimizer holds the wrapper)
+    held, wrapper = hold_weakly(opt), weakref.ref(step)
 
     def remove() -> None:
-        if opt.__dict__.get("step") is step:
-            del opt.step
+        current, ours = held(), wrapper()
+        if current is not None and ours is not None and current.__dict__.get("step") is ours:
+            del current.step
 
     return remove
