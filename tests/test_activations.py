@@ -135,9 +135,9 @@ class Shared(torch.nn.Module):
         return self.block(torch.tanh(self.block(x))).sum()
 
 
-def test_a_module_called_twice_gets_name_and_name_1(write_config, output_dir):
+def test_with_xy_each_call_a_module_called_twice_gets_name_and_name_1(write_config, output_dir):
     model = Shared()
-    mon, optimizer = monitored(write_config, model, {"all_xy": True})
+    mon, optimizer = monitored(write_config, model, {"all_xy": True, "xy_each_call": True})
     for _ in range(2):
         model(torch.randn(3, 4)).backward()
     optimizer.step()

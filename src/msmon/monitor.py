@@ -30,6 +30,7 @@ from .distributed import current_rank, pipeline_position
 from .launcher.boot import ENV_BOOTSTRAP_DIR
 from .naming import check_targets, covers, display, model_chunks, split_vpp
 from .optimizers import adapter_for
+from .optimizers.base import hold_weakly
 from .output import ensure_writable, output_base_dir, rank_dir_name
 from .records import StepBuffer
 from .sinks import ApiSink, make_sinks
@@ -75,12 +76,15 @@ class TrainerMon:
             self._window_start = None  # msprobe's dynamic mode: wait for dynamic_on in the file
 
         self.models: list[torch.nn.Module] = []
-        self.optimizer: Any = None
+        self._optimizer: Any = lambda: None  # held weakly (optimizers.base.hold_weakly)
         self.adapter: Any = None
         self._wrapped_optimizer: Any = None
         self.params: list[MonitoredParam] = []
         self.collectors: list[Collector] = []
         self._tracker: MicroStepTracker | None = None
+        # module-level collection (activations, NaN origin, structure); the launcher turns it off for a
+        # second optimizer over a model another monitor already hooks, so its modules are recorded once
+        self.records_modules = True
         self._struct: StructCollector | None = None
         self._unhook_step = None
         self.grad_acc_steps: int | None = self.config.grad_acc_steps
@@ -97,6 +101,12 @@ class TrainerMon:
         lifecycle.register(self)
 
     # -- msprobe API ----------------------------------------------------------------------------
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer given to set_monitor; None before, and once it has been garbage-collected
+        (the monitor holds it weakly: it never keeps a script's optimizer alive)."""
+        return self._optimizer()
+
     @property
     def ops(self) -> list[str]:
         return list(self._ops)
@@ -131,7 +141,7 @@ class TrainerMon:
         if self.attached:
             raise RuntimeError("msmon: this TrainerMon is already attached; create one TrainerMon per optimizer")
         self.models = model_chunks(model)
-        self.optimizer = optimizer
+        self._optimizer = hold_weakly(optimizer)
         self.tp_group, self.dp_group = tp_group, dp_group
         self.step = int(start_iteration)
         if grad_acc_steps is not None and not self._grad_acc_given:
@@ -227,6 +237,10 @@ class TrainerMon:
 
     def forward_micro_step(self, chunk: int) -> int:
         return self._tracker.forward_micro(chunk) if self._tracker is not None else 0
+
+    def in_gradless_forward(self, chunk: int) -> bool:
+        """Whether the chunk's forward now running has gradients off (it trains nothing)."""
+        return self._tracker.in_gradless_forward(chunk) if self._tracker is not None else False
 
     @property
     def backward_micro_step(self) -> int:
@@ -337,21 +351,22 @@ class TrainerMon:
         cfg = self.config
         self._enable_dump()
         collectors: list[Collector] = []
-        needs_tracker = cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled
+        hook_modules = self.records_modules  # False: another monitor hooks these models' modules
+        needs_tracker = hook_modules and (cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled)
         self._tracker = MicroStepTracker(self, self.models) if needs_tracker else None
         if self._tracker is not None:
             collectors.append(self._tracker)
-        if cfg.print_struct:
+        if hook_modules and cfg.print_struct:
             modules, _ = self._names()
             listed = [(m, (f"{c}:{n}" if len(self.models) > 1 else n)) for c, named in enumerate(modules)
                       for n, m in named.items() if n]
             self._struct = StructCollector(self, listed)
             collectors.append(self._struct)
-        if cfg.nan_origin_enabled:
+        if hook_modules and cfg.nan_origin_enabled:
             modules, _ = self._names()
             collectors.append(NanOriginCollector(self, [(m, n, c, c) for c, named in enumerate(modules)
                                                         for n, m in named.items() if n]))
-        if cfg.xy_enabled:
+        if hook_modules and cfg.xy_enabled:
             collectors.append(ActivationCollector(self, self._xy_targets()))
         if cfg.wg_distribution and self.adapter.hooks_unreduced:  # rank-local grads at the bucket's grad sync
             collectors.append(SyncGradCollector(self))

@@ -75,13 +75,42 @@ class StepRecord:
     table: torch.Tensor | None = None  # `values` as the host float64 [rows, ops] tensor they came from
 
 
+class RowGroup:
+    """The rows of one key that a module called several times in a micro-step produces (a cell
+    run in a Python loop): one row per call while the step runs, combined into the row of all
+    calls together (msmon.stats.combine_rows: norms in squares, min of mins, ...) when the
+    step's rows are taken. A group of one row is that row."""
+
+    __slots__ = ("ops", "rows", "numels")
+
+    def __init__(self, ops: list[str]) -> None:
+        self.ops = ops
+        self.rows: list[torch.Tensor] = []
+        self.numels: list[int] = []
+
+    def add(self, row: torch.Tensor, numel: int) -> None:
+        self.rows.append(row)
+        self.numels.append(numel)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def combined(self) -> torch.Tensor:
+        if len(self.rows) == 1:
+            return self.rows[0]
+        from .stats import combine_rows  # records is imported by stats' users; keep it light
+
+        rows = torch.stack([r.to(self.rows[0].device) for r in self.rows])
+        return combine_rows(rows, torch.tensor(self.numels, dtype=rows.dtype), self.ops)
+
+
 class StepBuffer:
     """Collects rows on the device during a step; one concatenation and copy at its end."""
 
     def __init__(self) -> None:
         self.keys: list[RowKey] = []
-        self._chunks: list[torch.Tensor] = []
-        self._single: list[torch.Tensor] = []  # rows added one by one since the last chunk
+        self._chunks: list[torch.Tensor | list[torch.Tensor | RowGroup]] = []
+        self._single: list[torch.Tensor | RowGroup] = []  # rows added one by one since the last chunk
         self.histograms: list[Histogram] = []
         self.flag_keys: list[RowKey] = []
         self.flags: list[torch.Tensor] = []
@@ -89,19 +118,17 @@ class StepBuffer:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def add(self, key: RowKey, row: torch.Tensor) -> None:
-        """One [ops] row. Rows added one by one are stacked together later: one kernel for a
-        run of them instead of one reshaping call each (a hook adds one per activation)."""
+    def add(self, key: RowKey, row: torch.Tensor | RowGroup) -> None:
+        """One [ops] row, or a RowGroup that will be one row when the step's rows are taken.
+        Rows added one by one are stacked together later: one kernel for a run of them instead
+        of one reshaping call each (a hook adds one per activation)."""
         self.keys.append(key)
         self._single.append(row)
 
     def _close_run(self) -> None:
-        if self._single:
-            run, self._single = self._single, []
-            try:
-                self._chunks.append(torch.stack(run))
-            except RuntimeError:  # rows of several devices: stage_to_host groups chunks by device
-                self._chunks.extend(r.unsqueeze(0) for r in run)
+        if self._single:  # stacked in take(): a RowGroup in the run may still grow
+            self._chunks.append(self._single)
+            self._single = []
 
     def add_many(self, keys: list[RowKey], rows: torch.Tensor) -> None:
         if keys:
@@ -117,9 +144,26 @@ class StepBuffer:
     def take(self) -> tuple[list[RowKey], list[torch.Tensor], list[Histogram], list[RowKey], list[torch.Tensor]]:
         """Hand over everything recorded so far and start empty."""
         self._close_run()
-        taken = self.keys, self._chunks, self.histograms, self.flag_keys, self.flags
+        chunks: list[torch.Tensor] = []
+        for chunk in self._chunks:
+            if isinstance(chunk, torch.Tensor):
+                chunks.append(chunk)
+            else:
+                chunks.extend(_stacked(chunk))
+        taken = self.keys, chunks, self.histograms, self.flag_keys, self.flags
         self.keys, self._chunks, self.histograms, self.flag_keys, self.flags = [], [], [], [], []
         return taken
 
     def clear(self) -> None:
-        self.take()
+        """Forget everything recorded so far (nothing is computed)."""
+        self.keys, self._single, self._chunks, self.histograms, self.flag_keys, self.flags = [], [], [], [], [], []
+
+
+def _stacked(run: list[torch.Tensor | RowGroup]) -> list[torch.Tensor]:
+    """A run of single rows as one [n, ops] chunk (one per row if they are on several devices:
+    stage_to_host groups chunks by device)."""
+    rows = [r.combined() if isinstance(r, RowGroup) else r for r in run]
+    try:
+        return [torch.stack(rows)]
+    except RuntimeError:
+        return [r.unsqueeze(0) for r in rows]

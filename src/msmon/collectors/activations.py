@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
+from .. import guest_hooks
 from ..config import TensorSpec
-from ..records import RowKey
+from ..records import RowGroup, RowKey
 from ..stats import tensor_stats
 from .base import Collector
 from .module_io import select
@@ -56,6 +57,12 @@ class ActivationCollector(Collector):
         self._calls: dict[int, tuple[int, int]] = {}  # id(module) -> (micro_step, calls so far)
         self._recompute_calls: dict[int, tuple[int, int]] = {}
         self._warned: set[str] = set()
+        self._each_call = monitor.config.xy_each_call
+        self._groups: dict[RowKey, RowGroup] = {}  # this step's rows, one group per key
+        self._repeats: dict[str, int] = {}  # module -> most calls in one micro-step (this step)
+        self._told_repeats = False
+        self._hooks_ran = 0  # forward pre-hooks that ran eagerly this step (none: compiled)
+        self._told_compiled = False
         self._open: dict[int, list[tuple[int, str, bool]]] = {}  # id(module) -> calls in flight
         # one module's output is usually the next one's input (and they share a gradient): such a
         # tensor is read once per version; a weak reference makes a recycled id never match
@@ -64,10 +71,10 @@ class ActivationCollector(Collector):
     def attach(self) -> None:
         for target in self.targets:
             module = target.module
-            self.handles.append(module.register_forward_pre_hook(
-                self.guard(self._make_pre_hook(target)), with_kwargs=True))
-            self.handles.append(module.register_forward_hook(
-                self.guard(self._make_post_hook(target)), with_kwargs=True))
+            self.handles.append(guest_hooks.forward_pre_hook(
+                module, self.guard(self._make_pre_hook(target)), with_kwargs=True))
+            self.handles.append(guest_hooks.forward_hook(
+                module, self.guard(self._make_post_hook(target)), with_kwargs=True))
 
     def _stats(self, t: torch.Tensor) -> torch.Tensor:
         entry = self._seen.get(id(t))
@@ -77,11 +84,47 @@ class ActivationCollector(Collector):
         self._seen[id(t)] = (weakref.ref(t), t._version, row)
         return row
 
+    def _add(self, key: RowKey, t: torch.Tensor) -> None:
+        """Append the statistics of `t` under `key`; repeated calls of a module join one group."""
+        row = self._stats(t)
+        if self._each_call:
+            self.mon.buffer.add(key, row)
+            return
+        group = self._groups.get(key)
+        if group is None:
+            group = self._groups[key] = RowGroup(self.mon.step_ops)
+            self.mon.buffer.add(key, group)
+        group.add(row, t.numel())
+
     def end_step(self) -> None:
+        if self.mon.recording:
+            self._tell_once()
         self._seen.clear()
         self._calls.clear()
         self._recompute_calls.clear()
         self._open.clear()
+        self._groups.clear()
+        self._repeats.clear()
+        self._hooks_ran = 0
+
+    def _tell_once(self) -> None:
+        """One line the first time modules ran repeatedly, and the first time none ran eagerly."""
+        mon = self.mon
+        if self._repeats and not self._told_repeats:
+            self._told_repeats = True
+            top = sorted(self._repeats.items(), key=lambda item: -item[1])
+            listed = ", ".join(f"{name} x{calls}" for name, calls in top[:3]) + (" ..." if len(top) > 3 else "")
+            how = ("one row per call ('xy_each_call': true)" if self._each_call else
+                   "their statistics are combined into one row per micro-step (norm over all calls, min/max of "
+                   "all, mean weighted by size); 'xy_each_call': true gives one row per call")
+            logger.warning("msmon[rank %d]: %d module(s) ran more than once in a micro-step (%s): %s",
+                           mon.rank, len(top), listed, how)
+        if not self._hooks_ran and not self._told_compiled and any(mp.param.grad is not None for mp in mon.params):
+            self._told_compiled = True
+            logger.warning("msmon[rank %d]: step %d trained without running any monitored module's forward "
+                           "eagerly: modules run by torch.compile execute compiled graphs, from which msmon's hooks "
+                           "are left out so as not to break them; their activations are not recorded",
+                           mon.rank, mon.step)
 
     # -- naming -------------------------------------------------------------------------------
     def _call_index(self, target: _Target, micro: int, recompute: bool) -> int:
@@ -116,13 +159,16 @@ class ActivationCollector(Collector):
         mon = self.mon
 
         def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-            if not mon.recording or not module.training:
+            self._hooks_ran += 1
+            if not mon.recording or not module.training or mon.in_gradless_forward(target.chunk):
                 return None
             recompute = in_backward()
             micro = mon.backward_micro_step if recompute else mon.forward_micro_step(target.chunk)
             call = self._call_index(target, micro, recompute)
+            if call and not recompute:
+                self._repeats[target.name] = max(self._repeats.get(target.name, 0), call + 1)
             value = (args + tuple(kwargs.values())) if kwargs else args
-            base = target.name if call == 0 else f"{target.name}_{call}"
+            base = target.name if call == 0 or not self._each_call else f"{target.name}_{call}"
             # remember the call so the post-hook and the gradient hooks use the same name
             self._open.setdefault(id(module), []).append((micro, base, recompute))
             if not recompute and not mon.config.backward_only:
@@ -150,11 +196,10 @@ class ActivationCollector(Collector):
         return post_hook
 
     def _record_forward(self, target: _Target, slot: str, value: Any, micro: int, base: str) -> None:
-        mon = self.mon
         tensors = self._tensors(target, slot, value)
         for name, t in zip(self._names(base, slot, len(tensors)), tensors):
             if t.numel():
-                mon.buffer.add(RowKey("actv", name, target.vpp_stage, micro), self._stats(t))
+                self._add(RowKey("actv", name, target.vpp_stage, micro), t)
 
     def _grad_hooks(self, target: _Target, slot: str, value: Any, micro: int, base: str) -> None:
         """Register gradient hooks on the tensors the `{slot}_grad` spec selects."""
@@ -174,7 +219,7 @@ class ActivationCollector(Collector):
 
         def grad_hook(grad: torch.Tensor) -> None:
             if grad is not None and mon.recording and grad.numel():
-                mon.buffer.add(key, self._stats(grad))
+                self._add(key, grad)
             return None
 
         return grad_hook
@@ -182,7 +227,11 @@ class ActivationCollector(Collector):
 
 class MicroStepTracker(Collector):
     """Counts forward passes of each model chunk within a step (the micro-step of a
-    forward), and which micro-batch's backward is running (for recomputed modules)."""
+    forward), and which micro-batch's backward is running (for recomputed modules).
+
+    A forward of the whole chunk with gradients off (`torch.no_grad()` in training mode: a
+    metric, a look-ahead) trains nothing: it is not counted, so it shifts no micro-step, and
+    the activation hooks skip what runs inside it."""
 
     name = "micro-step tracking"
 
@@ -191,21 +240,32 @@ class MicroStepTracker(Collector):
         self.chunks = chunks
         self.forward_counts = [0] * len(chunks)
         self.backward_micro = 0
+        self._gradless = [0] * len(chunks)  # chunk forwards in flight with gradients off
+        self._open: list[list[bool]] = [[] for _ in chunks]  # per chunk: was each call in flight counted?
 
     def attach(self) -> None:
         for index, chunk in enumerate(self.chunks):
-            self.handles.append(chunk.register_forward_pre_hook(self.guard(self._make_pre(index))))
-            self.handles.append(chunk.register_forward_hook(self.guard(self._make_post(index))))
+            self.handles.append(guest_hooks.forward_pre_hook(chunk, self.guard(self._make_pre(index))))
+            self.handles.append(guest_hooks.forward_hook(chunk, self.guard(self._make_post(index))))
 
     def _make_pre(self, index: int):
         def pre_hook(module, args) -> None:
-            if module.training and not in_backward():
+            if not module.training or in_backward():
+                self._open[index].append(False)
+            elif torch.is_grad_enabled():
                 self.forward_counts[index] += 1
+                self._open[index].append(False)
+            else:
+                self._gradless[index] += 1
+                self._open[index].append(True)
             return None
         return pre_hook
 
     def _make_post(self, index: int):
         def post_hook(module, args, output) -> None:
+            if self._open[index] and self._open[index].pop():
+                self._gradless[index] -= 1
+                return None
             if not module.training or in_backward() or not torch.is_grad_enabled():
                 return None
             micro = self.forward_counts[index] - 1
@@ -225,6 +285,11 @@ class MicroStepTracker(Collector):
     def forward_micro(self, chunk: int) -> int:
         return max(self.forward_counts[chunk] - 1, 0)
 
+    def in_gradless_forward(self, chunk: int) -> bool:
+        return self._gradless[chunk] > 0
+
     def end_step(self) -> None:
         self.forward_counts = [0] * len(self.chunks)
         self.backward_micro = 0
+        self._gradless = [0] * len(self.chunks)
+        self._open = [[] for _ in self.chunks]

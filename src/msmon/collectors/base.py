@@ -1,7 +1,6 @@
 """The collector base: hook bookkeeping and failure containment."""
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -10,6 +9,9 @@ import torch
 
 if TYPE_CHECKING:
     from ..monitor import TrainerMon
+
+_compiler = getattr(torch, "compiler", None)
+_is_compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
 
 
 @dataclass
@@ -56,7 +58,9 @@ class Collector:
         mon = self.mon
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            if not self.enabled:
+            # inside a torch.compile trace the hook is a no-op the tracer folds away, so it
+            # causes no graph break (compiled regions are not recorded; see the monitor's note)
+            if not self.enabled or _is_compiling():
                 return None
             started = clock()
             try:
@@ -70,4 +74,7 @@ class Collector:
         # the name only (functools.wraps costs more than the hook itself: one is made per
         # activation gradient per step)
         guarded.__name__ = guarded.__qualname__ = getattr(fn, "__name__", "hook")
+        # a tensor's hooks are never pickled; this keeps torch.save(tensor) of a monitored
+        # activation from warning about msmon's (torch.utils.hooks.unserializable_hook)
+        guarded.__torch_unserializable__ = True  # type: ignore[attr-defined]
         return guarded

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .. import guest_hooks
 from ..hooks import torch_distributed as cc
 from ..records import BACKWARD, FORWARD, OPTIMIZER, RowKey
 from ..stats import batch_stats, combine_rows, local_tensor
@@ -113,8 +114,8 @@ class CommCollector(Collector):
         cc.add_listener(self)
         if not self.log_only:
             for chunk in self.mon.models:
-                self.handles.append(chunk.register_forward_pre_hook(self.guard(self._forward_starts)))
-                self.handles.append(chunk.register_forward_hook(self.guard(self._forward_ends)))
+                self.handles.append(guest_hooks.forward_pre_hook(chunk, self.guard(self._forward_starts)))
+                self.handles.append(guest_hooks.forward_hook(chunk, self.guard(self._forward_ends)))
 
     def detach(self) -> None:
         super().detach()

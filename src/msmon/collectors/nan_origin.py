@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import guest_hooks
 from ..records import RowKey
 from .activations import in_backward
 from .base import Collector
@@ -34,9 +35,9 @@ class NanOriginCollector(Collector):
 
     def attach(self) -> None:
         for module, name, vpp, chunk in self.modules:
-            self.handles.append(module.register_forward_pre_hook(
-                self.guard(self._pre(name, vpp, chunk)), with_kwargs=True))
-            self.handles.append(module.register_forward_hook(self.guard(self._post(name, vpp)), with_kwargs=True))
+            self.handles.append(guest_hooks.forward_pre_hook(
+                module, self.guard(self._pre(name, vpp, chunk)), with_kwargs=True))
+            self.handles.append(guest_hooks.forward_hook(module, self.guard(self._post(name, vpp)), with_kwargs=True))
 
     def end_step(self) -> None:
         self._calls.clear()
@@ -66,7 +67,7 @@ class NanOriginCollector(Collector):
         mon = self.mon
 
         def pre_hook(module, args, kwargs):
-            if not mon.recording or not module.training or in_backward():
+            if not mon.recording or not module.training or in_backward() or mon.in_gradless_forward(chunk):
                 return None
             micro = mon.forward_micro_step(chunk)
             last = self._calls.get(id(module))

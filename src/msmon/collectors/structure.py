@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .. import guest_hooks
 from .activations import in_backward
 from .base import Collector
 from .module_io import describe, iter_tensors, structure_of
@@ -27,8 +28,8 @@ class StructCollector(Collector):
     def attach(self) -> None:
         for module, name in self.modules:
             self.struct.setdefault(name, {})
-            self.handles.append(module.register_forward_pre_hook(self.guard(self._pre(name)), with_kwargs=True))
-            self.handles.append(module.register_forward_hook(self.guard(self._post(name)), with_kwargs=True))
+            self.handles.append(guest_hooks.forward_pre_hook(module, self.guard(self._pre(name)), with_kwargs=True))
+            self.handles.append(guest_hooks.forward_hook(module, self.guard(self._post(name)), with_kwargs=True))
 
     def _entry(self, value: Any) -> dict[str, str]:
         entry = {"config": structure_of(value)}

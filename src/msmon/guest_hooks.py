@@ -1,0 +1,101 @@
+"""Forward hooks on the user's modules that the user's own objects never see.
+
+A module keeps its forward hooks in plain dicts of its `__dict__`, so `torch.save(model)`,
+`pickle`, `copy.deepcopy` and `copy.copy` would carry msmon's hooks along: pickling fails (the
+hooks are closures) and a deep copy (an EMA or teacher model) would be recorded under the
+original's names. msmon registers its module hooks through this module, which remembers their
+handle ids, and gives `nn.Module` a `__reduce_ex__` that drops exactly those ids from the
+state being pickled or copied. Everything else about the module, its other hooks included, is
+reduced by Python's own `object.__reduce_ex__` as before; a module with no msmon hook is not
+touched at all. `__reduce_ex__` rather than `__getstate__`, because modules such as the RNNs
+and DDP define their own `__getstate__` without calling Module's. The method is added while
+any msmon hook exists and removed with the last one.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+# the per-module dicts a forward hook id appears in (torch/nn/modules/module.py)
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+               "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+_ours: set[int] = set()
+_lock = threading.Lock()
+
+
+class GuestHandle:
+    """Removes one msmon module hook (the `RemovableHandle` interface collectors use)."""
+
+    __slots__ = ("_handle",)
+
+    def __init__(self, handle: RemovableHandle) -> None:
+        self._handle = handle
+
+    def remove(self) -> None:
+        self._handle.remove()
+        with _lock:
+            _ours.discard(self._handle.id)
+            if not _ours:
+                _uninstall()
+
+
+def forward_pre_hook(module: torch.nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> GuestHandle:
+    """`module.register_forward_pre_hook(hook)`, hidden from pickling and copying."""
+    return _own(module.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
+
+
+def forward_hook(module: torch.nn.Module, hook: Callable[..., Any], *, with_kwargs: bool = False) -> GuestHandle:
+    """`module.register_forward_hook(hook)`, hidden from pickling and copying."""
+    return _own(module.register_forward_hook(hook, with_kwargs=with_kwargs))
+
+
+def _own(handle: RemovableHandle) -> GuestHandle:
+    with _lock:
+        _ours.add(handle.id)
+        _install()
+    return GuestHandle(handle)
+
+
+def _without_ours(state: Any) -> Any:
+    """A copy of a module's state without msmon's hook entries (the state itself when it has none)."""
+    if not isinstance(state, dict):
+        return state
+    changed = None
+    for name in _HOOK_DICTS:
+        hooks = state.get(name)
+        if isinstance(hooks, dict) and not _ours.isdisjoint(hooks):
+            if changed is None:
+                changed = dict(state)
+            changed[name] = OrderedDict((k, v) for k, v in hooks.items() if k not in _ours)
+    return state if changed is None else changed
+
+
+def _module_reduce_ex(self: torch.nn.Module, protocol: int) -> Any:
+    reduced = object.__reduce_ex__(self, protocol)
+    if not _ours or not isinstance(reduced, tuple) or len(reduced) < 3:
+        return reduced
+    state = reduced[2]
+    if isinstance(state, tuple) and len(state) == 2:  # (dict state, slot state)
+        clean: Any = (_without_ours(state[0]), state[1])
+        if clean[0] is state[0]:
+            return reduced
+    else:
+        clean = _without_ours(state)
+        if clean is state:
+            return reduced
+    return reduced[:2] + (clean,) + reduced[3:]
+
+
+def _install() -> None:
+    if torch.nn.Module.__dict__.get("__reduce_ex__") is None:
+        torch.nn.Module.__reduce_ex__ = _module_reduce_ex  # type: ignore[method-assign]
+
+
+def _uninstall() -> None:
+    if torch.nn.Module.__dict__.get("__reduce_ex__") is _module_reduce_ex:
+        del torch.nn.Module.__reduce_ex__
