@@ -333,3 +333,41 @@ def test_tensorboard_gets_one_event_per_step_holding_all_its_values(write_config
         tags = [v.tag for v in event.summary.value]
         assert len([t for t in tags if t.endswith("grad_reduced_norm")]) == params
         assert len([t for t in tags if t.endswith("update_hist")]) == params
+
+
+def test_lbfgs_records_activations_of_the_first_closure_only(write_config, output_dir):
+    """LBFGS runs its closure many times a step (line search); those later forwards are no
+    micro-batch: each step has one micro-step of activations, the first closure's."""
+    torch.manual_seed(9)
+    model = MLP()
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=20)
+    mon = TrainerMon(write_config({"xy_distribution": True, "all_xy": True, "format": "csv",
+                                   "ops": ["norm", "max"]}))
+    mon.set_monitor(model, optimizer)
+    x = torch.randn(16, 8)
+    first_outputs, evaluations = [], []
+
+    def closure():
+        optimizer.zero_grad()
+        out = model(x)
+        evaluations[-1] += 1
+        if evaluations[-1] == 1:
+            first_outputs.append(out.detach().clone())
+        loss = out.square().mean()
+        loss.backward()
+        return loss
+
+    for _ in range(2):
+        evaluations.append(0)
+        optimizer.step(closure)
+    mon.close()
+    assert min(evaluations) > 1
+    rows = read_csv_rows(rank_dir(output_dir), "actv")
+    assert rows and {r["micro_step"] for r in rows} == {"0"}
+    outputs = {int(r["step"]): r for r in rows if r["name"].endswith("fc2.output")}
+    assert sorted(outputs) == [0, 1]
+    for step, row in outputs.items():
+        assert float(row["norm"]) == pytest.approx(first_outputs[step].norm().item(), rel=1e-5)
+    grads = read_csv_rows(rank_dir(output_dir), "actv_grad")
+    assert grads and {r["micro_step"] for r in grads} == {"0"}
+    assert len(grads) == len({(r["step"], r["name"]) for r in grads})

@@ -23,6 +23,7 @@ import torch
 
 from .. import guest_hooks
 from ..config import TensorSpec
+from ..optimizers.torch_optim import in_closure_reevaluation
 from ..records import RowGroup, RowKey
 from ..stats import tensor_stats
 from .base import Collector
@@ -231,7 +232,8 @@ class MicroStepTracker(Collector):
 
     A forward of the whole chunk with gradients off (`torch.no_grad()` in training mode: a
     metric, a look-ahead) trains nothing: it is not counted, so it shifts no micro-step, and
-    the activation hooks skip what runs inside it."""
+    the activation hooks skip what runs inside it. So does a forward inside a step closure's
+    later evaluations (LBFGS runs the closure up to max_eval times in one step)."""
 
     name = "micro-step tracking"
 
@@ -252,7 +254,7 @@ class MicroStepTracker(Collector):
         def pre_hook(module, args) -> None:
             if not module.training or in_backward():
                 self._open[index].append(False)
-            elif torch.is_grad_enabled():
+            elif torch.is_grad_enabled() and not in_closure_reevaluation():
                 self.forward_counts[index] += 1
                 self._open[index].append(False)
             else:

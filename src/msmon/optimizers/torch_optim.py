@@ -9,9 +9,19 @@ import torch
 from .base import Moments, OptimizerAdapter, hold_weakly
 
 
+_reevaluations = [0]  # closures of a step now running again (LBFGS's line search), all optimizers
+
+
+def in_closure_reevaluation() -> bool:
+    """Whether a step closure is running for the second time or later: its forwards probe
+    weights inside the update and are no micro-batch of the step."""
+    return _reevaluations[0] > 0
+
+
 class _ClosureOnce:
     """Wraps a step closure so the monitor sees the gradients right after it first runs
-    (LBFGS and Lightning run forward/backward inside `step(closure)`)."""
+    (LBFGS and Lightning run forward/backward inside `step(closure)`); later runs are marked
+    as re-evaluations so their forwards are not recorded as micro-steps."""
 
     def __init__(self, closure: Callable[[], Any], before: Callable[[], None]) -> None:
         self.closure = closure
@@ -19,10 +29,15 @@ class _ClosureOnce:
         self.fired = False
 
     def __call__(self) -> Any:
+        if self.fired:
+            _reevaluations[0] += 1
+            try:
+                return self.closure()
+            finally:
+                _reevaluations[0] -= 1
         result = self.closure()
-        if not self.fired:
-            self.fired = True
-            self.before()
+        self.fired = True
+        self.before()
         return result
 
 
