@@ -19,7 +19,9 @@ measured (docs/performance.md):
   instead of full-size temporaries, whose page faults cost more than the arithmetic.
 - nan/inf counts are skipped when provably zero: min and max (or the sum) are finite only
   if no element is NaN or infinite. Reading that CPU scalar waits for nothing. On
-  accelerators the counts are always computed on the device, so nothing synchronises.
+  accelerators the counts are always computed on the device, so nothing synchronises
+  (`CPU_SHORTCUTS = False` makes the CPU take that read-free path too: the sync-free test
+  runs the accelerators' logic that way).
 
 Where the native kernel is built (msmon.native: `msmon build-native`, used by default once
 built), plain contiguous float32/float64 CPU tensors are read once for all ops, a whole batch
@@ -30,6 +32,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import struct
 import threading
 from collections import defaultdict
 from typing import Sequence
@@ -48,6 +51,12 @@ STAT_THREADS = int(os.environ.get("MSMON_STAT_THREADS", "1") or 0)
 _EXACT_F32_COUNT = 1 << 24  # counts up to this are exact in float32
 _SCALED_OPS = ("mean", "zeros")  # the sum and the zero count are divided by numel
 _FIELD_OF = {"norm": "norm", "min": "min", "max": "max", "mean": "sum", "zeros": "zeros"}
+CPU_SHORTCUTS = True  # read CPU scalars to skip provably-zero counts (see the module docstring)
+
+
+def _reads_are_free(t: torch.Tensor) -> bool:
+    """Whether reading `t`'s values on the host waits for nothing (a CPU tensor)."""
+    return CPU_SHORTCUTS and t.device.type == "cpu"
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
@@ -74,17 +83,33 @@ def _accumulate_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+_BITS = {torch.float64: ("d", "Q"), torch.float32: ("f", "I"), torch.float16: ("e", "H")}
+
+
 @functools.lru_cache(maxsize=64)
 def zero_threshold(eps: float, dtype: torch.dtype) -> float:
     """The smallest value of `dtype` that is >= eps.
 
     For every x of that dtype, |x| < eps (as real numbers) exactly when |x| < this value,
     so the comparison can run in the tensor's own dtype without rounding eps the wrong way.
+    Found from the bit patterns on the host (no tensor, so no read of one inside a hook).
     """
-    value = torch.tensor(eps, dtype=torch.float64).to(dtype)
-    if float(value) < eps:
-        value = torch.nextafter(value, torch.tensor(math.inf, dtype=dtype))
-    return float(value)
+    if not math.isfinite(eps) or eps <= 0:
+        return eps
+    if dtype == torch.bfloat16:  # the top half of a float32: round up to the next bfloat16
+        bits = struct.unpack("<I", struct.pack("<f", zero_threshold(eps, torch.float32)))[0]
+        if bits & 0xFFFF:
+            bits = (bits | 0xFFFF) + 1
+        return struct.unpack("<f", struct.pack("<I", bits))[0]
+    float_format, int_format = _BITS.get(dtype, _BITS[torch.float64])
+    try:
+        value = struct.unpack("<" + float_format, struct.pack("<" + float_format, eps))[0]
+    except OverflowError:  # above the dtype's range: nothing of it is >= eps but inf
+        return math.inf
+    if value < eps:  # rounded down: the next representable value up
+        bits = struct.unpack("<" + int_format, struct.pack("<" + float_format, value))[0] + 1
+        value = struct.unpack("<" + float_format, struct.pack("<" + int_format, bits))[0]
+    return value
 
 
 class _Plan:
@@ -304,7 +329,7 @@ def _count_columns(ts: list[torch.Tensor], columns: dict[str, torch.Tensor], pla
     count (CPU only), exact counts elsewhere."""
     n = len(ts)
     clean: list[bool] | bool = False
-    if ts[0].device.type == "cpu":
+    if _reads_are_free(ts[0]):
         clean = _finite_rows([columns["min"], columns["max"]] if plan.minmax else [columns["sum"]])
     for op, test in (("nans", torch.isnan), ("infs", torch.isinf)):
         if op not in plan.ops:
@@ -344,7 +369,7 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     acc = _accumulate_dtype(t.dtype)
     values = _one(t, plan, zero_threshold(eps, t.dtype) if plan.zeros else 0.0, acc)
     clean = False
-    if plan.flags and t.device.type == "cpu":
+    if plan.flags and _reads_are_free(t):
         if plan.total:  # a finite sum means no NaN and no Inf (an overflow only costs the counts)
             clean = math.isfinite(values["sum"].item())
         else:
