@@ -1,9 +1,10 @@
 """CSV files in the msprobe layout: `{category}_{first}-{last}.csv`, flushed every step.
 
-A value is written as `repr(round(value, ndigits))`. The writer thread formats every value of
-every step, and on a machine with few cores its CPU time is taken from the training, so the
-rounding runs on the whole step at once (torch.round, which rounds like Python's round) and
-each row's fixed cells are built once.
+A value is written as `repr(csv_value(value, ndigits))` (numbers.py: msprobe's rounding for
+|v| >= 1, significant digits below, so no non-zero value reads 0). The writer thread formats
+every value of every step, and on a machine with few cores its CPU time is taken from the
+training, so the formatting runs on the whole step at once and each row's fixed cells are
+built once.
 """
 from __future__ import annotations
 
@@ -14,29 +15,10 @@ import torch
 
 from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from .base import Sink
+from .numbers import csv_value, csv_values
 
 
 _MAX_CACHED_ROWS = 1 << 16
-
-
-def round_like_python(table: torch.Tensor, ndigits: int) -> list[list[float]]:
-    """`[[round(v, ndigits) for v in row] for row in table.tolist()]`, vectorised.
-
-    Python rounds the exact binary value to ndigits decimals (ties to even); x * 10**ndigits
-    rounded to an integer and divided back gives the same double unless the scaled product
-    was inexact right at a tie. Those values (within a few ulps of one, or too large to scale,
-    or not finite) are rounded by Python itself, so the result is identical.
-    """
-    scale = 10.0 ** ndigits
-    scaled = table * scale
-    rows = (torch.round(scaled) / scale).tolist()
-    magnitude = scaled.abs()
-    doubtful = ((scaled - torch.floor(scaled) - 0.5).abs() <= magnitude * 2.0 ** -48) | ~(magnitude < 2.0 ** 52)
-    if doubtful.any():
-        values = table.tolist()
-        for i, j in doubtful.nonzero().tolist():
-            rows[i][j] = round(values[i][j], ndigits)
-    return rows
 
 
 def _first_line(path: str) -> str | None:
@@ -96,8 +78,8 @@ class CsvSink(Sink):
     def _rounded(self, record: StepRecord) -> list[list[float]]:
         table = record.table
         if table is not None and table.dtype == torch.float64 and table.dim() == 2 and len(table) == len(record.keys):
-            return round_like_python(table, self.ndigits)
-        return [[round(v, self.ndigits) for v in row] for row in record.values]
+            return csv_values(table, self.ndigits)
+        return [[csv_value(v, self.ndigits) for v in row] for row in record.values]
 
     def write(self, record: StepRecord) -> None:
         lines: dict[str, list[str]] = {}
