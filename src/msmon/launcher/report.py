@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from ..cost import describe
+from ..output import describe_stopped
 from .boot import WORKERS_DIR
 
 
@@ -78,6 +79,11 @@ def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
     if not log_dir:
         return f"msmon: {where}: not in the config's module_ranks, nothing recorded"
     summary = _read_summary(log_dir)
+    stopped = monitor.get("output_stopped") or (summary or {}).get("output_stopped")
+    if stopped:
+        shown = dict(stopped, path=_shown(stopped["path"]) if stopped.get("path") else None)
+        return (f"msmon: {where}: {describe_stopped(shown)}; what was recorded before step {stopped.get('step')} "
+                f"is in {_shown(log_dir)}")
     if summary is None:
         return (f"msmon: {where}: {_shown(log_dir)} (no summary.json: the process ended before the monitor "
                 "could close)")

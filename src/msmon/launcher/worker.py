@@ -79,6 +79,8 @@ def _begin(session: hooks.Session, record: "WorkerRecord | None") -> hooks.Sessi
 def _report_at_exit(session: hooks.Session, record: "WorkerRecord | None") -> None:
     if not session.in_owner_process():
         return
+    if record is not None:
+        record.finish(session.monitors)
     attached = record.data["monitors"] if record is not None else session.monitors
     if not attached and session.error is None:  # a stopped process said why already
         logger.info("msmon[rank %d]: no optimizer was monitored in this process (none was built, or none "
@@ -118,9 +120,27 @@ class WorkerRecord:
             self.data["skipped"].append({"optimizer": info["optimizer"], "reason": info["reason"]})
         elif event == "stopped":
             self.data["error"] = info["reason"]
+        elif event == "closed":
+            if not self._note_output(info["monitor"]):
+                return
         else:
             return
         self.write()
+
+    def finish(self, monitors: list[Any]) -> None:
+        """At exit, after the monitors closed: keep why a monitor's output stopped (its
+        summary.json may be on the very disk that filled up)."""
+        if any([self._note_output(monitor) for monitor in monitors]):
+            self.write()
+
+    def _note_output(self, monitor: Any) -> bool:
+        stopped = getattr(monitor, "output_stopped", None)
+        log_dir = os.path.abspath(monitor.log_dir) if monitor.log_dir else None
+        for entry in self.data["monitors"]:
+            if stopped is not None and entry["log_dir"] == log_dir and entry.get("output_stopped") != stopped:
+                entry["output_stopped"] = stopped
+                return True
+        return False
 
     def write(self) -> None:
         tmp = self.path + ".tmp"

@@ -14,7 +14,7 @@ from typing import IO
 import torch
 
 from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
-from .base import Sink
+from .base import Sink, naming
 from .numbers import csv_value, csv_values
 
 
@@ -23,8 +23,10 @@ _MAX_CACHED_ROWS = 1 << 16
 
 def _first_line(path: str) -> str | None:
     try:
+        if os.stat(path).st_size == 0:
+            return None  # nothing written yet (or not a regular file: never read without end)
         with open(path, encoding="utf-8") as fh:
-            return fh.readline().rstrip("\n") or None
+            return fh.readline(1 << 20).rstrip("\n") or None
     except FileNotFoundError:
         return None
 
@@ -33,6 +35,7 @@ class CsvSink(Sink):
     """Header `vpp_stage,name,step[,micro_step],<ops>`; one file per category and step window."""
 
     name = "csv"
+    writes_files = True
 
     def __init__(self, log_dir: str, ndigits: int, step_count_per_record: int) -> None:
         self.log_dir = log_dir
@@ -52,16 +55,20 @@ class CsvSink(Sink):
         if current is not None and current[0] == base and current[4] == ops:
             return current[2], current[3]
         if current is not None:
-            current[2].close()
+            del self._files[category]
+            try:
+                current[2].close()
+            except OSError as exc:
+                raise naming(exc, current[1])
         header = ",".join(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops))
         path = base
         if _first_line(path) not in (None, header):  # columns changed mid-window: start a new file
             path = os.path.join(self.log_dir, f"{category}_{first}-{last}_from{step}.csv")
         exists = _first_line(path) is not None
         fh = open(path, "a", encoding="utf-8")
-        if not exists:
-            fh.write(header + "\n")
         self._files[category] = (base, path, fh, micro, list(ops))
+        if not exists:
+            self._write(category, header + "\n")
         return fh, micro
 
     def _prefix(self, key: RowKey, micro: bool) -> str:
@@ -96,14 +103,32 @@ class CsvSink(Sink):
                 cells = ("" if key.micro_step is None else str(key.micro_step)) + "," + cells
             lines[key.category].append(self._prefix(key, micro) + step + cells)
         for category, rows in lines.items():
-            handles[category][0].write("\n".join(rows) + "\n")
+            self._write(category, "\n".join(rows) + "\n")
         self.flush()
 
+    def _write(self, category: str, text: str) -> None:
+        _, path, fh, _, _ = self._files[category]
+        try:
+            fh.write(text)
+        except OSError as exc:
+            raise naming(exc, path)
+
     def flush(self) -> None:
-        for entry in self._files.values():
-            entry[2].flush()
+        for _, path, fh, _, _ in self._files.values():
+            try:
+                fh.flush()
+            except OSError as exc:
+                raise naming(exc, path)
 
     def close(self) -> None:
-        for entry in self._files.values():
-            entry[2].close()
+        """Close every file, even when one fails to flush (the first failure is raised)."""
+        failure: OSError | None = None
+        for _, path, fh, _, _ in self._files.values():
+            try:
+                fh.close()
+            except OSError as exc:
+                failure = failure or naming(exc, path)
         self._files.clear()
+        if failure is not None:
+            raise failure
+
