@@ -82,8 +82,10 @@ def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
     stopped = monitor.get("output_stopped") or (summary or {}).get("output_stopped")
     if stopped:
         shown = dict(stopped, path=_shown(stopped["path"]) if stopped.get("path") else None)
-        return (f"msmon: {where}: {describe_stopped(shown)}; what was recorded before step {stopped.get('step')} "
-                f"is in {_shown(log_dir)}")
+        step = stopped.get("step")
+        kept = (f"nothing was written to {_shown(log_dir)}" if step == 0 else
+                f"what was recorded before step {step} is in {_shown(log_dir)}")
+        return f"msmon: {where}: {describe_stopped(shown)}; {kept}"
     if summary is None:
         return (f"msmon: {where}: {_shown(log_dir)} (no summary.json: the process ended before the monitor "
                 "could close)")
