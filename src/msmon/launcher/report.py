@@ -83,7 +83,7 @@ def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
     if stopped:
         shown = dict(stopped, path=_shown(stopped["path"]) if stopped.get("path") else None)
         step = stopped.get("step")
-        kept = (f"nothing was written to {_shown(log_dir)}" if step == 0 else
+        kept = (f"no step was written to {_shown(log_dir)}" if step == 0 else
                 f"what was recorded before step {step} is in {_shown(log_dir)}")
         return f"msmon: {where}: {describe_stopped(shown)}; {kept}"
     if summary is None:
