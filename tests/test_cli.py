@@ -126,13 +126,16 @@ def test_a_crash_keeps_its_traceback_and_exit_code_and_what_was_recorded(tmp_pat
 
 
 @pytest.mark.e2e
-def test_a_script_without_an_optimizer_runs_and_says_nothing_was_monitored(tmp_path):
+def test_a_script_without_an_optimizer_runs_and_its_summary_says_nothing_was_monitored(tmp_path):
     out = tmp_path / "out"
     proc = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_manual_sgd.py"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("step ") == 3
-    assert "msmon: rank 0: nothing was monitored (the process built no torch.optim optimizer)" in proc.stderr
-    assert not glob.glob(str(out / "*-rank*"))
+    (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
+    summary = json.loads((Path(rank_dir) / "summary.json").read_text())
+    assert summary["steps_recorded"] == 0 and summary["note"] == "no torch.optim optimizer was created"
+    assert (f"msmon: rank 0: nothing was monitored (no torch.optim optimizer was created) -> {rank_dir}"
+            in proc.stderr)
 
 
 @pytest.mark.e2e

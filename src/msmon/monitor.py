@@ -224,7 +224,19 @@ class TrainerMon:
             **self.cost.report(self.writer.cpu_seconds if self.writer else None),
             "last_step": self.step,
             "output_stopped": self.output_stopped,
+            **({"note": note} if (note := self._nothing_recorded_because()) else {}),
         }
+
+    def _nothing_recorded_because(self) -> str | None:
+        """Why a monitor recorded no step (summary.json and the launcher's line say it)."""
+        if self.steps_recorded:
+            return None
+        if not self.attached:
+            return "set_monitor was never called: no optimizer was monitored"
+        if self.cost.steps == 0:
+            return "no optimizer step ran"
+        return (f"{self.cost.steps} optimizer steps ran, none of them one the config records "
+                "(start_step, step_interval, collect_times, dynamic_on)")
 
     @property
     def monitor_seconds(self) -> float:
