@@ -363,7 +363,7 @@ def test_manual_sgd_without_an_optimizer_runs_unharmed_and_attaches_nothing(sess
 @pytest.mark.parametrize("attach, steps, start_step, note", [
     (False, 0, 0, "set_monitor was never called: no optimizer was monitored"),
     (True, 0, 0, "no optimizer step ran"),
-    (True, 3, 5, "3 optimizer steps ran, none of them one the config records (start_step, step_interval, "
+    (True, 3, 5, "3 optimizer steps ran, none of them in the steps the config records (start_step, step_interval, "
                  "collect_times, dynamic_on)"),
     (True, 1, 0, None),
 ])

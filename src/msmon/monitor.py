@@ -31,7 +31,7 @@ from .launcher.boot import ENV_BOOTSTRAP_DIR
 from .naming import check_targets, covers, display, model_chunks, split_vpp
 from .optimizers import adapter_for
 from .optimizers.base import hold_weakly
-from .output import describe_stopped, ensure_writable, output_base_dir, rank_dir_name, stopped_output
+from .output import ensure_writable, output_base_dir, rank_dir_name, stopped_line, stopped_output
 from .records import StepBuffer
 from .sinks import ApiSink, make_sinks
 from .sinks.writer import BackgroundWriter
@@ -235,7 +235,7 @@ class TrainerMon:
             return "set_monitor was never called: no optimizer was monitored"
         if self.cost.steps == 0:
             return "no optimizer step ran"
-        return (f"{self.cost.steps} optimizer steps ran, none of them one the config records "
+        return (f"{self.cost.steps} optimizer steps ran, none of them in the steps the config records "
                 "(start_step, step_interval, collect_times, dynamic_on)")
 
     @property
@@ -305,8 +305,7 @@ class TrainerMon:
     def _output_failed(self, exc: OSError, path: str) -> None:
         """Setting the output up failed (a full disk): one line, and nothing is written to disk."""
         self._output_stopped(stopped_output(self.step, exc, path))
-        logger.error("msmon[rank %d]: %s; nothing more is written to disk, training continues",
-                     self.rank, describe_stopped(self.output_stopped))
+        logger.error(stopped_line(self.rank, self.output_stopped))
 
     def _output_stopped(self, info: dict) -> None:
         if self.output_stopped is None:

@@ -46,3 +46,8 @@ def describe_stopped(info: dict) -> str:
         cause += f" ({info['errno']})"
     where = f" writing {info['path']}" if info.get("path") else ""
     return f"output stopped at step {info.get('step', '?')}: {cause}{where}"
+
+
+def stopped_line(rank: int, info: dict) -> str:
+    """The one line a rank logs when its output stops."""
+    return f"msmon[rank {rank}]: {describe_stopped(info)}; nothing more is written to disk, training continues"

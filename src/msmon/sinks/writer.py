@@ -17,7 +17,7 @@ from typing import Callable
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.rules import Alert, RuleEngine
 from ..origin import Origin, find_origin
-from ..output import describe_stopped, stopped_output
+from ..output import stopped_line, stopped_output
 from ..records import RowKey, StepRecord
 from ..transfer import HostBatch
 from .base import Sink
@@ -67,6 +67,8 @@ class BackgroundWriter:
         self._queue.put(_STOP)
         self._thread.join(timeout=60)
         for sink in list(self.sinks):
+            if sink not in self.sinks:
+                continue  # closed when the output stopped
             try:
                 sink.close()
             except OSError as exc:
@@ -82,8 +84,7 @@ class BackgroundWriter:
         """A write to disk failed: say so once, close every file sink, write nothing more to disk."""
         if self.output_stopped is None:
             self.output_stopped = stopped_output(step, exc, path)
-            logger.error("msmon[rank %d]: %s; nothing more is written to disk, training continues",
-                         self.rank, describe_stopped(self.output_stopped))
+            logger.error(stopped_line(self.rank, self.output_stopped))
             if self.on_output_stopped is not None:
                 self.on_output_stopped(self.output_stopped)
         self.dump = None
