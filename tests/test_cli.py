@@ -5,8 +5,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,13 +126,16 @@ def test_a_crash_keeps_its_traceback_and_exit_code_and_what_was_recorded(tmp_pat
 
 
 @pytest.mark.e2e
-def test_a_script_without_an_optimizer_runs_and_says_nothing_was_monitored(tmp_path):
+def test_a_script_without_an_optimizer_runs_and_its_summary_says_nothing_was_monitored(tmp_path):
     out = tmp_path / "out"
     proc = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_manual_sgd.py"))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("step ") == 3
-    assert "msmon: rank 0: nothing was monitored (the process built no torch.optim optimizer)" in proc.stderr
-    assert not glob.glob(str(out / "*-rank*"))
+    (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
+    summary = json.loads((Path(rank_dir) / "summary.json").read_text())
+    assert summary["steps_recorded"] == 0 and summary["note"] == "no torch.optim optimizer was created"
+    assert (f"msmon: rank 0: nothing was monitored (no torch.optim optimizer was created) -> {rank_dir}"
+            in proc.stderr)
 
 
 @pytest.mark.e2e
@@ -144,3 +149,56 @@ def test_python_E_is_detected_and_import_msmon_auto_still_monitors(tmp_path):
     assert "msmon: rank 0: 2 steps recorded, 0 alerts raised" in proc.stderr
     (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
     assert read_csv_rows(Path(rank_dir), "grad_reduced")
+
+
+def _job_dirs(tmp: Path) -> set[Path]:
+    return set(tmp.glob("msmon-job-*"))
+
+
+def _start_sleeping_job(tmp: Path, name: str) -> tuple[subprocess.Popen, Path]:
+    """A real `msmon run` whose job sleeps, in a session of its own; returns it and its
+    bootstrap directory once the job runs."""
+    before = _job_dirs(tmp)
+    marker = tmp.parent / f"{name}.running"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MSMON_")}
+    env["TMPDIR"] = str(tmp)
+    proc = subprocess.Popen([*MSMON, "run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(marker),
+                             "300"], env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, "the sleeping job did not start"
+        time.sleep(0.1)
+    (directory,) = _job_dirs(tmp) - before
+    return proc, directory
+
+
+@pytest.mark.e2e
+def test_bootstrap_dirs_left_by_kill_9_are_removed_by_the_next_run_and_live_jobs_keep_theirs(tmp_path):
+    from msmon.launcher.bootstrap import STALE_AFTER_S
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    killed, killed_dir = _start_sleeping_job(tmp, "killed")
+    orphaned, orphaned_dir = _start_sleeping_job(tmp, "orphaned")
+    try:
+        os.killpg(killed.pid, signal.SIGKILL)  # the launcher and its job, as the OOM killer or a scheduler would
+        os.kill(orphaned.pid, signal.SIGKILL)  # the launcher only: its job sleeps on
+        killed.wait(timeout=60)
+        orphaned.wait(timeout=60)
+        assert killed_dir.is_dir() and orphaned_dir.is_dir()  # nobody could clean up
+        time.sleep(max(0.0, STALE_AFTER_S + 0.5 - (time.time() - killed_dir.stat().st_mtime)))
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MSMON_")}
+        env["TMPDIR"] = str(tmp)
+        proc = msmon("run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(tmp_path / "next"), "0",
+                     env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert _job_dirs(tmp) == {orphaned_dir}  # the dead job's removed, the live job's kept, the new one's cleaned
+    finally:
+        os.killpg(orphaned.pid, signal.SIGKILL)  # its job, still in the launcher's session
+    time.sleep(STALE_AFTER_S + 0.5)
+    proc = msmon("run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(tmp_path / "last"), "0",
+                 env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert _job_dirs(tmp) == set()  # its job ended too: now it is stale

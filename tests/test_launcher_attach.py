@@ -360,6 +360,27 @@ def test_manual_sgd_without_an_optimizer_runs_unharmed_and_attaches_nothing(sess
     assert rank_dirs(output_dir) == []
 
 
+@pytest.mark.parametrize("attach, steps, start_step, note", [
+    (False, 0, 0, "set_monitor was never called: no optimizer was monitored"),
+    (True, 0, 0, "no optimizer step ran"),
+    (True, 3, 5, "3 optimizer steps ran, none of them in the steps the config records (start_step, step_interval, "
+                 "collect_times, dynamic_on)"),
+    (True, 1, 0, None),
+])
+def test_a_monitor_that_recorded_no_step_says_why_in_its_summary(write_config, output_dir, attach, steps,
+                                                                 start_step, note):
+    model = MLP()
+    optimizer = torch.optim.Adam(model.parameters())
+    monitor = TrainerMon(write_config({**CONFIG, "start_step": start_step}))
+    if attach:
+        monitor.set_monitor(model, optimizer)
+    train(model, optimizer, steps=steps, grad_acc=1)
+    monitor.close()
+    summary = json.loads((Path(monitor.log_dir) / "summary.json").read_text())
+    assert summary["steps_recorded"] == (1 if note is None else 0)
+    assert summary.get("note") == note
+
+
 def test_an_optimizer_built_before_msmon_attaches_at_its_first_step(write_config, output_dir):
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # before instrumentation: unseen

@@ -166,5 +166,5 @@ def test_the_summary_names_what_each_worker_did(tmp_path):
     lines = report.summary_lines(records, "run")
     assert lines[0].startswith("msmon: rank 0: 7 steps recorded, 2 alerts raised -> ")
     assert lines[0].endswith("Dec02-rank0-x")
-    assert lines[1] == "msmon: rank 1: nothing was monitored (the process built no torch.optim optimizer)"
+    assert lines[1] == "msmon: rank 1: nothing was monitored (no torch.optim optimizer was created)"
     assert "import msmon.auto" in report.summary_lines([], "run")[0]

@@ -213,3 +213,25 @@ def test_accelerates_own_test_script_gets_one_monitor_per_optimizer(tmp_path):
     assert len(lines) >= 5 and all(re.search(r": [1-9]\d* steps recorded", line) for line in lines), lines
     directories = [line.rsplit(" -> ", 1)[1] for line in lines]
     assert len(set(directories)) == len(lines) == len(glob.glob(str(out / "*-rank0-*")))  # no collision
+
+
+@pytest.mark.parametrize("optimizer, line, note", [
+    ("none", "nothing was monitored (no torch.optim optimizer was created)", "no torch.optim optimizer was created"),
+    ("unstepped", "0 steps recorded (no optimizer step ran), 0 alerts raised", "no optimizer step ran"),
+    ("loose", "nothing was monitored (SGD was built but never stepped; its parameters belonged to no module when "
+              "it was built, so msmon waited for its first step)",
+     "SGD was built but never stepped; its parameters belonged to no module when it was built, so msmon waited for "
+     "its first step"),
+])
+def test_a_job_with_no_optimizer_step_still_writes_each_ranks_summary_saying_why(config, tmp_path, optimizer, line,
+                                                                                note):
+    proc = msmon_run(config, tmp_path / "out", *TWO_RANKS, "--", str(SCRIPTS / "launcher_no_step.py"),
+                     "--optimizer", optimizer, cwd=tmp_path)
+    assert proc.stdout.count(" output ") == 2
+    for rank in (0, 1):
+        directory = rank_dir(tmp_path / "out", rank)
+        assert (directory / "config.json").is_file()
+        summary = json.loads((directory / "summary.json").read_text())
+        assert summary["steps_recorded"] == 0 and summary["note"] == note and summary["rank"] == rank
+        assert f"msmon: rank {rank}: {line} -> out/{directory.name}" in proc.stderr, proc.stderr[-3000:]
+    assert "no summary.json" not in proc.stderr

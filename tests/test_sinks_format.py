@@ -1,15 +1,22 @@
-"""The CSV sink writes each value as repr(round(value, ndigits)), however the step's values are
-rounded, and the step buffer keeps rows in the order they were added."""
+"""The CSV sink writes each value as repr(csv_value(value, ndigits)): msprobe's round(value,
+ndigits) for magnitudes of 1 or more, ndigits significant digits below 1 (no non-zero value
+reads 0), however the step's values are formatted; the step buffer keeps rows in the order
+they were added."""
 from __future__ import annotations
 
 import csv
 import math
 
+import pytest
 import torch
 
+from msmon import TrainerMon
 from msmon.records import RowKey, StepBuffer, StepRecord
 from msmon.sinks.api_sink import ApiSink
 from msmon.sinks.csv_sink import CsvSink
+from msmon.sinks.numbers import csv_value, csv_values
+
+from conftest import MLP, rank_dir, read_csv_rows, reference_stats
 
 EDGE_VALUES = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-300, 5e-324, 1.5e300, 0.1234565, 2.5e-7,
                -46.9906395, 123456789.123456789, 1e-05, 0.3]
@@ -25,10 +32,20 @@ def _read(path) -> list[list[str]]:
         return list(csv.reader(fh))
 
 
-def test_csv_cells_are_python_rounded_reprs_for_edge_and_random_values(tmp_path):
+@pytest.mark.parametrize("value, cell", [
+    (1e-12, "1e-12"), (3.2e-7, "3.2e-07"), (0.000123456, "0.000123456"), (0.0001234567, "0.000123457"),
+    (0.5, "0.5"), (0.1234565, repr(round(0.1234565, 6))), (12.345678, "12.345678"), (12.3456789, "12.345679"),
+    (0.0, "0.0"), (-0.0, "-0.0"), (-1e-9, "-1e-09"), (math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf"),
+    (5e-324, "5e-324"), (0.9999996, "1.0"), (-46.9906395, "-46.99064"),
+])
+def test_csv_value_keeps_significant_digits_below_one_and_msprobe_rounding_above(value, cell):
+    assert repr(csv_value(value, 6)) == cell
+
+
+def test_csv_cells_are_python_rounded_at_one_and_above_and_never_zero_below(tmp_path):
     gen = torch.Generator().manual_seed(3)
     randoms = (torch.randn(4000, generator=gen, dtype=torch.float64)
-               * 10.0 ** torch.randint(-9, 9, (4000,), generator=gen)).tolist()
+               * 10.0 ** torch.randint(-15, 9, (4000,), generator=gen)).tolist()
     flat = EDGE_VALUES + randoms
     flat += [0.0] * (len(flat) % 2)
     values = [flat[i:i + 2] for i in range(0, len(flat), 2)]
@@ -44,7 +61,12 @@ def test_csv_cells_are_python_rounded_reprs_for_edge_and_random_values(tmp_path)
         assert len(rows) == len(values) + 1
         for row, key, want in zip(rows[1:], keys, values):
             assert row[:3] == ["0", key.name, "7"]
-            assert row[3:] == [repr(round(v, 6)) for v in want]
+            for cell, v in zip(row[3:], want):
+                if not abs(v) < 1.0 or v == 0.0:  # msprobe's format, unchanged
+                    assert cell == repr(round(v, 6))
+                else:  # six significant digits, checked against the value itself
+                    assert float(cell) != 0.0 and cell == repr(float(f"{v:.6g}"))
+                    assert abs(float(cell) - v) <= 5e-6 * abs(v)
 
 
 def test_csv_micro_step_column_and_quoted_names(tmp_path):
@@ -85,16 +107,57 @@ def test_step_buffer_keeps_single_and_batched_rows_in_the_order_added():
     assert len(buffer) == 0 and buffer.take()[1] == []
 
 
-def test_vectorised_rounding_equals_python_round_near_ties_and_at_every_scale():
-    from msmon.sinks.csv_sink import round_like_python
-
+def test_vectorised_formatting_equals_csv_value_near_ties_and_at_every_scale():
     gen = torch.Generator().manual_seed(11)
     table = torch.randn(5000, 4, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(
-        -12, 18, (5000, 4), generator=gen)
+        -30, 18, (5000, 4), generator=gen)
     ties = torch.tensor([k / 128 for k in range(-256, 256)], dtype=torch.float64)  # exact decimal ties at 6 digits
     near = torch.nextafter(ties, torch.full_like(ties, math.inf))
-    table = torch.cat([table.flatten(), ties, near, torch.tensor([math.nan, math.inf, -math.inf, -0.0, 5e-324])])
+    powers = torch.tensor([10.0 ** -k for k in range(1, 40)] + [-(10.0 ** -k) for k in range(1, 40)],
+                          dtype=torch.float64)  # where log10 may misjudge the first digit
+    powers = torch.cat([powers, torch.nextafter(powers, torch.zeros_like(powers)),
+                        torch.nextafter(powers, powers * 2)])
+    table = torch.cat([table.flatten(), ties, ties / 1000, near, near / 1000, powers,
+                       torch.tensor([math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 0.9999996, 0.99999949999])])
     table = table.view(-1, 1)
-    for ndigits in (0, 2, 6, 9, 17):
-        got = [repr(row[0]) for row in round_like_python(table, ndigits)]
-        assert got == [repr(round(v, ndigits)) for v in table.flatten().tolist()]  # repr: NaN equals itself
+    for ndigits in (0, 1, 2, 6, 9, 15, 17, 25):
+        got = [repr(row[0]) for row in csv_values(table, ndigits)]
+        assert got == [repr(csv_value(v, ndigits)) for v in table.flatten().tolist()]  # repr: NaN equals itself
+
+
+def test_adams_small_exp_avg_sq_never_reads_zero_in_csv_or_tensorboard(write_config, output_dir):
+    """A small loss scale gives second moments of 1e-9..1e-15: msprobe's 6 decimals wrote them
+    all as 0.0. Every cell now reads as the independently computed statistic, to 6 digits."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    torch.manual_seed(0)
+    model = MLP()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ops = ["norm", "min", "max", "mean"]
+    monitor = TrainerMon(write_config({"mv_distribution": True, "format": ["csv", "tensorboard"], "ops": ops}))
+    monitor.set_monitor(model, optimizer, grad_acc_steps=1)
+    expected = {}
+    for step in range(3):
+        (1e-4 * model(torch.randn(5, 8)).square().mean()).backward()
+        optimizer.step()
+        for name, p in model.named_parameters():
+            expected[step, name] = reference_stats(optimizer.state[p]["exp_avg_sq"], ops)
+        optimizer.zero_grad()
+    monitor.close()
+    out = rank_dir(output_dir)
+    rows = read_csv_rows(out, "exp_avg_sq")
+    assert len(rows) == len(expected)
+    tiny = 0
+    for row in rows:
+        for op, value in expected[int(row["step"]), row["name"]].items():
+            got = float(row[op])
+            assert (got == 0.0) == (value == 0.0), (row, op, value)
+            assert got == pytest.approx(value, rel=1e-5, abs=0.0), (row, op, value)
+            tiny += 0.0 < value < 5e-7  # what round(value, 6) wrote as 0.0
+    assert tiny >= len(rows) * 3  # most cells would have read 0
+    events = EventAccumulator(str(out), size_guidance={"scalars": 0})
+    events.Reload()
+    for (step, name), stats in expected.items():
+        for op, value in stats.items():
+            (event,) = [e for e in events.Scalars(f"0:{name}/rank0/exp_avg_sq_{op}") if e.step == step]
+            assert event.value == pytest.approx(value, rel=1e-5, abs=0.0)  # float32 keeps 1e-15 as it is

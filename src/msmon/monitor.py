@@ -31,7 +31,7 @@ from .launcher.boot import ENV_BOOTSTRAP_DIR
 from .naming import check_targets, covers, display, model_chunks, split_vpp
 from .optimizers import adapter_for
 from .optimizers.base import hold_weakly
-from .output import ensure_writable, output_base_dir, rank_dir_name
+from .output import ensure_writable, output_base_dir, rank_dir_name, stopped_line, stopped_output
 from .records import StepBuffer
 from .sinks import ApiSink, make_sinks
 from .sinks.writer import BackgroundWriter
@@ -63,6 +63,7 @@ class TrainerMon:
         ensure_writable(self.output_base)
         self.log_dir: str | None = None
         self.writer: BackgroundWriter | None = None
+        self.output_stopped: dict | None = None  # the write to disk that failed (output.stopped_output)
         self._api: ApiSink | None = None
 
         self.step = 0
@@ -222,7 +223,20 @@ class TrainerMon:
             "first_nonfinite": self.writer.first_origin if self.writer else None,
             **self.cost.report(self.writer.cpu_seconds if self.writer else None),
             "last_step": self.step,
+            "output_stopped": self.output_stopped,
+            **({"note": note} if (note := self._nothing_recorded_because()) else {}),
         }
+
+    def _nothing_recorded_because(self) -> str | None:
+        """Why a monitor recorded no step (summary.json and the launcher's line say it)."""
+        if self.steps_recorded:
+            return None
+        if not self.attached:
+            return "set_monitor was never called: no optimizer was monitored"
+        if self.cost.steps == 0:
+            return "no optimizer step ran"
+        return (f"{self.cost.steps} optimizer steps ran, none of them in the steps the config records "
+                "(start_step, step_interval, collect_times, dynamic_on)")
 
     @property
     def monitor_seconds(self) -> float:
@@ -261,23 +275,45 @@ class TrainerMon:
     # -- setup ----------------------------------------------------------------------------------
     def _open_output(self) -> None:
         self.log_dir = os.path.join(self.output_base, rank_dir_name(self.rank))
-        os.makedirs(self.log_dir, exist_ok=True)
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+        except OSError as exc:
+            self._output_failed(exc, self.log_dir)
         self._start_writer()
 
     def _start_writer(self) -> None:
+        """The writer and its sinks; once a write to disk failed, only the in-memory API sink."""
         cfg = self.config
         assert self.log_dir is not None
-        sinks = make_sinks(cfg.format, self.log_dir, cfg.ndigits, cfg.step_count_per_record)
+        sinks = []
+        if self.output_stopped is None:
+            config_path = os.path.join(self.log_dir, "config.json")
+            try:
+                with open(config_path, "w", encoding="utf-8") as fh:
+                    json.dump(cfg.raw, fh, indent=2)
+                sinks = make_sinks(cfg.format, self.log_dir, cfg.ndigits, cfg.step_count_per_record)
+            except OSError as exc:
+                self._output_failed(exc, config_path)
         self._api = next((s for s in sinks if isinstance(s, ApiSink)), None)
         if self._api is None:  # the generate_*_metrics API works whatever the format
             self._api = ApiSink()
             sinks.append(self._api)
         rules = RuleEngine(build_rules(cfg.alert.rules))
-        self.writer = BackgroundWriter(sinks, self.rank, rules, None, cfg.alert.max_lines_per_step)
-        with open(os.path.join(self.log_dir, "config.json"), "w", encoding="utf-8") as fh:
-            json.dump(cfg.raw, fh, indent=2)
+        self.writer = BackgroundWriter(sinks, self.rank, rules, None, cfg.alert.max_lines_per_step,
+                                       on_output_stopped=self._output_stopped)
+
+    def _output_failed(self, exc: OSError, path: str) -> None:
+        """Setting the output up failed (a full disk): one line, and nothing is written to disk."""
+        self._output_stopped(stopped_output(self.step, exc, path))
+        logger.error(stopped_line(self.rank, self.output_stopped))
+
+    def _output_stopped(self, info: dict) -> None:
+        if self.output_stopped is None:
+            self.output_stopped = info
 
     def _enable_dump(self) -> None:
+        if self.output_stopped is not None:
+            return
         if self.writer is not None and self.config.alert.dump and self.writer.dump is None:
             self.writer.dump = AnomalyDumpWriter(self.output_base, self.rank, self.pp_stage, self.group_mates)
 
@@ -546,7 +582,14 @@ class TrainerMon:
                 json.dump(self.summary(), fh, indent=2)
             os.replace(tmp, path)
         except OSError as exc:
-            logger.warning("msmon[rank %d]: could not write %s: %s", self.rank, path, exc)
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            if self.output_stopped is None:
+                logger.warning("msmon[rank %d]: could not write %s: %s", self.rank, path, exc)
+            else:  # its cause is said already, and the launcher has it from the worker record
+                logger.debug("msmon[rank %d]: could not write %s: %s", self.rank, path, exc)
 
 
 def _mtime(path: str) -> int | None:

@@ -1,6 +1,7 @@
 """Where a rank's output goes, checked before training starts."""
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import uuid
@@ -30,3 +31,23 @@ def ensure_writable(path: str) -> None:
 def rank_dir_name(rank: int) -> str:
     """`<local time %b%d_%H-%M-%S>-rank<r>-<short uid>`, the msprobe layout."""
     return f"{datetime.now().strftime('%b%d_%H-%M-%S')}-rank{rank}-{uuid.uuid4().hex[:8]}"
+
+
+def stopped_output(step: int, exc: OSError, path: str | None = None) -> dict:
+    """What summary.json and the launcher keep of the write that stopped a rank's output."""
+    return {"step": step, "errno": errno.errorcode.get(exc.errno) if exc.errno else None,
+            "error": exc.strerror or str(exc), "path": exc.filename or path}
+
+
+def describe_stopped(info: dict) -> str:
+    """'output stopped at step 7: No space left on device (ENOSPC) writing <path>'."""
+    cause = info.get("error") or "write failed"
+    if info.get("errno"):
+        cause += f" ({info['errno']})"
+    where = f" writing {info['path']}" if info.get("path") else ""
+    return f"output stopped at step {info.get('step', '?')}: {cause}{where}"
+
+
+def stopped_line(rank: int, info: dict) -> str:
+    """The one line a rank logs when its output stops."""
+    return f"msmon[rank {rank}]: {describe_stopped(info)}; nothing more is written to disk, training continues"

@@ -71,7 +71,8 @@ class Session:
 
     def emit(self, event: str, **info: Any) -> None:
         """Tell listeners: "attached" (monitor, optimizer, when), "skipped" (optimizer,
-        reason), "stopped" (reason), "closed" (monitor)."""
+        reason), "deferred" (optimizer, reason: left for its first step), "stopped" (reason),
+        "closed" (monitor)."""
         for listener in list(self.listeners):
             try:
                 listener(event, info)

@@ -205,10 +205,12 @@ class _Instrumentation:
             return
         params = [p for group in getattr(opt, "param_groups", None) or [] for p in group.get("params", [])]
         if not params:
+            self._defer(opt, when, "it had no parameters when it was built")
             return  # nothing to monitor yet; its first step looks again
         ids = {id(p) for p in params}
         roots = self.tracker.roots_owning(ids)
         if not roots and when == CONSTRUCTION:
+            self._defer(opt, when, "its parameters belonged to no module when it was built")
             return  # its model is unknown so far; its first step looks again
         if not roots:
             roots = roots_in_memory(ids)
@@ -249,6 +251,11 @@ class _Instrumentation:
                     _on_optimizer_collected(self.session, monitor)
                     return True
         return False
+
+    def _defer(self, opt: Any, when: str, reason: str) -> None:
+        """Left for its first step: said at exit if that step never comes (worker.Unmonitored)."""
+        if when == CONSTRUCTION:
+            self.session.emit("deferred", optimizer=type(opt).__name__, reason=reason)
 
     def _skip(self, opt: Any, reason: str) -> None:
         logger.info("msmon[rank %d]: %s is not monitored: %s", current_rank(), type(opt).__name__, reason)

@@ -176,21 +176,24 @@ def _launch(command: JobCommand, config: dict[str, Any], config_source: str | No
     directory = bootstrap.create(config, config_source, "torchrun" if use_torchrun else "python", mode, output_dir)
     try:
         env = bootstrap.job_environment(os.environ, directory, output_dir)
-        code = _run_child(command.argv(use_torchrun), env)
+        lock = bootstrap.lock_fd(directory)
+        code = _run_child(command.argv(use_torchrun), env, () if lock is None else (lock,))
         for line in report.summary_lines(report.worker_records(directory), mode):
             click.echo(line, err=True)
     finally:
         if os.environ.get(ENV_KEEP_BOOTSTRAP):
+            bootstrap.keep(directory)
             click.echo(f"msmon: bootstrap directory kept: {directory}", err=True)
         else:
             bootstrap.remove(directory)
     return code
 
 
-def _run_child(argv: list[str], env: dict[str, str]) -> int:
+def _run_child(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> int:
     """Run the job and return its exit code. Ctrl-C reaches the job from the terminal (the
-    launcher outlives it to print the summary); SIGTERM and SIGHUP are passed on."""
-    proc = subprocess.Popen(argv, env=env)
+    launcher outlives it to print the summary); SIGTERM and SIGHUP are passed on. `pass_fds`:
+    the bootstrap directory's lock, held by the job's first process too."""
+    proc = subprocess.Popen(argv, env=env, pass_fds=pass_fds)
     forwarded = (signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *forwarded)}
     signal.signal(signal.SIGINT, signal.SIG_IGN)

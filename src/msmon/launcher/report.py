@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from ..cost import describe
+from ..output import describe_stopped
 from .boot import WORKERS_DIR
 
 
@@ -58,8 +59,10 @@ def summary_lines(records: list[dict[str, Any]], mode: str) -> list[str]:
         if not monitors:
             skipped = record.get("skipped", [])
             reason = "; ".join(f"{s['optimizer']}: {s['reason']}" for s in skipped)
+            written = f" -> {_shown(record['log_dir'])}" if record.get("log_dir") else ""
             lines.append(f"msmon: {where}: nothing was monitored ("
-                         + (reason if reason else "the process built no torch.optim optimizer") + ")")
+                         + (reason or _read_note(record.get("log_dir")) or "no torch.optim optimizer was created")
+                         + ")" + written)
             continue
         for monitor in monitors:
             lines.append(_monitor_line(monitor, mode, len(monitors) > 1))
@@ -78,9 +81,22 @@ def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
     if not log_dir:
         return f"msmon: {where}: not in the config's module_ranks, nothing recorded"
     summary = _read_summary(log_dir)
+    stopped = monitor.get("output_stopped") or (summary or {}).get("output_stopped")
+    if stopped:
+        shown = dict(stopped, path=_shown(stopped["path"]) if stopped.get("path") else None)
+        step = stopped.get("step")
+        kept = (f"no step was written to {_shown(log_dir)}" if step == 0 else
+                f"what was recorded before step {step} is in {_shown(log_dir)}")
+        return f"msmon: {where}: {describe_stopped(shown)}; {kept}"
     if summary is None:
         return (f"msmon: {where}: {_shown(log_dir)} (no summary.json: the process ended before the monitor "
                 "could close)")
     cost = f", {describe(summary)}" if summary.get("monitor_cost_pct") is not None else ""
-    return (f"msmon: {where}: {summary.get('steps_recorded', 0)} steps recorded, {summary.get('alerts', 0)} alerts "
-            f"raised{cost} -> {_shown(log_dir)}")
+    note = f" ({summary['note']})" if summary.get("note") else ""
+    return (f"msmon: {where}: {summary.get('steps_recorded', 0)} steps recorded{note}, {summary.get('alerts', 0)} "
+            f"alerts raised{cost} -> {_shown(log_dir)}")
+
+
+def _read_note(log_dir: str | None) -> str | None:
+    summary = _read_summary(log_dir) if log_dir else None
+    return summary.get("note") if summary else None

@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import hooks, lifecycle
 from ..distributed import current_rank
-from ..output import ENV_OUTPUT_DIR
+from ..output import ENV_OUTPUT_DIR, output_base_dir, rank_dir_name
 from . import boot
 from .bootstrap import DEFAULT_CONFIG
 
@@ -71,18 +71,67 @@ def worker_config_path(bootstrap_dir: str, settings: dict) -> str:
 def _begin(session: hooks.Session, record: "WorkerRecord | None") -> hooks.Session:
     global _session
     _session = session
-    atexit.register(_report_at_exit, session, record)  # runs after the monitors closed (LIFO)
+    unmonitored = Unmonitored()
+    session.listeners.append(unmonitored.on_event)
+    atexit.register(_report_at_exit, session, record, unmonitored)  # runs after the monitors closed (LIFO)
     hooks.enable(session)
     return session
 
 
-def _report_at_exit(session: hooks.Session, record: "WorkerRecord | None") -> None:
+def _report_at_exit(session: hooks.Session, record: "WorkerRecord | None", unmonitored: "Unmonitored") -> None:
     if not session.in_owner_process():
         return
+    if record is not None:
+        record.finish(session.monitors)
     attached = record.data["monitors"] if record is not None else session.monitors
-    if not attached and session.error is None:  # a stopped process said why already
-        logger.info("msmon[rank %d]: no optimizer was monitored in this process (none was built, or none "
-                    "could be attached); nothing was recorded", current_rank())
+    if attached or session.error is not None:  # a stopped process said why already
+        return
+    reason = unmonitored.reason()
+    log_dir = unmonitored.write_summary(session, reason)
+    logger.info("msmon[rank %d]: no optimizer was monitored in this process (%s); nothing was recorded%s",
+                current_rank(), reason, f" ({log_dir}/summary.json says so)" if log_dir else "")
+    if record is not None and log_dir:
+        record.data["log_dir"] = os.path.abspath(log_dir)
+        record.write()
+
+
+class Unmonitored:
+    """Why a process monitored nothing, from the instrumentors' events, and the rank's
+    output directory that says so: a summary.json with no step, as a monitor's would be."""
+
+    def __init__(self) -> None:
+        self.skipped: list[str] = []
+        self.deferred: list[str] = []
+
+    def on_event(self, event: str, info: dict) -> None:
+        if event == "skipped":
+            self.skipped.append(f"{info['optimizer']}: {info['reason']}")
+        elif event == "deferred":
+            self.deferred.append(f"{info['optimizer']} was built but never stepped; {info['reason']}, so msmon "
+                                 "waited for its first step")
+
+    def reason(self) -> str:
+        return "; ".join(self.skipped or self.deferred) or "no torch.optim optimizer was created"
+
+    def write_summary(self, session: hooks.Session, reason: str) -> str | None:
+        """The rank's directory with config.json and summary.json; None on a rank the config's
+        module_ranks leaves out, or when the output cannot be written."""
+        rank = current_rank()
+        ranks = session.config.module_ranks
+        if ranks and rank not in ranks:
+            return None
+        log_dir = os.path.join(output_base_dir(), rank_dir_name(rank))
+        summary = {"rank": rank, "output_dir": log_dir, "steps_recorded": 0, "alerts": 0, "first_nonfinite": None,
+                   "last_step": None, "output_stopped": None, "note": reason}
+        try:
+            os.makedirs(log_dir, exist_ok=True)
+            for name, data in (("config.json", session.config.raw), ("summary.json", summary)):
+                with open(os.path.join(log_dir, name), "w", encoding="utf-8") as fh:
+                    json.dump(data, fh, indent=2)
+        except OSError as exc:  # the process ends anyway; the launcher's line still says why
+            logger.debug("msmon[rank %d]: cannot write %s: %s", rank, log_dir, exc)
+            return None
+        return log_dir
 
 
 class WorkerRecord:
@@ -118,9 +167,27 @@ class WorkerRecord:
             self.data["skipped"].append({"optimizer": info["optimizer"], "reason": info["reason"]})
         elif event == "stopped":
             self.data["error"] = info["reason"]
+        elif event == "closed":
+            if not self._note_output(info["monitor"]):
+                return
         else:
             return
         self.write()
+
+    def finish(self, monitors: list[Any]) -> None:
+        """At exit, after the monitors closed: keep why a monitor's output stopped (its
+        summary.json may be on the very disk that filled up)."""
+        if any([self._note_output(monitor) for monitor in monitors]):
+            self.write()
+
+    def _note_output(self, monitor: Any) -> bool:
+        stopped = getattr(monitor, "output_stopped", None)
+        log_dir = os.path.abspath(monitor.log_dir) if monitor.log_dir else None
+        for entry in self.data["monitors"]:
+            if stopped is not None and entry["log_dir"] == log_dir and entry.get("output_stopped") != stopped:
+                entry["output_stopped"] = stopped
+                return True
+        return False
 
     def write(self) -> None:
         tmp = self.path + ".tmp"

@@ -8,6 +8,7 @@ class Sink:
     """Receives one StepRecord per recorded step, on the writer thread."""
 
     name = "sink"
+    writes_files = False  # True: an OSError from it means the output (the disk) failed
 
     def write(self, record: StepRecord) -> None:
         raise NotImplementedError
@@ -17,3 +18,10 @@ class Sink:
 
     def close(self) -> None:
         self.flush()
+
+
+def naming(exc: OSError, path: str) -> OSError:
+    """A failed write names no file (only a failed open does): say which file it was."""
+    if exc.filename is None:
+        exc.filename = path
+    return exc

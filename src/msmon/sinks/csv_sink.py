@@ -1,9 +1,10 @@
 """CSV files in the msprobe layout: `{category}_{first}-{last}.csv`, flushed every step.
 
-A value is written as `repr(round(value, ndigits))`. The writer thread formats every value of
-every step, and on a machine with few cores its CPU time is taken from the training, so the
-rounding runs on the whole step at once (torch.round, which rounds like Python's round) and
-each row's fixed cells are built once.
+A value is written as `repr(csv_value(value, ndigits))` (numbers.py: msprobe's rounding for
+|v| >= 1, significant digits below, so no non-zero value reads 0). The writer thread formats
+every value of every step, and on a machine with few cores its CPU time is taken from the
+training, so the formatting runs on the whole step at once and each row's fixed cells are
+built once.
 """
 from __future__ import annotations
 
@@ -13,36 +14,19 @@ from typing import IO
 import torch
 
 from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
-from .base import Sink
+from .base import Sink, naming
+from .numbers import csv_value, csv_values
 
 
 _MAX_CACHED_ROWS = 1 << 16
 
 
-def round_like_python(table: torch.Tensor, ndigits: int) -> list[list[float]]:
-    """`[[round(v, ndigits) for v in row] for row in table.tolist()]`, vectorised.
-
-    Python rounds the exact binary value to ndigits decimals (ties to even); x * 10**ndigits
-    rounded to an integer and divided back gives the same double unless the scaled product
-    was inexact right at a tie. Those values (within a few ulps of one, or too large to scale,
-    or not finite) are rounded by Python itself, so the result is identical.
-    """
-    scale = 10.0 ** ndigits
-    scaled = table * scale
-    rows = (torch.round(scaled) / scale).tolist()
-    magnitude = scaled.abs()
-    doubtful = ((scaled - torch.floor(scaled) - 0.5).abs() <= magnitude * 2.0 ** -48) | ~(magnitude < 2.0 ** 52)
-    if doubtful.any():
-        values = table.tolist()
-        for i, j in doubtful.nonzero().tolist():
-            rows[i][j] = round(values[i][j], ndigits)
-    return rows
-
-
 def _first_line(path: str) -> str | None:
     try:
+        if os.stat(path).st_size == 0:
+            return None  # nothing written yet (or not a regular file: never read without end)
         with open(path, encoding="utf-8") as fh:
-            return fh.readline().rstrip("\n") or None
+            return fh.readline(1 << 20).rstrip("\n") or None
     except FileNotFoundError:
         return None
 
@@ -51,6 +35,7 @@ class CsvSink(Sink):
     """Header `vpp_stage,name,step[,micro_step],<ops>`; one file per category and step window."""
 
     name = "csv"
+    writes_files = True
 
     def __init__(self, log_dir: str, ndigits: int, step_count_per_record: int) -> None:
         self.log_dir = log_dir
@@ -70,16 +55,20 @@ class CsvSink(Sink):
         if current is not None and current[0] == base and current[4] == ops:
             return current[2], current[3]
         if current is not None:
-            current[2].close()
+            del self._files[category]
+            try:
+                current[2].close()
+            except OSError as exc:
+                raise naming(exc, current[1])
         header = ",".join(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops))
         path = base
         if _first_line(path) not in (None, header):  # columns changed mid-window: start a new file
             path = os.path.join(self.log_dir, f"{category}_{first}-{last}_from{step}.csv")
         exists = _first_line(path) is not None
         fh = open(path, "a", encoding="utf-8")
-        if not exists:
-            fh.write(header + "\n")
         self._files[category] = (base, path, fh, micro, list(ops))
+        if not exists:
+            self._write(category, header + "\n")
         return fh, micro
 
     def _prefix(self, key: RowKey, micro: bool) -> str:
@@ -96,8 +85,8 @@ class CsvSink(Sink):
     def _rounded(self, record: StepRecord) -> list[list[float]]:
         table = record.table
         if table is not None and table.dtype == torch.float64 and table.dim() == 2 and len(table) == len(record.keys):
-            return round_like_python(table, self.ndigits)
-        return [[round(v, self.ndigits) for v in row] for row in record.values]
+            return csv_values(table, self.ndigits)
+        return [[csv_value(v, self.ndigits) for v in row] for row in record.values]
 
     def write(self, record: StepRecord) -> None:
         lines: dict[str, list[str]] = {}
@@ -114,14 +103,32 @@ class CsvSink(Sink):
                 cells = ("" if key.micro_step is None else str(key.micro_step)) + "," + cells
             lines[key.category].append(self._prefix(key, micro) + step + cells)
         for category, rows in lines.items():
-            handles[category][0].write("\n".join(rows) + "\n")
+            self._write(category, "\n".join(rows) + "\n")
         self.flush()
 
+    def _write(self, category: str, text: str) -> None:
+        _, path, fh, _, _ = self._files[category]
+        try:
+            fh.write(text)
+        except OSError as exc:
+            raise naming(exc, path)
+
     def flush(self) -> None:
-        for entry in self._files.values():
-            entry[2].flush()
+        for _, path, fh, _, _ in self._files.values():
+            try:
+                fh.flush()
+            except OSError as exc:
+                raise naming(exc, path)
 
     def close(self) -> None:
-        for entry in self._files.values():
-            entry[2].close()
+        """Close every file, even when one fails to flush (the first failure is raised)."""
+        failure: OSError | None = None
+        for _, path, fh, _, _ in self._files.values():
+            try:
+                fh.close()
+            except OSError as exc:
+                failure = failure or naming(exc, path)
         self._files.clear()
+        if failure is not None:
+            raise failure
+

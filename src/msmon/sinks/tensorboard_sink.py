@@ -1,16 +1,22 @@
-"""TensorBoard event files, written live by the tensorboard package's own event writer.
+"""TensorBoard event files, written live with the tensorboard package's record format.
 
 A step is one event holding every scalar and histogram of the step. torch's SummaryWriter
 builds, checks and queues one event per `add_scalar`; at a thousand scalars per step that
 costs the writer thread about fifteen times more CPU (docs/performance.md), which on a
 machine with few cores is taken from the training. TensorBoard reads both forms the same way.
+
+The file is written on msmon's writer thread itself, as tensorboard's EventFileWriter lays it
+out (same name, same first event), but without its own background thread: a write that fails
+(a full disk) is an OSError here, reported once by the writer, not a thread's traceback.
 """
 from __future__ import annotations
 
+import os
+import socket
 import time
 
 from ..records import RowKey, StepRecord
-from .base import Sink
+from .base import Sink, naming
 
 _MAX_CACHED_ROWS = 1 << 16
 
@@ -19,15 +25,27 @@ class TensorBoardSink(Sink):
     """Scalars tagged `{vpp}:{name}/rank{r}/{category}_{op}`; histograms for update/ratio."""
 
     name = "tensorboard"
+    writes_files = True
 
     def __init__(self, log_dir: str) -> None:
-        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.event_pb2 import Event, SourceMetadata
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.summary.writer.event_file_writer import _global_uid
+        from tensorboard.summary.writer.record_writer import RecordWriter
 
         self._event, self._summary, self._histogram = Event, Summary, HistogramProto
-        self._writer = EventFileWriter(log_dir, flush_secs=5)
         self._tag_cache: dict[tuple, list[str]] = {}
+        self.path = os.path.join(log_dir, "events.out.tfevents.%010d.%s.%s.%s" % (
+            time.time(), socket.gethostname(), os.getpid(), _global_uid.get()))
+        self._file = open(self.path, "wb")
+        self._writer = RecordWriter(self._file)
+        try:
+            self._write(Event(wall_time=time.time(), file_version="brain.Event:2", source_metadata=SourceMetadata(
+                writer="tensorboard.summary.writer.event_file_writer")))
+            self.flush()
+        except OSError:
+            _close_quietly(self._file)
+            raise
 
     def _tags(self, key: RowKey, rank: int, ops: list[str]) -> list[str]:
         """The row's tags, one per op; the same rows come back every step, so they are kept."""
@@ -50,9 +68,14 @@ class TensorBoardSink(Sink):
             if histogram is not None:
                 values.append(value(tag=tag, histo=histogram))
         if values:
-            self._writer.add_event(self._event(wall_time=time.time(), step=record.step,
-                                               summary=self._summary(value=values)))
+            self._write(self._event(wall_time=time.time(), step=record.step, summary=self._summary(value=values)))
         self.flush()
+
+    def _write(self, event) -> None:
+        try:
+            self._writer.write(event.SerializeToString())
+        except OSError as exc:
+            raise naming(exc, self.path)
 
     def _histogram_of(self, edges: list[float], counts: list[float]):
         """TensorBoard's histogram of bucket counts: limits are the right edges, sums from the
@@ -67,7 +90,21 @@ class TensorBoardSink(Sink):
                                bucket_limit=list(edges[1:]), bucket=list(counts))
 
     def flush(self) -> None:
-        self._writer.flush()
+        try:
+            self._file.flush()
+        except OSError as exc:
+            raise naming(exc, self.path)
 
     def close(self) -> None:
-        self._writer.close()
+        try:
+            self._file.close()  # closed even when its last flush fails
+        except OSError as exc:
+            raise naming(exc, self.path)
+
+
+def _close_quietly(fh) -> None:
+    try:
+        fh.close()
+    except OSError:
+        pass
+

@@ -2,6 +2,8 @@
 
 File writing, rule evaluation and the wait on the device all happen here, so the training
 thread only launches kernels and enqueues. A failing sink is logged once and switched off.
+A write to disk that fails (OSError: a full disk, a quota, a vanished mount) stops the rank's
+whole output, with one line naming the cause; the in-memory API sink and training go on.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Callable
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.rules import Alert, RuleEngine
 from ..origin import Origin, find_origin
+from ..output import stopped_line, stopped_output
 from ..records import RowKey, StepRecord
 from ..transfer import HostBatch
 from .base import Sink
@@ -28,13 +31,17 @@ class BackgroundWriter:
 
     def __init__(self, sinks: list[Sink], rank: int, rules: RuleEngine | None = None,
                  dump: AnomalyDumpWriter | None = None, alert_lines_per_step: int = 10,
-                 on_alerts: Callable[[StepRecord, list[Alert]], None] | None = None) -> None:
+                 on_alerts: Callable[[StepRecord, list[Alert]], None] | None = None,
+                 on_output_stopped: Callable[[dict], None] | None = None) -> None:
         self.sinks = list(sinks)
         self.rank = rank
         self.rules = rules
         self.dump = dump
         self.alert_lines_per_step = alert_lines_per_step
         self.on_alerts = on_alerts
+        self.on_output_stopped = on_output_stopped
+        self.output_stopped: dict | None = None  # the write that stopped the output (output.stopped_output)
+        self._last_step = 0
         self.steps_written = 0
         self.alerts_raised = 0
         self.first_origin: dict | None = None
@@ -59,12 +66,34 @@ class BackgroundWriter:
         self._closed = True
         self._queue.put(_STOP)
         self._thread.join(timeout=60)
-        for sink in self.sinks:
+        for sink in list(self.sinks):
+            if sink not in self.sinks:
+                continue  # closed when the output stopped
             try:
                 sink.close()
+            except OSError as exc:
+                if sink.writes_files:
+                    self.stop_output(self._last_step, exc)
+                else:
+                    logger.warning("msmon[rank %d]: closing the %s sink failed: %s", self.rank, sink.name, exc)
             except Exception as exc:  # pragma: no cover - reported, never raised at exit
                 logger.warning("msmon[rank %d]: closing the %s sink failed: %s", self.rank, sink.name, exc)
         atexit.unregister(self.close)
+
+    def stop_output(self, step: int, exc: OSError, path: str | None = None) -> None:
+        """A write to disk failed: say so once, close every file sink, write nothing more to disk."""
+        if self.output_stopped is None:
+            self.output_stopped = stopped_output(step, exc, path)
+            logger.error(stopped_line(self.rank, self.output_stopped))
+            if self.on_output_stopped is not None:
+                self.on_output_stopped(self.output_stopped)
+        self.dump = None
+        for sink in [s for s in self.sinks if s.writes_files]:
+            self.sinks.remove(sink)
+            try:
+                sink.close()
+            except Exception:
+                pass  # it failed already; the files are closed all the same
 
     def _run(self) -> None:
         while True:
@@ -88,9 +117,19 @@ class BackgroundWriter:
                             values=batch.values.tolist(),
                             histograms=[(tag, edges, counts.tolist()) for tag, edges, counts in batch.histograms],
                             meta=meta, table=batch.values)
+        self._last_step = step
         for sink in list(self.sinks):
+            if sink not in self.sinks:
+                continue  # a file sink, and the output stopped at this step
             try:
                 sink.write(record)
+            except OSError as exc:
+                if sink.writes_files:
+                    self.stop_output(step, exc)
+                    continue
+                logger.error("msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
+                             self.rank, sink.name, step, exc)
+                self.sinks.remove(sink)
             except Exception as exc:
                 logger.error("msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
                              self.rank, sink.name, step, exc)
@@ -128,7 +167,6 @@ class BackgroundWriter:
             try:
                 self.dump.write(record, alerts)
             except OSError as exc:
-                logger.error("msmon[rank %d]: anomaly dump failed and is switched off: %s", self.rank, exc)
-                self.dump = None
+                self.stop_output(record.step, exc, self.dump.path)
         if self.on_alerts is not None:
             self.on_alerts(record, alerts)

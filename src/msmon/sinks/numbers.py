@@ -1,0 +1,55 @@
+"""How a statistic reads in a CSV cell: `repr(csv_value(v, ndigits))`.
+
+msprobe writes `round(v, ndigits)`: fixed decimals, so a small non-zero value (Adam's
+exp_avg_sq is often 1e-10) reads 0.0. Here a magnitude of 1 or more keeps exactly that
+format, and one below 1 keeps `ndigits` significant digits instead (repr switches to
+scientific notation below 1e-4), so no non-zero value reads 0. Between 0.1 and 1 both rules
+give the same digits.
+"""
+from __future__ import annotations
+
+import torch
+
+_EXACT_POWERS = 22  # 10.0**k is exact up to here, so M / 10**k is the correctly rounded M·10⁻ᵏ
+_POW10 = torch.tensor([float(10 ** k) for k in range(_EXACT_POWERS + 1)], dtype=torch.float64)
+
+
+def csv_value(value: float, ndigits: int) -> float:
+    """`round(value, ndigits)` for |value| >= 1, zero, NaN and infinities; `ndigits`
+    significant digits (at least one) for 0 < |value| < 1."""
+    if value == 0.0 or not abs(value) < 1.0:
+        return round(value, ndigits)
+    return float(f"{value:.{max(ndigits, 1)}g}")
+
+
+def csv_values(table: torch.Tensor, ndigits: int) -> list[list[float]]:
+    """`[[csv_value(v, ndigits) for v in row] for row in table.tolist()]` for a 2-D float64
+    table, vectorised: the writer thread formats every value of every step, and on a machine
+    with few cores its CPU time is taken from the training.
+
+    Each value keeps k decimals (ndigits, or for |v| < 1 enough for ndigits significant
+    digits): round(v·10ᵏ) / 10ᵏ is the double Python's formatting gives unless the scaled
+    product was inexact right at a tie, the power of ten is not exact (k > 22), the product
+    is too large to round in a double, or log10 misjudged the first digit. Those values (and
+    non-finite ones) are formatted by `csv_value` itself, so the result is identical.
+    """
+    digits = max(ndigits, 1)
+    magnitude = table.abs()
+    small = (magnitude < 1.0) & (magnitude > 0.0)
+    exponent = torch.floor(torch.log10(torch.where(small, magnitude, torch.ones_like(magnitude))))
+    decimals = torch.where(small, digits - 1 - exponent, torch.full_like(exponent, float(ndigits)))
+    scale = _POW10[decimals.clamp(0, _EXACT_POWERS).long()]
+    scaled = table * scale
+    kept = torch.round(scaled)
+    rows = (kept / scale).tolist()
+    size = scaled.abs()
+    doubtful = ((scaled - torch.floor(scaled) - 0.5).abs() <= size * 2.0 ** -48) | ~(size < 2.0 ** 52) \
+        | (decimals > _EXACT_POWERS)
+    first_digit_wrong = (kept.abs() < float(10 ** (digits - 1))) | (kept.abs() > float(10 ** digits))
+    doubtful |= small & first_digit_wrong
+    if doubtful.any():
+        values = table.tolist()
+        for i, j in doubtful.nonzero().tolist():
+            rows[i][j] = csv_value(values[i][j], ndigits)
+    return rows
+
