@@ -3,7 +3,7 @@
 A step is an optimizer step. During it, collectors record statistic rows into a device-side
 buffer (hooks launch kernels, nothing synchronises); when the optimizer finishes, the rows are
 concatenated, copied to the host once, and handed to the writer thread. Between steps the
-config file's mtime is checked, so edits take effect at the next step.
+config file's mtime and size are checked, so edits take effect at the next step.
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ class TrainerMon:
         lifecycle.setup_logging()
         self.config_file_path = os.fspath(config_file_path)
         self.config: MonitorConfig = load_config(self.config_file_path)
-        self._config_mtime = _mtime(self.config_file_path)
-        self._bad_config_mtime: int | None = None
+        self._config_ident = _identity(self.config_file_path)  # the file version in force
+        self._bad_config_ident: tuple[int, ...] | None = None  # the last version found invalid
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
         self.opt_ty = opt_ty
@@ -473,22 +473,44 @@ class TrainerMon:
         raise StopAfterStruct(0)
 
     def _maybe_reload_config(self) -> None:
-        mtime = _mtime(self.config_file_path)
-        if mtime is None or mtime == self._config_mtime or mtime == self._bad_config_mtime:
-            return
+        """At a step's end: apply a new valid edit of the config file."""
+        edit = self._read_edit()
+        if edit is not None:
+            self._apply_config(edit)
+
+    def _read_edit(self) -> MonitorConfig | None:
+        """The config file's new version, validated against the model, or None: unchanged
+        (same mtime and size: a `stat`, nothing more), missing, changing while read, or known
+        to be bad. A bad version, whatever is wrong with it, is logged once in one line and
+        leaves the config in force alone; a later version is read again."""
+        path = self.config_file_path
+        ident = _identity(path)
+        if ident is None or ident == self._config_ident or ident == self._bad_config_ident:
+            return None
         try:
-            new = load_config(self.config_file_path)
-        except ConfigError as exc:
-            self._bad_config_mtime = mtime
+            new = load_config(path, allow_empty=False)  # empty: an editor half-way through writing it
+            self._check_fits(new)
+        except Exception as exc:
+            failure: BaseException | None = exc
+        else:
+            failure = None
+        if _identity(path) != ident:
+            return None  # written to while read: read it again at the next step
+        if failure is not None:
+            self._bad_config_ident = ident
             logger.error("msmon[rank %d]: the edited config is invalid and is ignored (the previous config stays "
-                         "in force): %s", self.rank, exc)
-            return
-        self._config_mtime = mtime
-        self._bad_config_mtime = None
+                         "in force): %s", self.rank, _one_line(failure))
+            return None
+        self._config_ident, self._bad_config_ident = ident, None
+        return new
+
+    def _check_fits(self, new: MonitorConfig) -> None:
+        """ConfigError unless every target of `new` names a module or parameter of the model."""
+        old, self.config = self.config, new
         try:
-            self._apply_config(new)
-        except ConfigError as exc:
-            logger.error("msmon[rank %d]: the edited config does not fit the model and is ignored: %s", self.rank, exc)
+            self._check_targets()
+        finally:
+            self.config = old
 
     def _apply_config(self, new: MonitorConfig) -> None:
         old = self.config
@@ -549,10 +571,18 @@ class TrainerMon:
             logger.warning("msmon[rank %d]: could not write %s: %s", self.rank, path, exc)
 
 
-def _mtime(path: str) -> int | None:
+def _identity(path: str) -> tuple[int, ...] | None:
+    """What tells one version of a file from the next: mtime, size and inode (two writes in
+    one mtime tick differ in size; an editor's save-by-rename makes a new inode)."""
     try:
-        return os.stat(path).st_mtime_ns
+        st = os.stat(path)
     except OSError:
         return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())
 
 
