@@ -3,7 +3,8 @@
 A step is an optimizer step. During it, collectors record statistic rows into a device-side
 buffer (hooks launch kernels, nothing synchronises); when the optimizer finishes, the rows are
 concatenated, copied to the host once, and handed to the writer thread. Between steps the
-config file's mtime and size are checked, so edits take effect at the next step.
+config file's mtime and size are checked, so edits take effect at the next step (with sharded
+statistics, at the first step every rank has read them: agreement.py).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import dedupe, lifecycle, native
+from . import agreement, dedupe, lifecycle, native
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
@@ -52,8 +53,9 @@ class TrainerMon:
         lifecycle.setup_logging()
         self.config_file_path = os.fspath(config_file_path)
         self.config: MonitorConfig = load_config(self.config_file_path)
-        self._config_ident = _identity(self.config_file_path)  # the file version in force
+        self._config_ident = _identity(self.config_file_path)  # the file version in force (or proposed)
         self._bad_config_ident: tuple[int, ...] | None = None  # the last version found invalid
+        self._agreement = agreement.ConfigAgreement()  # over the shard groups once attached
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
         self.opt_ty = opt_ty
@@ -155,6 +157,7 @@ class TrainerMon:
         self.params = self._monitored_params()
         self._use_main_grad = self._decide_main_grad()
         self.shards = dedupe.attach(self, dp_group, tp_group)  # who writes what: decided once, here
+        self._agreement = agreement.for_monitor(self)  # ranks combining shards switch configs together
         self.attached = True
         if not self.active:
             logger.info("msmon[rank %d]: not in module_ranks %s; this rank records nothing",
@@ -473,10 +476,16 @@ class TrainerMon:
         raise StopAfterStruct(0)
 
     def _maybe_reload_config(self) -> None:
-        """At a step's end: apply a new valid edit of the config file."""
+        """At a step's end: complete this step's agreement round, look for a new edit of the
+        file, and apply the edit the ranks agreed on (agreement.py; without sharded statistics,
+        the edit just read)."""
+        self._agreement.end_round(self.shards.take_stamped())
         edit = self._read_edit()
         if edit is not None:
-            self._apply_config(edit)
+            self._agreement.propose(edit)
+        agreed = self._agreement.decide()
+        if agreed is not None:
+            self._apply_config(agreed)
 
     def _read_edit(self) -> MonitorConfig | None:
         """The config file's new version, validated against the model, or None: unchanged
