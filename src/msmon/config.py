@@ -171,7 +171,9 @@ def _expect_positive(key: str, value: Any) -> float:
     return float(value)
 
 
-def _suggest(word: str, choices: Any) -> str:
+def _suggest(word: Any, choices: Any) -> str:
+    if not isinstance(word, str):  # a YAML key can be a number, a date or null
+        return ""
     close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
     return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
 
@@ -335,9 +337,11 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
     return cfg
 
 
-def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
+def read_config_file(path: str | os.PathLike, allow_empty: bool = True) -> dict[str, Any]:
     """Read a JSON or YAML file into a mapping, with one-line errors that name the file (and
-    the line and column of a bad byte, a full-width comma or a syntax error)."""
+    the line and column of a bad byte, a full-width comma or a syntax error). An empty YAML
+    file is the default config, unless `allow_empty` is False (a file edited while training
+    runs, which is empty while the editor writes it)."""
     from .config_text import parse_config_bytes
 
     path = os.fspath(path)
@@ -346,15 +350,21 @@ def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
             data = fh.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    if not allow_empty and not data.strip():
+        raise ConfigError(f"config file {path} is empty (is it still being written?)")
     parsed = parse_config_bytes(data, path)
+    if parsed is None and not allow_empty:
+        raise ConfigError(f"config file {path} holds no config (is it still being written?)")
     return {} if parsed is None else parsed
 
 
-def load_config(path: str | os.PathLike) -> MonitorConfig:
-    """Read and validate a config file."""
+def load_config(path: str | os.PathLike, allow_empty: bool = True) -> MonitorConfig:
+    """Read and validate a config file; every problem is a one-line ConfigError."""
     try:
-        return parse_config(read_config_file(path))
+        return parse_config(read_config_file(path, allow_empty))
     except ConfigError as exc:
         if str(path) in str(exc):
             raise
         raise ConfigError(f"{path}: {exc}") from None
+    except RecursionError:  # copying or checking a document nested thousands deep
+        raise ConfigError(f"{path}: the config nests too deeply to be a monitor config") from None

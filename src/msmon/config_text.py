@@ -31,13 +31,19 @@ def parse_config_bytes(data: bytes, path: str) -> Any:
     text = decode(data, path)
     yaml = is_yaml(path)
     check_punctuation(text, path, yaml)
-    if yaml:
-        return _load_yaml(text, path)
+    kind = "YAML" if yaml else "JSON"
     try:
-        return json.loads(text)
+        return _load_yaml(text, path) if yaml else json.loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid JSON: line {exc.lineno}, column {exc.colno}: "
                           f"{exc.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} is not a monitor config: its {kind} nests too deeply") from None
+    except ValueError as exc:  # an integer of thousands of digits; ConfigError is one too
+        if isinstance(exc, ConfigError):
+            raise
+        what = " ".join(str(exc).split(";")[0].split())  # not Python's advice on sys.set_int_max_str_digits
+        raise ConfigError(f"config file {path} is not valid {kind}: {what}") from None
 
 
 def decode(data: bytes, path: str) -> str:

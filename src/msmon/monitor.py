@@ -3,7 +3,8 @@
 A step is an optimizer step. During it, collectors record statistic rows into a device-side
 buffer (hooks launch kernels, nothing synchronises); when the optimizer finishes, the rows are
 concatenated, copied to the host once, and handed to the writer thread. Between steps the
-config file's mtime is checked, so edits take effect at the next step.
+config file's mtime and size are checked, so edits take effect at the next step (with sharded
+statistics, at the first step every rank has read them: agreement.py).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import dedupe, lifecycle, native
+from . import agreement, dedupe, lifecycle, native
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
@@ -52,8 +53,9 @@ class TrainerMon:
         lifecycle.setup_logging()
         self.config_file_path = os.fspath(config_file_path)
         self.config: MonitorConfig = load_config(self.config_file_path)
-        self._config_mtime = _mtime(self.config_file_path)
-        self._bad_config_mtime: int | None = None
+        self._config_ident = _identity(self.config_file_path)  # the file version in force (or proposed)
+        self._bad_config_ident: tuple[int, ...] | None = None  # the last version found invalid
+        self._agreement = agreement.ConfigAgreement()  # over the shard groups once attached
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
         self.opt_ty = opt_ty
@@ -156,6 +158,7 @@ class TrainerMon:
         self.params = self._monitored_params()
         self._use_main_grad = self._decide_main_grad()
         self.shards = dedupe.attach(self, dp_group, tp_group)  # who writes what: decided once, here
+        self._agreement = agreement.for_monitor(self)  # ranks combining shards switch configs together
         self.attached = True
         if not self.active:
             logger.info("msmon[rank %d]: not in module_ranks %s; this rank records nothing",
@@ -509,22 +512,50 @@ class TrainerMon:
         raise StopAfterStruct(0)
 
     def _maybe_reload_config(self) -> None:
-        mtime = _mtime(self.config_file_path)
-        if mtime is None or mtime == self._config_mtime or mtime == self._bad_config_mtime:
-            return
+        """At a step's end: complete this step's agreement round, look for a new edit of the
+        file, and apply the edit the ranks agreed on (agreement.py; without sharded statistics,
+        the edit just read)."""
+        self._agreement.end_round(self.shards.take_stamped())
+        edit = self._read_edit()
+        if edit is not None:
+            self._agreement.propose(edit)
+        agreed = self._agreement.decide()
+        if agreed is not None:
+            self._apply_config(agreed)
+
+    def _read_edit(self) -> MonitorConfig | None:
+        """The config file's new version, validated against the model, or None: unchanged
+        (same mtime and size: a `stat`, nothing more), missing, changing while read, or known
+        to be bad. A bad version, whatever is wrong with it, is logged once in one line and
+        leaves the config in force alone; a later version is read again."""
+        path = self.config_file_path
+        ident = _identity(path)
+        if ident is None or ident == self._config_ident or ident == self._bad_config_ident:
+            return None
         try:
-            new = load_config(self.config_file_path)
-        except ConfigError as exc:
-            self._bad_config_mtime = mtime
+            new = load_config(path, allow_empty=False)  # empty: an editor half-way through writing it
+            self._check_fits(new)
+        except Exception as exc:
+            failure: BaseException | None = exc
+        else:
+            failure = None
+        if _identity(path) != ident:
+            return None  # written to while read: read it again at the next step
+        if failure is not None:
+            self._bad_config_ident = ident
             logger.error("msmon[rank %d]: the edited config is invalid and is ignored (the previous config stays "
-                         "in force): %s", self.rank, exc)
-            return
-        self._config_mtime = mtime
-        self._bad_config_mtime = None
+                         "in force): %s", self.rank, _one_line(failure))
+            return None
+        self._config_ident, self._bad_config_ident = ident, None
+        return new
+
+    def _check_fits(self, new: MonitorConfig) -> None:
+        """ConfigError unless every target of `new` names a module or parameter of the model."""
+        old, self.config = self.config, new
         try:
-            self._apply_config(new)
-        except ConfigError as exc:
-            logger.error("msmon[rank %d]: the edited config does not fit the model and is ignored: %s", self.rank, exc)
+            self._check_targets()
+        finally:
+            self.config = old
 
     def _apply_config(self, new: MonitorConfig) -> None:
         old = self.config
@@ -592,10 +623,18 @@ class TrainerMon:
                 logger.debug("msmon[rank %d]: could not write %s: %s", self.rank, path, exc)
 
 
-def _mtime(path: str) -> int | None:
+def _identity(path: str) -> tuple[int, ...] | None:
+    """What tells one version of a file from the next: mtime, size and inode (two writes in
+    one mtime tick differ in size; an editor's save-by-rename makes a new inode)."""
     try:
-        return os.stat(path).st_mtime_ns
+        st = os.stat(path)
     except OSError:
         return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+    return " ".join(text.split())
 
 

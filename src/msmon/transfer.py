@@ -50,6 +50,12 @@ def _to_host(t: torch.Tensor, events: list[Any]) -> torch.Tensor:
     return host
 
 
+def copy_to_host(t: torch.Tensor) -> tuple[torch.Tensor, list[Any]]:
+    """Start copying `t` to the host: (the host tensor, events to wait on before reading it)."""
+    events: list[Any] = []
+    return _to_host(t, events), events
+
+
 def stage_to_host(keys: list[RowKey], chunks: list[torch.Tensor], width: int,
                   histograms: list[Histogram], flag_keys: list[RowKey] | None = None,
                   flags: list[torch.Tensor] | None = None) -> HostBatch:

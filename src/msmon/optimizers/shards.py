@@ -10,14 +10,15 @@ placeholders before the buffer goes to the host.
 
 Every rank of a group must take the same Shards in the same order and flush at the same step:
 they do, since the adapters yield a (possibly empty) piece for every parameter on every rank
-and the recorded steps follow from the shared config.
+and the recorded steps follow from the config, which the ranks switch at the same step
+(agreement.py: the payload's first number is this rank's in that agreement).
 """
 from __future__ import annotations
 
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -78,6 +79,10 @@ class ShardCombiner:
         self.enabled = enabled
         self.pending: dict[int, _Pending] = {}
         self.ops: list[str] = []
+        # the number each gather carries in front of the statistics (agreement.py), and what
+        # every rank sent, by id(group), from the last flush
+        self.stamp: Callable[[], float] | None = None
+        self.stamped: dict[int, torch.Tensor] = {}
 
     def take(self, category: str, values: dict[int, Any]) -> dict[int, Any]:
         """Record the Shards among `values` (keyed by id(param), in the monitor's parameter
@@ -145,6 +150,11 @@ class ShardCombiner:
     def clear(self) -> None:
         self.pending = {}
 
+    def take_stamped(self) -> dict[int, torch.Tensor]:
+        """Every rank's number from this step's gathers, by id(group); cleared for the next."""
+        stamped, self.stamped = self.stamped, {}
+        return stamped
+
     def _combine(self, part: _Pending) -> None:
         n_ops = len(self.ops)
         device = part.rows[0].device if part.rows else part.hists[0].device
@@ -153,8 +163,12 @@ class ShardCombiner:
         counts = torch.tensor(part.counts, dtype=torch.float64).to(device, non_blocking=True)
         hists = torch.stack(part.hists).to(device) if part.hists else torch.empty((0, 0), dtype=torch.float64,
                                                                                   device=device)
-        payload = torch.cat([rows.reshape(-1), counts, hists.reshape(-1)])
+        lead = [] if self.stamp is None else [torch.full((1,), self.stamp(), dtype=torch.float64, device=device)]
+        payload = torch.cat([*lead, rows.reshape(-1), counts, hists.reshape(-1)])
         gathered = _all_gather(payload, part.group)  # [ranks, payload]
+        if lead:
+            self.stamped[id(part.group)] = gathered[:, 0]
+            gathered = gathered[:, 1:]
         n = rows.shape[0]
         all_rows = gathered[:, :n * n_ops].reshape(-1, n, n_ops)
         all_counts = gathered[:, n * n_ops:n * n_ops + n]
