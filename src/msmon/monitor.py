@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import dedupe, lifecycle, native
+from . import dedupe, lifecycle, native, resume
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
@@ -31,7 +31,7 @@ from .launcher.boot import ENV_BOOTSTRAP_DIR
 from .naming import check_targets, covers, display, model_chunks, split_vpp
 from .optimizers import adapter_for
 from .optimizers.base import hold_weakly
-from .output import ensure_writable, output_base_dir, rank_dir_name
+from .output import ensure_writable, output_base_dir
 from .records import StepBuffer
 from .sinks import ApiSink, make_sinks
 from .sinks.writer import BackgroundWriter
@@ -62,6 +62,7 @@ class TrainerMon:
         self.output_base = output_base_dir()
         ensure_writable(self.output_base)
         self.log_dir: str | None = None
+        self._resume: resume.Resume | None = None  # append_output: continuing an earlier run's directory
         self.writer: BackgroundWriter | None = None
         self._api: ApiSink | None = None
 
@@ -155,6 +156,8 @@ class TrainerMon:
         self.params = self._monitored_params()
         self._use_main_grad = self._decide_main_grad()
         self.shards = dedupe.attach(self, dp_group, tp_group)  # who writes what: decided once, here
+        if self._resume is not None:  # append_output: where the earlier run's series continues
+            self.step = self._resume.begin(self.step, self.writer.sinks if self.writer else ())
         self.attached = True
         if not self.active:
             logger.info("msmon[rank %d]: not in module_ranks %s; this rank records nothing",
@@ -260,8 +263,7 @@ class TrainerMon:
 
     # -- setup ----------------------------------------------------------------------------------
     def _open_output(self) -> None:
-        self.log_dir = os.path.join(self.output_base, rank_dir_name(self.rank))
-        os.makedirs(self.log_dir, exist_ok=True)
+        self.log_dir, self._resume = resume.open_rank_dir(self.output_base, self.rank, self.config.append_output)
         self._start_writer()
 
     def _start_writer(self) -> None:
@@ -374,7 +376,7 @@ class TrainerMon:
             collectors.append(GradCollector(self))
         if cfg.param_distribution:
             collectors.append(ParamCollector(self))
-        if cfg.mv_distribution or cfg.ur_distribution:
+        if cfg.mv_distribution or cfg.ur_distribution or cfg.mg_direction:
             collectors.append(OptimizerStateCollector(self))
         if cfg.cc_distribution.enable:
             from .collectors.comm import CommCollector

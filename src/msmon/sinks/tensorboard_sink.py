@@ -54,6 +54,15 @@ class TensorBoardSink(Sink):
                                                summary=self._summary(value=values)))
         self.flush()
 
+    def restart_at(self, step: int) -> None:
+        """Mark a resumed run (append_output): TensorBoard's readers hide this directory's
+        earlier events at steps >= `step` (`SessionLog.START`, as `SummaryWriter(purge_step=)`)."""
+        from tensorboard.compat.proto.event_pb2 import SessionLog
+
+        self._writer.add_event(self._event(wall_time=time.time(), step=step,
+                                           session_log=SessionLog(status=SessionLog.START)))
+        self.flush()
+
     def _histogram_of(self, edges: list[float], counts: list[float]):
         """TensorBoard's histogram of bucket counts: limits are the right edges, sums from the
         bucket centres (the values themselves are not kept)."""
