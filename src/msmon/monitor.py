@@ -368,6 +368,12 @@ class TrainerMon:
             modules, _ = self._names()
             collectors.append(NanOriginCollector(self, [(m, n, c, c) for c, named in enumerate(modules)
                                                         for n, m in named.items() if n]))
+        if hook_modules and cfg.stack_info:
+            from .collectors.stack_info import StackInfoCollector
+
+            modules, _ = self._names()
+            collectors.append(StackInfoCollector(self, [(m, f"{c}:{n}") for c, named in enumerate(modules)
+                                                        for n, m in named.items()]))
         if hook_modules and cfg.xy_enabled:
             collectors.append(ActivationCollector(self, self._xy_targets()))
         if cfg.wg_distribution and self.adapter.hooks_unreduced:  # rank-local grads at the bucket's grad sync
