@@ -118,7 +118,10 @@ def test_mg_direction_equals_the_share_of_deepspeeds_full_gradient_and_momentum(
     _, _, work, _ = ds_job
     steps = truth(work)["steps"]
     rows = read_csv_rows(output_of(work, 0), "other")
-    assert {(int(r["step"]), r["name"]) for r in rows} == {(s, n) for s in range(1, STEPS) for n in PARAMS}
+    # from the first step that has a momentum (DeepSpeed's stage-0 wrappers create zero moments up front)
+    present = {(s, n) for s in range(STEPS) for n in PARAMS if steps[s]["mg_direction"][n] is not None}
+    assert {(s, n) for s in range(1, STEPS) for n in PARAMS} <= present
+    assert {(int(r["step"]), r["name"]) for r in rows} == present
     for row in rows:
         share = steps[int(row["step"])]["mg_direction"][row["name"]]
         assert float(row["mean"]) == pytest.approx(share, abs=1e-12), row
