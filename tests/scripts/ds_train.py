@@ -80,14 +80,11 @@ def main() -> None:
         full = safe_get_full_optimizer_state(p, key)
         return optimizer.state[p][key] if full is None else full
     def mg_share(p):
-        """sign(full gradient) == sign(full momentum) before the update; None before the first step."""
-        try:
-            m = state(p, "exp_avg")
-        except Exception:  # no optimizer state yet
+        """sign(full gradient) == sign(full momentum) before the update; None before the optimizer has a
+        state (the same on every rank: both calls below are collectives under ZeRO)."""
+        if not getattr(optimizer, "optimizer", optimizer).state:
             return None
-        if m is None:
-            return None
-        g = safe_get_full_grad(p)
+        m, g = state(p, "exp_avg"), safe_get_full_grad(p)
         return float((torch.sign(g.double()) == torch.sign(m.double())).double().mean())
 
     gen = torch.Generator().manual_seed(100 + rank)
