@@ -22,7 +22,7 @@ import torch
 
 from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey
 from ..optimizers.base import Shard
-from ..stats import batch_stats, local_tensor, scalar_rows, sign_matches
+from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
 from .base import Collector
 
 logger = logging.getLogger("msmon")
@@ -42,6 +42,7 @@ class OptimizerStateCollector(Collector):
     def __init__(self, monitor) -> None:
         super().__init__(monitor)
         self._said_none = False
+        self._size_cache: dict[tuple, torch.Tensor] = {}
 
     @torch.no_grad()
     def before_update(self) -> None:
@@ -64,13 +65,21 @@ class OptimizerStateCollector(Collector):
                 plain.append((key, grad, m.exp_avg))
         if plain:
             matches = sign_matches([g for _, g, _ in plain], [e for _, _, e in plain])
-            numels = torch.tensor([float(local_tensor(g).numel()) for _, g, _ in plain], dtype=torch.float64)
-            shares = matches / numels.to(matches.device, non_blocking=True)
+            shares = matches / self._sizes(tuple(local_tensor(g).numel() for _, g, _ in plain), matches.device)
             mon.buffer.add_many([k for k, _, _ in plain], scalar_rows(shares, mon.step_ops, mon.config.eps))
         for entries in split.values():  # every rank of the group takes the same pieces in the same order
             matches = sign_matches([g.local for _, g, _ in entries], [e.local for _, _, e in entries])
             mon.shards.add_shares([k for k, _, _ in entries], [g for _, g, _ in entries], matches,
                                   [g.local.numel() for _, g, _ in entries])
+
+    def _sizes(self, numels: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """The element counts as a float64 tensor on the device, built once (the same every step)."""
+        key = (numels, device)
+        if key not in self._size_cache:
+            if len(self._size_cache) > 8:
+                self._size_cache.clear()
+            self._size_cache[key] = _to_device(torch.tensor(numels, dtype=torch.float64), device)
+        return self._size_cache[key]
 
     def after_update(self) -> None:
         mon = self.mon
