@@ -557,16 +557,17 @@ _SIGN_CHUNK = 1 << 22  # elements per pass on accelerators: bounds the temporari
 def _sign_mismatch(g: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(count of elements with sign(g) != sign(m), whether either holds a NaN) of two flat
     tensors of one size, as 0-d tensors; one temporary pair per chunk. torch.sign(NaN) is 0,
-    so NaNs are looked for apart."""
+    so NaNs are looked for apart, in the maxima."""
     chunk = CHUNK if g.device.type == "cpu" else _SIGN_CHUNK
     counts, nans = [], []
     for start in range(0, g.numel(), chunk):
         gc, mc = g[start:start + chunk], m[start:start + chunk]
         d = torch.sign(gc)
-        d.sub_(torch.sign(mc))  # in {-2, -1, 0, 1, 2}
-        counts.append(torch.count_nonzero(d))
-        nans.append(torch.isnan(gc).any() | torch.isnan(mc).any())
-    return torch.stack(counts).sum().to(RESULT_DTYPE), torch.stack(nans).any()
+        d.sub_(torch.sign(mc)).abs_().clamp_(max=1)  # 1 where the signs differ (count_nonzero: 4x slower)
+        counts.append(d.sum(dtype=torch.float32))  # exact: a chunk holds fewer than 2**24 elements
+        nans.append(torch.amax(gc))  # max propagates NaN (and only NaN): a cheap reduction, not isnan().any()
+        nans.append(torch.amax(mc))
+    return torch.stack(counts).sum().to(RESULT_DTYPE), torch.isnan(torch.stack(nans)).any()
 
 
 def _matches(numel: int, mismatch: torch.Tensor, nan: torch.Tensor) -> torch.Tensor:
@@ -604,10 +605,10 @@ def sign_matches(grads: Sequence[torch.Tensor], moments: Sequence[torch.Tensor])
             numels = tuple(pairs[i][0].numel() for i in indices)
             lengths, _ = _layouts.get(numels, dev)
             d = torch.sign(flat_g)
-            d.sub_(torch.sign(flat_m))
-            mismatch = torch.segment_reduce((d != 0).to(torch.float32), "sum", lengths=lengths)
-            nans = torch.segment_reduce((torch.isnan(flat_g) | torch.isnan(flat_m)).to(torch.float32), "sum",
-                                        lengths=lengths) > 0
+            d.sub_(torch.sign(flat_m)).abs_().clamp_(max=1)
+            mismatch = torch.segment_reduce(d.to(torch.float32), "sum", lengths=lengths)
+            nans = (torch.isnan(torch.segment_reduce(flat_g.to(torch.float32), "max", lengths=lengths))
+                    | torch.isnan(torch.segment_reduce(flat_m.to(torch.float32), "max", lengths=lengths)))
             sizes = _to_device(torch.tensor(numels, dtype=RESULT_DTYPE), dev)
             counts = torch.where(nans, math.nan, sizes - mismatch.to(RESULT_DTYPE)).to(device)
             for j, i in enumerate(indices):
