@@ -134,7 +134,7 @@ def test_float32_simple_values_are_read_by_event_accumulator_scalars(write_confi
     assert not acc.Tags()["tensors"]
 
 
-def test_time_range_selects_rank_directories_and_an_empty_selection_is_an_error(tmp_path):
+def test_time_range_selects_rank_directories_converted_in_parallel_and_an_empty_selection_is_an_error(tmp_path):
     base = tmp_path / "monitor_output"
     for name in ("Dec01_10-00-00-rank0-aaaaaaaa", "Dec01_10-00-00-rank1-bbbbbbbb", "Dec02_10-00-00-rank0-cccccccc"):
         (base / name).mkdir(parents=True)
@@ -143,7 +143,7 @@ def test_time_range_selects_rank_directories_and_an_empty_selection_is_an_error(
     assert [(s.rank, s.name) for s in chosen] == [(0, "Dec01_10-00-00-rank0-aaaaaaaa"),
                                                  (1, "Dec01_10-00-00-rank1-bbbbbbbb")]
     proc = msmon_cli("csv2tb", "-d", str(base), "--time-start", "Dec01_00-00-00", "--time-end", "Dec01_23-59-59",
-                     "-o", str(tmp_path / "tb"))
+                     "-o", str(tmp_path / "tb"), "-j", "2")
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == [s.name for s in chosen]
     proc = msmon_cli("csv2tb", "-d", str(base), "--time-start", "Jan01_00-00-00", "--time-end", "Jan01_00-00-01")
