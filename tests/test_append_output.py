@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,20 @@ def test_a_restarted_two_rank_job_continues_each_ranks_series(tmp_path):
         assert steps == list(range(5)), (rank, steps)
         per_step = {s: sum(1 for r in rows if int(r["step"]) == s) for s in steps}
         assert len(set(per_step.values())) == 1, per_step  # every parameter once per step
+
+
+def test_the_resumed_runs_events_are_read_after_the_earlier_ones_whatever_the_file_names(write_config, output_dir):
+    """TensorBoard reads a directory's events files in name order; an earlier run's file whose
+    name sorts after the new one (the same second and a larger pid or counter, or a clock a
+    little ahead) must not be read as the newer one."""
+    run(write_config(CONFIG), 4)
+    earlier = rank_dir(output_dir)
+    (old,) = earlier.glob("events.out.tfevents.*")
+    parts = old.name.split(".")
+    parts[3] = f"{int(time.time()) + 1:010d}"  # as if from the same second as the new one, or a clock ahead
+    old.rename(earlier / ".".join(parts))
+    resumed = dict(CONFIG, append_output=[prefix(earlier), prefix(earlier)])
+    second = run(write_config(resumed, "resumed.json"), 2, start=2, seed=1)
+    events = tb_norms(earlier)
+    assert [s for s, _ in events] == [0, 1, 2, 3]
+    assert events[2][1] == pytest.approx(second[2]["fc1.weight"], rel=1e-6)

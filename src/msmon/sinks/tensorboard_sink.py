@@ -7,12 +7,16 @@ machine with few cores is taken from the training. TensorBoard reads both forms 
 """
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 from ..records import RowKey, StepRecord
 from .base import Sink
 
 _MAX_CACHED_ROWS = 1 << 16
+_MAX_WAIT_S = 5  # restart_at: how far ahead an earlier run's events file may be dated and still be waited for
+logger = logging.getLogger("msmon")
 
 
 class TensorBoardSink(Sink):
@@ -26,6 +30,7 @@ class TensorBoardSink(Sink):
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self._event, self._summary, self._histogram = Event, Summary, HistogramProto
+        self._log_dir, self._writer_class = log_dir, EventFileWriter
         self._writer = EventFileWriter(log_dir, flush_secs=5)
         self._tag_cache: dict[tuple, list[str]] = {}
 
@@ -59,9 +64,32 @@ class TensorBoardSink(Sink):
         earlier events at steps >= `step` (`SessionLog.START`, as `SummaryWriter(purge_step=)`)."""
         from tensorboard.compat.proto.event_pb2 import SessionLog
 
+        self._sort_last()
         self._writer.add_event(self._event(wall_time=time.time(), step=step,
                                            session_log=SessionLog(status=SessionLog.START)))
         self.flush()
+
+    def _sort_last(self) -> None:
+        """Make this run's events file the last of the directory in name order, the order
+        TensorBoard reads files in (`events.out.tfevents.<seconds>.<host>.<pid>.<n>`): an earlier
+        run's file from the same second (or a clock a little ahead) can sort after it, and its
+        events would then be read as the newer ones. Our file, holding only its header so far,
+        is started again once the clock has passed that second (at most a few seconds, once)."""
+        mine = os.path.basename(getattr(self._writer, "_file_name", ""))
+        names = sorted(n for n in os.listdir(self._log_dir) if "tfevents" in n)
+        if not names or names[-1] == mine or mine not in names:
+            return
+        latest = max((int(p[3]) for p in (n.split(".") for n in names if n != mine)
+                      if len(p) > 3 and p[3].isdigit()), default=0)
+        if latest - time.time() > _MAX_WAIT_S:
+            logger.warning("msmon: %s holds an events file dated %.0f s ahead of this machine's clock; TensorBoard may "
+                           "read it after this run's", self._log_dir, latest - time.time())
+            return
+        self._writer.close()
+        os.remove(os.path.join(self._log_dir, mine))
+        while int(time.time()) <= latest:
+            time.sleep(0.05)
+        self._writer = self._writer_class(self._log_dir, flush_secs=5)
 
     def _histogram_of(self, edges: list[float], counts: list[float]):
         """TensorBoard's histogram of bucket counts: limits are the right edges, sums from the
