@@ -74,8 +74,8 @@ def test_bad_config_is_a_clear_error(cfg, fragment):
 def test_msprobe_only_key_warns_instead_of_failing(caplog):
     caplog.set_level(logging.WARNING, logger="msmon")
     logging.getLogger("msmon").propagate = True
-    parse_config({"mg_direction": True})
-    assert any("mg_direction" in r.getMessage() for r in caplog.records)
+    parse_config({"heatmap_visualize": True})
+    assert any("heatmap_visualize" in r.getMessage() for r in caplog.records)
 
 
 def test_forward_only_and_backward_only_warns(caplog):

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.e2e
 
 SCRIPTS = ROOT / "tests" / "scripts"
 CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "ur_distribution": True,
-          "format": ["csv"], "ndigits": 12, "squash_name": False, "ops": ALL_OPS}
+          "mg_direction": True, "format": ["csv"], "ndigits": 12, "squash_name": False, "ops": ALL_OPS}
 REPLICATED = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
 PARAMS = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
 STEPS = 3
@@ -111,6 +111,21 @@ def test_weights_gradients_and_moments_equal_deepspeeds_own_full_tensors(ds_job)
         assert {(int(r["step"]), r["name"]) for r in rows} == {(s, n) for s in range(STEPS) for n in PARAMS}, category
         for row in rows:
             assert_close(row, steps[int(row["step"])][category][row["name"]], f"{category} {row['name']}")
+
+
+def test_mg_direction_equals_the_share_of_deepspeeds_full_gradient_and_momentum(ds_job):
+    """Each rank counts matching signs in its own partition; the counts are summed across ranks."""
+    _, _, work, _ = ds_job
+    steps = truth(work)["steps"]
+    rows = read_csv_rows(output_of(work, 0), "other")
+    # from the first step that has a momentum (DeepSpeed's stage-0 wrappers create zero moments up front)
+    present = {(s, n) for s in range(STEPS) for n in PARAMS if steps[s]["mg_direction"][n] is not None}
+    assert {(s, n) for s in range(1, STEPS) for n in PARAMS} <= present
+    assert {(int(r["step"]), r["name"]) for r in rows} == present
+    for row in rows:
+        share = steps[int(row["step"])]["mg_direction"][row["name"]]
+        assert float(row["mean"]) == pytest.approx(share, abs=1e-12), row
+    assert not read_csv_rows(output_of(work, 1), "other")  # written once, by the first data-parallel rank
 
 
 def test_replicated_tensors_are_written_once_by_the_first_data_parallel_rank(ds_job):

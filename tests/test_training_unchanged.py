@@ -20,6 +20,7 @@ from tiny_gpt import TinyGPT, lm_loss, synthetic_batch
 
 EVERYTHING = {"wg_distribution": True, "monitor_mbs_grad": True, "param_distribution": True,
               "mv_distribution": True, "ur_distribution": True, "xy_distribution": True, "all_xy": True,
+              "mg_direction": True, "stack_info": True,
               "format": ["csv", "tensorboard", "api"], "ops": ALL_OPS,
               "alert": {"rules": [{"rule_name": "AnomalyNan"},
                                   {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}],

@@ -23,9 +23,6 @@ FORMATS = ("tensorboard", "csv", "api")
 ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 MSPROBE_ONLY_KEYS = {
-    "mg_direction": "momentum/gradient direction agreement",
-    "stack_info": "stack capture of monitored modules",
-    "append_output": "appending to an earlier output directory",
     "recording_l2_features": "attention/linear L2 features",
     "sa_order": "attention layout for L2 features",
     "l2_targets": "L2 feature targets",
@@ -113,6 +110,9 @@ class MonitorConfig:
     dynamic_on: bool = False
     grad_acc_steps: int | None = None
     nan_origin: bool | None = None
+    mg_direction: bool = False  # share of elements where sign(grad) == sign(exp_avg), per parameter
+    stack_info: bool = False  # stack_info.csv: each module's first forward call stack
+    append_output: list[str | None] = field(default_factory=list)  # [start, end] time prefixes to resume into
     # Not a config key: the raw mapping, kept for printing and for the bootstrap.
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -129,7 +129,7 @@ class MonitorConfig:
 
 _BOOL_KEYS = ("print_struct", "ur_distribution", "xy_distribution", "all_xy", "forward_only",
               "backward_only", "mv_distribution", "param_distribution", "wg_distribution",
-              "monitor_mbs_grad", "squash_name", "dynamic_on", "xy_each_call")
+              "monitor_mbs_grad", "squash_name", "dynamic_on", "xy_each_call", "mg_direction", "stack_info")
 _INT_KEYS = {"ndigits": 0, "step_count_per_record": 1, "start_step": 0, "step_interval": 1,
              "collect_times": 0}
 VALID_KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig) if f.name != "raw")
@@ -329,6 +329,14 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             cfg.grad_acc_steps = None if value is None else _expect_int(key, value, 1)
         elif key == "nan_origin":
             cfg.nan_origin = _expect_bool(key, value)
+        elif key == "append_output":
+            from .resume import parse_time_range
+
+            cfg.append_output = parse_time_range(value)
+        elif key == "mg_distribution":  # msprobe validates this name as a bool but never reads it
+            _expect_bool(key, value)
+            logger.warning("msmon: config key 'mg_distribution' has no effect (msprobe checks it but never reads it); "
+                           "the gradient/momentum direction key is 'mg_direction'")
         else:
             raise ConfigError(f"unknown config key {key!r}{_suggest(key, VALID_KEYS)}; "
                               f"valid keys are {', '.join(VALID_KEYS)}")

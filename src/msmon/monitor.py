@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import agreement, dedupe, lifecycle, native
+from . import agreement, dedupe, lifecycle, native, resume
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
@@ -64,6 +64,7 @@ class TrainerMon:
         self.output_base = output_base_dir()
         ensure_writable(self.output_base)
         self.log_dir: str | None = None
+        self._resume: resume.Resume | None = None  # append_output: continuing an earlier run's directory
         self.writer: BackgroundWriter | None = None
         self.output_stopped: dict | None = None  # the write to disk that failed (output.stopped_output)
         self._api: ApiSink | None = None
@@ -159,6 +160,8 @@ class TrainerMon:
         self._use_main_grad = self._decide_main_grad()
         self.shards = dedupe.attach(self, dp_group, tp_group)  # who writes what: decided once, here
         self._agreement = agreement.for_monitor(self)  # ranks combining shards switch configs together
+        if self._resume is not None:  # append_output: where the earlier run's series continues
+            self.step = self._resume.begin(self.step, self.writer.sinks if self.writer else ())
         self.attached = True
         if not self.active:
             logger.info("msmon[rank %d]: not in module_ranks %s; this rank records nothing",
@@ -277,10 +280,10 @@ class TrainerMon:
 
     # -- setup ----------------------------------------------------------------------------------
     def _open_output(self) -> None:
-        self.log_dir = os.path.join(self.output_base, rank_dir_name(self.rank))
         try:
-            os.makedirs(self.log_dir, exist_ok=True)
+            self.log_dir, self._resume = resume.open_rank_dir(self.output_base, self.rank, self.config.append_output)
         except OSError as exc:
+            self.log_dir = os.path.join(self.output_base, rank_dir_name(self.rank))
             self._output_failed(exc, self.log_dir)
         self._start_writer()
 
@@ -405,6 +408,12 @@ class TrainerMon:
             modules, _ = self._names()
             collectors.append(NanOriginCollector(self, [(m, n, c, c) for c, named in enumerate(modules)
                                                         for n, m in named.items() if n]))
+        if hook_modules and cfg.stack_info:
+            from .collectors.stack_info import StackInfoCollector
+
+            modules, _ = self._names()
+            collectors.append(StackInfoCollector(self, [(m, f"{c}:{n}") for c, named in enumerate(modules)
+                                                        for n, m in named.items()]))
         if hook_modules and cfg.xy_enabled:
             collectors.append(ActivationCollector(self, self._xy_targets()))
         if cfg.wg_distribution and self.adapter.hooks_unreduced:  # rank-local grads at the bucket's grad sync
@@ -413,7 +422,7 @@ class TrainerMon:
             collectors.append(GradCollector(self))
         if cfg.param_distribution:
             collectors.append(ParamCollector(self))
-        if cfg.mv_distribution or cfg.ur_distribution:
+        if cfg.mv_distribution or cfg.ur_distribution or cfg.mg_direction:
             collectors.append(OptimizerStateCollector(self))
         if cfg.cc_distribution.enable:
             from .collectors.comm import CommCollector

@@ -52,6 +52,17 @@ class RowKey:
         return f"{self.display_name()}/rank{rank}/{self.category}"
 
 
+class DirectionKey(RowKey):
+    """An mg_direction row, where msprobe puts it: CSV category "other" (`other_*.csv`, beside
+    the collectives), tag `{vpp}:{name}/rank{r}/mg_direction` (sinks append `_{op}`)."""
+
+    CATEGORY = "other"
+    TASK = "mg_direction"
+
+    def tag(self, rank: int) -> str:
+        return f"{self.display_name()}/rank{rank}/{self.TASK}"
+
+
 @dataclass
 class Histogram:
     """A histogram computed on the device: counts over fixed bucket edges."""

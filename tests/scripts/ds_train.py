@@ -79,6 +79,14 @@ def main() -> None:
             return optimizer.optimizer.state[copies[id(p)]][key]
         full = safe_get_full_optimizer_state(p, key)
         return optimizer.state[p][key] if full is None else full
+    def mg_share(p):
+        """sign(full gradient) == sign(full momentum) before the update; None before the optimizer has a
+        state (the same on every rank: both calls below are collectives under ZeRO)."""
+        if not getattr(optimizer, "optimizer", optimizer).state:
+            return None
+        m, g = state(p, "exp_avg"), safe_get_full_grad(p)
+        return float((torch.sign(g.double()) == torch.sign(m.double())).double().mean())
+
     gen = torch.Generator().manual_seed(100 + rank)
     truth = {"optimizer": type(optimizer).__name__, "steps": [], "losses": []}
     for _ in range(args.steps):
@@ -96,7 +104,8 @@ def main() -> None:
                 local_acc[n] = local_acc.get(n, 0) + g
             if micro == args.grad_acc - 1:
                 before = {"grad_reduced": full_stats(params, safe_get_full_grad),
-                          "param_origin": full_stats(params, weight)}
+                          "param_origin": full_stats(params, weight),
+                          "mg_direction": {n: mg_share(p) for n, p in params.items()}}
             engine.step()
         with torch.no_grad():  # keep the reference on DeepSpeed's weights: local gradients stay comparable
             for n, p in reference.named_parameters():

@@ -5,6 +5,14 @@ corrections m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t). With ur_distri
 per-parameter histograms of both go to TensorBoard (the heatmap view). An optimizer that keeps
 no such moments (LBFGS, SGD with or without momentum, Adagrad...) has nothing to record: that is
 said once per rank, naming its class.
+
+mg_direction: before the update, the share of elements whose gradient (the one the step
+consumes) has the sign of the momentum accumulated so far (exp_avg), sign(g) == sign(m), zero
+equal to zero; NaN when either holds a NaN. Rows go where msprobe puts them (`other_*.csv`, tag
+`.../mg_direction_{op}`, the ops applied to the share). The first step has no momentum yet and
+writes no row (msprobe writes 1.0 there). Counts are taken on the device in one batch; for a
+tensor split across ranks each rank counts its piece and the counts are summed at the end of
+the step (optimizers/shards.py), so the share is exactly that of the whole tensors.
 """
 from __future__ import annotations
 
@@ -12,9 +20,9 @@ import logging
 
 import torch
 
-from ..records import Histogram, RowKey
+from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey
 from ..optimizers.base import Shard
-from ..stats import batch_stats, local_tensor
+from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
 from .base import Collector
 
 logger = logging.getLogger("msmon")
@@ -34,6 +42,44 @@ class OptimizerStateCollector(Collector):
     def __init__(self, monitor) -> None:
         super().__init__(monitor)
         self._said_none = False
+        self._size_cache: dict[tuple, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def before_update(self) -> None:
+        mon = self.mon
+        if not (mon.recording and mon.config.mg_direction):
+            return
+        params = [mp.param for mp in mon.params]
+        grads = mon.adapter.grads(params, mon.grad_of)
+        moments = mon.adapter.moments(params)
+        plain: list[tuple[RowKey, torch.Tensor, torch.Tensor]] = []
+        split: dict[int, list[tuple[RowKey, Shard, Shard]]] = {}
+        for mp in mon.params:
+            grad, m = grads.get(id(mp.param)), moments.get(id(mp.param))
+            if grad is None or m is None:
+                continue
+            key = DirectionKey(DirectionKey.CATEGORY, mp.name, mp.vpp_stage, stage=OPTIMIZER)
+            if isinstance(grad, Shard) and isinstance(m.exp_avg, Shard):
+                split.setdefault(id(grad.group), []).append((key, grad, m.exp_avg))
+            elif not isinstance(grad, Shard) and not isinstance(m.exp_avg, Shard):
+                plain.append((key, grad, m.exp_avg))
+        if plain:
+            matches = sign_matches([g for _, g, _ in plain], [e for _, _, e in plain])
+            shares = matches / self._sizes(tuple(local_tensor(g).numel() for _, g, _ in plain), matches.device)
+            mon.buffer.add_many([k for k, _, _ in plain], scalar_rows(shares, mon.step_ops, mon.config.eps))
+        for entries in split.values():  # every rank of the group takes the same pieces in the same order
+            matches = sign_matches([g.local for _, g, _ in entries], [e.local for _, _, e in entries])
+            mon.shards.add_shares([k for k, _, _ in entries], [g for _, g, _ in entries], matches,
+                                  [g.local.numel() for _, g, _ in entries])
+
+    def _sizes(self, numels: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """The element counts as a float64 tensor on the device, built once (the same every step)."""
+        key = (numels, device)
+        if key not in self._size_cache:
+            if len(self._size_cache) > 8:
+                self._size_cache.clear()
+            self._size_cache[key] = _to_device(torch.tensor(numels, dtype=torch.float64), device)
+        return self._size_cache[key]
 
     def after_update(self) -> None:
         mon = self.mon
@@ -46,7 +92,8 @@ class OptimizerStateCollector(Collector):
         if not present:
             if params and not self._said_none and not mon.adapter.holds_moments(params):
                 self._said_none = True
-                asked = " and ".join(k for k in ("mv_distribution", "ur_distribution") if getattr(cfg, k))
+                asked = " and ".join(k for k in ("mv_distribution", "ur_distribution", "mg_direction")
+                                     if getattr(cfg, k))
                 logger.warning("msmon[rank %d]: %s keeps no Adam moments (exp_avg, exp_avg_sq); %s records nothing "
                                "for it", mon.rank, mon.adapter.optimizer_name, asked)
             return

@@ -1,5 +1,5 @@
 """`msmon`: monitor an unmodified training job (`run`), print its module tree (`struct`),
-order the anomalies it raised (`analyse`)."""
+order the anomalies it raised (`analyse`), convert its output (`convert csv2tb | tb2csv`)."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,7 @@ from ..config import ConfigError, load_config, read_config_file
 from ..output import ensure_writable, output_base_dir
 from . import bootstrap, report
 from .command import JobCommand, UsageError, parse, sitecustomize_disabled_by
+from .convert_command import convert
 
 ENV_KEEP_BOOTSTRAP = "MSMON_KEEP_BOOTSTRAP"
 STRUCT_CONFIG = {"print_struct": True, "format": ["csv"]}
@@ -147,6 +148,9 @@ def build_native() -> None:
     click.echo(f"msmon: native statistics built ({native.isa()} loop on this CPU): {native.built_path()}")
 
 
+main.add_command(convert)
+
+
 # -- helpers -------------------------------------------------------------------------------------
 def _job(ctx: click.Context, no_torchrun: bool) -> JobCommand:
     try:
@@ -164,8 +168,13 @@ def _load(config_path: str) -> dict[str, Any]:
 
 def _launch(command: JobCommand, config: dict[str, Any], config_source: str | None, output_dir: str | None,
             use_torchrun: bool, mode: str) -> int:
+    base = os.path.abspath(output_dir) if output_dir else output_base_dir()
     try:
-        ensure_writable(os.path.abspath(output_dir) if output_dir else output_base_dir())
+        ensure_writable(base)
+        if config.get("append_output"):  # a range that selects no earlier directory: say so before torchrun
+            from ..resume import check_range
+
+            check_range(base, config["append_output"])
     except ConfigError as exc:
         raise click.ClickException(str(exc))
     flag = sitecustomize_disabled_by(command)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..records import Histogram, RowKey
-from ..stats import batch_stats
+from ..stats import batch_stats, scalar_rows
 from .base import Shard
 
 if TYPE_CHECKING:
@@ -69,6 +69,11 @@ class _Pending:
     hists: list[torch.Tensor] = field(default_factory=list)
     hist_targets: list[torch.Tensor] = field(default_factory=list)  # placeholder counts (None: not written)
     size: int = 0
+    # shares (mg_direction): per-piece counts of matching elements and piece sizes, summed over ranks
+    matches: list[torch.Tensor] = field(default_factory=list)
+    numels: list[int] = field(default_factory=list)
+    share_targets: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)
+    eps: float = 1e-8
 
 
 class ShardCombiner:
@@ -119,6 +124,29 @@ class ShardCombiner:
             buffer.add_many([entries[i][0] for i in written], placeholder)
             pending.targets.append((placeholder, [first + i for i in written]))
 
+    def add_shares(self, keys: list[RowKey], shards: list[Shard], matches: torch.Tensor, numels: list[int]) -> None:
+        """Pieces of a share (mg_direction: elements where two sharded tensors agree) of one group:
+        `matches` [n] counts on this rank's pieces of `numels` elements. The ranks' counts are
+        summed at the end of the step and share = matches / elements, as exact as computing it
+        on the whole tensors; rows the writing rank reserved now are filled then."""
+        if not self.enabled or not shards:
+            return
+        mon = self.mon
+        pending = self.pending.get(id(shards[0].group))
+        if pending is None:
+            pending = self.pending[id(shards[0].group)] = _Pending(shards[0].group)
+        self.ops = list(mon.step_ops)
+        pending.eps = mon.config.eps
+        first = len(pending.numels)
+        pending.matches.append(matches.to(torch.float64))
+        pending.numels.extend(numels)
+        written = [i for i, s in enumerate(shards) if s.write]
+        if written:
+            placeholder = torch.full((len(written), len(self.ops)), math.nan, dtype=torch.float64,
+                                     device=matches.device)
+            mon.buffer.add_many([keys[i] for i in written], placeholder)
+            pending.share_targets.append((placeholder, [first + i for i in written]))
+
     def add_histogram(self, tag: str, edges: list[float], counts: torch.Tensor, shard: Shard) -> None:
         """A histogram of a Shard's piece; the ranks' counts are summed at the end of the step."""
         if not self.enabled:
@@ -157,18 +185,31 @@ class ShardCombiner:
 
     def _combine(self, part: _Pending) -> None:
         n_ops = len(self.ops)
-        device = part.rows[0].device if part.rows else part.hists[0].device
+        device = (part.rows[0].device if part.rows else part.hists[0].device if part.hists
+                  else part.matches[0].device)
         rows = torch.cat(part.rows).to(device) if part.rows else torch.empty((0, n_ops), dtype=torch.float64,
                                                                              device=device)
         counts = torch.tensor(part.counts, dtype=torch.float64).to(device, non_blocking=True)
         hists = torch.stack(part.hists).to(device) if part.hists else torch.empty((0, 0), dtype=torch.float64,
                                                                                   device=device)
+        matches = torch.cat(part.matches).to(device) if part.matches else torch.empty(0, dtype=torch.float64,
+                                                                                       device=device)
+        numels = torch.tensor(part.numels, dtype=torch.float64).to(device, non_blocking=True)
         lead = [] if self.stamp is None else [torch.full((1,), self.stamp(), dtype=torch.float64, device=device)]
-        payload = torch.cat([*lead, rows.reshape(-1), counts, hists.reshape(-1)])
+        payload = torch.cat([*lead, rows.reshape(-1), counts, hists.reshape(-1), matches, numels])
         gathered = _all_gather(payload, part.group)  # [ranks, payload]
         if lead:
             self.stamped[id(part.group)] = gathered[:, 0]
             gathered = gathered[:, 1:]
+        if part.matches:
+            k = len(part.numels)
+            width = gathered.shape[1]
+            summed = gathered[:, width - 2 * k:].sum(0)
+            shares = scalar_rows(summed[:k] / summed[k:], self.ops, part.eps)  # 0 / 0: NaN, a tensor empty everywhere
+            for placeholder, slots in part.share_targets:
+                index = torch.tensor(slots, dtype=torch.long).to(shares.device, non_blocking=True)
+                placeholder.copy_(shares.index_select(0, index).to(placeholder.device))
+            gathered = gathered[:, :width - 2 * k]
         n = rows.shape[0]
         all_rows = gathered[:, :n * n_ops].reshape(-1, n, n_ops)
         all_counts = gathered[:, n * n_ops:n * n_ops + n]

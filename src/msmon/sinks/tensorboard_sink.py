@@ -11,6 +11,7 @@ out (same name, same first event), but without its own background thread: a writ
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -19,6 +20,8 @@ from ..records import RowKey, StepRecord
 from .base import Sink, naming
 
 _MAX_CACHED_ROWS = 1 << 16
+_MAX_WAIT_S = 5  # restart_at: how far ahead an earlier run's events file may be dated and still be waited for
+logger = logging.getLogger("msmon")
 
 
 class TensorBoardSink(Sink):
@@ -34,14 +37,21 @@ class TensorBoardSink(Sink):
         from tensorboard.summary.writer.record_writer import RecordWriter
 
         self._event, self._summary, self._histogram = Event, Summary, HistogramProto
+        self._source_metadata, self._uid, self._record_writer = SourceMetadata, _global_uid, RecordWriter
+        self._log_dir = log_dir
         self._tag_cache: dict[tuple, list[str]] = {}
-        self.path = os.path.join(log_dir, "events.out.tfevents.%010d.%s.%s.%s" % (
-            time.time(), socket.gethostname(), os.getpid(), _global_uid.get()))
+        self._open_file()
+
+    def _open_file(self) -> None:
+        """A new events file holding its header event, named as EventFileWriter names it."""
+        self.path = os.path.join(self._log_dir, "events.out.tfevents.%010d.%s.%s.%s" % (
+            time.time(), socket.gethostname(), os.getpid(), self._uid.get()))
         self._file = open(self.path, "wb")
-        self._writer = RecordWriter(self._file)
+        self._writer = self._record_writer(self._file)
         try:
-            self._write(Event(wall_time=time.time(), file_version="brain.Event:2", source_metadata=SourceMetadata(
-                writer="tensorboard.summary.writer.event_file_writer")))
+            self._write(self._event(wall_time=time.time(), file_version="brain.Event:2",
+                                    source_metadata=self._source_metadata(
+                                        writer="tensorboard.summary.writer.event_file_writer")))
             self.flush()
         except OSError:
             _close_quietly(self._file)
@@ -76,6 +86,37 @@ class TensorBoardSink(Sink):
             self._writer.write(event.SerializeToString())
         except OSError as exc:
             raise naming(exc, self.path)
+
+    def restart_at(self, step: int) -> None:
+        """Mark a resumed run (append_output): TensorBoard's readers hide this directory's
+        earlier events at steps >= `step` (`SessionLog.START`, as `SummaryWriter(purge_step=)`)."""
+        from tensorboard.compat.proto.event_pb2 import SessionLog
+
+        self._sort_last()
+        self._write(self._event(wall_time=time.time(), step=step, session_log=SessionLog(status=SessionLog.START)))
+        self.flush()
+
+    def _sort_last(self) -> None:
+        """Make this run's events file the last of the directory in name order, the order
+        TensorBoard reads files in (`events.out.tfevents.<seconds>.<host>.<pid>.<n>`): an earlier
+        run's file from the same second (or a clock a little ahead) can sort after it, and its
+        events would then be read as the newer ones. Our file, holding only its header so far,
+        is started again once the clock has passed that second (at most a few seconds, once)."""
+        mine = os.path.basename(self.path)
+        names = sorted(n for n in os.listdir(self._log_dir) if "tfevents" in n)
+        if not names or names[-1] == mine or mine not in names:
+            return
+        latest = max((int(p[3]) for p in (n.split(".") for n in names if n != mine)
+                      if len(p) > 3 and p[3].isdigit()), default=0)
+        if latest - time.time() > _MAX_WAIT_S:
+            logger.warning("msmon: %s holds an events file dated %.0f s ahead of this machine's clock; TensorBoard may "
+                           "read it after this run's", self._log_dir, latest - time.time())
+            return
+        self.close()
+        os.remove(self.path)
+        while int(time.time()) <= latest:
+            time.sleep(0.05)
+        self._open_file()
 
     def _histogram_of(self, edges: list[float], counts: list[float]):
         """TensorBoard's histogram of bucket counts: limits are the right edges, sums from the
