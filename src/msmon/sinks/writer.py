@@ -18,6 +18,7 @@ from ..origin import Origin, find_origin
 from ..records import RowKey, StepRecord
 from ..transfer import HostBatch
 from .base import Sink
+from .feature_rows import split_features
 
 logger = logging.getLogger("msmon")
 _STOP = object()
@@ -84,13 +85,16 @@ class BackgroundWriter:
 
     def _write(self, step: int, ops: list[str], batch: HostBatch, meta: dict) -> None:
         batch.wait()
-        record = StepRecord(step=step, rank=self.rank, ops=ops, keys=batch.keys,
-                            values=batch.values.tolist(),
+        keys, table, features = split_features(step, self.rank, batch.keys, batch.values, meta)
+        record = StepRecord(step=step, rank=self.rank, ops=ops, keys=keys,
+                            values=table.tolist(),
                             histograms=[(tag, edges, counts.tolist()) for tag, edges, counts in batch.histograms],
-                            meta=meta, table=batch.values)
+                            meta=meta, table=table)
         for sink in list(self.sinks):
             try:
                 sink.write(record)
+                for feature_record in features:  # L2 features: their own columns, no alert rules
+                    sink.write(feature_record)
             except Exception as exc:
                 logger.error("msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
                              self.rank, sink.name, step, exc)
