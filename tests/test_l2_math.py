@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
+import l2_reference as direct
 from msmon import l2_math as M
 
 
-def unit(n: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
-    v = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
-    return v / v.norm()
+def seed(n: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    return M.seed_basis(n, torch.Generator().manual_seed(seed), torch.device("cpu"), dtype)
 
 
 def with_spectrum(rows: int, cols: int, singular: list[float], seed: int = 1) -> torch.Tensor:
@@ -24,29 +24,48 @@ def with_spectrum(rows: int, cols: int, singular: list[float], seed: int = 1) ->
 
 
 # -- spectral norm, stable rank ----------------------------------------------------------------
-def test_power_iteration_matches_matrix_norm_ord_2_on_a_weight_with_a_spectral_gap():
-    w = with_spectrum(48, 32, [6.0, 3.0, 2.0, 1.0, 0.5]).float()
-    sigma, v = M.power_iteration(w, unit(32), M.COLD_ITERATIONS)
-    expected = torch.linalg.matrix_norm(w.double(), ord=2)
-    assert float(sigma) == pytest.approx(float(expected), rel=1e-6)
-    assert torch.allclose(v.norm(), torch.tensor(1.0))
+def test_spectral_norm_matches_matrix_norm_ord_2_on_a_weight_with_a_spectral_gap():
+    w = with_spectrum(48, 32, [6.0, 3.0] + torch.linspace(2.0, 0.1, 30).tolist()).float()
+    sigma, basis = M.spectral_norm(w, seed(32), M.COLD_ITERATIONS)
+    assert float(sigma) == pytest.approx(float(torch.linalg.matrix_norm(w.double(), ord=2)), rel=1e-6)
+    assert basis.shape == (32, M.BLOCK)
+    assert torch.allclose(basis.T @ basis, torch.eye(M.BLOCK), atol=1e-5)
 
 
-def test_warm_started_power_iteration_converges_on_a_random_weight_and_never_overshoots():
-    w = torch.randn(128, 64, generator=torch.Generator().manual_seed(3))
+def test_warm_started_spectral_norm_converges_on_a_random_weight_and_never_overshoots():
+    w = torch.randn(128, 64, generator=torch.Generator().manual_seed(3))  # σ₂/σ₁ = 0.989
     sigma1 = float(torch.linalg.svdvals(w.double())[0])
-    sigma, v = M.power_iteration(w, unit(64), M.COLD_ITERATIONS)
+    sigma, basis = M.spectral_norm(w, seed(64), M.COLD_ITERATIONS)
     errors = [(sigma1 - float(sigma)) / sigma1]
-    for _ in range(30):  # one call per training step, from the previous step's vector
-        sigma, v = M.power_iteration(w, v, M.WARM_ITERATIONS)
+    for _ in range(10):  # one call per training step, from the previous step's vectors
+        sigma, basis = M.spectral_norm(w, basis, M.WARM_ITERATIONS)
         errors.append((sigma1 - float(sigma)) / sigma1)
-    assert all(e > -1e-6 for e in errors)  # ‖Wᵀu‖ with u a unit vector never exceeds σ₁
-    assert errors[-1] < 5e-5 and errors[-1] < errors[0] / 10  # σ₂/σ₁ = 0.989 here: slow, but steady
+    assert all(e > -1e-6 for e in errors)  # a Ritz value never exceeds σ₁
+    assert errors[0] < 1e-3 and errors[-1] < 1e-6
+
+
+def test_a_crossing_of_the_top_singular_values_is_tracked_step_by_step():
+    """The top two singular values trade places over 20 steps: a single warm-started vector
+    would stay with the direction that falls; the block keeps both directions."""
+    gen = torch.Generator().manual_seed(12)
+    u, _ = torch.linalg.qr(torch.randn(40, 10, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(30, 10, generator=gen, dtype=torch.float64))
+    rest = [1.5, 1.2, 1.0, 0.8, 0.6, 0.5, 0.4, 0.3]
+    basis, iterations = seed(30), M.COLD_ITERATIONS
+    for t in range(21):
+        s = torch.tensor([3.0 - t / 20, 2.0 + t / 20] + rest, dtype=torch.float64)
+        w = ((u * s) @ v.T).float()
+        sigma, basis = M.spectral_norm(w, basis, iterations)
+        iterations = M.WARM_ITERATIONS
+        assert float(sigma) == pytest.approx(float(s.max()), rel=1e-5), t
 
 
 def test_half_precision_weight_is_estimated_without_a_float_copy_to_a_thousandth():
     w = torch.randn(256, 128, generator=torch.Generator().manual_seed(4)).bfloat16()
-    sigma, _ = M.power_iteration(w, unit(128), 100)
+    basis, iterations = seed(128), M.COLD_ITERATIONS
+    for _ in range(5):
+        sigma, basis = M.spectral_norm(w, basis, iterations)
+        iterations = M.WARM_ITERATIONS
     assert float(sigma) == pytest.approx(float(torch.linalg.matrix_norm(w.double(), ord=2)), rel=2e-3)
 
 
@@ -56,43 +75,43 @@ def test_stable_rank_is_frobenius_squared_over_spectral_norm_squared():
     sr = M.stable_rank(M.frobenius_norm(w), torch.linalg.matrix_norm(w, ord=2))
     assert float(sr) == pytest.approx(float((s ** 2).sum() / s[0] ** 2), rel=1e-12)  # 21/16
     assert float(M.stable_rank(M.frobenius_norm(torch.eye(7)), torch.tensor(1.0))) == pytest.approx(7.0)
-    rank_one = torch.outer(torch.arange(1.0, 5.0), torch.arange(1.0, 4.0))
-    sigma, _ = M.power_iteration(rank_one, unit(3), M.COLD_ITERATIONS)
+    rank_one = torch.outer(torch.arange(1.0, 5.0), torch.arange(1.0, 4.0))  # fewer columns than BLOCK
+    sigma, _ = M.spectral_norm(rank_one, seed(3), M.COLD_ITERATIONS)
+    assert float(sigma) == pytest.approx(float(torch.linalg.matrix_norm(rank_one, ord=2)), rel=1e-6)
     assert float(M.stable_rank(M.frobenius_norm(rank_one), sigma)) == pytest.approx(1.0, rel=1e-5)
 
 
-def test_zero_and_non_finite_weights_give_zero_and_nan_and_an_unusable_vector():
-    sigma, _ = M.power_iteration(torch.zeros(5, 4), unit(4), 3)
-    assert float(sigma) == 0.0 and not bool(M.usable(sigma))
+def test_zero_and_non_finite_weights_give_zero_and_nan_and_keep_the_vectors_for_the_next_step():
+    start = seed(4)
+    sigma, basis = M.spectral_norm(torch.zeros(5, 4), start, 3)
+    assert float(sigma) == 0.0 and torch.equal(basis, start)
     assert float(M.stable_rank(M.frobenius_norm(torch.zeros(5, 4)), sigma)) == 0.0
-    bad = torch.ones(5, 4)
+    good = with_spectrum(5, 4, [2.0, 1.0, 0.5]).float()
+    _, basis = M.spectral_norm(good, start, M.COLD_ITERATIONS)
+    bad = good.clone()
     bad[2, 1] = float("nan")
-    sigma, _ = M.power_iteration(bad, unit(4), 3)
-    assert math.isnan(float(sigma)) and not bool(M.usable(sigma))
+    sigma, kept = M.spectral_norm(bad, basis, M.WARM_ITERATIONS)
+    assert math.isnan(float(sigma)) and torch.equal(kept, basis)
     assert math.isnan(float(M.stable_rank(M.frobenius_norm(bad), sigma)))
+    sigma, _ = M.spectral_norm(good, kept, M.WARM_ITERATIONS)  # the next finite step is exact again
+    assert float(sigma) == pytest.approx(2.0, rel=1e-6)
+
+
+def test_orthonormalize_and_top_eigenvalue_against_linalg():
+    x = torch.randn(50, 6, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    q = M.orthonormalize(x)
+    assert torch.allclose(q.T @ q, torch.eye(6, dtype=torch.float64), atol=1e-10)
+    assert torch.allclose(q @ (q.T @ x), x, atol=1e-10)  # the same span
+    deficient = M.orthonormalize(torch.cat([x[:, :2], x[:, :1] * 2], dim=1))
+    assert torch.linalg.eigvalsh(deficient.T @ deficient).max() <= 1 + 1e-9
+    b = x.T @ x
+    assert float(M.top_eigenvalue(b)) == pytest.approx(float(torch.linalg.eigvalsh(b)[-1]), rel=1e-12)
 
 
 # -- attention --------------------------------------------------------------------------------
 def layout(x_bhsd: torch.Tensor, order: str) -> torch.Tensor:
     return {"s,b,h,d": x_bhsd.permute(2, 0, 1, 3), "b,s,h,d": x_bhsd.permute(0, 2, 1, 3),
             "b,h,s,d": x_bhsd}[order].contiguous()
-
-
-def direct_attention(q, k, rows=None, batches=None):
-    """Entropy and max of every (batch, head, query) row of causal softmax(q kᵀ/√d), by loops
-    over batch and head in float64; q [b, hq, sq, d], k [b, hkv, sk, d]. rows: [hq, r] query
-    positions per head (None: all)."""
-    b, hq, sq, d = q.shape
-    hkv, sk = k.shape[1], k.shape[2]
-    entropies, maxima = [], []
-    for bi in range(b if batches is None else batches):
-        for h in range(hq):
-            scores = q[bi, h].double() @ k[bi, h // (hq // hkv)].double().T / math.sqrt(d)
-            for i in (range(sq) if rows is None else rows[h].tolist()):
-                p = torch.softmax(scores[i, : i + (sk - sq) + 1], dim=0)
-                entropies.append(float(-(p * p.log()).sum()))
-                maxima.append(float(p.max()))
-    return sum(entropies) / len(entropies), sum(maxima) / len(maxima)
 
 
 @pytest.mark.parametrize("order", ["s,b,h,d", "b,s,h,d", "b,h,s,d"])
@@ -102,7 +121,7 @@ def test_attention_over_every_row_equals_the_full_softmax_entropy_over_all_heads
     q = torch.randn(3, 4, 9, 8, generator=gen) * 2
     k = torch.randn(3, kv_heads, 9, 8, generator=gen) * 2
     entropy, top = M.attention_features(layout(q, order), layout(k, order), order, None)
-    want_entropy, want_top = direct_attention(q, k)
+    want_entropy, want_top = direct.attention(q, k)
     assert float(entropy) == pytest.approx(want_entropy, rel=1e-5)
     assert float(top) == pytest.approx(want_top, rel=1e-5)
 
@@ -111,7 +130,7 @@ def test_attention_with_more_keys_than_queries_masks_at_the_end():
     gen = torch.Generator().manual_seed(6)
     q, k = torch.randn(2, 2, 5, 4, generator=gen), torch.randn(2, 2, 8, 4, generator=gen)
     entropy, top = M.attention_features(q, k, "b,h,s,d", None)
-    assert (float(entropy), float(top)) == pytest.approx(direct_attention(q, k), rel=1e-5)
+    assert (float(entropy), float(top)) == pytest.approx(direct.attention(q, k), rel=1e-5)
 
 
 def test_sampled_rows_give_the_direct_computation_over_exactly_those_rows():
@@ -121,10 +140,10 @@ def test_sampled_rows_give_the_direct_computation_over_exactly_those_rows():
     assert (used, rows) == (4, 3)
     positions = M.sample_positions(6, 50, rows, torch.Generator().manual_seed(11), torch.device("cpu"))
     entropy, top = M.attention_features(layout(q, "s,b,h,d"), layout(k, "s,b,h,d"), "s,b,h,d", positions, used)
-    assert (float(entropy), float(top)) == pytest.approx(direct_attention(q, k, positions), rel=1e-5)
+    assert (float(entropy), float(top)) == pytest.approx(direct.attention(q, k, positions), rel=1e-5)
     # fewer batch elements than the batch: only the first `used` are read
     entropy, _ = M.attention_features(q, k, "b,h,s,d", positions, 2)
-    assert float(entropy) == pytest.approx(direct_attention(q, k, positions, batches=2)[0], rel=1e-5)
+    assert float(entropy) == pytest.approx(direct.attention(q, k, positions, batches=2)[0], rel=1e-5)
 
 
 def test_the_row_sample_is_fixed_by_its_seed_distinct_within_a_head_and_different_across_heads():
@@ -156,21 +175,12 @@ def test_a_layout_that_does_not_fit_is_a_value_error():
 
 
 # -- MoE --------------------------------------------------------------------------------------
-def explicit_mean_cosine(experts: torch.Tensor) -> float:
-    """Mean over pairs i < j of the cosine matrix of expert vectors (rows), zero rows giving 0."""
-    e = experts.double()
-    n = e / e.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    cos = n @ n.T
-    i, j = torch.triu_indices(len(e), len(e), offset=1)
-    return float(cos[i, j].mean())
-
-
 def test_router_weight_similarity_is_the_mean_of_the_explicit_cosine_matrix():
     gen = torch.Generator().manual_seed(8)
     w = torch.randn(6, 16, generator=gen) + 0.7  # [experts, hidden], as nn.Linear(16, 6).weight
     w[4] = 0.0  # an expert whose vector is zero: cosine 0 with every other, as F.normalize gives
-    assert float(M.router_weight_similarity(w, 0)) == pytest.approx(explicit_mean_cosine(w), rel=1e-6)
-    assert float(M.router_weight_similarity(w.T.contiguous(), 1)) == pytest.approx(explicit_mean_cosine(w), rel=1e-6)
+    assert float(M.router_weight_similarity(w, 0)) == pytest.approx(direct.mean_cosine(w), rel=1e-6)
+    assert float(M.router_weight_similarity(w.T.contiguous(), 1)) == pytest.approx(direct.mean_cosine(w), rel=1e-6)
     assert float(M.router_weight_similarity(torch.ones(3, 5), 0)) == pytest.approx(1.0)
     assert math.isnan(float(M.router_weight_similarity(torch.ones(1, 5), 0)))
 
@@ -200,9 +210,9 @@ def test_router_logit_entropy_is_the_mean_per_token_entropy_over_experts():
 # -- no host reads ------------------------------------------------------------------------------
 def test_every_feature_runs_on_the_meta_device_so_none_reads_a_value_on_the_host():
     meta = torch.device("meta")
-    w, v = torch.empty(64, 32, device=meta), torch.empty(32, device=meta)
-    sigma, v2 = M.power_iteration(w, v, 3)
-    outs = [sigma, v2, M.stable_rank(M.frobenius_norm(w), sigma), M.usable(sigma),
+    w, v = torch.empty(64, 32, device=meta), torch.empty(32, 8, device=meta)
+    sigma, v2 = M.spectral_norm(w, v, 3)
+    outs = [sigma, v2, M.seed_basis(32, None, meta, torch.float32), M.stable_rank(M.frobenius_norm(w), sigma), M.usable(sigma),
             M.router_weight_similarity(w, 1), M.router_logit_entropy(torch.empty(10, 6, device=meta))]
     q, k = torch.empty(16, 2, 4, 8, device=meta), torch.empty(16, 2, 2, 8, device=meta)
     positions = torch.empty(4, 5, dtype=torch.long, device=meta)

@@ -4,7 +4,8 @@
   arguments, or `query`/`key` keywords), laid out as `sa_order`: attention entropy and
   softmax max per micro-step, over a fixed seeded sample of query rows of every head.
 - linear_hook: a module's 2-D `weight` (or `wg`): spectral norm (`kernel_norm`) by power
-  iteration warm-started from the previous step's vector, kept on the device, and stable rank
+  iteration over a block of vectors, warm-started from the previous step's, kept on the
+  device, and stable rank
   (`sr`) = ‖W‖²_F/‖W‖²₂, once per step; `"linear_hook": []` takes every such module
   (embeddings excepted).
 - moe_router_weight_hook: mean pairwise cosine similarity of the router weight's expert
@@ -40,7 +41,7 @@ _WEIGHT_NAMES = ("weight", "wg")  # msprobe's: nn.Linear and most routers hold `
 _QUERY_KEYWORDS, _KEY_KEYWORDS = ("query", "query_layer", "q"), ("key", "key_layer", "k")
 # power-iteration vectors by module, kept across collector rebuilds (a config reload) and
 # released with the module
-_VECTORS: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]" = weakref.WeakKeyDictionary()
+_VECTORS: "weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor]" = weakref.WeakKeyDictionary()
 
 
 def weight_2d(module: torch.nn.Module) -> torch.Tensor | None:
@@ -85,6 +86,34 @@ def resolve_targets(cfg: MonitorConfig, modules: list[dict[str, torch.nn.Module]
                                       f"`weight` or `wg` to compute its features from")
                 out.append((hook, module, name, chunk))
     return out
+
+
+def l2_targets_error(cfg: MonitorConfig, chunks: list[torch.nn.Module]) -> ConfigError | None:
+    """Why `l2_targets` do not fit the model made of `chunks` (None: they do, or L2 features are off)."""
+    if not cfg.recording_l2_features:
+        return None
+    from ..naming import display
+
+    try:
+        resolve_targets(cfg, [{display(n, cfg.squash_name): m for n, m in chunk.named_modules()} for chunk in chunks])
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def l2_targets_nowhere(cfg: MonitorConfig, roots: list[torch.nn.Module], others: list[torch.nn.Module]
+                       ) -> ConfigError | None:
+    """The error of the first l2_targets entry that fits neither the model of `roots` nor any of
+    the `others` (models the process built): the job's mistake, not another optimizer's model."""
+    import dataclasses
+
+    for hook, names in cfg.l2_targets.items():
+        for name in names or [""]:
+            one = dataclasses.replace(cfg, l2_targets={hook: [name] if name else []})
+            error = l2_targets_error(one, roots)
+            if error is not None and all(l2_targets_error(one, [m]) is not None for m in others):
+                return error
+    return None
 
 
 def _first_two(args: tuple, kwargs: dict) -> tuple[Any, Any]:
@@ -190,29 +219,24 @@ class L2FeatureCollector(Collector):
                 return None
             with torch.no_grad():
                 w = w.detach()
-                start, iterations, seed = self._start_vector(module, name, w)
-                sigma, v = l2_math.power_iteration(w, start, iterations)
-                _VECTORS[module] = (torch.where(l2_math.usable(sigma), v, seed), seed)
+                start, iterations = self._start_basis(module, name, w)
+                sigma, _VECTORS[module] = l2_math.spectral_norm(w, start, iterations)
                 fro = l2_math.frobenius_norm(w)
             self._add("linear_hook", f"{name}.linear", chunk, None,
                       {"sr": l2_math.stable_rank(fro, sigma), "kernel_norm": sigma})
             return None
         return hook
 
-    def _start_vector(self, module: torch.nn.Module, name: str, w: torch.Tensor
-                      ) -> tuple[torch.Tensor, int, torch.Tensor]:
-        """(start vector, iterations, seeded vector): last step's vector, kept on the device,
-        and a few iterations; the first time (or when the weight changed shape, dtype or
-        device) a unit vector from the module's own seeded generator and more iterations. A
-        step whose σ is unusable (W zero or not finite) leaves the seeded vector for the next."""
+    def _start_basis(self, module: torch.nn.Module, name: str, w: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(start vectors, iterations): last step's, kept on the device, and one iteration; the
+        first time (or when the weight changed shape, dtype or device) vectors from the
+        module's own seeded generator and the cold-start iterations."""
         dtype = l2_math._vector_dtype(w)
         kept = _VECTORS.get(module)
-        if kept is not None and kept[0].shape == (w.shape[1],) and kept[0].device == w.device \
-                and kept[0].dtype == dtype:
-            return kept[0], l2_math.WARM_ITERATIONS, kept[1]
-        seed = torch.randn(w.shape[1], generator=self._generator(name, w.device), device=w.device, dtype=dtype)
-        seed = seed / torch.linalg.vector_norm(seed)
-        return seed, l2_math.COLD_ITERATIONS, seed
+        if kept is not None and kept.shape[0] == w.shape[1] and kept.device == w.device and kept.dtype == dtype:
+            return kept, l2_math.WARM_ITERATIONS
+        return (l2_math.seed_basis(w.shape[1], self._generator(name, w.device), w.device, dtype),
+                l2_math.COLD_ITERATIONS)
 
     def _router_weight_hook(self, name: str, chunk: int):
         def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
