@@ -432,15 +432,17 @@ def test_an_unmodified_ddp_job_under_msmon_run_records_the_features_on_every_ran
     env["OMP_NUM_THREADS"] = "1"
     two = ["--standalone", "--nproc-per-node", "2"]
     cfg = write_config(config(sa_order="b,s,h,d", l2_targets={"attention_hook": CORES, "linear_hook": []}))
-    out = tmp_path / "out"
-    monitored = subprocess.run([sys.executable, "-m", "msmon.launcher", "run", "--config", cfg, "--output-dir", str(out),
-                                *two, "--", script], capture_output=True, text=True, timeout=300, env=env)
-    assert monitored.returncode == 0, monitored.stderr[-4000:]
-    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", *two, script], capture_output=True,
-                           text=True, timeout=300, env=env)
-    assert plain.returncode == 0, plain.stderr[-4000:]
-    losses = sorted(line for line in monitored.stdout.splitlines() if " loss " in line)
-    assert len(losses) == 6 and losses == sorted(line for line in plain.stdout.splitlines() if " loss " in line)
+    out, monitored, plain = tmp_path / "out", tmp_path / "monitored", tmp_path / "plain"
+    monitored.mkdir(), plain.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "msmon.launcher", "run", "--config", cfg, "--output-dir", str(out),
+                           *two, "--", script, str(monitored)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *two, script, str(plain)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in (0, 1):
+        losses = (monitored / f"rank{rank}.txt").read_text()
+        assert len(losses.split()) == 3 and losses == (plain / f"rank{rank}.txt").read_text()
     per_rank = []
     for rank in (0, 1):
         (directory,) = glob.glob(str(out / f"*-rank{rank}-*"))

@@ -1,5 +1,6 @@
 """An unmodified DDP script (2 ranks on gloo) training the attention model of tests/l2_models.py;
-it prints its losses, so runs with and without monitoring can be compared."""
+each rank writes its losses to `<argv[1]>/rank<r>.txt`, so runs with and without monitoring
+can be compared."""
 from __future__ import annotations
 
 import os
@@ -20,6 +21,7 @@ def main() -> None:
     model = torch.nn.parallel.DistributedDataParallel(AttentionLM(order="b,s,h,d"))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(rank)
+    losses = []
     for step in range(3):
         for _ in range(2):
             idx = torch.randint(0, 40, (2, 12), generator=gen)
@@ -27,7 +29,9 @@ def main() -> None:
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        print(f"rank {rank} step {step} loss {loss.item() * 2!r}", flush=True)
+        losses.append(repr(loss.item() * 2))
+    with open(os.path.join(sys.argv[1], f"rank{rank}.txt"), "w") as fh:
+        fh.write("\n".join(losses))
     dist.destroy_process_group()
 
 
