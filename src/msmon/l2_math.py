@@ -24,7 +24,7 @@ from .config import SA_ORDERS
 ATTENTION_ROWS = 32  # query rows sampled per head (fewer when the score block would exceed the budget)
 ATTENTION_BUDGET = 1 << 22  # score elements per call: 16 MiB of float32
 BLOCK = 8  # vectors of the subspace iteration: a crossing of the top singular values stays tracked
-COLD_ITERATIONS = 16  # subspace iterations the first time a weight is seen
+COLD_ITERATIONS = 32  # subspace iterations the first time a weight is seen
 WARM_ITERATIONS = 1  # per step after that, from the previous step's vectors: two reads of W
 _TINY = 1e-30
 
