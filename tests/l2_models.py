@@ -44,7 +44,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         k, v = self.kv_proj(x).chunk(2, dim=-1)
-        q, k, v = self._layout(self.q_proj(x), self.heads), self._layout(k, self.kv_heads), self._layout(v, self.kv_heads)
+        q = self._layout(self.q_proj(x), self.heads)
+        k, v = self._layout(k, self.kv_heads), self._layout(v, self.kv_heads)
         return self.o_proj(self.core(q, k, v))
 
 

@@ -345,7 +345,8 @@ def test_a_module_called_twice_in_a_micro_step_gives_one_row_the_mean_of_its_cal
     rows = read_csv_rows(rank_dir(output_dir), "attention_hook")
     assert [r["micro_step"] for r in rows] == ["0", "1"]
     for row, calls in zip(rows, (seen[0:2], seen[2:4])):
-        values = [direct.attention(direct.to_bhsd(q, "s,b,h,d"), direct.to_bhsd(k, "s,b,h,d")) for _, (q, k, _v) in calls]
+        values = [direct.attention(direct.to_bhsd(q, "s,b,h,d"), direct.to_bhsd(k, "s,b,h,d"))
+                  for _, (q, k, _v) in calls]
         assert float(row["entropy"]) == pytest.approx(sum(v[0] for v in values) / 2, rel=1e-5)
         assert float(row["softmax_max"]) == pytest.approx(sum(v[1] for v in values) / 2, rel=1e-5)
 

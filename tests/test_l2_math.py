@@ -212,9 +212,11 @@ def test_every_feature_runs_on_the_meta_device_so_none_reads_a_value_on_the_host
     meta = torch.device("meta")
     w, v = torch.empty(64, 32, device=meta), torch.empty(32, 8, device=meta)
     sigma, v2 = M.spectral_norm(w, v, 3)
-    outs = [sigma, v2, M.seed_basis(32, None, meta, torch.float32), M.stable_rank(M.frobenius_norm(w), sigma), M.usable(sigma),
+    outs = [sigma, v2, M.seed_basis(32, None, meta, torch.float32), M.stable_rank(M.frobenius_norm(w), sigma),
+            M.usable(sigma),
             M.router_weight_similarity(w, 1), M.router_logit_entropy(torch.empty(10, 6, device=meta))]
     q, k = torch.empty(16, 2, 4, 8, device=meta), torch.empty(16, 2, 2, 8, device=meta)
     positions = torch.empty(4, 5, dtype=torch.long, device=meta)
-    outs += list(M.attention_features(q, k, "s,b,h,d", positions, 2)) + list(M.attention_features(q, k, "s,b,h,d", None))
+    outs += list(M.attention_features(q, k, "s,b,h,d", positions, 2))
+    outs += list(M.attention_features(q, k, "s,b,h,d", None))
     assert all(t.device.type == "meta" for t in outs)

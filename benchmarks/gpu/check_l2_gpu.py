@@ -35,7 +35,7 @@ def run(device: torch.device, dtype: torch.dtype, features: bool, steps: int, ou
     optimizer = torch.optim.AdamW(params, lr=1e-4)
     seen: list = []
     core = model.layers[0].core
-    core.register_forward_pre_hook(lambda m, a: seen.append((a[0].detach().float().clone(), a[1].detach().float().clone())))
+    core.register_forward_pre_hook(lambda m, a: seen.append(tuple(t.detach().float().clone() for t in a[:2])))
     mon = None
     if features:
         cfg = {"recording_l2_features": True, "format": ["api"],
@@ -100,7 +100,8 @@ def main() -> int:
         monitored = run(device, dtype, True, args.steps, out)
     tolerance = 2e-3 if dtype == torch.bfloat16 else 1e-3
     report = {"device": str(device), "dtype": args.dtype, "sync_checked": device.type == "cuda",
-              "losses_identical": plain["losses"] == monitored["losses"], "collectors_switched_off": monitored["failed"],
+              "losses_identical": plain["losses"] == monitored["losses"],
+              "collectors_switched_off": monitored["failed"],
               "max_rel_error": monitored["max_rel_error"], "plain_step_ms": plain["step_ms"],
               "monitored_step_ms": monitored["step_ms"]}
     print(json.dumps(report))

@@ -237,7 +237,8 @@ def _parse_l2_targets(value: Any) -> dict[str, list[str]]:
     targets: dict[str, list[str]] = {}
     for hook, names in value.items():
         if hook not in L2_HOOKS:
-            raise ConfigError(f"l2_targets: unknown hook {hook!r}; expected {list(L2_HOOKS)}{_suggest(str(hook), L2_HOOKS)}")
+            raise ConfigError(f"l2_targets: unknown hook {hook!r}; expected {list(L2_HOOKS)}"
+                              f"{_suggest(str(hook), L2_HOOKS)}")
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise ConfigError(f"l2_targets[{hook!r}]: expected a list of module names, got {names!r}")
         targets[hook] = list(dict.fromkeys(names))
@@ -358,8 +359,9 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             raise ConfigError(f"unknown config key {key!r}{_suggest(key, VALID_KEYS)}; "
                               f"valid keys are {', '.join(VALID_KEYS)}")
     if cfg.recording_l2_features != bool(cfg.l2_targets):
-        logger.warning("msmon: %s; no L2 feature is recorded", "recording_l2_features is true but l2_targets names no "
-                       "hook" if cfg.recording_l2_features else "l2_targets is set but recording_l2_features is not true")
+        why = ("recording_l2_features is true but l2_targets names no hook" if cfg.recording_l2_features
+               else "l2_targets is set but recording_l2_features is not true")
+        logger.warning("msmon: %s; no L2 feature is recorded", why)
     if cfg.forward_only and cfg.backward_only:
         logger.warning("msmon: forward_only and backward_only are both true: no activation is recorded")
     return cfg

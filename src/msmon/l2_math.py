@@ -119,7 +119,9 @@ def attention_rows(batch: int, heads: int, sq: int, sk: int, rows_per_head: int 
     """(batch elements used, query rows per head and batch element) for a score block of at
     most ATTENTION_BUDGET elements and at most ATTENTION_ROWS rows per head (all rows when
     the sequence is that short). rows_per_head overrides the cap (tests: every row)."""
-    cap = rows_per_head if rows_per_head is not None else max(1, min(ATTENTION_ROWS, ATTENTION_BUDGET // max(heads * sk, 1)))
+    cap = rows_per_head
+    if cap is None:
+        cap = max(1, min(ATTENTION_ROWS, ATTENTION_BUDGET // max(heads * sk, 1)))
     used = min(batch, cap)
     return used, max(1, min(sq, cap // used))
 

@@ -356,7 +356,8 @@ class TrainerMon:
         collectors: list[Collector] = []
         hook_modules = self.records_modules  # False: another monitor hooks these models' modules
         l2_targets = resolve_targets(cfg, self._names()[0]) if hook_modules and cfg.recording_l2_features else []
-        needs_tracker = hook_modules and (cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled or bool(l2_targets))
+        needs_tracker = hook_modules and (cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled
+                                          or bool(l2_targets))
         self._tracker = MicroStepTracker(self, self.models) if needs_tracker else None
         if self._tracker is not None:
             collectors.append(self._tracker)

@@ -4,10 +4,9 @@
   arguments, or `query`/`key` keywords), laid out as `sa_order`: attention entropy and
   softmax max per micro-step, over a fixed seeded sample of query rows of every head.
 - linear_hook: a module's 2-D `weight` (or `wg`): spectral norm (`kernel_norm`) by power
-  iteration over a block of vectors, warm-started from the previous step's, kept on the
-  device, and stable rank
-  (`sr`) = ‖W‖²_F/‖W‖²₂, once per step; `"linear_hook": []` takes every such module
-  (embeddings excepted).
+  iteration over a block of vectors warm-started from the previous step's (kept on the
+  device), and stable rank (`sr`) = ‖W‖²_F/‖W‖²₂, once per step; `"linear_hook": []` takes
+  every such module but embeddings.
 - moe_router_weight_hook: mean pairwise cosine similarity of the router weight's expert
   vectors, once per step.
 - moe_router_logit_hook: mean per-token entropy of the softmax over experts of the module's
@@ -15,7 +14,8 @@
 
 The math is msmon.l2_math. Hooks compute on the device and add one-value rows to the step
 buffer (RowKey.op names the value); nothing is read on the host, and the rows travel in the
-step's one copy. Like activations, forwards in eval mode, under no_grad, in a closure's later
+step's one copy. A DTensor (tensor parallelism) is read as this rank's shard: no hook runs a
+collective. Like activations, forwards in eval mode, under no_grad, in a closure's later
 evaluations or in checkpoint recomputation are skipped.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from .. import guest_hooks, l2_math
 from ..config import ConfigError, MonitorConfig
 from ..naming import split_vpp
 from ..records import RowKey
+from ..stats import local_tensor
 from .activations import in_backward
 from .base import Collector
 from .module_io import iter_tensors
@@ -45,11 +46,12 @@ _VECTORS: "weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor]" = weakref.W
 
 
 def weight_2d(module: torch.nn.Module) -> torch.Tensor | None:
-    """The module's own 2-D `weight` (or `wg`), as msprobe's linear hook takes it."""
+    """The module's own 2-D `weight` (or `wg`), as msprobe's linear hook takes it; this rank's
+    shard of a DTensor."""
     for attr in _WEIGHT_NAMES:
         value = getattr(module, attr, None)
         if isinstance(value, torch.Tensor) and value.dim() == 2:
-            return value
+            return local_tensor(value)
     return None
 
 
@@ -184,6 +186,7 @@ class L2FeatureCollector(Collector):
             if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
                 self._warn_once("attention_hook", name, "its forward does not receive q and k tensors first")
                 return None
+            q, k = local_tensor(q), local_tensor(k)
             try:
                 with torch.no_grad():
                     entropy, top = self._attention(name, q, k)
@@ -259,7 +262,7 @@ class L2FeatureCollector(Collector):
         def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
             if not self._active(module, chunk):
                 return None
-            logits = next((t for t in iter_tensors(output) if t.is_floating_point()), None)
+            logits = next((local_tensor(t) for t in iter_tensors(output) if t.is_floating_point()), None)
             if logits is None or logits.dim() < 2 or logits.shape[-1] < 1 or logits.numel() == 0:
                 shape = None if logits is None else tuple(logits.shape)
                 self._warn_once("moe_router_logit_hook", name,
