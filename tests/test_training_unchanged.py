@@ -21,6 +21,7 @@ from tiny_gpt import TinyGPT, lm_loss, synthetic_batch
 EVERYTHING = {"wg_distribution": True, "monitor_mbs_grad": True, "param_distribution": True,
               "mv_distribution": True, "ur_distribution": True, "xy_distribution": True, "all_xy": True,
               "mg_direction": True, "stack_info": True,
+              "recording_l2_features": True, "l2_targets": {"linear_hook": []},
               "format": ["csv", "tensorboard", "api"], "ops": ALL_OPS,
               "alert": {"rules": [{"rule_name": "AnomalyNan"},
                                   {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}],
@@ -69,7 +70,8 @@ def test_losses_and_parameters_are_bit_identical_with_every_metric_on(write_conf
         assert torch.equal(value, monitored_params[name]), name
     # and the monitor really did record something for every category
     out = rank_dir(output_dir)
-    for category in ("actv", "actv_grad", "grad_unreduced", "grad_reduced", "param_origin", "exp_avg", "update"):
+    for category in ("actv", "actv_grad", "grad_unreduced", "grad_reduced", "param_origin", "exp_avg", "update",
+                     "linear_hook"):
         assert read_csv_rows(out, category), category
 
 

@@ -22,10 +22,9 @@ OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 FORMATS = ("tensorboard", "csv", "api")
 ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
+L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
+SA_ORDERS = ("s,b,h,d", "b,s,h,d", "b,h,s,d")  # "b,h,s,d" (F.scaled_dot_product_attention's): msmon
 MSPROBE_ONLY_KEYS = {
-    "recording_l2_features": "attention/linear L2 features",
-    "sa_order": "attention layout for L2 features",
-    "l2_targets": "L2 feature targets",
     "heatmap_visualize": "heatmap export (msmon writes TensorBoard histograms with ur_distribution)",
 }
 
@@ -113,6 +112,9 @@ class MonitorConfig:
     mg_direction: bool = False  # share of elements where sign(grad) == sign(exp_avg), per parameter
     stack_info: bool = False  # stack_info.csv: each module's first forward call stack
     append_output: list[str | None] = field(default_factory=list)  # [start, end] time prefixes to resume into
+    recording_l2_features: bool = False  # L2 features: collectors/l2_features.py, docs/l2_features.md
+    l2_targets: dict[str, list[str]] = field(default_factory=dict)
+    sa_order: str = "s,b,h,d"
     # Not a config key: the raw mapping, kept for printing and for the bootstrap.
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -129,7 +131,8 @@ class MonitorConfig:
 
 _BOOL_KEYS = ("print_struct", "ur_distribution", "xy_distribution", "all_xy", "forward_only",
               "backward_only", "mv_distribution", "param_distribution", "wg_distribution",
-              "monitor_mbs_grad", "squash_name", "dynamic_on", "xy_each_call", "mg_direction", "stack_info")
+              "monitor_mbs_grad", "squash_name", "dynamic_on", "xy_each_call", "mg_direction", "stack_info",
+              "recording_l2_features")
 _INT_KEYS = {"ndigits": 0, "step_count_per_record": 1, "start_step": 0, "step_interval": 1,
              "collect_times": 0}
 VALID_KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig) if f.name != "raw")
@@ -227,6 +230,30 @@ def _parse_targets(value: Any) -> dict[str, dict[str, TensorSpec]]:
             parsed[slot] = TensorSpec.parse(text, f"targets[{name!r}][{slot!r}]")
         targets[name] = parsed
     return targets
+
+
+def _parse_l2_targets(value: Any) -> dict[str, list[str]]:
+    """{hook: [module names]}; `"linear_hook": []` selects every module with a 2-D weight."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"l2_targets: expected an object {{hook: [module names]}} with hooks from "
+                          f"{list(L2_HOOKS)}, got {value!r}")
+    targets: dict[str, list[str]] = {}
+    for hook, names in value.items():
+        if hook not in L2_HOOKS:
+            raise ConfigError(f"l2_targets: unknown hook {hook!r}; expected {list(L2_HOOKS)}"
+                              f"{_suggest(str(hook), L2_HOOKS)}")
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(f"l2_targets[{hook!r}]: expected a list of module names, got {names!r}")
+        targets[hook] = list(dict.fromkeys(names))
+    return targets
+
+
+def _parse_sa_order(value: Any) -> str:
+    order = value.replace(" ", "") if isinstance(value, str) else value
+    if order not in SA_ORDERS:
+        raise ConfigError(f"sa_order: expected one of {list(SA_ORDERS)} (the layout of the attention hook's q and "
+                          f"k: s=sequence, b=batch, h=heads, d=head dim), got {value!r}")
+    return order
 
 
 def _parse_cc(value: Any) -> CCConfig:
@@ -337,9 +364,15 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             _expect_bool(key, value)
             logger.warning("msmon: config key 'mg_distribution' has no effect (msprobe checks it but never reads it); "
                            "the gradient/momentum direction key is 'mg_direction'")
+        elif key in ("l2_targets", "sa_order"):
+            setattr(cfg, key, _parse_l2_targets(value) if key == "l2_targets" else _parse_sa_order(value))
         else:
             raise ConfigError(f"unknown config key {key!r}{_suggest(key, VALID_KEYS)}; "
                               f"valid keys are {', '.join(VALID_KEYS)}")
+    if cfg.recording_l2_features != bool(cfg.l2_targets):
+        why = ("recording_l2_features is true but l2_targets names no hook" if cfg.recording_l2_features
+               else "l2_targets is set but recording_l2_features is not true")
+        logger.warning("msmon: %s; no L2 feature is recorded", why)
     if cfg.forward_only and cfg.backward_only:
         logger.warning("msmon: forward_only and backward_only are both true: no activation is recorded")
     return cfg

@@ -23,6 +23,7 @@ from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
                          OptimizerStateCollector, ParamCollector, StructCollector)
+from .collectors.l2_features import L2FeatureCollector, resolve_targets
 from .collectors.nan_origin import NanOriginCollector
 from .collectors.sync_grads import SyncGradCollector
 from .config import ConfigError, MonitorConfig, TensorSpec, load_config, parse_ops
@@ -332,6 +333,8 @@ class TrainerMon:
     def _check_targets(self) -> None:
         modules, params = self._names()
         check_targets(self.config.targets, [set(m) for m in modules], [set(p) for p in params])
+        if self.config.recording_l2_features:
+            resolve_targets(self.config, modules)  # l2_targets naming no module: a ConfigError here too
 
     def _targets_for(self, chunk: int) -> list[str]:
         out = []
@@ -394,7 +397,9 @@ class TrainerMon:
         self._enable_dump()
         collectors: list[Collector] = []
         hook_modules = self.records_modules  # False: another monitor hooks these models' modules
-        needs_tracker = hook_modules and (cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled)
+        l2_targets = resolve_targets(cfg, self._names()[0]) if hook_modules and cfg.recording_l2_features else []
+        needs_tracker = hook_modules and (cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled
+                                          or bool(l2_targets))
         self._tracker = MicroStepTracker(self, self.models) if needs_tracker else None
         if self._tracker is not None:
             collectors.append(self._tracker)
@@ -416,6 +421,8 @@ class TrainerMon:
                                                         for n, m in named.items()]))
         if hook_modules and cfg.xy_enabled:
             collectors.append(ActivationCollector(self, self._xy_targets()))
+        if l2_targets:
+            collectors.append(L2FeatureCollector(self, l2_targets))
         if cfg.wg_distribution and self.adapter.hooks_unreduced:  # rank-local grads at the bucket's grad sync
             collectors.append(SyncGradCollector(self))
         if cfg.wg_distribution:

@@ -24,8 +24,21 @@ CATEGORY_STAGE = {
     "update": OPTIMIZER,
     "ratio": OPTIMIZER,
     "other": FORWARD,
+    "attention_hook": FORWARD,
+    "linear_hook": FORWARD,
+    "moe_router_weight_hook": FORWARD,
+    "moe_router_logit_hook": FORWARD,
 }
 MICRO_STEP_CATEGORIES = ("actv", "actv_grad")
+# L2 features (recording_l2_features), msprobe's names: category (CSV file prefix) ->
+# (the word in the TensorBoard tag, the columns). Their rows hold one value each (RowKey.op)
+# and are regrouped into one row per tensor with these columns on the writer thread.
+FEATURE_CATEGORIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "attention_hook": ("qkt", ("entropy", "softmax_max")),
+    "linear_hook": ("sr", ("sr", "kernel_norm")),
+    "moe_router_weight_hook": ("router_weight", ("router_weight_similarity",)),
+    "moe_router_logit_hook": ("router_logit", ("per_token_expert_entropy",)),
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class RowKey:
     vpp_stage: int = 0
     micro_step: int | None = None
     stage: str | None = None  # overrides CATEGORY_STAGE (collectives run in either pass)
+    op: str | None = None  # a FEATURE_CATEGORIES row: the one column its value belongs to
 
     @property
     def train_stage(self) -> str:
@@ -48,8 +62,10 @@ class RowKey:
         return base if self.micro_step is None else f"{base}:{self.micro_step}"
 
     def tag(self, rank: int) -> str:
-        """The metric tag without the op: `{vpp}:{name}[:{micro}]/rank{r}/{category}`."""
-        return f"{self.display_name()}/rank{rank}/{self.category}"
+        """The metric tag without the op: `{vpp}:{name}[:{micro}]/rank{r}/{category}` (for an L2
+        feature, msprobe's word instead of the category: `.../rank0/qkt`)."""
+        feature = FEATURE_CATEGORIES.get(self.category)
+        return f"{self.display_name()}/rank{rank}/{feature[0] if feature else self.category}"
 
 
 class DirectionKey(RowKey):

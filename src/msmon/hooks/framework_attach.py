@@ -10,6 +10,7 @@ import logging
 import weakref
 from typing import Any
 
+from ..collectors.l2_features import l2_targets_error
 from ..config import ConfigError
 from ..distributed import current_rank, pipeline_position
 from ..naming import model_chunks
@@ -66,8 +67,9 @@ def attach(session: Session, models: Any, optimizer: Any, when: str) -> Any:
     except ConfigError as exc:
         monitor.close()
         config = session.config
-        if torch_optim.targets_error(config.targets, model_chunks(models), config.squash_name) is not None \
-                and len(pipeline_position()[1]) == 1:  # on one pipeline stage, another may hold the target
+        chunks = model_chunks(models)  # on one pipeline stage, another may hold the target
+        if (torch_optim.targets_error(config.targets, chunks, config.squash_name) is not None
+                or l2_targets_error(config, chunks) is not None) and len(pipeline_position()[1]) == 1:
             session.stop(str(exc))
         logger.error("msmon[rank %d]: %s is not monitored: %s", current_rank(), type(optimizer).__name__, exc)
         session.emit("skipped", optimizer=type(optimizer).__name__, reason=str(exc))

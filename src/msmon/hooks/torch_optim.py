@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
 
+from ..collectors.l2_features import l2_targets_error, l2_targets_nowhere
 from ..config import ConfigError
 from ..distributed import current_rank, pipeline_position
 from ..monitor import TrainerMon
@@ -269,6 +270,14 @@ class _Instrumentation:
             if error is not None:
                 self._targets_elsewhere(opt, roots, error)
                 return
+        error = l2_targets_error(config, roots)
+        if error is not None:  # as for targets: another model may hold them, else a mistake that stops
+            others = [m for m in _models_built(self.tracker) if all(m is not r for r in roots)]
+            nowhere = l2_targets_nowhere(config, roots, others)
+            if nowhere is not None and len(pipeline_position()[1]) == 1:
+                self.session.stop(str(nowhere))
+            self._skip(opt, f"the config's l2_targets are not in its model ({error})")
+            return
         monitor = TrainerMon(self.session.config_path)
         hooking = _module_monitor(self.session, roots)
         monitor.records_modules = hooking is None

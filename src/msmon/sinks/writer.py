@@ -21,6 +21,7 @@ from ..output import stopped_line, stopped_output
 from ..records import RowKey, StepRecord
 from ..transfer import HostBatch
 from .base import Sink
+from .feature_rows import split_features
 
 logger = logging.getLogger("msmon")
 _STOP = object()
@@ -113,16 +114,19 @@ class BackgroundWriter:
 
     def _write(self, step: int, ops: list[str], batch: HostBatch, meta: dict) -> None:
         batch.wait()
-        record = StepRecord(step=step, rank=self.rank, ops=ops, keys=batch.keys,
-                            values=batch.values.tolist(),
+        keys, table, features = split_features(step, self.rank, batch.keys, batch.values, meta)
+        record = StepRecord(step=step, rank=self.rank, ops=ops, keys=keys,
+                            values=table.tolist(),
                             histograms=[(tag, edges, counts.tolist()) for tag, edges, counts in batch.histograms],
-                            meta=meta, table=batch.values)
+                            meta=meta, table=table)
         self._last_step = step
         for sink in list(self.sinks):
             if sink not in self.sinks:
                 continue  # a file sink, and the output stopped at this step
             try:
                 sink.write(record)
+                for feature_record in features:  # L2 features: their own columns, no alert rules
+                    sink.write(feature_record)
             except OSError as exc:
                 if sink.writes_files:
                     self.stop_output(step, exc)

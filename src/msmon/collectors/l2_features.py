@@ -1,0 +1,276 @@
+"""L2 features (`recording_l2_features` with `l2_targets`), msprobe's four hooks.
+
+- attention_hook: a module whose forward receives q and k (its first two positional
+  arguments, or `query`/`key` keywords), laid out as `sa_order`: attention entropy and
+  softmax max per micro-step, over a fixed seeded sample of query rows of every head.
+- linear_hook: a module's 2-D `weight` (or `wg`): spectral norm (`kernel_norm`) by power
+  iteration over a block of vectors warm-started from the previous step's (kept on the
+  device), and stable rank (`sr`) = ‖W‖²_F/‖W‖²₂, once per step; `"linear_hook": []` takes
+  every such module but embeddings.
+- moe_router_weight_hook: mean pairwise cosine similarity of the router weight's expert
+  vectors, once per step.
+- moe_router_logit_hook: mean per-token entropy of the softmax over experts of the module's
+  output (its first floating-point tensor), per micro-step.
+
+The math is msmon.l2_math. Hooks compute on the device and add one-value rows to the step
+buffer (RowKey.op names the value); nothing is read on the host, and the rows travel in the
+step's one copy. A DTensor (tensor parallelism) is read as this rank's shard: no hook runs a
+collective. Like activations, forwards in eval mode, under no_grad, in a closure's later
+evaluations or in checkpoint recomputation are skipped.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+import zlib
+from typing import Any
+
+import torch
+
+from .. import guest_hooks, l2_math
+from ..config import ConfigError, MonitorConfig
+from ..naming import split_vpp
+from ..records import RowKey
+from ..stats import local_tensor
+from .activations import in_backward
+from .base import Collector
+from .module_io import iter_tensors
+
+logger = logging.getLogger("msmon")
+
+_WEIGHT_NAMES = ("weight", "wg")  # msprobe's: nn.Linear and most routers hold `weight`, some `wg`
+_QUERY_KEYWORDS, _KEY_KEYWORDS = ("query", "query_layer", "q"), ("key", "key_layer", "k")
+# power-iteration vectors by module, kept across collector rebuilds (a config reload) and
+# released with the module
+_VECTORS: "weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor]" = weakref.WeakKeyDictionary()
+
+
+def weight_2d(module: torch.nn.Module) -> torch.Tensor | None:
+    """The module's own 2-D `weight` (or `wg`), as msprobe's linear hook takes it; this rank's
+    shard of a DTensor."""
+    for attr in _WEIGHT_NAMES:
+        value = getattr(module, attr, None)
+        if isinstance(value, torch.Tensor) and value.dim() == 2:
+            return local_tensor(value)
+    return None
+
+
+def _is_embedding(module: torch.nn.Module) -> bool:
+    return (isinstance(module, torch.nn.Embedding) or hasattr(module, "num_embeddings")
+            or hasattr(module, "vocab_start_index"))
+
+
+def resolve_targets(cfg: MonitorConfig, modules: list[dict[str, torch.nn.Module]]
+                    ) -> list[tuple[str, torch.nn.Module, str, int]]:
+    """(hook, module, name, chunk) for every l2_targets entry; a name that matches no module,
+    or a weight hook on a module without a 2-D weight, is a ConfigError naming the closest."""
+    import difflib
+
+    everything = sorted(set().union(*(set(m) for m in modules)) - {""})
+    out: list[tuple[str, torch.nn.Module, str, int]] = []
+    for hook, names in cfg.l2_targets.items():
+        weighted = hook in ("linear_hook", "moe_router_weight_hook")
+        if hook == "linear_hook" and not names:  # every module with a 2-D weight
+            out.extend((hook, m, n, c) for c, named in enumerate(modules) for n, m in named.items()
+                       if n and weight_2d(m) is not None and not _is_embedding(m))
+            continue
+        for target in names:
+            vpp, name = split_vpp(target)
+            chunks = range(len(modules)) if vpp is None else [vpp]
+            found = [(c, modules[c][name]) for c in chunks if 0 <= c < len(modules) and name in modules[c]]
+            if not found:
+                close = difflib.get_close_matches(name, everything, n=5, cutoff=0.4) or everything[:5]
+                raise ConfigError(f"l2_targets[{hook!r}]: {target!r} names no module of the model; "
+                                  f"closest names: {', '.join(close)}")
+            for chunk, module in found:
+                if weighted and weight_2d(module) is None:
+                    raise ConfigError(f"l2_targets[{hook!r}]: {target!r} ({type(module).__name__}) has no 2-D "
+                                      f"`weight` or `wg` to compute its features from")
+                out.append((hook, module, name, chunk))
+    return out
+
+
+def l2_targets_error(cfg: MonitorConfig, chunks: list[torch.nn.Module]) -> ConfigError | None:
+    """Why `l2_targets` do not fit the model made of `chunks` (None: they do, or L2 features are off)."""
+    if not cfg.recording_l2_features:
+        return None
+    from ..naming import display
+
+    try:
+        resolve_targets(cfg, [{display(n, cfg.squash_name): m for n, m in chunk.named_modules()} for chunk in chunks])
+    except ConfigError as exc:
+        return exc
+    return None
+
+
+def l2_targets_nowhere(cfg: MonitorConfig, roots: list[torch.nn.Module], others: list[torch.nn.Module]
+                       ) -> ConfigError | None:
+    """The error of the first l2_targets entry that fits neither the model of `roots` nor any of
+    the `others` (models the process built): the job's mistake, not another optimizer's model."""
+    import dataclasses
+
+    for hook, names in cfg.l2_targets.items():
+        for name in names or [""]:
+            one = dataclasses.replace(cfg, l2_targets={hook: [name] if name else []})
+            error = l2_targets_error(one, roots)
+            if error is not None and all(l2_targets_error(one, [m]) is not None for m in others):
+                return error
+    return None
+
+
+def _first_two(args: tuple, kwargs: dict) -> tuple[Any, Any]:
+    """q and k: the first two positional arguments, else the usual keywords."""
+    q = args[0] if len(args) > 0 else next((kwargs[k] for k in _QUERY_KEYWORDS if k in kwargs), None)
+    k = args[1] if len(args) > 1 else next((kwargs[k] for k in _KEY_KEYWORDS if k in kwargs), None)
+    return q, k
+
+
+class L2FeatureCollector(Collector):
+    name = "L2 features"
+
+    def __init__(self, monitor, targets: list[tuple[str, torch.nn.Module, str, int]]) -> None:
+        super().__init__(monitor)
+        self.targets = targets
+        self.order = monitor.config.sa_order
+        self._done: set[tuple[str, int]] = set()  # (hook, id(module)) weight features taken this step
+        self._positions: dict[tuple, torch.Tensor | None] = {}
+        self._generators: dict[tuple[str, str], torch.Generator] = {}
+        self._warned: set[tuple[str, str]] = set()
+
+    def attach(self) -> None:
+        makers = {"attention_hook": self._attention_hook, "linear_hook": self._linear_hook,
+                  "moe_router_weight_hook": self._router_weight_hook, "moe_router_logit_hook": self._router_logit_hook}
+        for hook, module, name, chunk in self.targets:
+            fn = self.guard(makers[hook](name, chunk))
+            if hook == "attention_hook":
+                self.handles.append(guest_hooks.forward_pre_hook(module, fn, with_kwargs=True))
+            else:
+                self.handles.append(guest_hooks.forward_hook(module, fn))
+
+    def end_step(self) -> None:
+        self._done.clear()
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _active(self, module: torch.nn.Module, chunk: int) -> bool:
+        mon = self.mon
+        return mon.recording and module.training and not in_backward() and not mon.in_gradless_forward(chunk)
+
+    def _add(self, category: str, name: str, chunk: int, micro: int | None, values: dict[str, torch.Tensor]) -> None:
+        width = len(self.mon.step_ops)
+        for op, value in values.items():
+            row = value.detach().to(torch.float64).reshape(1).expand(width)
+            self.mon.buffer.add(RowKey(category, name, chunk, micro, op=op), row)
+
+    def _warn_once(self, hook: str, name: str, problem: str) -> None:
+        if (hook, name) not in self._warned:
+            self._warned.add((hook, name))
+            logger.warning("msmon[rank %d]: l2_targets[%r] %s: %s; nothing recorded for it",
+                           self.mon.rank, hook, name, problem)
+
+    def _generator(self, name: str, device: torch.device) -> torch.Generator:
+        """A generator of its own per module and device, seeded from the module's name: the
+        training's random streams are never touched, and every run samples the same."""
+        key = (name, str(device))
+        gen = self._generators.get(key)
+        if gen is None:
+            gen = self._generators[key] = torch.Generator(device=device)
+            gen.manual_seed(zlib.crc32(name.encode()))
+        return gen
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _attention_hook(self, name: str, chunk: int):
+        def hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            if not self._active(module, chunk):
+                return None
+            q, k = _first_two(args, kwargs)
+            if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
+                self._warn_once("attention_hook", name, "its forward does not receive q and k tensors first")
+                return None
+            q, k = local_tensor(q), local_tensor(k)
+            try:
+                with torch.no_grad():
+                    entropy, top = self._attention(name, q, k)
+            except ValueError as exc:
+                self._warn_once("attention_hook", name, f"{exc} (sa_order is {self.order!r})")
+                return None
+            self._add("attention_hook", f"{name}.attention", chunk, self.mon.forward_micro_step(chunk),
+                      {"entropy": entropy, "softmax_max": top})
+            return None
+        return hook
+
+    def _attention(self, name: str, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The features over this module's fixed row sample (drawn once per shape)."""
+        b, hq, sq, _ = l2_math.to_bhsd(q, self.order).shape
+        used, rows = l2_math.attention_rows(b, hq, sq, l2_math.to_bhsd(k, self.order).shape[2])
+        key = (name, hq, sq, rows, str(q.device))
+        if key not in self._positions:
+            self._positions[key] = l2_math.sample_positions(hq, sq, rows, self._generator(name, q.device), q.device)
+        return l2_math.attention_features(q, k, self.order, self._positions[key], used)
+
+    def _once_per_step(self, hook: str, module: torch.nn.Module, chunk: int) -> bool:
+        if not self._active(module, chunk) or (hook, id(module)) in self._done:
+            return False
+        self._done.add((hook, id(module)))
+        return True
+
+    def _linear_hook(self, name: str, chunk: int):
+        def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+            if not self._once_per_step("linear_hook", module, chunk):
+                return None
+            w = weight_2d(module)
+            if w is None or w.numel() == 0:
+                return None
+            with torch.no_grad():
+                w = w.detach()
+                start, iterations = self._start_basis(module, name, w)
+                sigma, _VECTORS[module] = l2_math.spectral_norm(w, start, iterations)
+                fro = l2_math.frobenius_norm(w)
+            self._add("linear_hook", f"{name}.linear", chunk, None,
+                      {"sr": l2_math.stable_rank(fro, sigma), "kernel_norm": sigma})
+            return None
+        return hook
+
+    def _start_basis(self, module: torch.nn.Module, name: str, w: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(start vectors, iterations): last step's, kept on the device, and one iteration; the
+        first time (or when the weight changed shape, dtype or device) vectors from the
+        module's own seeded generator and the cold-start iterations."""
+        dtype = l2_math._vector_dtype(w)
+        kept = _VECTORS.get(module)
+        if kept is not None and kept.shape[0] == w.shape[1] and kept.device == w.device and kept.dtype == dtype:
+            return kept, l2_math.WARM_ITERATIONS
+        return (l2_math.seed_basis(w.shape[1], self._generator(name, w.device), w.device, dtype),
+                l2_math.COLD_ITERATIONS)
+
+    def _router_weight_hook(self, name: str, chunk: int):
+        def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+            if not self._once_per_step("moe_router_weight_hook", module, chunk):
+                return None
+            w = weight_2d(module)
+            out = next((t for t in iter_tensors(output) if t.is_floating_point() and t.dim() >= 1), None)
+            axis = l2_math.expert_axis(w.shape, out.shape[-1] if out is not None else None)
+            if w.shape[axis] < 2:
+                self._warn_once("moe_router_weight_hook", name, f"its weight {tuple(w.shape)} has fewer than 2 experts")
+                return None
+            with torch.no_grad():
+                value = l2_math.router_weight_similarity(w, axis)
+            self._add("moe_router_weight_hook", f"{name}.moe_router", chunk, None,
+                      {"router_weight_similarity": value})
+            return None
+        return hook
+
+    def _router_logit_hook(self, name: str, chunk: int):
+        def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
+            if not self._active(module, chunk):
+                return None
+            logits = next((local_tensor(t) for t in iter_tensors(output) if t.is_floating_point()), None)
+            if logits is None or logits.dim() < 2 or logits.shape[-1] < 1 or logits.numel() == 0:
+                shape = None if logits is None else tuple(logits.shape)
+                self._warn_once("moe_router_logit_hook", name,
+                                f"its output has no [tokens, experts] floating-point tensor (got {shape})")
+                return None
+            with torch.no_grad():
+                value = l2_math.router_logit_entropy(logits)
+            self._add("moe_router_logit_hook", f"{name}.moe_router", chunk, self.mon.forward_micro_step(chunk),
+                      {"per_token_expert_entropy": value})
+            return None
+        return hook
