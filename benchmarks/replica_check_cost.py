@@ -1,0 +1,141 @@
+"""What the replica check costs on a check step, on the reference model under DDP.
+
+    python benchmarks/replica_check_cost.py                      # gpt-3.7M, 2 gloo ranks, 5 repeats
+    python benchmarks/replica_check_cost.py --model gpt-58M --json out.json
+
+Each rank trains the benchmark's model (workloads.py) under DistributedDataParallel with AdamW
+and a TrainerMon whose only feature is the replica check, in three settings: off, weights every
+step, weights and reduced gradients every step. Per step it records the monitor's own clock on
+the training thread (what a check step adds there: fingerprint kernels, the host copy, the
+hand-off) and the step's wall time. It also times the pieces alone: the fingerprints of all
+weights, and the exchange the background thread does (one all_gather of the fingerprints on
+msmon's gloo group). Every measurement is repeated (--repeats): the table gives the median of
+the repeats' medians and their range, since the machine may be shared with other work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from workloads import MODELS, train_step  # noqa: E402
+
+SETTINGS = {"off": None, "weights": {"enable": True, "every": 1},
+            "weights+grads": {"enable": True, "every": 1, "grads": True}}
+
+
+def timed(fn, count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        started = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - started)
+    return out
+
+
+def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    from msmon import TrainerMon
+    from msmon.collectors.replica_check import own_group
+    from msmon.fingerprint import Fingerprinter
+
+    spec = MODELS[args.model]
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(spec.build())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(100 + rank)
+    work = tempfile.mkdtemp(prefix=f"msmon-replica-bench-{rank}-")
+    os.environ["MONITOR_OUTPUT_DIR"] = os.path.join(work, "out")
+    out: dict[str, Any] = {"steps": {}, "alone": {}}
+    for repeat in range(args.repeats):
+        for name, setting in SETTINGS.items():
+            config = os.path.join(work, f"{name}.json")
+            with open(config, "w", encoding="utf-8") as fh:
+                json.dump({"format": "csv", **({"replica_check": setting} if setting else {})}, fh)
+            mon = TrainerMon(config)
+            mon.set_monitor(model, optimizer)
+            monitor_ms, step_ms = [], []
+            for step in range(args.warmup + args.steps):
+                before = mon.cost.seconds
+                started = time.perf_counter()
+                train_step(model, optimizer, spec.batch_of(gen, torch.device("cpu")))
+                if step >= args.warmup:
+                    step_ms.append(1e3 * (time.perf_counter() - started))
+                    monitor_ms.append(1e3 * (mon.cost.seconds - before))
+            mon.close()
+            out["steps"].setdefault(name, []).append({"monitor_ms": statistics.median(monitor_ms),
+                                                      "step_ms": statistics.median(step_ms)})
+        fp = Fingerprinter()
+        params = list(model.parameters())
+        fp(params)  # tables and plan
+        out["alone"].setdefault("fingerprint_weights_ms", []).append(
+            1e3 * statistics.median(timed(lambda: fp(params), args.steps)))
+        group = own_group(list(range(world)))
+        payload = torch.zeros(2 + 2 * len(params), dtype=torch.int64)
+        buffers = [torch.empty_like(payload) for _ in range(world)]
+        dist.barrier()
+        out["alone"].setdefault("exchange_ms", []).append(
+            1e3 * statistics.median(timed(lambda: dist.all_gather(buffers, payload, group=group), args.steps)))
+    out["tensors"] = len(params)
+    out["elements"] = sum(p.numel() for p in params)
+    if rank == 0:
+        with open(results, "w", encoding="utf-8") as fh:
+            json.dump(out, fh)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def summary(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ms ({min(values):.2f}–{max(values):.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="gpt-3.7M")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20, help="measured steps per setting and repeat")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the results to this file")
+    args = parser.parse_args()
+    os.environ.setdefault("MSMON_LOG_LEVEL", "WARNING")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = os.path.join(tmp, "results.json")
+        load = os.getloadavg()
+        mp.spawn(worker, args=(args.ranks, f"file://{tmp}/store", args, results), nprocs=args.ranks)
+        with open(results, encoding="utf-8") as fh:
+            out = json.load(fh)
+    out.update(model=args.model, ranks=args.ranks, repeats=args.repeats, steps=args.steps, load_before=load,
+               load_after=os.getloadavg(), cpu=platform.processor(), torch=torch.__version__)
+    base = [r["monitor_ms"] for r in out["steps"]["off"]]
+    print(f"{args.model}: {out['tensors']} tensors, {out['elements']:,} elements; {args.ranks} gloo ranks, "
+          f"{args.repeats} repeats of {args.steps} steps; load {load[0]:.2f} before, {out['load_after'][0]:.2f} after")
+    print("| setting | monitor ms per check step (training thread) | step |")
+    print("|---|---|---|")
+    for name in SETTINGS:
+        rows = out["steps"][name]
+        extra = [r["monitor_ms"] - b for r, b in zip(rows, base)]
+        print(f"| {name} | {summary([r['monitor_ms'] for r in rows])}, {summary(extra)} above off | "
+              f"{summary([r['step_ms'] for r in rows])} |")
+    print(f"fingerprints of all weights alone: {summary(out['alone']['fingerprint_weights_ms'])}; "
+          f"exchange (all_gather on the gloo group, background thread): {summary(out['alone']['exchange_ms'])}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
