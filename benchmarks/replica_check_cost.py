@@ -36,13 +36,16 @@ SETTINGS = {"off": None, "weights": {"enable": True, "every": 1},
             "weights+grads": {"enable": True, "every": 1, "grads": True}}
 
 
-def timed(fn, count: int) -> list[float]:
-    out = []
+def timed(fn, count: int) -> tuple[float, float]:
+    """Median wall and training-thread CPU milliseconds of `count` calls (CPU time is robust
+    to other processes taking the cores)."""
+    wall, cpu = [], []
     for _ in range(count):
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         fn()
-        out.append(time.perf_counter() - started)
-    return out
+        wall.append(time.perf_counter() - started)
+        cpu.append(time.thread_time() - started_cpu)
+    return 1e3 * statistics.median(wall), 1e3 * statistics.median(cpu)
 
 
 def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: str) -> None:
@@ -67,28 +70,31 @@ def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: 
                 json.dump({"format": "csv", **({"replica_check": setting} if setting else {})}, fh)
             mon = TrainerMon(config)
             mon.set_monitor(model, optimizer)
-            monitor_ms, step_ms = [], []
+            monitor_ms, step_ms, step_cpu_ms = [], [], []
             for step in range(args.warmup + args.steps):
                 before = mon.cost.seconds
-                started = time.perf_counter()
+                started, started_cpu = time.perf_counter(), time.thread_time()
                 train_step(model, optimizer, spec.batch_of(gen, torch.device("cpu")))
                 if step >= args.warmup:
                     step_ms.append(1e3 * (time.perf_counter() - started))
+                    step_cpu_ms.append(1e3 * (time.thread_time() - started_cpu))
                     monitor_ms.append(1e3 * (mon.cost.seconds - before))
             mon.close()
             out["steps"].setdefault(name, []).append({"monitor_ms": statistics.median(monitor_ms),
-                                                      "step_ms": statistics.median(step_ms)})
+                                                      "step_ms": statistics.median(step_ms),
+                                                      "step_cpu_ms": statistics.median(step_cpu_ms)})
         fp = Fingerprinter()
         params = list(model.parameters())
         fp(params)  # tables and plan
-        out["alone"].setdefault("fingerprint_weights_ms", []).append(
-            1e3 * statistics.median(timed(lambda: fp(params), args.steps)))
+        wall, cpu = timed(lambda: fp(params), args.steps)
+        out["alone"].setdefault("fingerprint_weights_ms", []).append(wall)
+        out["alone"].setdefault("fingerprint_weights_cpu_ms", []).append(cpu)
         group = own_group(list(range(world)))
         payload = torch.zeros(2 + 2 * len(params), dtype=torch.int64)
         buffers = [torch.empty_like(payload) for _ in range(world)]
         dist.barrier()
-        out["alone"].setdefault("exchange_ms", []).append(
-            1e3 * statistics.median(timed(lambda: dist.all_gather(buffers, payload, group=group), args.steps)))
+        wall, cpu = timed(lambda: dist.all_gather(buffers, payload, group=group), args.steps)
+        out["alone"].setdefault("exchange_ms", []).append(wall)
     out["tensors"] = len(params)
     out["elements"] = sum(p.numel() for p in params)
     if rank == 0:
@@ -118,20 +124,26 @@ def main() -> None:
         mp.spawn(worker, args=(args.ranks, f"file://{tmp}/store", args, results), nprocs=args.ranks)
         with open(results, encoding="utf-8") as fh:
             out = json.load(fh)
-    out.update(model=args.model, ranks=args.ranks, repeats=args.repeats, steps=args.steps, load_before=load,
+    out.update(model=args.model, ranks=args.ranks, repeats=args.repeats, measured_steps=args.steps, load_before=load,
                load_after=os.getloadavg(), cpu=platform.processor(), torch=torch.__version__)
     base = [r["monitor_ms"] for r in out["steps"]["off"]]
     print(f"{args.model}: {out['tensors']} tensors, {out['elements']:,} elements; {args.ranks} gloo ranks, "
           f"{args.repeats} repeats of {args.steps} steps; load {load[0]:.2f} before, {out['load_after'][0]:.2f} after")
-    print("| setting | monitor ms per check step (training thread) | step |")
-    print("|---|---|---|")
+    base_cpu = [r["step_cpu_ms"] for r in out["steps"]["off"]]
+    print("| setting | monitor's clock per check step | above off | step wall | step CPU (training thread) | "
+          "CPU above off |")
+    print("|---|---|---|---|---|---|")
     for name in SETTINGS:
         rows = out["steps"][name]
         extra = [r["monitor_ms"] - b for r, b in zip(rows, base)]
-        print(f"| {name} | {summary([r['monitor_ms'] for r in rows])}, {summary(extra)} above off | "
-              f"{summary([r['step_ms'] for r in rows])} |")
-    print(f"fingerprints of all weights alone: {summary(out['alone']['fingerprint_weights_ms'])}; "
-          f"exchange (all_gather on the gloo group, background thread): {summary(out['alone']['exchange_ms'])}")
+        extra_cpu = [r["step_cpu_ms"] - b for r, b in zip(rows, base_cpu)]
+        print(f"| {name} | {summary([r['monitor_ms'] for r in rows])} | {summary(extra)} | "
+              f"{summary([r['step_ms'] for r in rows])} | {summary([r['step_cpu_ms'] for r in rows])} | "
+              f"{summary(extra_cpu)} |")
+    alone = out["alone"]
+    print(f"fingerprints of all weights alone: {summary(alone['fingerprint_weights_ms'])} wall, "
+          f"{summary(alone['fingerprint_weights_cpu_ms'])} CPU; exchange (all_gather on the gloo group, in the "
+          f"background thread): {summary(alone['exchange_ms'])} wall")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=1)

@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -57,20 +56,20 @@ ENTRIES = [Entry("fc1.weight", 0, WEIGHT), Entry("fc1.bias", 0, WEIGHT), Entry("
 
 
 def test_the_rank_that_differs_from_the_majority_is_named_alone():
-    table = np.array([[1, 2, 3], [1, 2, 3], [1, 9, 3], [1, 2, 3]])
+    table = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 9, 3], [1, 2, 3]])
     (m,) = compare(table, [4, 5, 6, 7], ENTRIES)
     assert (m.entry, m.differing, m.majority) == (ENTRIES[1], [6], [4, 5, 7])
     assert m.describe() == "fc1.bias (weight after the update): rank 6 differs from the majority (ranks 4, 5, 7)"
 
 
 def test_with_two_replicas_both_are_named_since_neither_is_a_majority():
-    (m,) = compare(np.array([[1, 2, 3], [1, 2, 4]]), [0, 1], ENTRIES)
+    (m,) = compare(torch.tensor([[1, 2, 3], [1, 2, 4]]), [0, 1], ENTRIES)
     assert (m.differing, m.majority) == ([0, 1], [])
     assert "ranks 0, 1 hold different copies and none has a majority (copies {0} vs {1})" in m.describe()
 
 
 def test_a_tie_names_every_rank_and_a_missing_gradient_is_said():
-    table = np.array([[5, 0, NO_GRAD], [5, 0, 7], [5, 1, 7], [5, 1, 7]])
+    table = torch.tensor([[5, 0, NO_GRAD], [5, 0, 7], [5, 1, 7], [5, 1, 7]])
     tie, grad = compare(table, [0, 1, 2, 3], ENTRIES)
     assert (tie.differing, tie.majority) == ([0, 1, 2, 3], [])
     assert (grad.differing, grad.majority) == ([0], [1, 2, 3])
@@ -78,7 +77,7 @@ def test_a_tie_names_every_rank_and_a_missing_gradient_is_said():
 
 
 def test_identical_copies_are_no_mismatch():
-    assert compare(np.array([[1, 2, 3]] * 3), [0, 1, 2], ENTRIES) == []
+    assert compare(torch.tensor([[1, 2, 3]] * 3), [0, 1, 2], ENTRIES) == []
 
 
 def test_analyse_names_the_diverged_rank_in_its_verdict(tmp_path):
@@ -241,10 +240,19 @@ def test_a_bit_flipped_in_one_ranks_reduced_gradient_is_named_before_the_weight_
 
 
 @pytest.mark.e2e
-def test_fifty_clean_steps_with_dropout_and_clipping_raise_no_false_alarm(tmp_path):
+def test_fifty_clean_steps_with_dropout_and_clipping_raise_no_false_alarm_and_train_as_without_msmon(tmp_path):
     msmon_run(tmp_path, 2, {**CHECK, "replica_check": {"enable": True, "every": 1, "grads": True}},
               "replica_flip.py", "--steps", "50", "--out", str(tmp_path))
     assert differing_tensors(tmp_path, 2) == {}
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(SCRIPTS / "replica_flip.py"), "--steps", "50", "--out", str(plain)],
+                          capture_output=True, text=True, timeout=600, env=clean_env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):  # the check reads, never writes: the weights are bit-identical without msmon
+        ours, theirs = torch.load(tmp_path / f"weights_rank{rank}.pt"), torch.load(plain / f"weights_rank{rank}.pt")
+        assert all(torch.equal(ours[n], theirs[n]) for n in ours)
     saved = torch.load(tmp_path / "weights_rank0.pt")
     for report in reports(tmp_path, 2):
         assert report["checks"] == 50 and report["mismatches"] == [] and report["off"] is None

@@ -39,9 +39,9 @@ tests check the whole computation against Python's integers.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
-import numpy as np
 import torch
 
 COLUMNS = 4096  # C: words per row; tensors of at most this many words are batched
@@ -50,25 +50,31 @@ _W_SEED = 0x5EED_0F_C01
 _V_SEED = 0xA11CE_0F_2057
 
 
-def _splitmix64(z: np.ndarray) -> np.ndarray:
-    """splitmix64 of each uint64 (numpy's uint64 arithmetic wraps modulo 2^64)."""
-    with np.errstate(over="ignore"):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+_MASK64 = (1 << 64) - 1
 
 
-def column_weights(count: int = COLUMNS) -> np.ndarray:
-    """W_0..W_{count-1}: odd signed 64-bit weights."""
-    z = _splitmix64(np.arange(count, dtype=np.uint64) + np.uint64(_W_SEED))
-    return (z | np.uint64(1)).view(np.int64)
+def _signed64(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >> 63 else value
 
 
-def row_weights(count: int) -> np.ndarray:
-    """V_0..V_{count-1}: odd signed 64-bit weights."""
-    z = _splitmix64(np.arange(count, dtype=np.uint64) ^ np.uint64(_V_SEED))
-    return (z | np.uint64(1)).view(np.int64)
+def _splitmix64(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64 of each int64 taken as 64 bits (int64 arithmetic wraps modulo 2^64; the
+    right shifts are made logical by masking off the copied sign bits)."""
+    z = z + _signed64(0x9E3779B97F4A7C15)
+    z = (z ^ ((z >> 30) & ((1 << 34) - 1))) * _signed64(0xBF58476D1CE4E5B9)
+    z = (z ^ ((z >> 27) & ((1 << 37) - 1))) * _signed64(0x94D049BB133111EB)
+    return z ^ ((z >> 31) & ((1 << 33) - 1))
+
+
+def column_weights(count: int = COLUMNS) -> torch.Tensor:
+    """W_0..W_{count-1}: odd 64-bit weights, splitmix64(c + seed) with the low bit set."""
+    return _splitmix64(torch.arange(count, dtype=torch.int64) + _W_SEED) | 1
+
+
+def row_weights(count: int) -> torch.Tensor:
+    """V_0..V_{count-1}: odd 64-bit weights, splitmix64(r xor seed) with the low bit set."""
+    return _splitmix64(torch.arange(count, dtype=torch.int64) ^ _V_SEED) | 1
 
 
 def words(t: torch.Tensor) -> torch.Tensor:
@@ -111,19 +117,20 @@ class Fingerprinter:
         self._v: dict[torch.device, torch.Tensor] = {}
         self._scratch: dict[torch.device, torch.Tensor] = {}
         self._plans: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._index: dict[tuple, torch.Tensor] = {}
 
     # -- tables ---------------------------------------------------------------------------------
     def _col(self, device: torch.device) -> torch.Tensor:
         w = self._w.get(device)
         if w is None:
-            w = self._w[device] = torch.from_numpy(column_weights(self.columns)).to(device)
+            w = self._w[device] = column_weights(self.columns).to(device)
         return w
 
     def _row(self, device: torch.device, count: int) -> torch.Tensor:
         v = self._v.get(device)
         if v is None or v.numel() < count:
             size = 1 << max(count - 1, 1).bit_length()
-            v = self._v[device] = torch.from_numpy(row_weights(size)).to(device)
+            v = self._v[device] = row_weights(size).to(device)
         return v
 
     def _scratch_for(self, device: torch.device, count: int) -> torch.Tensor:
@@ -147,11 +154,22 @@ class Fingerprinter:
             for dev, (small, large) in by_device.items():
                 if small:
                     values = self._small(dev, [flat[i] for i in small])
-                    out.index_copy_(0, torch.tensor(small, device=device), values.to(device))
+                    out.index_copy_(0, self.positions(device, small), values.to(device))
                 if large:
                     values = torch.stack([self._large(dev, flat[i]) for i in large])
-                    out.index_copy_(0, torch.tensor(large, device=device), values.to(device))
+                    out.index_copy_(0, self.positions(device, large), values.to(device))
         return out
+
+    def positions(self, device: torch.device, indices: list[int]) -> torch.Tensor:
+        """`indices` as an int64 tensor on `device`, made once per layout: a tensor built from a
+        list on an accelerator would be a blocking host-to-device copy at every call."""
+        key = (device, tuple(indices))
+        found = self._index.get(key)
+        if found is None:
+            if len(self._index) > 32:
+                self._index.pop(next(iter(self._index)))
+            found = self._index[key] = torch.tensor(indices, dtype=torch.int64).to(device)
+        return found
 
     def _small(self, device: torch.device, parts: list[torch.Tensor]) -> torch.Tensor:
         """F of tensors of at most C words (row 0 only): one concatenation, one cumulative sum."""
@@ -161,7 +179,7 @@ class Fingerprinter:
         if plan is None:
             col = self._col(device)
             weights = torch.cat([col[:n] for n in sizes]) if sum(sizes) else col[:0]
-            ends = torch.tensor(np.cumsum((0,) + sizes), dtype=torch.int64, device=device)
+            ends = torch.tensor(list(itertools.accumulate((0,) + sizes)), dtype=torch.int64).to(device)
             plan = self._plans[key] = (weights, ends)
             if len(self._plans) > 8:  # layouts change rarely; keep a few
                 self._plans.pop(next(iter(self._plans)))
@@ -169,7 +187,7 @@ class Fingerprinter:
         total = int(sum(sizes))
         if total == 0:
             return torch.zeros(len(parts), dtype=torch.int64, device=device)
-        products = torch.cat(parts) * weights  # int32 words times int64 weights: int64
+        products = torch.cat(parts).to(torch.int64).mul_(weights)
         sums = torch.zeros(total + 1, dtype=torch.int64, device=device)
         torch.cumsum(products, 0, out=sums[1:])  # wraps modulo 2^64; differences stay exact
         return sums.index_select(0, ends).diff() * self._row(device, 1)[0]
@@ -186,8 +204,8 @@ class Fingerprinter:
             count = min(self.block_rows, rows - start)
             block = x[start * c:(start + count) * c].view(count, c)
             scratch = self._scratch_for(device, count * c).view(count, c)
-            torch.mul(block, col, out=scratch)
-            parts.append(scratch.sum(1).mul_(v[start:start + count]).sum())
+            scratch.copy_(block)  # widen first: an int64 x int64 multiply is twice as fast as a mixed one
+            parts.append(scratch.mul_(col).sum(1).mul_(v[start:start + count]).sum())
         tail = n - rows * c
         if tail:
             parts.append((x[rows * c:] * col[:tail]).sum() * v[rows])

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -36,7 +37,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -96,20 +96,19 @@ class Mismatch:
         return text
 
 
-def compare(table: np.ndarray, ranks: list[int], entries: list[Entry]) -> list[Mismatch]:
-    """The tensors whose fingerprints differ: `table` is [ranks, tensors] (row i from ranks[i]).
-    The majority copy is the one more than half the ranks hold; without one, every rank is named."""
-    out = []
+def compare(table: torch.Tensor, ranks: list[int], entries: list[Entry]) -> list[Mismatch]:
+    """The tensors whose fingerprints differ: `table` is int64 [ranks, tensors] on the host (row i
+    from ranks[i]). The majority copy is the one more than half the ranks hold; without one,
+    every rank is named."""
+    out: list[Mismatch] = []
     if table.shape[0] < 2:
         return out
-    differs = np.flatnonzero((table != table[0]).any(axis=0))
-    for j in differs:
-        column = table[:, j]
-        values, counts = np.unique(column, return_counts=True)
-        top = int(np.argmax(counts))
-        by_rank = {ranks[i]: int(column[i]) for i in range(len(ranks))}
-        if counts[top] * 2 > len(ranks):
-            majority = [ranks[i] for i in range(len(ranks)) if column[i] == values[top]]
+    for j in (table != table[0]).any(dim=0).nonzero().flatten().tolist():
+        column = table[:, j].tolist()
+        by_rank = dict(zip(ranks, column))
+        top, count = max(((v, column.count(v)) for v in set(column)), key=lambda item: item[1])
+        if count * 2 > len(ranks):
+            majority = [r for r, v in by_rank.items() if v == top]
             differing = [r for r in ranks if r not in majority]
         else:
             majority, differing = [], list(ranks)
@@ -170,9 +169,13 @@ def _named_params(monitor: "TrainerMon") -> list[tuple[str, int, torch.Tensor]]:
     return out
 
 
-def select_weights(monitor: "TrainerMon") -> tuple[list[Entry], list[torch.Tensor], list[dict[str, str]]]:
+Named = list[tuple[str, int, torch.Tensor]]
+
+
+def select_weights(monitor: "TrainerMon", named: Named | None = None
+                   ) -> tuple[list[Entry], list[torch.Tensor], list[dict[str, str]]]:
     """The replicated weights (model parameters, whole main copies), and what was skipped and why."""
-    named = _named_params(monitor)
+    named = _named_params(monitor) if named is None else named
     lazy = _lazy_param_gather(monitor)
     mains = monitor.adapter.own_weights([p for _, _, p in named])
     entries, tensors, skipped = [], [], []
@@ -196,9 +199,10 @@ def select_weights(monitor: "TrainerMon") -> tuple[list[Entry], list[torch.Tenso
     return entries, tensors, skipped
 
 
-def select_grads(monitor: "TrainerMon") -> tuple[list[Entry], list[torch.Tensor | None], list[dict[str, str]]]:
+def select_grads(monitor: "TrainerMon", named: Named | None = None
+                 ) -> tuple[list[Entry], list[torch.Tensor | None], list[dict[str, str]]]:
     """The reduced gradients that are whole on every rank (None: no gradient on this rank)."""
-    named = _named_params(monitor)
+    named = _named_params(monitor) if named is None else named
     grads = monitor.adapter.own_grads([p for _, _, p in named], monitor.grad_of)
     entries, tensors, skipped = [], [], []
     for name, chunk, p in named:
@@ -249,9 +253,10 @@ def own_group(ranks: list[int]) -> Any:
     key = (id(dist.distributed_c10d._get_default_group()), tuple(ranks))
     group = _OWN_GROUPS.get(key)
     if group is None:
-        group = dist.new_group(sorted(ranks), backend="gloo", timeout=GATHER_TIMEOUT,
-                               use_local_synchronization=True, group_desc="msmon_replica_check")
-        _OWN_GROUPS[key] = group
+        options: dict[str, Any] = {"backend": "gloo", "timeout": GATHER_TIMEOUT, "use_local_synchronization": True}
+        if "group_desc" in inspect.signature(dist.new_group).parameters:  # torch >= 2.3
+            options["group_desc"] = "msmon_replica_check"
+        group = _OWN_GROUPS[key] = dist.new_group(sorted(ranks), **options)
     return group
 
 
@@ -282,6 +287,7 @@ class ReplicaState:
     skipped: list[dict[str, str]] = field(default_factory=list)
     jobs: "queue.Queue[_Job]" = field(default_factory=queue.Queue)
     thread: threading.Thread | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the report file, written from both threads
     warned_edit: bool = False
 
 
@@ -307,6 +313,14 @@ class ReplicaCheckCollector(Collector):
         self.state = state
         self.fingerprint = Fingerprinter()
         self._grads: tuple[int, list[Entry], torch.Tensor] | None = None
+        self._named: Named | None = None
+
+    @property
+    def named(self) -> Named:
+        """The optimizer's parameters with their names, found once (the names walk the whole model)."""
+        if self._named is None:
+            self._named = _named_params(self.mon)
+        return self._named
 
     # -- step callbacks (training thread) ------------------------------------------------------
     def _due(self) -> bool:
@@ -315,13 +329,13 @@ class ReplicaCheckCollector(Collector):
 
     def before_update(self) -> None:
         if self.state.settings.grads and self._due():
-            entries, tensors, _ = select_grads(self.mon)
+            entries, tensors, _ = select_grads(self.mon, self.named)
             self._grads = (self.mon.step, entries, self._fingerprints(tensors))
 
     def after_update(self) -> None:
         if not self._due():
             return
-        entries, tensors, _ = select_weights(self.mon)
+        entries, tensors, _ = select_weights(self.mon, self.named)
         fps = self._fingerprints(tensors)
         grads, self._grads = self._grads, None
         if grads is not None and grads[0] == self.mon.step:
@@ -357,8 +371,8 @@ class ReplicaCheckCollector(Collector):
         except Exception as exc:  # gloo cannot connect, say: the check is off, training goes on
             return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}")
         state.ranks = list(dist.get_process_group_ranks(state.group))
-        weights, _, skipped_w = select_weights(mon)
-        grads, _, skipped_g = select_grads(mon) if state.settings.grads else ([], [], [])
+        weights, _, skipped_w = select_weights(mon, self.named)
+        grads, _, skipped_g = select_grads(mon, self.named) if state.settings.grads else ([], [], [])
         state.checked = [{"name": e.name, "category": e.category} for e in grads + weights]
         state.skipped = skipped_g + skipped_w
         state.thread = threading.Thread(target=self._exchange_loop, name=f"msmon-replica-rank{mon.rank}", daemon=True)
@@ -382,7 +396,7 @@ class ReplicaCheckCollector(Collector):
         if len(present) == len(tensors):
             return fps
         full = torch.full((len(tensors),), NO_GRAD, dtype=torch.int64, device=fps.device)
-        return full.index_copy_(0, torch.tensor(present, device=fps.device), fps)
+        return full.index_copy_(0, self.fingerprint.positions(fps.device, present), fps)
 
     def _submit(self, entries: list[Entry], fps: torch.Tensor) -> None:
         """Start the copy to the host and hand the exchange to this rank's thread."""
@@ -424,13 +438,13 @@ class ReplicaCheckCollector(Collector):
         payload = torch.cat([job.header, job.fingerprints])
         gathered = [torch.empty_like(payload) for _ in state.ranks]
         dist.all_gather(gathered, payload, group=state.group)
-        table = torch.stack(gathered).numpy()
+        table = torch.stack(gathered)
         state.checks += 1
-        if (table[:, 0] != job.step).any() or (table[:, 1] != table[0, 1]).any():
+        if bool((table[:, 0] != job.step).any()) or bool((table[:, 1] != table[0, 1]).any()):
             steps = dict(zip(state.ranks, table[:, 0].tolist()))
             raise RuntimeError(f"the ranks' checks do not line up (steps {steps}, or different sets of tensors)")
         mine = table[state.ranks.index(self.mon.rank), 2:]
-        state.last = {"step": job.step, "fingerprints": [_hex(int(v)) for v in mine]}
+        state.last = {"step": job.step, "fingerprints": [_hex(v) for v in mine.tolist()]}
         found = compare(table[:, 2:], state.ranks, job.entries)
         if found:
             self._report(job, found)
@@ -477,9 +491,10 @@ class ReplicaCheckCollector(Collector):
                 "mismatches": state.mismatches, "last_check": state.last}
         path = os.path.join(mon.log_dir, REPORT_FILE)
         try:
-            with open(path + ".tmp", "w", encoding="utf-8") as fh:
-                json.dump(data, fh, indent=1)
-            os.replace(path + ".tmp", path)
+            with state.lock:
+                with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                    json.dump(data, fh, indent=1)
+                os.replace(path + ".tmp", path)
         except OSError as exc:
             logger.warning("msmon[rank %d]: could not write %s: %s", mon.rank, path, exc)
 
