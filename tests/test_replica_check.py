@@ -129,6 +129,43 @@ def test_edits_to_replica_check_during_the_run_are_ignored_with_a_warning(write_
     assert "replica_check was edited during the run; the edit takes effect in the next run" in caplog.text
 
 
+def test_the_exchange_is_not_counted_as_the_trainings_communication():
+    """Under cc_distribution every torch.distributed collective is reported to listeners; the
+    replica check's own all_gather goes around that wrapper."""
+    from msmon.collectors.replica_check import exchange, own_group
+    from msmon.hooks import torch_distributed as cc
+
+    seen = []
+
+    class Listener:
+        def wants(self) -> bool:
+            return True
+
+        def on_launch(self, call) -> bool:
+            seen.append(call.op)
+            return False
+
+        def on_complete(self, call) -> None:
+            pass
+
+    listener = Listener()
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        cc.instrument()
+        cc.add_listener(listener)
+        payload = torch.tensor([3, -(2 ** 63), 2 ** 63 - 1])
+        assert torch.equal(exchange(payload, own_group([0]), 1), payload.unsqueeze(0))
+        assert seen == []
+        torch.distributed.all_gather([torch.empty(3, dtype=torch.int64)], payload)
+        assert seen == ["all_gather"]  # the wrapper is really in place
+    finally:
+        cc.remove_listener(listener)
+        cc.uninstrument()
+        while cc.is_instrumented():
+            cc.release()
+        torch.distributed.destroy_process_group()
+
+
 # -- real torchrun ---------------------------------------------------------------------------------
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MSMON_", "TORCHELASTIC_", "MONITOR_"))}

@@ -260,6 +260,16 @@ def own_group(ranks: list[int]) -> Any:
     return group
 
 
+def exchange(payload: torch.Tensor, group: Any, size: int) -> torch.Tensor:
+    """[size, len(payload)]: every member's payload, in group-rank order, by one all_gather
+    through torch's own function (under cc_distribution msmon's wrapper would count msmon's
+    exchange as the training's communication)."""
+    gathered = [torch.empty_like(payload) for _ in range(size)]
+    all_gather = getattr(dist.all_gather, "__msmon_original__", dist.all_gather)
+    all_gather(gathered, payload, group=group)
+    return torch.stack(gathered)
+
+
 # -- the check ------------------------------------------------------------------------------------
 @dataclass
 class _Job:
@@ -428,6 +438,7 @@ class ReplicaCheckCollector(Collector):
                 state.off = f"exchanging fingerprints failed: {exc!r}"
                 logger.error("msmon[rank %d]: replica check at step %d failed and is switched off; training continues: "
                              "%r", self.mon.rank, job.step, exc)
+                self._write_report()
             finally:
                 state.jobs.task_done()
 
@@ -435,10 +446,7 @@ class ReplicaCheckCollector(Collector):
         state = self.state
         if job.event is not None:
             job.event.synchronize()
-        payload = torch.cat([job.header, job.fingerprints])
-        gathered = [torch.empty_like(payload) for _ in state.ranks]
-        dist.all_gather(gathered, payload, group=state.group)
-        table = torch.stack(gathered)
+        table = exchange(torch.cat([job.header, job.fingerprints]), state.group, len(state.ranks))
         state.checks += 1
         if bool((table[:, 0] != job.step).any()) or bool((table[:, 1] != table[0, 1]).any()):
             steps = dict(zip(state.ranks, table[:, 0].tolist()))
