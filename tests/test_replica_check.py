@@ -225,8 +225,8 @@ def test_three_replicas_name_exactly_the_rank_whose_weight_had_a_bit_flipped(tmp
         assert report["group_ranks"] == [0, 1, 2] and report["checks"] == 3 and report["off"] is None  # steps 0, 4, 8
         assert len(report["checked"]) == 8 and report["skipped"] == []  # 4 weights and 4 reduced gradients
         (mismatch,) = report["mismatches"]
-        assert mismatch == {"step": 8, "tensors": [{"name": "fc1.weight", "category": WEIGHT, "differing_ranks": [2],
-                                                    "majority_ranks": [0, 1]}]}
+        assert mismatch == {"step": 8, "tensors": [{"name": "fc1.weight", "vpp_stage": 0, "category": WEIGHT,
+                                                    "differing_ranks": [2], "majority_ranks": [0, 1]}]}
         line = (f"msmon[rank {rank}]: replica check at step 8: 1 of 8 tensors differ across data-parallel ranks 0, 1, 2: "
                 "fc1.weight (weight after the update): rank 2 differs from the majority (ranks 0, 1); ")
         assert line in proc.stderr
@@ -252,7 +252,7 @@ def test_two_replicas_name_both_ranks_at_the_first_check_after_the_flip(tmp_path
     assert differing_tensors(tmp_path, 2) == {"fc2.bias": {1}}
     for report in reports(tmp_path, 2):
         assert report["checks"] == 3  # steps 0, 5, 10
-        assert report["mismatches"] == [{"step": 10, "tensors": [{"name": "fc2.bias", "category": WEIGHT,
+        assert report["mismatches"] == [{"step": 10, "tensors": [{"name": "fc2.bias", "vpp_stage": 0, "category": WEIGHT,
                                                                   "differing_ranks": [0, 1], "majority_ranks": []}]}]
     records = dump_records(tmp_path)
     assert sorted(records) == [0, 1]
@@ -269,8 +269,8 @@ def test_a_bit_flipped_in_one_ranks_reduced_gradient_is_named_before_the_weight_
     for report in reports(tmp_path, 3):
         (mismatch,) = report["mismatches"]
         assert mismatch == {"step": 4, "tensors": [
-            {"name": "fc2.weight", "category": GRAD, "differing_ranks": [0], "majority_ranks": [1, 2]},
-            {"name": "fc2.weight", "category": WEIGHT, "differing_ranks": [0], "majority_ranks": [1, 2]}]}
+            {"name": "fc2.weight", "vpp_stage": 0, "category": GRAD, "differing_ranks": [0], "majority_ranks": [1, 2]},
+            {"name": "fc2.weight", "vpp_stage": 0, "category": WEIGHT, "differing_ranks": [0], "majority_ranks": [1, 2]}]}
     events = order_events(read_dumps(str(tmp_path / "out" / "anomaly_detected")).events)
     assert [(e.rank, e.step, e.category) for e in events] == [(0, 4, GRAD), (0, 4, WEIGHT)]
     assert verdict(events).startswith("First anomaly: rank 0, step 4, reduced gradient of fc2.weight")
@@ -320,17 +320,45 @@ def test_deepspeed_checks_replicated_parameters_and_skips_zero_shards(tmp_path):
     for report in reports(stage0, 2):
         assert len(report["checked"]) == 8 and report["skipped"] == []
         assert [m["step"] for m in report["mismatches"]] == [4, 6]
-        assert report["mismatches"][0]["tensors"] == [{"name": "fc2.weight", "category": WEIGHT,
+        assert report["mismatches"][0]["tensors"] == [{"name": "fc2.weight", "vpp_stage": 0, "category": WEIGHT,
                                                        "differing_ranks": [0, 1], "majority_ranks": []}]
     msmon_run(stage1, 2, config, "ds_replica.py", "--stage", "1", "--steps", "7", "--flip-step", "3", "--out",
               str(stage1), env=ds_env())
     assert differing_tensors(stage1, 2) == {}
     params = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
     for rank, report in enumerate(reports(stage1, 2)):
-        assert report["checked"] == [{"name": n, "category": WEIGHT} for n in params]
+        assert report["checked"] == [{"name": n, "vpp_stage": 0, "category": WEIGHT} for n in params]
         assert sorted((s["name"], s["category"]) for s in report["skipped"]) == \
             sorted([(f"{n}[main]", WEIGHT) for n in params] + [(n, GRAD) for n in params])
         assert report["checks"] == 4 and report["mismatches"] == []
         saved = torch.load(stage1 / f"weights_rank{rank}.pt")
         assert report["last_check"]["step"] == 6
         assert report["last_check"]["fingerprints"] == [f"{fingerprint(saved[n]) & (2 ** 64 - 1):016x}" for n in params]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("case", ["float16", "distributed"])
+def test_megatron_main_copies_are_checked_and_distributed_optimizer_shards_skipped(tmp_path, case):
+    """Megatron-core 0.16.1's optimizer classes on its DDP stand-in (tests/scripts/megatron_cpu.py),
+    2 ranks, checked every step: Float16OptimizerWithFloat16Params keeps whole fp32 main copies
+    (checked, `name[main]`) and all-reduced main_grad (checked); the DistributedOptimizer's main
+    copies and gradient ranges are shards (skipped), its two model chunks' parameters are checked."""
+    (tmp_path / "monitor.json").write_text(json.dumps({**CHECK, "replica_check": {"enable": True, "every": 1,
+                                                                                   "grads": True}}))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(SCRIPTS / "megatron_cpu.py"), "--case", case, "--config", str(tmp_path / "monitor.json"),
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600,
+                          env=clean_env(MONITOR_OUTPUT_DIR=str(tmp_path / "out")), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    params = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    for report in reports(tmp_path, 2):
+        assert report["checks"] == 3 and report["mismatches"] == [] and report["off"] is None
+        checked = [(c["vpp_stage"], c["name"], c["category"]) for c in report["checked"]]
+        skipped = sorted((s["vpp_stage"], s["name"], s["category"]) for s in report["skipped"])
+        if case == "float16":
+            assert checked == [(0, n, GRAD) for n in params] + [(0, m, WEIGHT) for n in params for m in (n, f"{n}[main]")]
+            assert skipped == []
+        else:
+            assert checked == [(v, n, WEIGHT) for v in (0, 1) for n in params]
+            assert skipped == sorted([(v, n, GRAD) for v in (0, 1) for n in params] +
+                                     [(v, f"{n}[main]", WEIGHT) for v in (0, 1) for n in params])

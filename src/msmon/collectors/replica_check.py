@@ -72,6 +72,11 @@ class Entry:
     vpp_stage: int
     category: str
 
+    @property
+    def label(self) -> str:
+        """The name, with its model chunk when that is not the first (`1:fc1.weight`)."""
+        return f"{self.vpp_stage}:{self.name}" if self.vpp_stage else self.name
+
 
 @dataclass
 class Mismatch:
@@ -83,7 +88,7 @@ class Mismatch:
     values: dict[int, int]  # global rank -> fingerprint
 
     def describe(self) -> str:
-        what = f"{self.entry.name} ({WHAT[self.entry.category]})"
+        what = f"{self.entry.label} ({WHAT[self.entry.category]})"
         if self.majority:
             verb = "differs" if len(self.differing) == 1 else "differ"
             text = f"{what}: {_ranks(self.differing)} {verb} from the majority ({_ranks(self.majority)})"
@@ -185,13 +190,13 @@ def select_weights(monitor: "TrainerMon", named: Named | None = None
             entries.append(Entry(name, chunk, WEIGHT))
             tensors.append(p)
         else:
-            skipped.append({"name": name, "category": WEIGHT, "why": why})
+            skipped.append({"name": name, "vpp_stage": chunk, "category": WEIGHT, "why": why})
         main = mains.get(id(p))
         if main is None or main is p:
             continue
         label = f"{name}[main]"
         if isinstance(main, Shard) or callable(getattr(main, "to_local", None)):
-            skipped.append({"name": label, "category": WEIGHT,
+            skipped.append({"name": label, "vpp_stage": chunk, "category": WEIGHT,
                             "why": "this rank's piece of the fp32 main copy, split across the data-parallel ranks"})
         else:
             entries.append(Entry(label, chunk, WEIGHT))
@@ -213,7 +218,7 @@ def select_grads(monitor: "TrainerMon", named: Named | None = None
         if why is None and g is not None and callable(getattr(g, "to_local", None)):
             why = "a DTensor (FSDP2): each rank holds its own shard"
         if why is not None:
-            skipped.append({"name": name, "category": GRAD, "why": why})
+            skipped.append({"name": name, "vpp_stage": chunk, "category": GRAD, "why": why})
             continue
         entries.append(Entry(name, chunk, GRAD))
         tensors.append(g)
@@ -383,7 +388,7 @@ class ReplicaCheckCollector(Collector):
         state.ranks = list(dist.get_process_group_ranks(state.group))
         weights, _, skipped_w = select_weights(mon, self.named)
         grads, _, skipped_g = select_grads(mon, self.named) if state.settings.grads else ([], [], [])
-        state.checked = [{"name": e.name, "category": e.category} for e in grads + weights]
+        state.checked = [{"name": e.name, "vpp_stage": e.vpp_stage, "category": e.category} for e in grads + weights]
         state.skipped = skipped_g + skipped_w
         state.thread = threading.Thread(target=self._exchange_loop, name=f"msmon-replica-rank{mon.rank}", daemon=True)
         state.thread.start()
@@ -468,8 +473,8 @@ class ReplicaCheckCollector(Collector):
         logger.error("msmon[rank %d]: replica check at step %d: %d of %d tensors differ across data-parallel %s: %s; "
                      "%s", rank, job.step, len(found), len(job.entries), _ranks(state.ranks), listed, verdict)
         state.mismatches.append({"step": job.step, "tensors": [
-            {"name": m.entry.name, "category": m.entry.category, "differing_ranks": m.differing,
-             "majority_ranks": m.majority} for m in found]})
+            {"name": m.entry.name, "vpp_stage": m.entry.vpp_stage, "category": m.entry.category,
+             "differing_ranks": m.differing, "majority_ranks": m.majority} for m in found]})
         del state.mismatches[:-_MAX_MISMATCHES_KEPT]
         dump = mon.writer.dump if mon.writer is not None else None
         if dump is not None and mine:
