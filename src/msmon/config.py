@@ -79,6 +79,16 @@ class AlertConfig:
 
 
 @dataclass
+class ReplicaCheckConfig:
+    """Compare fingerprints of replicated weights (and reduced gradients) across data-parallel
+    ranks every `every` steps (collectors/replica_check.py)."""
+
+    enable: bool = False
+    every: int = 100
+    grads: bool = False
+
+
+@dataclass
 class MonitorConfig:
     """The validated config. Field names are the msprobe keys."""
 
@@ -115,6 +125,7 @@ class MonitorConfig:
     recording_l2_features: bool = False  # L2 features: collectors/l2_features.py, docs/l2_features.md
     l2_targets: dict[str, list[str]] = field(default_factory=dict)
     sa_order: str = "s,b,h,d"
+    replica_check: ReplicaCheckConfig = field(default_factory=ReplicaCheckConfig)
     # Not a config key: the raw mapping, kept for printing and for the bootstrap.
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -299,6 +310,22 @@ def _parse_alert(value: Any) -> AlertConfig:
     return alert
 
 
+def _parse_replica_check(value: Any) -> ReplicaCheckConfig:
+    if not isinstance(value, dict):
+        raise ConfigError(f"replica_check: expected an object {{\"enable\": true, \"every\": 100, \"grads\": false}}, "
+                          f"got {value!r}")
+    check = ReplicaCheckConfig()
+    for key, item in value.items():
+        if key in ("enable", "grads"):
+            setattr(check, key, _expect_bool(f"replica_check.{key}", item))
+        elif key == "every":
+            check.every = _expect_int("replica_check.every", item, 1)
+        else:
+            raise ConfigError(f"replica_check: unknown key {key!r}{_suggest(str(key), ['enable', 'every', 'grads'])}; "
+                              "expected 'enable', 'every' and 'grads'")
+    return check
+
+
 def _parse_rule(rule: Any, where: str) -> AlertRuleConfig:
     if not isinstance(rule, dict) or "rule_name" not in rule:
         raise ConfigError(f"{where}: expected {{\"rule_name\": ..., \"args\": {{\"threshold\": ...}}}}, got {rule!r}")
@@ -366,6 +393,8 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
                            "the gradient/momentum direction key is 'mg_direction'")
         elif key in ("l2_targets", "sa_order"):
             setattr(cfg, key, _parse_l2_targets(value) if key == "l2_targets" else _parse_sa_order(value))
+        elif key == "replica_check":
+            cfg.replica_check = _parse_replica_check(value)
         else:
             raise ConfigError(f"unknown config key {key!r}{_suggest(key, VALID_KEYS)}; "
                               f"valid keys are {', '.join(VALID_KEYS)}")

@@ -435,6 +435,11 @@ class TrainerMon:
             from .collectors.comm import CommCollector
 
             collectors.append(CommCollector(self))
+        from .collectors.replica_check import replica_collector
+
+        replica = replica_collector(self)  # settings as at attach: every rank checks the same steps
+        if replica is not None:
+            collectors.append(replica)
         for collector in collectors:
             collector.attach()
         self.collectors = collectors

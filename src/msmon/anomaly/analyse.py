@@ -33,7 +33,7 @@ from typing import Any, Iterable
 from ..records import BACKWARD, CATEGORY_STAGE, FORWARD, OPTIMIZER
 from .dump import DUMP_FILE, MSPROBE_DUMP_FILE, json_number
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
-from .rules import NAN_ORIGIN_RULE
+from .rules import NAN_ORIGIN_RULE, REPLICA_RULE
 
 REPORT_FILE = "msmon_analyse.json"  # msmon's report; msprobe's layout is MSPROBE_ANALYSE_FILE
 _RECORD_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
@@ -101,6 +101,8 @@ class AnomalyEvent:
     def symptom(self) -> str:
         if self.rule == NAN_ORIGIN_RULE:
             return "first non-finite"
+        if self.rule == REPLICA_RULE:
+            return "copies differ across data-parallel replicas"
         if self.op == "nans" or (self.value is not None and math.isnan(self.value)):
             return "nans"
         if self.op == "infs" or (self.value is not None and math.isinf(self.value)):
@@ -402,7 +404,24 @@ def verdict(ordered: list[AnomalyEvent]) -> str:
             parts.append(f"That is the first non-finite origin: {why}.")
         else:
             parts.append(f"First non-finite origin: {origin.where()}, {origin.what()}: {why}.")
+    replicas = [e for e in ordered if e.rule == REPLICA_RULE]
+    if replicas:
+        parts.append(_replica_sentence(replicas))
     return " ".join(parts)
+
+
+def _replica_sentence(events: list[AnomalyEvent]) -> str:
+    """The first replica check that found data-parallel copies differing: which tensors, whose copy."""
+    step = events[0].step
+    at_step = [e for e in events if e.step == step]
+    names = list(dict.fromkeys(e.name for e in at_step))
+    ranks = sorted({e.rank for e in at_step})
+    detail = events[0].message.removeprefix("replica check: ")
+    more = f" ({len(names)} tensors in all: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''})" \
+        if len(names) > 1 else ""
+    return (f"Data-parallel replicas diverged: the replica check of step {step} found {detail}{more}; "
+            f"the copies on rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)} are suspect (silent data corruption, "
+            f"or an update or reduction that did not happen alike everywhere).")
 
 
 def _ranks(ranks: list[int]) -> str:

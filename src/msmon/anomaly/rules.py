@@ -52,6 +52,8 @@ MAGNITUDE_OPS = ("norm", "min", "max")
 COUNT_OPS = ("nans", "infs")
 UNWATCHED_CATEGORIES = frozenset({"exp_avg", "exp_avg_sq"})
 NAN_ORIGIN_RULE = "NanOrigin"  # records written by the first-non-finite-origin detector
+REPLICA_RULE = "ReplicaMismatch"  # records of the replica check (collectors/replica_check.py)
+REPLICA_OP = "replica_mismatch"
 
 
 @dataclass

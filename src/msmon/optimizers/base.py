@@ -152,6 +152,16 @@ class OptimizerAdapter:
         """Adam moments keyed by id(param), for the params that have them."""
         return self._written(params, self._moments(params))
 
+    def own_weights(self, params: list[torch.Tensor]) -> dict[int, Any]:
+        """This rank's own copy of each weight, whichever rank writes it (the replica check
+        compares every rank's copy)."""
+        return self._weights(params)
+
+    def own_grads(self, params: list[torch.Tensor],
+                  grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, Any]:
+        """This rank's own reduced gradients, whichever rank writes them."""
+        return self._grads(params, grad_of)
+
     def holds_moments(self, params: list[torch.Tensor]) -> bool:
         """Whether the optimizer keeps Adam moments for any of `params`, whichever rank writes them."""
         return bool(self._moments(params))

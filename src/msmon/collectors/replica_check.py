@@ -1,0 +1,525 @@
+"""Replica check: do the data-parallel replicas still hold bit-identical weights?
+
+Every `replica_check.every` steps, right after the optimizer step, each rank fingerprints its
+replicated weights (and, with `grads`, the reduced gradients, taken before the update) on
+their device (fingerprint.py: any single flipped bit changes a fingerprint). The fingerprints
+go to the host in one non-blocking copy; a background thread of this rank then exchanges them
+with the other replicas in one all_gather on msmon's own gloo group, compares them and names
+the rank(s) whose copy differs from the majority (with two replicas: both). The training
+thread launches kernels and a copy, nothing more; steps that are not checked cost nothing.
+
+Replicated means the same tensor on every rank of the data-parallel group: the model's
+parameters under DDP, DeepSpeed stage 0-2 and Megatron; whole fp32 main copies where the
+optimizer keeps them (DeepSpeed's FP16_UnfusedOptimizer, Megatron's Float16Optimizer);
+reduced gradients where they are whole. Pieces of a tensor split across the group (ZeRO
+partitions, distributed-optimizer shards, ZeRO-3 parameters, FSDP2 DTensors) are not
+replicas and are skipped, and so are MoE expert parameters (`allreduce=False`: replicated over
+a smaller group). `replica_check.json` in each rank's output directory lists what was checked
+and skipped, and every check's outcome.
+
+The data-parallel group is the one msmon already knows (dedupe.discover: set_monitor's
+dp_group, the optimizer's, a DeepSpeed engine's, Megatron's), else a DistributedDataParallel
+module's process group; without one there is nothing to compare and the check is off.
+`replica_check` is read when the monitor attaches; edits to it while training runs are ignored,
+so every rank keeps checking the same steps.
+"""
+from __future__ import annotations
+
+import gc
+import hashlib
+import inspect
+import json
+import logging
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from .. import dedupe
+from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
+from ..fingerprint import Fingerprinter
+from ..optimizers.base import Shard, class_names
+from .base import Collector
+
+if TYPE_CHECKING:
+    from ..config import ReplicaCheckConfig
+    from ..monitor import TrainerMon
+
+logger = logging.getLogger("msmon")
+
+RULE, OP = REPLICA_RULE, REPLICA_OP  # the anomaly dump's rule and op of a replica disagreement
+CALL_ID_BASE = 1 << 30  # after every statistic row of the step: the check runs after the update
+NO_GRAD = -(1 << 63)  # the fingerprint slot of a parameter without a gradient on this rank
+REPORT_FILE = "replica_check.json"
+GATHER_TIMEOUT = timedelta(minutes=10)
+FLUSH_SECONDS = 60.0  # at close, how long to wait for the last checks to be exchanged
+WEIGHT, GRAD = "param_updated", "grad_reduced"
+WHAT = {WEIGHT: "weight after the update", GRAD: "reduced gradient before the update"}
+_MAX_MISMATCHES_KEPT = 100
+_OWN_GROUPS: dict[tuple, Any] = {}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One fingerprinted tensor: its name, model chunk and what it is (a `category`)."""
+
+    name: str
+    vpp_stage: int
+    category: str
+
+    @property
+    def label(self) -> str:
+        """The name, with its model chunk when that is not the first (`1:fc1.weight`)."""
+        return f"{self.vpp_stage}:{self.name}" if self.vpp_stage else self.name
+
+
+@dataclass
+class Mismatch:
+    """One tensor whose fingerprints differ across the group."""
+
+    entry: Entry
+    differing: list[int]  # global ranks whose copy differs from the majority (all, without one)
+    majority: list[int]  # global ranks holding the majority copy (empty: no majority)
+    values: dict[int, int]  # global rank -> fingerprint
+
+    def describe(self) -> str:
+        what = f"{self.entry.label} ({WHAT[self.entry.category]})"
+        if self.majority:
+            verb = "differs" if len(self.differing) == 1 else "differ"
+            text = f"{what}: {_ranks(self.differing)} {verb} from the majority ({_ranks(self.majority)})"
+        else:
+            copies = " vs ".join("{" + ", ".join(map(str, g)) + "}" for g in _copies(self.values))
+            text = f"{what}: {_ranks(self.differing)} hold different copies and none has a majority (copies {copies})"
+        missing = [r for r, v in self.values.items() if v == NO_GRAD]
+        if missing:
+            text += f"; {_ranks(missing)} {'has' if len(missing) == 1 else 'have'} no gradient"
+        return text
+
+
+def compare(table: torch.Tensor, ranks: list[int], entries: list[Entry]) -> list[Mismatch]:
+    """The tensors whose fingerprints differ: `table` is int64 [ranks, tensors] on the host (row i
+    from ranks[i]). The majority copy is the one more than half the ranks hold; without one,
+    every rank is named."""
+    out: list[Mismatch] = []
+    if table.shape[0] < 2:
+        return out
+    for j in (table != table[0]).any(dim=0).nonzero().flatten().tolist():
+        column = table[:, j].tolist()
+        by_rank = dict(zip(ranks, column))
+        top, count = max(((v, column.count(v)) for v in set(column)), key=lambda item: item[1])
+        if count * 2 > len(ranks):
+            majority = [r for r, v in by_rank.items() if v == top]
+            differing = [r for r in ranks if r not in majority]
+        else:
+            majority, differing = [], list(ranks)
+        out.append(Mismatch(entries[j], differing, majority, by_rank))
+    return out
+
+
+def _hex(value: int) -> str:
+    """A fingerprint as 16 hex digits (its 64 bits, unsigned)."""
+    return f"{value & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def _copies(values: dict[int, int]) -> list[list[int]]:
+    groups: dict[int, list[int]] = {}
+    for rank, value in values.items():
+        groups.setdefault(value, []).append(rank)
+    return sorted(groups.values())
+
+
+def _ranks(ranks: list[int]) -> str:
+    shown = ", ".join(str(r) for r in sorted(ranks)[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
+
+
+# -- which tensors are replicas ------------------------------------------------------------------
+def _not_a_replica(param: torch.Tensor, lazy_gather: bool) -> str | None:
+    """Why a model parameter is not the same tensor on every rank of the group, or None."""
+    if callable(getattr(param, "to_local", None)):
+        return "a DTensor (FSDP2): each rank holds its own shard"
+    if hasattr(param, "ds_tensor"):
+        return "partitioned by ZeRO-3: each rank holds its own partition"
+    if getattr(param, "allreduce", True) is False:
+        return "an expert parameter (allreduce=False): replicated over its expert-data-parallel group only"
+    if lazy_gather:
+        return "gathered in the next forward (Megatron overlap_param_gather), not after the step"
+    return None
+
+
+def _lazy_param_gather(monitor: "TrainerMon") -> bool:
+    """Megatron's distributed optimizer with overlap_param_gather updates each rank's model
+    parameters only in the next forward: right after the step, replicas differ by design."""
+    if "DistributedOptimizer" not in class_names(monitor.adapter.optimizer):
+        return False
+    return any(getattr(getattr(chunk, "ddp_config", None), "overlap_param_gather", False) for chunk in monitor.models)
+
+
+def _named_params(monitor: "TrainerMon") -> list[tuple[str, int, torch.Tensor]]:
+    """(display name, model chunk, parameter) of every parameter the optimizer trains, in its order."""
+    _, params = monitor._names()
+    where: dict[int, tuple[str, int]] = {}
+    for chunk, named in enumerate(params):
+        for name, p in named.items():
+            where.setdefault(id(p), (name, chunk))
+    out = []
+    for i, p in enumerate(monitor.adapter.params()):
+        name, chunk = where.get(id(p), (f"param[{i}]", 0))
+        out.append((name, chunk, p))
+    return out
+
+
+Named = list[tuple[str, int, torch.Tensor]]
+
+
+def select_weights(monitor: "TrainerMon", named: Named | None = None
+                   ) -> tuple[list[Entry], list[torch.Tensor], list[dict[str, str]]]:
+    """The replicated weights (model parameters, whole main copies), and what was skipped and why."""
+    named = _named_params(monitor) if named is None else named
+    lazy = _lazy_param_gather(monitor)
+    mains = monitor.adapter.own_weights([p for _, _, p in named])
+    entries, tensors, skipped = [], [], []
+    for name, chunk, p in named:
+        why = _not_a_replica(p, lazy)
+        if why is None:
+            entries.append(Entry(name, chunk, WEIGHT))
+            tensors.append(p)
+        else:
+            skipped.append({"name": name, "vpp_stage": chunk, "category": WEIGHT, "why": why})
+        main = mains.get(id(p))
+        if main is None or main is p:
+            continue
+        label = f"{name}[main]"
+        if isinstance(main, Shard) or callable(getattr(main, "to_local", None)):
+            skipped.append({"name": label, "vpp_stage": chunk, "category": WEIGHT,
+                            "why": "this rank's piece of the fp32 main copy, split across the data-parallel ranks"})
+        else:
+            entries.append(Entry(label, chunk, WEIGHT))
+            tensors.append(main)
+    return entries, tensors, skipped
+
+
+def select_grads(monitor: "TrainerMon", named: Named | None = None
+                 ) -> tuple[list[Entry], list[torch.Tensor | None], list[dict[str, str]]]:
+    """The reduced gradients that are whole on every rank (None: no gradient on this rank)."""
+    named = _named_params(monitor) if named is None else named
+    grads = monitor.adapter.own_grads([p for _, _, p in named], monitor.grad_of)
+    entries, tensors, skipped = [], [], []
+    for name, chunk, p in named:
+        g = grads.get(id(p))
+        why = _not_a_replica(p, lazy_gather=False)
+        if why is None and isinstance(g, Shard):
+            why = "this rank's piece of the reduced gradient, split across the data-parallel ranks"
+        if why is None and g is not None and callable(getattr(g, "to_local", None)):
+            why = "a DTensor (FSDP2): each rank holds its own shard"
+        if why is not None:
+            skipped.append({"name": name, "vpp_stage": chunk, "category": GRAD, "why": why})
+            continue
+        entries.append(Entry(name, chunk, GRAD))
+        tensors.append(g)
+    return entries, tensors, skipped
+
+
+# -- the group ------------------------------------------------------------------------------------
+def replica_group(monitor: "TrainerMon") -> Any:
+    """The data-parallel group of this rank's replicas, or None when none is known."""
+    groups = dedupe.discover(monitor.models, monitor.adapter, getattr(monitor, "dp_group", None),
+                             getattr(monitor, "tp_group", None))
+    if groups.dp is not None:
+        return groups.dp
+    return _ddp_group(monitor)
+
+
+def _ddp_group(monitor: "TrainerMon") -> Any:
+    try:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+    except ImportError:
+        return None
+    owned = {id(p) for p in monitor.adapter.params()}
+    for chunk in monitor.models:
+        for m in chunk.modules():
+            if isinstance(m, DDP):
+                return getattr(m, "process_group", None) or dist.group.WORLD
+    # the monitor may hold the bare model that DDP wrapped afterwards: look for that DDP once
+    for obj in gc.get_objects():
+        if issubclass(type(obj), DDP) and any(id(p) in owned for p in obj.parameters()):
+            return getattr(obj, "process_group", None) or dist.group.WORLD
+    return None
+
+
+def own_group(ranks: list[int]) -> Any:
+    """msmon's own gloo group over `ranks` (made once per set of ranks; only its members take
+    part), so the exchange never queues behind the training's collectives or streams."""
+    key = (id(dist.distributed_c10d._get_default_group()), tuple(ranks))
+    group = _OWN_GROUPS.get(key)
+    if group is None:
+        options: dict[str, Any] = {"backend": "gloo", "timeout": GATHER_TIMEOUT, "use_local_synchronization": True}
+        if "group_desc" in inspect.signature(dist.new_group).parameters:  # torch >= 2.3
+            options["group_desc"] = "msmon_replica_check"
+        group = _OWN_GROUPS[key] = dist.new_group(sorted(ranks), **options)
+    return group
+
+
+def exchange(payload: torch.Tensor, group: Any, size: int) -> torch.Tensor:
+    """[size, len(payload)]: every member's payload, in group-rank order, by one all_gather
+    through torch's own function (under cc_distribution msmon's wrapper would count msmon's
+    exchange as the training's communication)."""
+    gathered = [torch.empty_like(payload) for _ in range(size)]
+    all_gather = getattr(dist.all_gather, "__msmon_original__", dist.all_gather)
+    all_gather(gathered, payload, group=group)
+    return torch.stack(gathered)
+
+
+# -- the check ------------------------------------------------------------------------------------
+@dataclass
+class _Job:
+    step: int
+    entries: list[Entry]
+    header: torch.Tensor  # int64 [step, layout digest] on the host
+    fingerprints: torch.Tensor  # int64, on the host (filled by a non-blocking copy until `event`)
+    event: Any = None
+
+
+@dataclass
+class ReplicaState:
+    """What survives the monitor's collector rebuilds: the settings read at attach, the group,
+    the exchange thread, the outcome so far."""
+
+    settings: "ReplicaCheckConfig"
+    off: str | None = None  # why the check is off, once it is
+    group: Any = None
+    ranks: list[int] = field(default_factory=list)
+    resolved: bool = False
+    checks: int = 0
+    last: dict[str, Any] | None = None  # this rank's fingerprints at the last check, as hex
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    checked: list[dict[str, str]] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    jobs: "queue.Queue[_Job]" = field(default_factory=queue.Queue)
+    thread: threading.Thread | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the report file, written from both threads
+    warned_edit: bool = False
+
+
+def replica_collector(monitor: "TrainerMon") -> "ReplicaCheckCollector | None":
+    """The monitor's replica check, built with the settings it had when it attached."""
+    state: ReplicaState | None = getattr(monitor, "_replica_state", None)
+    current = monitor.config.replica_check
+    if state is None:
+        state = ReplicaState(settings=current)
+        monitor._replica_state = state
+    elif current != state.settings and not state.warned_edit:
+        state.warned_edit = True
+        logger.warning("msmon[rank %d]: replica_check was edited during the run; the edit takes effect in the next "
+                       "run (every rank must keep checking the same steps)", monitor.rank)
+    return ReplicaCheckCollector(monitor, state) if state.settings.enable else None
+
+
+class ReplicaCheckCollector(Collector):
+    name = "replica check"
+
+    def __init__(self, monitor: "TrainerMon", state: ReplicaState) -> None:
+        super().__init__(monitor)
+        self.state = state
+        self.fingerprint = Fingerprinter()
+        self._grads: tuple[int, list[Entry], torch.Tensor] | None = None
+        self._named: Named | None = None
+
+    @property
+    def named(self) -> Named:
+        """The optimizer's parameters with their names, found once (the names walk the whole model)."""
+        if self._named is None:
+            self._named = _named_params(self.mon)
+        return self._named
+
+    # -- step callbacks (training thread) ------------------------------------------------------
+    def _due(self) -> bool:
+        state = self.state
+        return state.off is None and self.mon.step % state.settings.every == 0 and self._resolve()
+
+    def before_update(self) -> None:
+        if self.state.settings.grads and self._due():
+            entries, tensors, _ = select_grads(self.mon, self.named)
+            self._grads = (self.mon.step, entries, self._fingerprints(tensors))
+
+    def after_update(self) -> None:
+        if not self._due():
+            return
+        entries, tensors, _ = select_weights(self.mon, self.named)
+        fps = self._fingerprints(tensors)
+        grads, self._grads = self._grads, None
+        if grads is not None and grads[0] == self.mon.step:
+            entries = grads[1] + entries
+            fps = torch.cat([grads[2].to(fps.device), fps])
+        self._submit(entries, fps)
+
+    def detach(self) -> None:
+        """Wait (a bounded time) for the checks still being exchanged, and report them."""
+        super().detach()
+        self._flush()
+
+    # -- setup, once ----------------------------------------------------------------------------
+    def _resolve(self) -> bool:
+        state = self.state
+        if state.resolved:
+            return state.off is None
+        state.resolved = True
+        mon = self.mon
+        if not (dist.is_available() and dist.is_initialized()):
+            return self._off("torch.distributed is not initialised: there are no replicas to compare", info=True)
+        group = replica_group(mon)
+        if group is None:
+            return self._off("no data-parallel group is known (no DDP module, no DeepSpeed or Megatron group, no "
+                             "dp_group given to set_monitor): nothing to compare", info=True)
+        ranks = list(dist.get_process_group_ranks(group))
+        if mon.config.module_ranks:  # ranks outside module_ranks run no collector: leave them out
+            ranks = [r for r in ranks if r in set(mon.config.module_ranks)]
+        if len(ranks) < 2 or mon.rank not in ranks:
+            return self._off(f"the data-parallel group has {len(ranks)} recording rank(s): nothing to compare", info=True)
+        try:
+            state.group = own_group(ranks)
+        except Exception as exc:  # gloo cannot connect, say: the check is off, training goes on
+            return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}")
+        state.ranks = list(dist.get_process_group_ranks(state.group))
+        weights, _, skipped_w = select_weights(mon, self.named)
+        grads, _, skipped_g = select_grads(mon, self.named) if state.settings.grads else ([], [], [])
+        state.checked = [{"name": e.name, "vpp_stage": e.vpp_stage, "category": e.category} for e in grads + weights]
+        state.skipped = skipped_g + skipped_w
+        state.thread = threading.Thread(target=self._exchange_loop, name=f"msmon-replica-rank{mon.rank}", daemon=True)
+        state.thread.start()
+        logger.info("msmon[rank %d]: replica check every %d steps over data-parallel ranks %s: %d tensors, %d skipped "
+                    "(not replicas)", mon.rank, state.settings.every, state.ranks, len(state.checked), len(state.skipped))
+        self._write_report()
+        return True
+
+    def _off(self, reason: str, info: bool = False) -> bool:
+        self.state.off = reason
+        (logger.info if info else logger.error)("msmon[rank %d]: replica check off: %s", self.mon.rank, reason)
+        return False
+
+    # -- on the device ---------------------------------------------------------------------------
+    def _fingerprints(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+        present = [i for i, t in enumerate(tensors) if t is not None]
+        if not present:
+            return torch.full((len(tensors),), NO_GRAD, dtype=torch.int64)
+        fps = self.fingerprint([tensors[i] for i in present])
+        if len(present) == len(tensors):
+            return fps
+        full = torch.full((len(tensors),), NO_GRAD, dtype=torch.int64, device=fps.device)
+        return full.index_copy_(0, self.fingerprint.positions(fps.device, present), fps)
+
+    def _submit(self, entries: list[Entry], fps: torch.Tensor) -> None:
+        """Start the copy to the host and hand the exchange to this rank's thread."""
+        layout = hashlib.blake2b(repr([(e.name, e.category) for e in entries]).encode(), digest_size=8).digest()
+        header = torch.tensor([self.mon.step, int.from_bytes(layout, "little", signed=True)], dtype=torch.int64)
+        job = _Job(self.mon.step, entries, header, fps)
+        if fps.device.type != "cpu":
+            host = torch.empty(fps.shape, dtype=fps.dtype, pin_memory=torch.cuda.is_available())
+            host.copy_(fps, non_blocking=True)
+            module = getattr(torch, fps.device.type, None)
+            event_cls = getattr(module, "Event", None)
+            if event_cls is not None:
+                job.event = event_cls()
+                job.event.record()
+            else:
+                host = fps.to("cpu")
+            job.fingerprints = host
+        self.state.jobs.put(job)
+
+    # -- the exchange (this rank's thread) -----------------------------------------------------------
+    def _exchange_loop(self) -> None:
+        state = self.state
+        while True:
+            job = state.jobs.get()
+            try:
+                if state.off is None:
+                    self._exchange(job)
+            except Exception as exc:  # contained: the check stops, training goes on
+                state.off = f"exchanging fingerprints failed: {exc!r}"
+                logger.error("msmon[rank %d]: replica check at step %d failed and is switched off; training continues: "
+                             "%r", self.mon.rank, job.step, exc)
+                self._write_report()
+            finally:
+                state.jobs.task_done()
+
+    def _exchange(self, job: _Job) -> None:
+        state = self.state
+        if job.event is not None:
+            job.event.synchronize()
+        table = exchange(torch.cat([job.header, job.fingerprints]), state.group, len(state.ranks))
+        state.checks += 1
+        if bool((table[:, 0] != job.step).any()) or bool((table[:, 1] != table[0, 1]).any()):
+            steps = dict(zip(state.ranks, table[:, 0].tolist()))
+            raise RuntimeError(f"the ranks' checks do not line up (steps {steps}, or different sets of tensors)")
+        mine = table[state.ranks.index(self.mon.rank), 2:]
+        state.last = {"step": job.step, "fingerprints": [_hex(v) for v in mine.tolist()]}
+        found = compare(table[:, 2:], state.ranks, job.entries)
+        if found:
+            self._report(job, found)
+        else:
+            self._write_report()
+
+    def _report(self, job: _Job, found: list[Mismatch]) -> None:
+        mon, state = self.mon, self.state
+        rank = mon.rank
+        mine = [m for m in found if rank in m.differing]
+        listed = "; ".join(m.describe() for m in found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+        verdict = "this rank's copy differs" if mine else "this rank holds the majority copy"
+        logger.error("msmon[rank %d]: replica check at step %d: %d of %d tensors differ across data-parallel %s: %s; "
+                     "%s", rank, job.step, len(found), len(job.entries), _ranks(state.ranks), listed, verdict)
+        state.mismatches.append({"step": job.step, "tensors": [
+            {"name": m.entry.name, "vpp_stage": m.entry.vpp_stage, "category": m.entry.category,
+             "differing_ranks": m.differing, "majority_ranks": m.majority} for m in found]})
+        del state.mismatches[:-_MAX_MISMATCHES_KEPT]
+        dump = mon.writer.dump if mon.writer is not None else None
+        if dump is not None and mine:
+            index = {e: j for j, e in enumerate(job.entries)}
+            try:
+                dump.append(self._record(job.step, m, index[m.entry]) for m in mine)
+            except OSError as exc:
+                logger.error("msmon[rank %d]: writing the replica mismatch to the anomaly dump failed: %s", rank, exc)
+        self._write_report()
+
+    def _record(self, step: int, m: Mismatch, position: int) -> dict[str, Any]:
+        """An anomaly-dump record (anomaly/dump.py's fields, and who differs from whom)."""
+        return {"step": step, "micro_step": None, "vpp_stage": m.entry.vpp_stage, "stage": "optimizer",
+                "call_id": CALL_ID_BASE + position, "name": m.entry.name, "category": m.entry.category, "op": OP,
+                "value": float(len(m.differing)), "history": None, "rule": RULE,
+                "message": f"replica check: {m.describe()}", "group_ranks": self.state.ranks,
+                "differing_ranks": m.differing, "majority_ranks": m.majority,
+                "fingerprints": {str(r): _hex(v) for r, v in m.values.items()}}
+
+    def _write_report(self) -> None:
+        """replica_check.json in the rank's output directory: coverage and outcome so far."""
+        mon, state = self.mon, self.state
+        if mon.log_dir is None:
+            return
+        data = {"every": state.settings.every, "grads": state.settings.grads, "group_ranks": state.ranks,
+                "off": state.off, "checks": state.checks, "checked": state.checked, "skipped": state.skipped,
+                "mismatches": state.mismatches, "last_check": state.last}
+        path = os.path.join(mon.log_dir, REPORT_FILE)
+        try:
+            with state.lock:
+                with open(path + ".tmp", "w", encoding="utf-8") as fh:
+                    json.dump(data, fh, indent=1)
+                os.replace(path + ".tmp", path)
+        except OSError as exc:
+            logger.warning("msmon[rank %d]: could not write %s: %s", mon.rank, path, exc)
+
+    def _flush(self) -> None:
+        state = self.state
+        if state.thread is None:
+            return
+        jobs = state.jobs
+        with jobs.all_tasks_done:
+            if jobs.unfinished_tasks and not jobs.all_tasks_done.wait_for(lambda: not jobs.unfinished_tasks,
+                                                                             FLUSH_SECONDS):
+                logger.warning("msmon[rank %d]: %d replica check(s) still waiting for the other ranks after %.0f s; "
+                               "not reported", self.mon.rank, jobs.unfinished_tasks, FLUSH_SECONDS)
+        self._write_report()
+
