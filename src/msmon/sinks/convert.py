@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ..records import MICRO_STEP_CATEGORIES
 from ..resume import CSV_FILE, RANK_DIR, csv_windows, rank_dirs
+from .numbers import csv_value
 
 FIXED_COLUMNS = ("vpp_stage", "name", "step", "micro_step")
 KNOWN_CATEGORIES = ("param_origin", "param_updated", "grad_unreduced", "grad_reduced", "exp_avg_sq", "exp_avg",
@@ -406,7 +407,7 @@ def tensorboard_to_csv(source: RankSource, output: str, steps_per_file: int | No
                             writer.writerow(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops))
                         current = (base, ops)
                     cells = [row.vpp_stage, row.name, str(step)] + ([row.micro_step] if micro else [])
-                    writer.writerow(cells + [repr(round(v, digits)) for v in values.values()])
+                    writer.writerow(cells + [repr(csv_value(v, digits)) for v in values.values()])
                     written += 1
         finally:
             if fh is not None:
