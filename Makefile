@@ -13,8 +13,8 @@ $(BIN)/python:
 
 $(VENV)/.base: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[native]'
-	-$(BIN)/msmon build-native  # the one-pass CPU statistics; without a C++ compiler, torch reductions
+	$(BIN)/pip install -q -e .
+	-$(BIN)/msmon build-native  # the one-pass CPU statistics (a few seconds; monitors would build them on first use)
 	touch $@
 
 $(VENV)/.test: pyproject.toml $(VENV)/.base

@@ -19,16 +19,24 @@ torch.set_num_threads(1)  # tests share two cores with each other; no spinning t
 ALL_OPS = ["norm", "min", "max", "mean", "zeros", "nans", "infs"]
 
 
+@pytest.fixture(scope="session")
+def native_cache(tmp_path_factory) -> Path:
+    """One kernel cache for the whole session, never ~/.cache: the kernel is built at most once."""
+    return tmp_path_factory.mktemp("msmon-cache")
+
+
 @pytest.fixture(autouse=True)
-def torch_statistics(monkeypatch):
+def torch_statistics(monkeypatch, native_cache):
     """Tests exercise the torch reductions (and their child processes too) unless they ask for
-    the native kernel, which would otherwise be used wherever it is built (test_native_stats)."""
+    the native kernel, which would otherwise be built and used by default (test_native_stats);
+    where they do, it lives in the session's cache directory."""
     from msmon import native
 
     monkeypatch.setenv(native.ENV, "0")
-    native._loaded, native._tried = None, False
+    monkeypatch.setenv(native.build.CACHE_ENV, str(native_cache))
+    native.reset()
     yield
-    native._loaded, native._tried = None, False
+    native.reset()
 
 
 @pytest.fixture

@@ -22,9 +22,12 @@ SCRIPTS = ROOT / "tests" / "scripts"
 MSMON = [sys.executable, "-m", "msmon.launcher"]
 
 
+_KEPT = ("MSMON_NATIVE_STATS", "MSMON_CACHE_DIR")  # conftest's: torch reductions, and never ~/.cache
+
+
 def msmon(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 240):
     proc = subprocess.run([*MSMON, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={k: v for k, v in (env or os.environ).items() if not k.startswith("MSMON_")})
+                          env={k: v for k, v in (env or os.environ).items() if not k.startswith("MSMON_") or k in _KEPT})
     return proc
 
 

@@ -1,34 +1,58 @@
-"""The optional one-pass native statistics (MSMON_NATIVE_STATS=1) give the torch path's values,
-and a failed build falls back to torch with one warning."""
+"""The native one-pass statistics give the torch path's values; they are built once per
+machine on first use (at attach, under a file lock), and without a compiler the torch path is
+used after one log line."""
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
 import math
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 from msmon import TrainerMon, native
+from msmon.native import build
 from msmon.stats import CHUNK, batch_stats, tensor_stats, zero_threshold
 
-from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows, reference_stats
+from conftest import ALL_OPS, MLP, ROOT, rank_dir, read_csv_rows, reference_stats, train_steps
 
 
 def _reset():
-    native._loaded, native._tried = None, False
+    native.reset()
 
 
 @pytest.fixture
 def use_native(monkeypatch):
+    """The kernel, from the session's cache (built there by the first test that needs it)."""
     monkeypatch.setenv(native.ENV, "1")
     _reset()
     if native.load() is None:
-        pytest.fail("the native statistics did not build (a C++ compiler and ninja are test requirements)")
+        pytest.fail("the native statistics did not build (a C++ compiler is a test requirement)")
     yield
     monkeypatch.delenv(native.ENV, raising=False)
     _reset()
+
+
+@pytest.fixture
+def empty_cache(monkeypatch, tmp_path):
+    """A cache directory of this test's own, empty (not even created yet)."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(build.CACHE_ENV, str(cache))
+    return cache
+
+
+def libraries(cache) -> list[str]:
+    return sorted(name for name in os.listdir(cache) if name.endswith(".so")) if os.path.isdir(cache) else []
+
+
+def native_records(caplog) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "native statistics" in r.getMessage() or "C++ compiler" in r.getMessage()]
 
 
 def tensors() -> list[torch.Tensor]:
@@ -149,65 +173,218 @@ def test_a_monitored_run_records_the_same_values_with_the_native_kernel(write_co
             assert float(row[op]) == pytest.approx(float(with_torch["rows"][key][op]), rel=1e-5, abs=1e-9), (key, op)
 
 
-def test_by_default_a_built_kernel_is_used_and_nothing_is_compiled(use_native, monkeypatch):
-    import torch.utils.cpp_extension as cpp_extension
+def test_the_kernel_function_refuses_tensors_it_cannot_read(use_native):
+    base = torch.randn(40, 30)
+    for odd in (base.t(), base.bfloat16(), torch.arange(10), torch.empty(0), torch.randn(3, device="meta")):
+        with pytest.raises(RuntimeError, match="stats_rows"):
+            native.stats_rows()([torch.ones(3), odd], 1e-8, [0], [False], False, 1, 0)
+        assert native.readable_rows()([torch.ones(3), odd], 1e-8, [0], [False], False, 1, 0) is None
+    with pytest.raises(RuntimeError, match="field index"):
+        native.stats_rows()([base], 1e-8, [7], [False], False, 1, 0)
+    with pytest.raises(RuntimeError, match="flat output is for one tensor"):
+        native.stats_rows()([base, base], 1e-8, [0], [False], True, 1, 0)
 
-    assert os.path.exists(native.built_path())
+
+def test_a_view_is_read_from_its_own_first_element(use_native):
+    base = torch.arange(100, dtype=torch.float32)
+    view = base[37:41]  # contiguous, storage offset 37
+    assert native.stats_rows()([view], 0.0, [1, 2, 3], [False, False, True], True, 1, 0).tolist() == [37.0, 40.0, 38.5]
+
+
+def test_by_default_the_kernel_is_built_at_attach_and_never_in_a_hook(monkeypatch, empty_cache, write_config,
+                                                                       output_dir, caplog):
     monkeypatch.delenv(native.ENV)
-    monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("auto mode must not build"))
     _reset()
-    assert native.mode() == "auto" and native.stats_rows() is not None
+    with caplog.at_level(logging.INFO, logger="msmon"):
+        row = tensor_stats(torch.tensor([1.0, -2.0]), ["min", "max"], 1e-8)  # before any attach: not built
+        assert row.tolist() == [-2.0, 1.0] and native.stats_rows() is None and not libraries(empty_cache)
+        model = MLP()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        mon = TrainerMon(write_config({"wg_distribution": True, "format": "csv", "ops": ALL_OPS}))
+        mon.set_monitor(model, optimizer)  # the first use: built here
+        assert native.compiled_here and native.stats_rows() is not None
+        assert libraries(empty_cache) == [os.path.basename(native.built_path())]
+        train_steps(model, optimizer, 2)
+        mon.close()
+    built = native_records(caplog)
+    assert len(built) == 1 and "built the native statistics in" in built[0].getMessage()
+    assert read_csv_rows(rank_dir(output_dir), "grad_reduced")
+
+
+def test_by_default_a_built_kernel_is_used_and_nothing_is_compiled(use_native, monkeypatch):
+    monkeypatch.delenv(native.ENV)
+    monkeypatch.setattr(build, "_compile", lambda *a, **k: pytest.fail("a built kernel must not be compiled again"))
+    _reset()
+    native.prepare()
+    assert native.mode() == "auto" and native.stats_rows() is not None and not native.compiled_here
     monkeypatch.setenv(native.ENV, "0")
     _reset()
+    native.prepare()
     assert native.stats_rows() is None and native.load() is None
 
 
-def test_the_built_path_follows_torchs_build_directory_rule(monkeypatch, tmp_path):
-    import torch.utils.cpp_extension as cpp_extension
-
-    for root in (None, str(tmp_path)):
-        if root is None:
-            monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
-        else:
-            monkeypatch.setenv("TORCH_EXTENSIONS_DIR", root)
-        want = os.path.join(cpp_extension._get_build_directory(native._NAME, verbose=False), native._NAME + ".so")
-        assert native.built_path() == want
-
-
-def test_by_default_without_a_build_the_torch_path_is_used_silently(monkeypatch, caplog):
-    import torch.utils.cpp_extension as cpp_extension
-
+def test_without_a_compiler_training_goes_on_with_torch_reductions_after_one_log_line(
+        monkeypatch, empty_cache, tmp_path, write_config, output_dir, caplog):
     monkeypatch.delenv(native.ENV)
-    monkeypatch.setattr(native, "_NAME", "msmon_stats_never_built")
-    monkeypatch.setattr(cpp_extension, "load", lambda *a, **k: pytest.fail("auto mode must not build"))
+    monkeypatch.setenv("CXX", "/nonexistent")
+    no_compiler = tmp_path / "bin"
+    no_compiler.mkdir()
+    monkeypatch.setenv("PATH", str(no_compiler))
     _reset()
-    with caplog.at_level(logging.WARNING, logger="msmon"):
+    with caplog.at_level(logging.INFO, logger="msmon"):
+        torch.manual_seed(0)
+        model = MLP()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        mon = TrainerMon(write_config({"wg_distribution": True, "format": "csv", "ops": ALL_OPS}))
+        mon.set_monitor(model, optimizer)
+        train_steps(model, optimizer, 3)
+        native.prepare()  # a second monitor's attach: no second line
+        mon.close()
+    lines = native_records(caplog)
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert "no C++ compiler" in lines[0].getMessage() and "torch reductions" in lines[0].getMessage()
+    assert lines[0].levelno == logging.INFO
+    assert native.stats_rows() is None and not libraries(empty_cache)
+    assert len(read_csv_rows(rank_dir(output_dir), "grad_reduced")) == 3 * 4
+
+
+def test_without_a_compiler_a_build_of_this_source_by_another_compiler_is_used(use_native, monkeypatch, tmp_path):
+    """E.g. built by `msmon build-native` on a login node whose cache the compute nodes share."""
+    built = native.built_path()
+    monkeypatch.setenv("CXX", "/nonexistent")
+    monkeypatch.delenv(native.ENV)
+    _reset()
+    native.prepare()
+    assert native.stats_rows() is not None and native.built_path() == built and not native.compiled_here
+
+
+def test_two_ranks_attaching_together_on_an_empty_cache_compile_once_and_both_use_the_kernel(tmp_path):
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"wg_distribution": True, "format": "csv", "ops": ALL_OPS}))
+    cache = tmp_path / "cache"
+    env = {k: v for k, v in os.environ.items() if k != native.ENV}  # the default: auto
+    env.update(MONITOR_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1", MSMON_CACHE_DIR=str(cache))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
+           str(ROOT / "tests" / "scripts" / "native_first_use.py"), str(config), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert sorted(r["compiled"] for r in ranks) == [False, True]
+    assert all(r["isa"] in ("avx2", "baseline") for r in ranks) and ranks[0]["path"] == ranks[1]["path"]
+    assert proc.stderr.count("built the native statistics in") == 1
+    name = os.path.basename(ranks[0]["path"])
+    assert sorted(os.listdir(cache)) == [name, name + ".lock"]  # no temporary file left behind
+    for r in ranks:
+        for got, want in zip(r["with_kernel"], r["with_torch"]):
+            assert got == pytest.approx(want, rel=1e-5, abs=1e-12)
+    for rank in (0, 1):
+        assert len(read_csv_rows(rank_dir(tmp_path / "out", rank), "grad_reduced")) == 2 * 4
+
+
+def test_a_rank_finding_the_build_lock_taken_waits_and_loads_what_the_holder_built(tmp_path, empty_cache):
+    path = build.expected_path()
+    os.makedirs(empty_cache)
+    env = {k: v for k, v in os.environ.items() if k != native.ENV}
+    script = ("import json; from msmon import native; print('ready', flush=True); native.prepare(); "
+              "print(json.dumps({'compiled': native.compiled_here, 'loaded': native.stats_rows() is not None}))")
+    with open(path + ".lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        waiter = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
+        assert waiter.stdout.readline().strip() == "ready"
+        time.sleep(2)
+        assert waiter.poll() is None, "it did not wait for the lock"
+        build._compile(build.compiler(), open(build.SOURCE, "rb").read(), path)
+    out, _ = waiter.communicate(timeout=120)
+    assert json.loads(out) == {"compiled": False, "loaded": True}
+    assert libraries(empty_cache) == [os.path.basename(path)]
+
+
+def test_the_cache_key_changes_with_the_source_the_flags_and_the_compiler(monkeypatch, tmp_path):
+    source = open(build.SOURCE, "rb").read()
+    version = build.compiler_version(build.compiler())
+    name = build.library_name(source, version)
+    assert build.library_name(source + b"// changed\n", version) != name
+    assert build.library_name(source, version, build.FLAGS + ("-march=native",)) != name
+    assert build.library_name(source, version + " 13.0") != name
+    assert build.library_name(source, version) == name  # nothing else: not torch's version
+    before = build.expected_path()
+    monkeypatch.setenv("CXX", f"{build.compiler()[0]} -DMSMON_SOMETHING")  # options in $CXX may change the code
+    assert build.expected_path() != before
+    monkeypatch.delenv("CXX")
+    changed = tmp_path / "fused_stats.cpp"
+    changed.write_bytes(source + b"// a comment\n")
+    monkeypatch.setattr(build, "SOURCE", str(changed))
+    assert build.expected_path() != before
+
+
+def test_the_cache_directory_is_msmon_cache_dir_else_xdg_cache_home_else_home(monkeypatch, tmp_path):
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "explicit"))
+    assert build.cache_dir() == str(tmp_path / "explicit")
+    monkeypatch.delenv(build.CACHE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.cache_dir() == str(tmp_path / "xdg" / "msmon")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert build.cache_dir() == str(tmp_path / "home" / ".cache" / "msmon")
+
+
+def test_statistics_outside_an_attach_never_compile_and_stay_silent(monkeypatch, empty_cache, caplog):
+    monkeypatch.delenv(native.ENV)
+    monkeypatch.setattr(build, "_compile", lambda *a, **k: pytest.fail("only an attach may build"))
+    _reset()
+    with caplog.at_level(logging.INFO, logger="msmon"):
         row = tensor_stats(torch.tensor([1.0, -2.0]), ["min", "max"], 1e-8)
+        batch_stats([torch.ones(3)], ["norm"], 1e-8)
     assert row.tolist() == [-2.0, 1.0] and native.stats_rows() is None
-    assert not caplog.records
+    assert not caplog.records and not libraries(empty_cache)
 
 
-def test_msmon_build_native_builds_and_reports_the_kernel(use_native):
+def test_msmon_build_native_builds_and_reports_the_kernel(monkeypatch, empty_cache):
     from click.testing import CliRunner
 
     from msmon.launcher.cli import main
 
-    result = CliRunner().invoke(main, ["build-native"])
-    assert result.exit_code == 0, result.output
-    assert native.built_path() in result.output and native.isa() in result.output
-
-
-def test_a_failed_build_warns_once_and_the_torch_path_is_used(monkeypatch, caplog, tmp_path):
-    monkeypatch.setenv(native.ENV, "1")
-    monkeypatch.setattr(native, "_SOURCE", str(tmp_path / "missing.cpp"))
-    monkeypatch.setattr(native, "_NAME", "msmon_stats_missing")
+    first = CliRunner().invoke(main, ["build-native"])
+    assert first.exit_code == 0, first.output
+    assert "built in" in first.output and native.built_path() in first.output and native.isa() in first.output
     _reset()
-    try:
-        with caplog.at_level(logging.WARNING, logger="msmon"):
-            row = tensor_stats(torch.tensor([1.0, -2.0]), ["min", "max"], 1e-8)
-            tensor_stats(torch.tensor([3.0]), ["min"], 1e-8)
-        assert row.tolist() == [-2.0, 1.0]
-        warnings = [r for r in caplog.records if native.ENV in r.getMessage()]
-        assert len(warnings) == 1 and "using torch reductions" in warnings[0].getMessage()
-    finally:
-        _reset()
+    again = CliRunner().invoke(main, ["build-native"])
+    assert again.exit_code == 0 and "already built" in again.output
+    assert libraries(empty_cache) == [os.path.basename(native.built_path())]
+
+
+@pytest.mark.parametrize("flag, level", [("1", logging.ERROR), ("", logging.WARNING)])
+@pytest.mark.parametrize("broken", ["missing", "not C++"])
+def test_a_failed_build_is_logged_once_and_the_torch_path_is_used(monkeypatch, caplog, tmp_path, empty_cache,
+                                                                   flag, level, broken):
+    source = tmp_path / "fused_stats.cpp"
+    if broken == "not C++":
+        source.write_text("this is not C++\n")
+    monkeypatch.setattr(build, "SOURCE", str(source))
+    monkeypatch.setenv(native.ENV, flag)
+    _reset()
+    with caplog.at_level(logging.INFO, logger="msmon"):
+        native.prepare()
+        row = tensor_stats(torch.tensor([1.0, -2.0]), ["min", "max"], 1e-8)
+        tensor_stats(torch.tensor([3.0]), ["min"], 1e-8)
+        native.prepare()
+    assert row.tolist() == [-2.0, 1.0] and native.stats_rows() is None
+    lines = native_records(caplog)
+    assert len(lines) == 1 and "using torch reductions" in lines[0].getMessage() and lines[0].levelno == level
+    assert (native.ENV in lines[0].getMessage()) == (flag == "1")
+    assert not libraries(empty_cache)
+
+
+def test_a_corrupt_file_in_the_cache_is_logged_once_and_the_torch_path_is_used(monkeypatch, empty_cache, caplog):
+    os.makedirs(empty_cache)
+    with open(build.expected_path(), "wb") as fh:
+        fh.write(b"not a shared library")
+    monkeypatch.delenv(native.ENV)
+    _reset()
+    with caplog.at_level(logging.INFO, logger="msmon"):
+        row = tensor_stats(torch.tensor([1.0, -2.0]), ["min", "max"], 1e-8)  # looks in the cache
+        native.prepare()  # the attach
+        native.prepare()
+    assert row.tolist() == [-2.0, 1.0] and native.stats_rows() is None
+    lines = native_records(caplog)
+    assert len(lines) == 1 and lines[0].levelno == logging.WARNING and "using torch reductions" in lines[0].getMessage()

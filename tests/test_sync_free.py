@@ -171,7 +171,7 @@ def test_every_collector_with_the_native_kernel_reads_nothing_back_during_forwar
     monkeypatch.setenv(native.ENV, "1")
     native._loaded, native._tried = None, False
     if native.load() is None:
-        pytest.fail("the native statistics did not build (a C++ compiler and ninja are test requirements)")
+        pytest.fail("the native statistics did not build (a C++ compiler is a test requirement)")
     seen, _ = reads_in_forward_backward(FULL_CONFIG, write_config)
     assert seen == []
 

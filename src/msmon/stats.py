@@ -23,9 +23,10 @@ measured (docs/performance.md):
   (`CPU_SHORTCUTS = False` makes the CPU take that read-free path too: the sync-free test
   runs the accelerators' logic that way).
 
-Where the native kernel is built (msmon.native: `msmon build-native`, used by default once
-built), plain contiguous float32/float64 CPU tensors are read once for all ops, a whole batch
-per call, and the finished rows come back from it; everything else takes the paths below.
+Where the native kernel is loaded (msmon.native: built at the first attach where a C++
+compiler is found, or by `msmon build-native`), plain contiguous float32/float64 CPU tensors
+are read once for all ops, a whole batch per call, and the finished rows come back from it;
+everything else takes the paths below.
 """
 from __future__ import annotations
 
@@ -133,6 +134,7 @@ class _Plan:
         # the native kernel's field of each op, and whether it is divided by the element count
         self.native_columns = [_NATIVE_FIELDS.index(_FIELD_OF.get(op, op)) for op in ops]
         self.native_per_element = [op in _SCALED_OPS for op in ops]
+        self.native_unscaled = [False] * len(ops)
 
     @functools.cached_property
     def without_norm(self) -> "_Plan":
@@ -396,10 +398,10 @@ def _native_rows(ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = F
     cannot read every tensor (they then take the torch path together). The tensors must share
     a dtype (one zero threshold) and be plain tensors (not DTensors). `scaled`: mean and zero
     fraction divided by the element count, as returned to callers; otherwise sums and counts."""
-    rows_of = native.stats_rows()
-    if rows_of is None or not all(native.eligible(t) for t in ts):
+    rows_of = native.readable_rows()  # checks every tensor (native.eligible) while packing the call
+    if rows_of is None:
         return None
-    per_element = plan.native_per_element if scaled else [False] * len(plan.ops)
+    per_element = plan.native_per_element if scaled else plan.native_unscaled
     return rows_of(ts, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, plan.native_columns,
                    per_element, flat, _native_threads(), NATIVE_SHARE)
 

@@ -136,16 +136,19 @@ def analyse(directory: str, output: str | None, top_k: int, steps: tuple[int, ..
 
 @main.command("build-native")
 def build_native() -> None:
-    """Build the one-pass CPU statistics kernel for this torch (needs a C++ compiler and ninja).
+    """Build the one-pass CPU statistics kernel now (a C++ compiler, a few seconds).
 
-    Once built, every monitor on this machine uses it (MSMON_NATIVE_STATS=0 turns it off)."""
+    Monitors build it themselves on first use; this does it ahead of time, e.g. on a login node
+    whose cache ($MSMON_CACHE_DIR, else ~/.cache/msmon) the compute nodes share.
+    MSMON_NATIVE_STATS=0 turns it off."""
     from .. import native
 
     os.environ[native.ENV] = "1"
     if native.load() is None:
-        raise click.ClickException("the native statistics could not be built (see the warning above); "
+        raise click.ClickException("the native statistics could not be built (see the error above); "
                                    "monitors keep using torch reductions")
-    click.echo(f"msmon: native statistics built ({native.isa()} loop on this CPU): {native.built_path()}")
+    how = f"built in {native.build_seconds:.1f} s" if native.compiled_here else "already built"
+    click.echo(f"msmon: native statistics {how} ({native.isa()} loop on this CPU): {native.built_path()}")
 
 
 main.add_command(convert)

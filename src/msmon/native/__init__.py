@@ -1,54 +1,52 @@
-"""One-pass CPU statistics from a small C++ kernel, used whenever it has been built.
+"""One-pass CPU statistics from a small C++ kernel, built on first use.
 
-On the CPU, msmon's statistics are torch reductions, one pass over the tensor per op. This
-extension reads a contiguous float32/float64 tensor once for all of them, a whole batch per
-call, which cuts the monitor's CPU time by a half to two thirds (docs/performance.md).
+On the CPU, msmon's statistics are torch reductions, one pass over the tensor per op. The
+kernel (fused_stats.cpp) reads a contiguous float32/float64 tensor once for all of them, a
+whole batch per call, which cuts the monitor's CPU time by a half to two thirds
+(docs/performance.md). It is plain C++ behind a C ABI, loaded with ctypes: no torch headers,
+no ninja, a second or two of one compiler call (native/build.py), cached per user and keyed on
+the source, the flags and the compiler, so it survives torch upgrades.
 
-It needs a C++ compiler and ninja, so it is never built behind the user's back in the middle
-of a job. MSMON_NATIVE_STATS decides:
+MSMON_NATIVE_STATS decides:
 
-- unset or `auto` (the default): use the kernel if it was already built for this source and
-  this torch (`msmon build-native`, which `make` runs); otherwise the torch reductions;
-- `1`: build it at the first attach if needed (about a minute, cached in TORCH_EXTENSIONS_DIR);
-- `0`: never use it.
+- unset or `auto` (the default): at attach (`prepare()`, never inside a hook) the kernel is
+  loaded from the cache or built there if a C++ compiler is found; without one, one log line
+  and torch reductions;
+- `1`: the same, but a failure is logged as an error;
+- `0`: never used.
 
-The build uses portable flags (the AVX2 loop is chosen at run time), since the cache may be
-shared by nodes with different CPUs. A failed build or load is logged once and the torch
-reductions are used.
+`msmon build-native` builds it ahead of time. The cache is $MSMON_CACHE_DIR, else
+$XDG_CACHE_HOME/msmon, else ~/.cache/msmon; ranks starting together build it once (a file
+lock). Statistics asked for before any attach only use a build that already exists.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.util
+import ctypes
 import logging
 import os
-import re
-import sys
+import struct
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
+
+from . import build
 
 logger = logging.getLogger("msmon")
 
 ENV = "MSMON_NATIVE_STATS"
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fused_stats.cpp")
-_CFLAGS = ["-O3", "-fopenmp-simd"]
-
+_ABI = 1  # fused_stats.cpp's msmon_stats_abi()
+_FIELDS = 7
+_ERRORS = {1: "out of memory or no thread to start", 2: "a column is a field index 0..6",
+           3: "an input is empty, null or not float32/float64", 4: "a negative count or no output"}
 
 _lock = threading.Lock()
-_loaded: Any = None  # the extension module once built or found
-_tried = False
-
-
-def _extension_name() -> str:
-    """Keyed on the source and the torch version: a build is only ever reused for both."""
-    with open(_SOURCE, "rb") as fh:
-        digest = hashlib.sha1(fh.read() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
-    return f"msmon_stats_{digest}_torch{re.sub(r'[^0-9A-Za-z]', '_', torch.__version__)}"
-
-
-_NAME = _extension_name()
+_loaded: Any = None  # the _Kernel once loaded
+# False: nothing tried; "looked": an existing build was looked for (outside an attach, which
+# never compiles); True: the full attempt was made (prepare, load)
+_tried: Union[bool, str] = False
+compiled_here = False  # whether this process compiled the kernel (tests, benchmarks, build-native)
+build_seconds = 0.0  # and how long the compiler took
 
 
 def mode() -> str:
@@ -62,99 +60,112 @@ def mode() -> str:
 
 
 def requested() -> bool:
-    """Whether the kernel should be built if it is not there yet (MSMON_NATIVE_STATS=1)."""
+    """Whether the kernel is required (MSMON_NATIVE_STATS=1): a failure is then an error."""
     return mode() == "build"
 
 
-def built_path() -> str:
-    """Where torch's cpp_extension puts the compiled extension (its build-directory rule),
-    worked out here without importing cpp_extension, which pulls in setuptools and distutils
-    (4 MiB of resident memory in every rank) and without creating the directory."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    if root is None:
-        import torch._appdirs
+def reset() -> None:
+    """Forget the loaded kernel, so that the next use decides again (tests)."""
+    global _loaded, _tried, compiled_here, build_seconds
+    with _lock:
+        _loaded, _tried, compiled_here, build_seconds = None, False, False, 0.0
 
-        if torch.version.hip is not None:
-            accelerator = f"rocm{torch.version.hip.replace('.', '')}"
-        elif torch.version.cuda is not None:
-            accelerator = f"cu{torch.version.cuda.replace('.', '')}"
-        else:
-            accelerator = "cpu"
-        python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
-        root = os.path.join(os.path.realpath(torch._appdirs.user_cache_dir(appname="torch_extensions")),
-                            f"{python}_{accelerator}")
-    return os.path.join(root, _NAME, f"{_NAME}.so")
+
+def built_path() -> Optional[str]:
+    """The loaded kernel's file, else where this source and compiler would put it (None
+    without a compiler)."""
+    if _loaded is not None:
+        return _loaded.path
+    try:
+        return build.expected_path()
+    except build.BuildError:
+        return None
 
 
 def _module() -> Any:
     if _loaded is not None or _tried:
         return _loaded
-    current = mode()
-    if current == "build":
+    if mode() == "build":
         return load()
-    if current == "auto":
-        return load_built()
-    return None
+    return load_built()
 
 
 def prepare() -> None:
-    """Find (or, with MSMON_NATIVE_STATS=1, build) the kernel now, at attach, not in a hook."""
-    _module()
+    """Load or build the kernel now, at attach, rather than in a hook (MSMON_NATIVE_STATS=0: nothing)."""
+    if _tried is not True:
+        load()
 
 
 def load_built() -> Any:
-    """Import the extension if a build for this source and torch exists; never compile."""
+    """Load the kernel if it is in the cache; never compile (statistics outside an attach)."""
     global _loaded, _tried
     with _lock:
-        if _tried:
+        if _loaded is not None or _tried:
+            return _loaded
+        _tried = "looked"
+        if mode() == "off":
+            return None
+        try:
+            _loaded = _Kernel(build.find_or_build(allow_build=False).path)
+        except build.BuildError:
+            pass  # prepare() at attach builds it, or says why not
+        except Exception as exc:  # a broken cache must never stop training
+            _tried = True  # said once; prepare() would only fail again on the same file
+            logger.warning("msmon[rank %d]: the cached native statistics could not be loaded (%s: %s); using "
+                           "torch reductions", _rank(), type(exc).__name__, exc)
+        return _loaded
+
+
+def load() -> Any:
+    """Load the kernel, building it if needed; log once and return None on failure.
+    With MSMON_NATIVE_STATS=0 nothing is built."""
+    global _loaded, _tried, compiled_here, build_seconds
+    with _lock:
+        if _tried is True:
             return _loaded
         _tried = True
+        if _loaded is not None or mode() == "off":
+            return _loaded
         try:
-            path = built_path()
-            if os.path.exists(path):
-                spec = importlib.util.spec_from_file_location(_NAME, path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                _loaded = module
-        except Exception as exc:  # a broken cache must never stop training
-            logger.warning("msmon: the built native statistics could not be loaded (%s: %s); using torch reductions",
-                           type(exc).__name__, exc)
+            found = build.find_or_build()
+            _loaded = _Kernel(found.path)
+            if found.compiled:
+                compiled_here, build_seconds = True, found.seconds
+                logger.info("msmon[rank %d]: built the native statistics in %.1f s (%s loop): %s", _rank(),
+                            found.seconds, _loaded.isa, found.path)
+        except Exception as exc:  # a missing compiler must never stop training
+            reason = str(exc) if isinstance(exc, build.BuildError) else f"{type(exc).__name__}: {exc}"
+            if requested():
+                logger.error("msmon[rank %d]: %s=1 but the native statistics could not be built or loaded (%s); using torch "
+                             "reductions, about twice the CPU cost", _rank(), ENV, reason)
+            elif isinstance(exc, build.NoCompiler):
+                logger.info("msmon[rank %d]: %s, so CPU statistics use torch reductions (about twice the CPU "
+                            "cost; install g++, or set %s=0 to skip the native statistics)", _rank(), reason, ENV)
+            else:
+                logger.warning("msmon[rank %d]: the native statistics could not be built or loaded (%s); using "
+                               "torch reductions", _rank(), reason)
         return _loaded
 
 
 def stats_rows() -> Optional[Callable[..., torch.Tensor]]:
     """`stats_rows(tensors, threshold, columns, per_element, flat, threads, min_share)`: finished
     rows in the caller's column order (fields divided by the element count where asked), read by
-    up to `threads` threads of at least `min_share` elements each; None when not built."""
+    up to `threads` threads of at least `min_share` elements each; None when not loaded."""
     module = _module()
     return None if module is None else module.stats_rows
 
 
-def isa() -> Optional[str]:
-    """The instruction set the kernel's loop uses here ("avx2" or "baseline"); None when not built."""
+def readable_rows() -> Optional[Callable[..., Optional[torch.Tensor]]]:
+    """stats_rows' function, giving None instead of raising where a tensor is not eligible(),
+    so that the caller checks and packs the tensors in one pass; None when not loaded."""
     module = _module()
-    return None if module is None else module.isa()
+    return None if module is None else module.readable_rows
 
 
-def load() -> Any:
-    """Build (or load from the cache) the extension; log once and return None on failure.
-    With MSMON_NATIVE_STATS=0 nothing is built."""
-    global _loaded, _tried
-    with _lock:
-        if _tried:
-            return _loaded
-        _tried = True
-        if mode() == "off":
-            return None
-        try:
-            from torch.utils.cpp_extension import load as build
-
-            module = build(name=_NAME, sources=[_SOURCE], extra_cflags=_CFLAGS, verbose=False)
-            _loaded = module
-        except Exception as exc:  # a missing compiler or ninja must never stop training
-            logger.warning("msmon: %s=1 but the native statistics could not be built (%s: %s); using torch "
-                           "reductions", ENV, type(exc).__name__, str(exc).strip().splitlines()[-1] if str(exc) else "")
-        return _loaded
+def isa() -> Optional[str]:
+    """The instruction set the kernel's loop uses here ("avx2" or "baseline"); None when not loaded."""
+    module = _module()
+    return None if module is None else module.isa
 
 
 _READABLE = (torch.float32, torch.float64)
@@ -163,3 +174,90 @@ _READABLE = (torch.float32, torch.float64)
 def eligible(t: torch.Tensor) -> bool:
     """Tensors the kernel reads directly: contiguous, on the CPU, float32 or float64, not empty."""
     return t.dtype in _READABLE and t.is_cpu and t.is_contiguous() and t.numel() > 0
+
+
+def _rank() -> int:
+    from ..distributed import current_rank
+
+    return current_rank()
+
+
+class _Kernel:
+    """The loaded library: `stats_rows` (strict, as described in stats_rows() above),
+    `readable_rows` (the same, None where a tensor is not readable) and `isa`."""
+
+    def __init__(self, path: str) -> None:
+        lib = ctypes.CDLL(path)  # a CDLL call releases the GIL while the kernel reads
+        if lib.msmon_stats_abi() != _ABI:
+            raise RuntimeError(f"{path} has ABI {lib.msmon_stats_abi()}, not {_ABI}")
+        lib.msmon_stats_isa.restype = ctypes.c_char_p
+        kernel = lib.msmon_stats_rows
+        kernel.restype = ctypes.c_int
+        kernel.argtypes = [ctypes.c_char_p]  # the packed call (bytes), passed without a copy
+        self.path = path
+        self.isa = lib.msmon_stats_isa().decode()
+        self.readable_rows = _rows_of(kernel)
+        self.stats_rows = _strict(self.readable_rows)
+        self._lib = lib  # keeps the library mapped
+
+
+def _strict(readable_rows: Callable[..., Optional[torch.Tensor]]) -> Callable[..., torch.Tensor]:
+    def stats_rows(xs: Sequence[torch.Tensor], *args: Any) -> torch.Tensor:
+        rows = readable_rows(xs, *args)
+        if rows is None:
+            raise RuntimeError("stats_rows: contiguous, non-empty CPU float32 or float64 tensors")
+        return rows
+
+    return stats_rows
+
+
+def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
+    """The Python side of one kernel call, kept short (docs/performance.md has its cost): the
+    whole call packed into one int64 array by one struct.pack, whose layout, column spec and
+    result template are cached per call shape, and the rows written straight into a float64
+    tensor."""
+    shapes: dict[tuple[Any, ...], tuple[torch.Tensor, Any, int, int, tuple[int, ...]]] = {}
+    flags = {torch.float32: 0, torch.float64: 1}
+    empty_like = torch.empty_like
+
+    def shape_of(columns: Sequence[int], per_element: Sequence[bool], n: int,
+                 flat: bool) -> tuple[torch.Tensor, Any, int, int, tuple[int, ...]]:
+        if len(columns) != len(per_element):
+            raise RuntimeError("stats_rows: one per_element flag per column")
+        if not all(0 <= c < _FIELDS for c in columns):
+            raise RuntimeError("stats_rows: a column is a field index 0..6")
+        if flat and n != 1:
+            raise RuntimeError("stats_rows: flat output is for one tensor")
+        if len(shapes) > 4096:  # batch sizes are few in practice; never grow without bound
+            shapes.clear()
+        width = len(columns)
+        template = torch.empty(width if flat else (n, width), dtype=torch.float64)
+        spec = tuple(c + 8 * bool(p) for c, p in zip(columns, per_element))
+        return template, struct.Struct(f"=5qd{width + 3 * n}q").pack, n, width, spec
+
+    def readable_rows(xs: Sequence[torch.Tensor], threshold: float, columns: Sequence[int],
+                      per_element: Sequence[bool], flat: bool, threads: int,
+                      min_share: int) -> Optional[torch.Tensor]:
+        key = (tuple(columns), tuple(per_element), len(xs), flat)
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = shape_of(columns, per_element, len(xs), flat)
+        template, pack, n, width, spec = shape
+        packed: list[int] = []
+        for x in xs:  # checked here: a wrong pointer would be read, not refused
+            flag = flags.get(x.dtype)
+            if flag is None or not x.is_cpu or not x.is_contiguous():
+                return None
+            numel = x.numel()
+            if not numel:
+                return None
+            packed += (x.data_ptr(), numel, flag)
+        out = empty_like(template)
+        # n, width, threads, min_share, out, threshold, columns, inputs (fused_stats.cpp);
+        # xs, and with it every tensor read, stays referenced until the call returns
+        code = kernel(pack(n, width, threads, min_share, out.data_ptr(), threshold, *spec, *packed))
+        if code:
+            raise RuntimeError(f"stats_rows: {_ERRORS.get(code, f'error {code}')}")
+        return out
+
+    return readable_rows

@@ -1,23 +1,24 @@
-// msmon's optional one-pass statistics for contiguous CPU tensors (MSMON_NATIVE_STATS=1).
+// msmon's one-pass statistics for contiguous CPU float32/float64 arrays (msmon.native).
 //
 // torch computes each statistic in its own pass (norm, aminmax, sum, and three kernels for
 // the zero count); this reads each tensor once. Results match msmon.stats to rounding:
 // min/max are exact and propagate NaN like torch.aminmax, counts are exact, the norm and the
 // sum accumulate in float32 within blocks of 1024 elements and in float64 across blocks.
 //
-// Three things keep it cheap on a busy training host:
+// Plain C++ behind a C ABI, no torch or Python header: it compiles in a second or two with
+// the system compiler and msmon.native loads it with ctypes (which releases the GIL for the
+// call, so the writer thread is not held up by the statistics). Three things keep it cheap
+// on a busy training host:
 // - a whole batch of tensors is one call, so Python pays one call and one result per batch,
 //   and the result comes back in the caller's columns, scaled, so no further kernels follow;
 // - the loop is compiled twice, for baseline x86-64 and for AVX2+FMA, and the CPU picks at run
 //   time: the build cache stays portable across nodes and AVX2 machines get 8-wide vectors;
-// - the GIL is released while reading, so the writer thread is not held up by the statistics.
-#include <torch/extension.h>
-
+// - large batches can be shared by a few threads, cut at block boundaries.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
-#include <string>
 #include <thread>
 #include <vector>
 
@@ -178,7 +179,6 @@ void fill(const std::vector<Input>& inputs, double threshold, int threads, int64
   first_of_share.push_back(pieces.size());
   std::vector<Partial> partials(pieces.size());
   {
-    pybind11::gil_scoped_release no_gil;
     std::vector<std::thread> helpers;
     for (size_t t = 1; t + 1 < first_of_share.size(); ++t) {
       const size_t a = first_of_share[t], b = first_of_share[t + 1];
@@ -198,61 +198,72 @@ void fill(const std::vector<Input>& inputs, double threshold, int threads, int64
   }
 }
 
-Input input_of(const torch::Tensor& x) {
-  TORCH_CHECK(x.device().is_cpu() && x.is_contiguous(), "stats_rows: a contiguous CPU tensor");
-  TORCH_CHECK(x.numel() > 0, "stats_rows: an empty tensor");
-  const auto type = x.scalar_type();
-  TORCH_CHECK(type == torch::kFloat || type == torch::kDouble, "stats_rows: float32 or float64");
-  return Input{x.data_ptr(), x.numel(), type == torch::kDouble};
-}
-
-// Tensors are checked and their pointers taken while the GIL is held; only the reading runs
-// without it (the tensors stay alive: the caller holds them for the whole call).
-std::vector<Input> inputs_of(const std::vector<torch::Tensor>& xs) {
-  std::vector<Input> inputs;
-  inputs.reserve(xs.size());
-  for (const auto& x : xs) {
-    inputs.push_back(input_of(x));
-  }
-  return inputs;
-}
-
 }  // namespace
 
-// Statistic rows in the caller's column order. A tensor's fields are [norm, min, max, sum,
-// count(|x| < threshold), count(NaN), count(Inf)]; columns[j] is the field of column j, and
-// where per_element[j] is set the field is divided by the tensor's element count (the mean
-// from the sum, the zero fraction from the count). [len(xs), len(columns)] float64, or
-// [len(columns)] when `flat` (one tensor). This is what the monitor records, without further
-// kernels on the Python side. Up to `threads` threads read the tensors, each given at least
-// `min_share` elements.
-torch::Tensor stats_rows(const std::vector<torch::Tensor>& xs, double threshold, const std::vector<int64_t>& columns,
-                         const std::vector<bool>& per_element, bool flat, int64_t threads, int64_t min_share) {
-  TORCH_CHECK(columns.size() == per_element.size(), "stats_rows: one per_element flag per column");
-  for (const int64_t c : columns) {
-    TORCH_CHECK(c >= 0 && c < kFields, "stats_rows: a column is a field index 0..6");
-  }
-  TORCH_CHECK(!flat || xs.size() == 1, "stats_rows: flat output is for one tensor");
-  const auto inputs = inputs_of(xs);
-  std::vector<double> fields(inputs.size() * kFields);
-  fill(inputs, threshold, static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, 64))), min_share,
-       fields.data());
-  const int64_t width = static_cast<int64_t>(columns.size());
-  auto out = flat ? torch::empty({width}, torch::kDouble)
-                  : torch::empty({static_cast<int64_t>(inputs.size()), width}, torch::kDouble);
-  double* o = out.data_ptr<double>();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const double count = static_cast<double>(inputs[i].numel);
-    for (int64_t j = 0; j < width; ++j) {
-      const double v = fields[i * kFields + columns[j]];
-      o[i * width + j] = per_element[j] ? v / count : v;
+extern "C" {
+
+// Bumped whenever a signature below changes; the loader checks it.
+int msmon_stats_abi(void) { return 1; }
+
+// Statistic rows in the caller's column order, for one call described by one array of int64
+// (one argument is the cheapest call ctypes makes):
+//   call[0] n inputs, call[1] width (columns), call[2] threads, call[3] min_share,
+//   call[4] the address of the output (n * width float64, row by row),
+//   call[5] the zero threshold's float64 bits,
+//   call[6 .. 6 + width) the columns, then n triples (address of the first element, element
+//   count > 0, 1 for float64 or 0 for float32).
+// A tensor's fields are [norm, min, max, sum, count(|x| < threshold), count(NaN), count(Inf)];
+// column j is field c % 8 of c = columns[j], divided by the tensor's element count where
+// c >= 8 (the mean from the sum, the zero fraction from the count). Up to `threads` threads
+// (at most 64) read the inputs, each given at least `min_share` elements. Returns 0, or an
+// error code (msmon.native says which).
+int msmon_stats_rows(const void* packed) {
+  try {
+    int64_t head[6];  // copied out: the caller's buffer (Python bytes) need not be 8-byte aligned
+    std::memcpy(head, packed, sizeof head);
+    const int64_t n = head[0], width = head[1], threads = head[2], min_share = head[3];
+    double* out = reinterpret_cast<double*>(static_cast<intptr_t>(head[4]));
+    double threshold;
+    std::memcpy(&threshold, &head[5], sizeof threshold);
+    if (n < 0 || width < 0 || (out == nullptr && n * width > 0)) {
+      return 4;
     }
+    std::vector<int64_t> call(static_cast<size_t>(width + 3 * n));
+    std::memcpy(call.data(), static_cast<const char*>(packed) + sizeof head, call.size() * sizeof(int64_t));
+    const int64_t* columns = call.data();
+    const int64_t* inputs = columns + width;
+    for (int64_t j = 0; j < width; ++j) {
+      if ((columns[j] & 7) >= kFields || (columns[j] & ~int64_t{8 + 7}) != 0) {
+        return 2;
+      }
+    }
+    std::vector<Input> in;
+    in.reserve(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t numel = inputs[3 * i + 1], type = inputs[3 * i + 2];
+      if (numel <= 0 || (type != 0 && type != 1) || inputs[3 * i] == 0) {
+        return 3;
+      }
+      in.push_back(Input{reinterpret_cast<const void*>(static_cast<intptr_t>(inputs[3 * i])), numel, type == 1});
+    }
+    std::vector<double> fields(in.size() * kFields);
+    fill(in, threshold, static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, 64))), min_share,
+         fields.data());
+    for (size_t i = 0; i < in.size(); ++i) {
+      const double count = static_cast<double>(in[i].numel);
+      for (int64_t j = 0; j < width; ++j) {
+        const double v = fields[i * kFields + (columns[j] & 7)];
+        out[i * width + j] = (columns[j] & 8) ? v / count : v;
+      }
+    }
+    return 0;
+  } catch (...) {  // no exception may cross the C ABI: out of memory, no thread to start
+    return 1;
   }
-  return out;
 }
 
 // Which instruction set the reading loop runs with on this CPU (for the benchmark's record).
-std::string isa() {
+const char* msmon_stats_isa(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
     return "avx2";
@@ -261,7 +272,4 @@ std::string isa() {
   return "baseline";
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("stats_rows", &stats_rows, "finished statistic rows of contiguous CPU float tensors, in the caller's columns");
-  m.def("isa", &isa, "the instruction set the statistics loop uses on this CPU");
-}
+}  // extern "C"
