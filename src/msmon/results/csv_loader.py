@@ -130,10 +130,20 @@ class CsvBatch:
             values += added
             skipped += expected.get(header, 0) - read
         con.execute("DELETE FROM batch_files")
+        compact_tensors(con)
         self.parts.clear()
         self.works = []
         self.size = 0
         return values, skipped
+
+
+def compact_tensors(con) -> None:
+    """One row per tensor in `tensors`, at the first position it was seen."""
+    con.execute("CREATE OR REPLACE TEMP TABLE tensors_min AS SELECT category, vpp_stage, name, min(position) AS position "
+                "FROM tensors GROUP BY category, vpp_stage, name")
+    con.execute("DELETE FROM tensors")
+    con.execute("INSERT INTO tensors SELECT * FROM tensors_min")
+    con.execute("DROP TABLE tensors_min")
 
 
 def _insert_layout(con, header: str, parts: list[bytes], tmp_dir: str | None) -> tuple[int, int]:
@@ -156,5 +166,14 @@ def _insert_layout(con, header: str, parts: list[bytes], tmp_dir: str | None) ->
         SELECT b.rank, w.vpp_stage, b.category, w.name, w.step, {micro}, w.op, w.value, w.file_id
         FROM (UNPIVOT batch_wide ON {", ".join(f'"{op}"' for op in ops)} INTO NAME op VALUE value) w
         JOIN batch_files b ON b.id = w.file_id""").fetchone()[0]
+    # a table made from one CSV read keeps the file's order (preserve_insertion_order), so a
+    # row's rowid says where it was in its file
+    con.execute("""
+        INSERT INTO tensors
+        SELECT b.category, w.vpp_stage, w.name, min(w.position)
+        FROM (SELECT file_id, vpp_stage, name, rowid - min(rowid) OVER (PARTITION BY file_id) AS position
+              FROM batch_wide) w
+        JOIN batch_files b ON b.id = w.file_id
+        GROUP BY b.category, w.vpp_stage, w.name""")
     con.execute("DROP TABLE batch_wide")
     return added, read

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 from . import schema
 from .bulk import insert_rows
-from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, read_header, tail_of
+from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, compact_tensors, read_header, tail_of
 from .scan import ANOMALIES, CONFIG, CSV, SUMMARY, TENSORBOARD, FoundFile, scan
 
 FILE_COLUMNS = [("id", "INTEGER"), ("path", "VARCHAR"), ("kind", "VARCHAR"), ("rank", "INTEGER"),
@@ -295,6 +295,11 @@ class Loader:
                                               (r + (file_id,) for r in rows.scalars), self.tmp_dir)
             self.report.histograms += insert_rows(con, "histograms", HISTOGRAM_COLUMNS,
                                                   (r + (file_id,) for r in rows.histograms), self.tmp_dir)
+            if rows.positions:
+                insert_rows(con, "tensors", [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"),
+                                             ("position", "BIGINT")],
+                            [(c, v, n, p) for (c, v, n), p in rows.positions.items()], self.tmp_dir)
+                compact_tensors(con)
             rank = f.rank if f.rank is not None else next((r[0] for r in rows.scalars or rows.histograms), None)
             self._upsert_files([self._file_row(f, file_id, f.size, rows.events, rank)])
             con.commit()

@@ -1,5 +1,6 @@
 """What `msmon report` shows, computed from the database with a bounded result.
 
+Heatmap rows follow `tensors.position`, the order the monitor wrote the tensors in.
 The long table is scanned once: `per_step` (a temp table) holds, for each tensor, op, step and
 micro-step, the largest finite |value| over ranks, whether any rank had a non-finite one, and
 the finite min and max with the ranks that hold them. Heatmaps, top movers and the rank spread
@@ -61,8 +62,7 @@ def build_per_step(con) -> None:
           min(value) FILTER (WHERE isfinite(value)) AS lo,
           max(value) FILTER (WHERE isfinite(value)) AS hi,
           arg_min(rank, value) FILTER (WHERE isfinite(value)) AS lo_rank,
-          arg_max(rank, value) FILTER (WHERE isfinite(value)) AS hi_rank,
-          min(rowid) AS first_row
+          arg_max(rank, value) FILTER (WHERE isfinite(value)) AS hi_rank
         FROM metrics GROUP BY category, op, vpp_stage, name, step, micro_step""")
 
 
@@ -130,8 +130,10 @@ def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict
         return out, {"first_step": first, "step_width": width, "columns": 0}
     tensors: dict[str, list[tuple[int, str]]] = {}
     for category, vpp, name, _ in con.execute(
-            "SELECT category, vpp_stage, name, min(first_row) AS o FROM per_step GROUP BY ALL "
-            "ORDER BY category, o, vpp_stage, name").fetchall():
+            "SELECT p.category, p.vpp_stage, p.name, min(t.position) AS o "
+            "FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step) p "
+            "LEFT JOIN tensors t USING (category, vpp_stage, name) GROUP BY ALL "
+            "ORDER BY p.category, o NULLS LAST, p.vpp_stage, p.name").fetchall():
         tensors.setdefault(category, []).append((vpp, name))
     rows, labels, per_row = [], {}, {}
     for category, names in tensors.items():

@@ -19,6 +19,9 @@ TABLES = {
               "loaded_at TIMESTAMP"),
     "metrics": ("rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
                 "micro_step INTEGER, op VARCHAR, value DOUBLE, file_id INTEGER"),
+    # one row per tensor: `position` is its line in the monitor's files (the order the monitor
+    # recorded it in a step: execution order for activations)
+    "tensors": "category VARCHAR, vpp_stage INTEGER, name VARCHAR, position BIGINT",
     "histograms": ("rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
                    "edges DOUBLE[], counts DOUBLE[], file_id INTEGER"),
     "anomalies": ("seq INTEGER, rank INTEGER, step BIGINT, micro_step INTEGER, pp_stage INTEGER, "
@@ -55,7 +58,7 @@ SELECT category, vpp_stage, name, step, micro_step, op, count(*) AS ranks,
 FROM metrics WHERE isfinite(value)
 GROUP BY category, vpp_stage, name, step, micro_step, op HAVING count(*) > 1""",
     "anomaly_timeline": """
-SELECT seq, rank, step, micro_step, stage, pp_stage, vpp_stage, rule, category, name, op, value, history,
+SELECT seq, rank, step, micro_step, stage, pp_stage, vpp_stage, call_id, rule, category, name, op, value, history,
   description
 FROM anomalies ORDER BY seq""",
     "monitor_cost": """

@@ -24,6 +24,7 @@ class EventRows:
     events: int = 0                      # events read (including the ones skipped as already loaded)
     scalars: list[tuple] = field(default_factory=list)     # (rank, vpp, category, name, step, micro, op, value)
     histograms: list[tuple] = field(default_factory=list)  # (rank, vpp, category, name, step, edges, counts)
+    positions: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (category, vpp, name): index in its step
     duplicates: int = 0                  # scalars left out: the same category is in CSV files
     foreign: int = 0                     # values whose tag is not msmon's
 
@@ -54,6 +55,8 @@ def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
         if index < skip or not event.HasField("summary"):
             continue
         step = event.step
+        rows: dict[tuple, int] = {}       # this event's rows (category, vpp, name, micro): their index
+        counts: dict[str, int] = {}       # rows of each category so far in this event
         for value in event.summary.value:
             parsed = tags.get(value.tag, False)
             if parsed is False:
@@ -62,6 +65,12 @@ def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
                 out.foreign += 1
                 continue
             rank, vpp, name, micro, category, op = parsed
+            row = (category, vpp, name, micro)
+            if row not in rows:
+                rows[row] = counts.get(category, 0)
+                counts[category] = rows[row] + 1
+                key = (category, vpp, name)
+                out.positions[key] = min(out.positions.get(key, rows[row]), rows[row])
             kind = value.WhichOneof("value")
             if kind == "simple_value" and op != "hist":
                 if category in csv_categories:
