@@ -284,3 +284,12 @@ def test_one_database_holds_several_windows_and_a_csv_written_by_msmon_sink(tmp_
     assert got[(2, 1, "actv", "blocks.0, odd", 10, 0, "norm")] == 10.0
     assert got[(2, 0, "actv", "blocks.1", 9, None, "infs")] == 6.0
     assert math.isinf(got[(2, 1, "actv", "blocks.0, odd", 9, 0, "mean")])
+
+
+def test_a_directory_given_twice_or_inside_another_is_loaded_once(tmp_path):
+    out = make_synthetic(tmp_path / "out", ranks=1, steps=2, tensors=5)
+    inner = sorted(out.glob("*-rank0-*"))[0]
+    database = str(tmp_path / "run.duckdb")
+    report = db.load([str(out), str(inner), str(out)], database, progress=False)
+    assert report.values == 2 * 5 * len(OPS)
+    same(db_values(database), csv_values(out))

@@ -194,3 +194,16 @@ def test_the_page_renders_in_headless_chromium_without_errors(run, tmp_path):
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(shot, ARTIFACTS / "report.png")
     print(f"screenshot: {ARTIFACTS / 'report.png'}")
+    # a run that recorded nothing (one summary, no statistics, no dump) still draws its page
+    empty = tmp_path / "empty" / "Dec03_10-00-00-rank0-0000abcd"
+    empty.mkdir(parents=True)
+    (empty / "summary.json").write_text(json.dumps({"rank": 0, "steps_recorded": 0, "alerts": 0}))
+    empty_db = str(tmp_path / "empty.duckdb")
+    db.load([str(tmp_path / "empty")], empty_db, progress=False)
+    con = duckdb.connect(empty_db, read_only=True)
+    report_html.build(con, str(tmp_path / "empty.html"), empty_db)
+    con.close()
+    dom = subprocess.run(flags + ["--dump-dom", (tmp_path / "empty.html").as_uri()], capture_output=True, text=True,
+                         timeout=120)
+    assert 'data-rendered="ok"' in dom.stdout and "No statistics in the database" in dom.stdout, dom.stderr[-2000:]
+    assert not [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]

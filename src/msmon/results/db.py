@@ -127,6 +127,7 @@ class Loader:
     """One `msmon db` run over a database connection."""
 
     def __init__(self, con, database: str, tmp_dir: str | None = None) -> None:
+        self.started = time.perf_counter()
         self.con = con
         self.tmp_dir = tmp_dir
         self.report = LoadReport(database)
@@ -151,14 +152,16 @@ class Loader:
 
     # -- planning ---------------------------------------------------------------------------------
     def load(self, directories: Iterable[str], progress: bool | None = None) -> LoadReport:
-        started = time.perf_counter()
+        directories = list(directories)
         found: list[FoundFile] = []
         for directory in directories:
             if not os.path.isdir(directory):
                 raise DatabaseError(f"{directory} is not a directory (expected a monitor output directory, "
                                     "$MONITOR_OUTPUT_DIR)")
             found += scan(directory)
-        on_disk = {f.path for f in found}
+        unique = {f.path: f for f in found}  # -d given twice, or a directory inside another
+        found = list(unique.values())
+        on_disk = set(unique)
         self.report.missing = sum(1 for p in self.known if p not in on_disk and not os.path.exists(p))
         csv_work: list[tuple[FoundFile, CsvWork]] = []
         others: dict[str, list[tuple[FoundFile, bool, int]]] = {TENSORBOARD: [], SUMMARY: [], CONFIG: [], ANOMALIES: []}
@@ -194,7 +197,7 @@ class Loader:
         roots = json.dumps(sorted({os.path.abspath(d) for d in directories} | set(self._roots())))
         self.con.execute("DELETE FROM meta WHERE key IN ('roots', 'last_load')")
         self.con.execute("INSERT INTO meta VALUES ('roots', ?), ('last_load', ?)", [roots, self.loaded_at.isoformat()])
-        self.report.seconds = time.perf_counter() - started
+        self.report.seconds = time.perf_counter() - self.started
         return self.report
 
     def _roots(self) -> list[str]:
@@ -395,6 +398,10 @@ def load(directories: Iterable[str], database: str, progress: bool | None = None
          tmp_dir: str | None = None) -> LoadReport:
     """Load (or bring up to date) `database` from the monitor output `directories`."""
     directories = list(directories)
+    for directory in directories:  # before the database file is created
+        if not os.path.isdir(directory):
+            raise DatabaseError(f"{directory} is not a directory (expected a monitor output directory, "
+                                "$MONITOR_OUTPUT_DIR)")
     con = connect(database)
     try:
         return Loader(con, database, tmp_dir).load(directories, progress)

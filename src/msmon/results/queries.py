@@ -97,8 +97,9 @@ def _step_buckets(con, limits: Limits) -> tuple[int, int, int]:
     return first, width, math.ceil(span / width)
 
 
-def _encode(cells: list[list[tuple[float | None, bool]]]) -> tuple[str, float, float]:
-    """Cells as base64 little-endian uint16 codes on a log scale over the heatmap's own range."""
+def _encode(cells: list[list[tuple[float | None, bool]]]) -> tuple[str, float | None, float | None]:
+    """Cells as base64 little-endian uint16 codes on a log scale over the heatmap's own range
+    (lo and hi are None when no cell holds a positive value)."""
     logs = [math.log10(v) for row in cells for v, bad in row if v is not None and v > 0 and not bad]
     lo, hi = (min(logs), max(logs)) if logs else (0.0, 0.0)
     scale = (LAST_LEVEL - FIRST_LEVEL) / (hi - lo) if hi > lo else 0.0
@@ -113,7 +114,8 @@ def _encode(cells: list[list[tuple[float | None, bool]]]) -> tuple[str, float, f
                 codes.append(ZERO)
             else:
                 codes.append(FIRST_LEVEL + round((math.log10(v) - lo) * scale))
-    return base64.b64encode(struct.pack(f"<{len(codes)}H", *codes)).decode("ascii"), lo, hi
+    data = base64.b64encode(struct.pack(f"<{len(codes)}H", *codes)).decode("ascii")
+    return (data, lo, hi) if logs else (data, None, None)
 
 
 def _label(vpp: int, name: str, several_vpp: bool) -> str:
@@ -250,8 +252,14 @@ def anomalies(con, limits: Limits) -> dict[str, Any]:
         rest = len(ordered) - head
         shown = list(range(head)) + [head + (i * rest) // (budget - head) for i in range(budget - head)]
     stage_offset = {"forward": 0.15, "backward": 0.45, "optimizer": 0.75}
-    points = [[ordered[i].step + stage_offset.get(ordered[i].stage, 0.9), ordered[i].rank,
-               rules.index(ordered[i].rule or "?"), i] for i in shown]
+    tensors: dict[str, int] = {}
+    stages = list(stage_offset)
+    points = []  # [x, rank, rule, seq, tensor, stage, micro_step]: the tooltip is built from them
+    for i in shown:
+        e = ordered[i]
+        what = tensors.setdefault(e.what(), len(tensors))
+        points.append([e.step + stage_offset.get(e.stage, 0.9), e.rank, rules.index(e.rule or "?"), i, what,
+                       stages.index(e.stage) if e.stage in stages else -1, e.micro_step])
     origin = next((e for e in ordered if e.rule == NAN_ORIGIN_RULE), None)
     firsts = first_per_rank(ordered)
     return {
@@ -260,7 +268,7 @@ def anomalies(con, limits: Limits) -> dict[str, Any]:
         "first": [_event_json(i, e) for i, e in enumerate(ordered[:limits.first_anomalies])],
         "origin": _event_json(ordered.index(origin), origin) if origin else None,
         "ranks": len(firsts), "first_per_rank": len(firsts),
-        "labels": {str(i): ordered[i].to_json()["description"] for i in shown[:budget]},
+        "tensors": list(tensors), "stages": stages,
     }
 
 

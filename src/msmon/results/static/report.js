@@ -72,6 +72,11 @@
     });
     return el("table", null, [el("thead", null, [head]), el("tbody", null, body)]);
   }
+  function niceStep(raw) {  /* 1, 2, 5, 10, 20, 50, ... at least raw */
+    if (raw <= 1) return 1;
+    var p = Math.pow(10, Math.floor(Math.log10(raw))), m = raw / p;
+    return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+  }
   function stepLabel(col) {
     var s = DATA.steps, a = s.first_step + col * s.step_width, b = a + s.step_width - 1;
     return s.step_width > 1 ? "steps " + a + "–" + b : "step " + a;
@@ -121,9 +126,11 @@
     if (!a.total) return;
     var maxRank = 0, minStep = Infinity, maxStep = -Infinity;
     a.points.forEach(function (p) { maxRank = Math.max(maxRank, p[1]); minStep = Math.min(minStep, p[0]); maxStep = Math.max(maxStep, p[0]); });
+    var o = DATA.overview;  /* the whole run on the x axis, so one sees when in the run it happened */
+    if (o.first_step !== null && o.first_step !== undefined) { minStep = Math.min(minStep, o.first_step); maxStep = Math.max(maxStep, o.last_step + 1); }
     minStep = Math.floor(minStep); maxStep = Math.ceil(maxStep);
     if (maxStep - minStep < 4) { minStep -= 2; maxStep += 2; }
-    var W = 1100, H = Math.max(160, Math.min(520, 40 + (maxRank + 1) * 6)), L = 56, R = 16, T = 10, B = 30;
+    var W = 1100, H = Math.max(160, Math.min(360, 40 + (maxRank + 1) * 6)), L = 56, R = 16, T = 10, B = 30;
     var cv = el("canvas", { width: W, height: H, id: "timeline" });
     var ctx = cv.getContext("2d");
     function xOf(step) { return L + (step - minStep) / (maxStep - minStep) * (W - L - R); }
@@ -131,14 +138,14 @@
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, W, H);
     ctx.strokeStyle = "#d9dee6"; ctx.fillStyle = "#5b6575"; ctx.font = "11px sans-serif";
     ctx.textAlign = "center";
-    var stepTick = Math.max(1, Math.ceil((maxStep - minStep) / 12));
+    var stepTick = niceStep((maxStep - minStep) / 12);
     for (var s = Math.ceil(minStep / stepTick) * stepTick; s <= maxStep; s += stepTick) {
       ctx.beginPath(); ctx.moveTo(xOf(s), T); ctx.lineTo(xOf(s), H - B); ctx.stroke();
       ctx.fillText(String(s), xOf(s), H - B + 14);
     }
     ctx.fillText("step", W / 2, H - 3);
     ctx.textAlign = "right";
-    var rankTick = Math.max(1, Math.ceil((maxRank + 1) / 10));
+    var rankTick = niceStep((maxRank + 1) / 10);
     for (var r = 0; r <= maxRank; r += rankTick) ctx.fillText("rank " + r, L - 4, yOf(r) + 4);
     a.points.forEach(function (p) {
       ctx.fillStyle = PALETTE[p[2] % PALETTE.length];
@@ -156,7 +163,11 @@
         var d = Math.pow(xOf(p[0]) - mx, 2) + Math.pow(yOf(p[1]) - my, 2);
         if (d < bd) { bd = d; best = p; }
       });
-      if (best) showTip(ev, "#" + best[3] + " " + (a.labels[String(best[3])] || "")); else hideTip();
+      if (best) {
+        showTip(ev, "#" + best[3] + " · rank " + best[1] + " · step " + Math.floor(best[0]) +
+          (best[6] === null ? "" : ", micro-step " + best[6]) + " · " + (a.stages[best[5]] || "") + ": " +
+          a.tensors[best[4]] + " (" + a.rules[best[2]] + ")");
+      } else hideTip();
     });
     cv.addEventListener("mouseleave", hideTip);
     box.appendChild(el("h3", { text: "Timeline across ranks" }));
@@ -164,8 +175,10 @@
       return el("span", null, [el("span", { cls: "sw", style: "background:" + PALETTE[i % PALETTE.length] }), rule]);
     }).concat(a.origin ? [el("span", { text: "○ first non-finite origin" })] : [])));
     box.appendChild(el("div", { cls: "chart" }, [cv]));
-    box.appendChild(el("h3", { text: "The first " + a.first.length + " of " + int(a.total) + " anomaly records, in training order" }));
-    box.appendChild(table(["#", "rank", "step", "micro", "stage", "pp", "vpp", "rule", "category", "tensor", "op", "value", "history"],
+    var details = el("details", { id: "first-anomalies" }, [el("summary", { text: "The first " + a.first.length + " of " + int(a.total) +
+      " anomaly records, in training order" })]);
+    box.appendChild(details);
+    details.appendChild(table(["#", "rank", "step", "micro", "stage", "pp", "vpp", "rule", "category", "tensor", "op", "value", "history"],
       a.first.map(function (e) {
         return [String(e.seq), String(e.rank), String(e.step), e.micro_step === null ? "–" : String(e.micro_step), e.stage,
                 String(e.pp_stage), String(e.vpp_stage), e.rule, e.category, e.name, e.op || "–", fmt(e.value), fmt(e.history)];
@@ -178,7 +191,7 @@
     var codes = decode(map.data);
     var rows = map.rows.length, cols = DATA.steps.columns;
     if (codes.length !== rows * cols) throw new Error("heatmap " + map.category + "/" + map.op + ": " + codes.length + " cells for " + rows + "x" + cols);
-    var cw = Math.max(3, Math.min(14, Math.floor(720 / Math.max(1, cols)))), ch = rows > 40 ? 10 : 14, LW = 250, T = 20;
+    var cw = Math.max(3, Math.min(14, Math.floor(560 / Math.max(1, cols)))), ch = rows > 40 ? 10 : 14, LW = 230, T = 20;
     var cv = el("canvas", { width: LW + cols * cw + 8, height: T + rows * ch + 6 });
     var ctx = cv.getContext("2d");
     ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, cv.width, cv.height);
@@ -195,8 +208,11 @@
       ctx.fillText(label, LW - 5, T + i * ch + ch - 3);
     }
     ctx.textAlign = "center"; ctx.fillStyle = "#5b6575"; ctx.font = "10px sans-serif";
-    var every = Math.max(1, Math.ceil(cols / 12));
-    for (var k = 0; k < cols; k += every) ctx.fillText(String(DATA.steps.first_step + k * DATA.steps.step_width), LW + k * cw + cw / 2, 13);
+    var st = DATA.steps, tick = niceStep(cols * st.step_width / 12);
+    for (var s = Math.ceil(st.first_step / tick) * tick; s < st.first_step + cols * st.step_width; s += tick) {
+      var k = Math.floor((s - st.first_step) / st.step_width);
+      ctx.fillText(String(s), LW + k * cw + cw / 2, 13);
+    }
     cv.addEventListener("mousemove", function (ev) {
       var box = cv.getBoundingClientRect(), x = ev.clientX - box.left - LW, y = ev.clientY - box.top - T;
       var c = Math.floor(x / cw), r = Math.floor(y / ch);
@@ -224,7 +240,7 @@
   function legend(map) {
     var cv = el("canvas", { width: 220, height: 12 }), ctx = cv.getContext("2d");
     for (var x = 0; x < 220; x++) { ctx.fillStyle = colour(x / 219); ctx.fillRect(x, 0, 1, 12); }
-    var lo = map.hi > map.lo || map.lo ? fmt(Math.pow(10, map.lo)) : "–", hi = fmt(Math.pow(10, map.hi));
+    var some = map.lo !== null, lo = some ? fmt(Math.pow(10, map.lo)) : "–", hi = some ? fmt(Math.pow(10, map.hi)) : "–";
     return el("div", { cls: "legend" }, [el("span", { text: "|" + map.op + "|, log scale: " + lo }), cv, el("span", { text: hi }),
       el("span", null, [el("span", { cls: "sw", style: "background:#e4e4e4" }), "0"]),
       el("span", null, [el("span", { cls: "sw", style: "background:#d62728" }), "non-finite"]),
