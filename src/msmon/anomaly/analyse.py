@@ -152,9 +152,15 @@ def find_dump_files(directory: str) -> list[str]:
 
 def read_dumps(directory: str) -> DumpSet:
     """Read every dump under `directory`; problems are collected, never raised."""
+    return read_dump_files(find_dump_files(directory))
+
+
+def read_dump_files(paths: Iterable[str]) -> DumpSet:
+    """Read the given dump files (msmon's .jsonl or msprobe's .json, by name), as read_dumps
+    does for a directory: the database loader (msmon.results) reads them this way too."""
     result = DumpSet()
     seen: set[tuple] = set()
-    for path in find_dump_files(directory):
+    for path in paths:
         result.files.append(path)
         reader = _read_jsonl if path.endswith(".jsonl") else _read_msprobe_json
         for event in reader(path, result):

@@ -1,5 +1,6 @@
 """`msmon`: monitor an unmodified training job (`run`), print its module tree (`struct`),
-order the anomalies it raised (`analyse`), convert its output (`convert csv2tb | tb2csv`)."""
+order the anomalies it raised (`analyse`), convert its output (`convert csv2tb | tb2csv`); after
+the run, one database of every rank (`db`) and a report to look at (`report`)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,8 @@ import click
 from ..config import ConfigError, load_config, read_config_file
 from ..output import ensure_writable, output_base_dir
 from . import bootstrap, report
+from .db_command import db as db_command
+from .report_command import report as report_command
 from .command import JobCommand, UsageError, parse, sitecustomize_disabled_by
 from .convert_command import convert
 
@@ -152,6 +155,10 @@ def build_native() -> None:
 
 
 main.add_command(convert)
+
+
+main.add_command(db_command)
+main.add_command(report_command)
 
 
 # -- helpers -------------------------------------------------------------------------------------

@@ -1,0 +1,30 @@
+"""`msmon db`: every rank's output of a run in one DuckDB database (msmon.results.db)."""
+from __future__ import annotations
+
+import click
+
+
+@click.command("db")
+@click.option("-d", "--dir", "directories", required=True, multiple=True, type=click.Path(file_okay=False),
+              help="A monitor output directory ($MONITOR_OUTPUT_DIR); repeat for several (nodes copied apart).")
+@click.option("-o", "--output", default="msmon.duckdb", show_default=True, type=click.Path(dir_okay=False),
+              help="The database file; an existing one is brought up to date (only new data is added).")
+@click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: on a terminal).")
+def db(directories: tuple[str, ...], output: str, progress: bool | None) -> None:
+    """Load every rank's CSV and TensorBoard output, anomaly dumps, summaries and configs into
+    one DuckDB database. Run it again as the job writes more: unchanged files are skipped and a
+    grown CSV file adds only its new rows.
+
+    \b
+    msmon db -d monitor_output -o run.duckdb
+    python -c "import duckdb; print(duckdb.connect('run.duckdb').sql('SELECT * FROM monitor_cost'))"
+    """
+    from ..results.db import DatabaseError, load
+    from ..results.schema import SchemaError
+
+    try:
+        report = load(directories, output, progress)
+    except (DatabaseError, SchemaError) as exc:
+        raise click.ClickException(str(exc))
+    for line in report.lines():
+        click.echo(line, err=True)

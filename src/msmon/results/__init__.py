@@ -1,0 +1,15 @@
+"""After the run: every rank's output in one DuckDB database (`msmon db`), and an HTML report
+built from it (`msmon report`).
+
+    scan.py         find and classify what the monitors wrote (CSV, TensorBoard, dumps, JSON)
+    schema.py       the tables and views, created and documented in one place
+    bulk.py         rows into DuckDB through one CSV file per batch (fast, no pandas/arrow)
+    csv_loader.py   msmon's CSV files, appended rows only on a re-run
+    tb_loader.py    TensorBoard event files, read with tensorboard's own loader
+    db.py           the incremental load: which files are new, grown or changed
+    queries.py      what the report shows, as SQL over the database
+    report_html.py  the self-contained page (inline CSS/JS from static/)
+
+duckdb is an optional dependency (`pip install 'msmon[db]'`); nothing here is imported by the
+monitor itself.
+"""

@@ -1,0 +1,337 @@
+"""What `msmon report` shows, computed from the database with a bounded result.
+
+Heatmap rows follow `tensors.position`, the order the monitor wrote the tensors in.
+The long table is scanned once: `per_step` (a temp table) holds, for each tensor, op, step and
+micro-step, the largest finite |value| over ranks, whether any rank had a non-finite one, and
+the finite min and max with the ranks that hold them. Heatmaps, top movers and the rank spread
+are read from it, so their cost follows tensors x steps, not ranks. Whatever the size of the
+run, a heatmap has at most `max_rows` x `max_steps` cells: neighbouring steps (and tensors, in
+the order the monitor wrote them) are merged, keeping the largest value, and the page says so.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import statistics
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ..anomaly.analyse import AnomalyEvent, NAN_ORIGIN_RULE, first_per_rank, verdict
+from .bulk import insert_rows
+from .schema import OPS
+
+# tensors that are the same on every data-parallel rank, so that a spread across ranks is news
+REPLICATED = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
+CATEGORY_ORDER = ("actv", "actv_grad", "grad_unreduced", "grad_reduced", "param_origin", "param_updated",
+                  "exp_avg", "exp_avg_sq", "update", "ratio")
+EMPTY, ZERO, NONFINITE, FIRST_LEVEL, LAST_LEVEL = 0, 1, 2, 3, 65535
+
+
+@dataclass
+class Limits:
+    """Bounds on what the page holds, whatever the size of the run."""
+
+    max_steps: int = 120      # heatmap columns
+    max_rows: int = 64        # heatmap rows (tensors)
+    movers: int = 8           # per category and op
+    spread_rows: int = 25
+    timeline_points: int = 4000
+    first_anomalies: int = 20
+    cost_bars: int = 1024
+
+
+def _categories(con) -> list[str]:
+    found = [r[0] for r in con.execute("SELECT DISTINCT category FROM per_step").fetchall()]
+    return sorted(found, key=lambda c: (CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else len(CATEGORY_ORDER), c))
+
+
+def _ops(con, category: str) -> list[str]:
+    found = [r[0] for r in con.execute("SELECT DISTINCT op FROM per_step WHERE category = ?", [category]).fetchall()]
+    return sorted(found, key=lambda o: (OPS.index(o) if o in OPS else len(OPS), o))
+
+
+def build_per_step(con) -> None:
+    con.execute("""
+        CREATE OR REPLACE TEMP TABLE per_step AS
+        SELECT category, op, vpp_stage, name, step, micro_step,
+          max(abs(value)) FILTER (WHERE isfinite(value)) AS v,
+          bool_or(NOT isfinite(value)) AS bad,
+          count(*) AS n,
+          min(value) FILTER (WHERE isfinite(value)) AS lo,
+          max(value) FILTER (WHERE isfinite(value)) AS hi,
+          arg_min(rank, value) FILTER (WHERE isfinite(value)) AS lo_rank,
+          arg_max(rank, value) FILTER (WHERE isfinite(value)) AS hi_rank
+        FROM metrics GROUP BY category, op, vpp_stage, name, step, micro_step""")
+
+
+def overview(con) -> dict[str, Any]:
+    steps = con.execute("SELECT min(step), max(step), count(DISTINCT step) FROM per_step").fetchone()
+    ranks = con.execute("SELECT count(DISTINCT rank) FROM files WHERE kind IN ('csv', 'tensorboard')").fetchone()[0]
+    dirs = con.execute("SELECT count(DISTINCT rank_dir) FROM files WHERE kind IN ('csv', 'tensorboard')").fetchone()[0]
+    doubled = [r[0] for r in con.execute(
+        "SELECT rank FROM files WHERE kind IN ('csv', 'tensorboard') GROUP BY rank "
+        "HAVING count(DISTINCT rank_dir) > 1 ORDER BY rank").fetchall()]
+    tensors = con.execute("SELECT count(*) FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step)").fetchone()[0]
+    roots = con.execute("SELECT value FROM meta WHERE key = 'roots'").fetchone()
+    return {
+        "ranks": ranks, "rank_dirs": dirs, "ranks_with_several_dirs": doubled[:20], "several_dirs": len(doubled),
+        "first_step": steps[0], "last_step": steps[1], "steps": steps[2], "tensors": tensors,
+        "values": con.execute("SELECT count(*) FROM metrics").fetchone()[0],
+        "files": con.execute("SELECT count(*) FROM files").fetchone()[0],
+        "anomalies": con.execute("SELECT count(*) FROM anomalies").fetchone()[0],
+        "histograms": con.execute("SELECT count(*) FROM histograms").fetchone()[0],
+        "roots": json.loads(roots[0]) if roots else [],
+        "categories": _categories(con),
+    }
+
+
+def _step_buckets(con, limits: Limits) -> tuple[int, int, int]:
+    """(first step, steps per column, columns)."""
+    first, last = con.execute("SELECT min(step), max(step) FROM per_step").fetchone()
+    if first is None:
+        return 0, 1, 0
+    span = last - first + 1
+    width = max(1, math.ceil(span / limits.max_steps))
+    return first, width, math.ceil(span / width)
+
+
+def _encode(cells: list[list[tuple[float | None, bool]]]) -> tuple[str, float | None, float | None]:
+    """Cells as base64 little-endian uint16 codes on a log scale over the heatmap's own range
+    (lo and hi are None when no cell holds a positive value)."""
+    logs = [math.log10(v) for row in cells for v, bad in row if v is not None and v > 0 and not bad]
+    lo, hi = (min(logs), max(logs)) if logs else (0.0, 0.0)
+    scale = (LAST_LEVEL - FIRST_LEVEL) / (hi - lo) if hi > lo else 0.0
+    codes = []
+    for row in cells:
+        for v, bad in row:
+            if bad:
+                codes.append(NONFINITE)
+            elif v is None:
+                codes.append(EMPTY)
+            elif v <= 0:
+                codes.append(ZERO)
+            else:
+                codes.append(FIRST_LEVEL + round((math.log10(v) - lo) * scale))
+    data = base64.b64encode(struct.pack(f"<{len(codes)}H", *codes)).decode("ascii")
+    return (data, lo, hi) if logs else (data, None, None)
+
+
+def _label(vpp: int, name: str, several_vpp: bool) -> str:
+    return f"{vpp}:{name}" if several_vpp else name
+
+
+def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One heatmap per category and op: tensors (rows, in the order the monitor wrote them) x
+    steps (columns); a cell is the largest finite |value| over ranks, micro-steps and the
+    tensors and steps merged into it, or non-finite when any of them was."""
+    first, width, columns = _step_buckets(con, limits)
+    out: list[dict[str, Any]] = []
+    if not columns:
+        return out, {"first_step": first, "step_width": width, "columns": 0}
+    tensors: dict[str, list[tuple[int, str]]] = {}
+    for category, vpp, name, _ in con.execute(
+            "SELECT p.category, p.vpp_stage, p.name, min(t.position) AS o "
+            "FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step) p "
+            "LEFT JOIN tensors t USING (category, vpp_stage, name) GROUP BY ALL "
+            "ORDER BY p.category, o NULLS LAST, p.vpp_stage, p.name").fetchall():
+        tensors.setdefault(category, []).append((vpp, name))
+    rows, labels, per_row = [], {}, {}
+    for category, names in tensors.items():
+        several_vpp = len({vpp for vpp, _ in names}) > 1
+        group = max(1, math.ceil(len(names) / limits.max_rows))
+        per_row[category] = group
+        labels[category] = []
+        for i in range(0, len(names), group):
+            g = names[i:i + group]
+            head = _label(*g[0], several_vpp)
+            labels[category].append(head if len(g) == 1 else f"{head} … {_label(*g[-1], several_vpp)} ({len(g)})")
+            rows += [(category, vpp, name, i // group) for vpp, name in g]
+    con.execute("CREATE OR REPLACE TEMP TABLE heatmap_rows (category VARCHAR, vpp_stage INTEGER, name VARCHAR, "
+                "row INTEGER)")
+    insert_rows(con, "heatmap_rows", [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"),
+                                      ("row", "INTEGER")], rows, tmp_dir)
+    cells: dict[tuple[str, str], dict[tuple[int, int], tuple[float | None, bool]]] = {}
+    for category, op, row, b, v, bad in con.execute(f"""
+            SELECT p.category, p.op, r.row, (p.step - {first}) // {width} AS b, max(p.v), bool_or(p.bad)
+            FROM per_step p JOIN heatmap_rows r USING (category, vpp_stage, name) GROUP BY ALL""").fetchall():
+        cells.setdefault((category, op), {})[(row, b)] = (v, bool(bad))
+    for category in _categories(con):
+        for op in _ops(con, category):
+            table = cells.get((category, op), {})
+            grid = [[table.get((r, b), (None, False)) for b in range(columns)] for r in range(len(labels[category]))]
+            data, lo, hi = _encode(grid)
+            out.append({"category": category, "op": op, "rows": labels[category], "tensors": len(tensors[category]),
+                        "tensors_per_row": per_row[category], "data": data, "lo": lo, "hi": hi})
+    return out, {"first_step": first, "step_width": width, "columns": columns}
+
+
+def movers(con, limits: Limits) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """The largest step-to-step changes of max |value| over ranks, per category and op."""
+    rows = con.execute(f"""
+        WITH s AS (
+          SELECT category, op, vpp_stage, name, step, max(v) AS v FROM per_step WHERE v IS NOT NULL
+          GROUP BY ALL),
+        l AS (
+          SELECT *, lag(v) OVER w AS pv, lag(step) OVER w AS ps FROM s
+          WINDOW w AS (PARTITION BY category, op, vpp_stage, name ORDER BY step)),
+        scored AS (
+          SELECT category, op, vpp_stage, name, ps, step, pv, v, abs(log10(v) - log10(pv)) AS score FROM l
+          WHERE v > 0 AND pv > 0)
+        SELECT category, op, vpp_stage, name, ps, step, pv, v, score FROM scored
+        QUALIFY row_number() OVER (PARTITION BY category, op ORDER BY score DESC, step, name) <= {limits.movers}
+        ORDER BY category, op, score DESC""").fetchall()
+    out: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for category, op, vpp, name, ps, step, pv, v, score in rows:
+        out.setdefault(category, {}).setdefault(op, []).append(
+            {"name": name, "vpp_stage": vpp, "from_step": ps, "step": step, "before": pv, "after": v,
+             "factor": 10 ** score if v >= pv else -(10 ** score)})
+    return out
+
+
+def rank_spread(con, limits: Limits, first: int, width: int) -> dict[str, Any]:
+    """Replicated tensors across ranks: max - min of each statistic at the same (micro-)step."""
+    replicated = ", ".join(f"'{c}'" for c in REPLICATED)
+    base = f"""
+        SELECT *, hi - lo AS spread, (hi - lo) / greatest(abs(hi), abs(lo), 1e-30) AS rel FROM per_step
+        WHERE n > 1 AND category IN ({replicated}) AND lo IS NOT NULL"""
+    compared = con.execute(f"SELECT count(*), count(DISTINCT (category, vpp_stage, name)), max(n) FROM ({base})").fetchone()
+    top = con.execute(f"""
+        SELECT category, op, vpp_stage, name, max(rel) AS rel, arg_max(step, rel), arg_max(spread, rel),
+          arg_max(lo, rel), arg_max(hi, rel), arg_max(lo_rank, rel), arg_max(hi_rank, rel), max(n)
+        FROM ({base}) GROUP BY category, op, vpp_stage, name HAVING max(rel) > 0
+        ORDER BY rel DESC, category, op, name LIMIT {limits.spread_rows}""").fetchall()
+    series = con.execute(f"""
+        SELECT category, (step - {first}) // {width} AS b, max(rel) FROM ({base}) GROUP BY ALL ORDER BY category, b
+        """).fetchall()
+    by_category: dict[str, list[list[float]]] = {}
+    for category, b, rel in series:
+        by_category.setdefault(category, []).append([first + b * width, rel])
+    return {
+        "compared_values": compared[0], "compared_tensors": compared[1], "max_ranks": compared[2],
+        "categories": list(REPLICATED),
+        "top": [{"category": c, "op": op, "vpp_stage": vpp, "name": name, "rel": rel, "step": step, "spread": spread,
+                 "min": lo, "max": hi, "min_rank": lo_rank, "max_rank": hi_rank, "ranks": n}
+                for c, op, vpp, name, rel, step, spread, lo, hi, lo_rank, hi_rank, n in top],
+        "series": by_category,
+    }
+
+
+_EVENT_FIELDS = ("rank", "step", "micro_step", "pp_stage", "vpp_stage", "stage", "call_id", "name", "category",
+                 "tag", "op", "value", "history", "rule", "message", "group_mates", "file")
+
+
+def anomaly_events(con) -> list[AnomalyEvent]:
+    """The anomalies table as msmon analyse's events, in training order."""
+    rows = con.execute(f"SELECT {', '.join(_EVENT_FIELDS)} FROM anomalies ORDER BY seq").fetchall()
+    events = []
+    for row in rows:
+        fields = dict(zip(_EVENT_FIELDS, row))
+        fields["group_mates"] = list(fields["group_mates"] or [])
+        fields["message"] = fields["message"] or ""
+        fields["tag"] = fields["tag"] or ""
+        fields["rule"] = fields["rule"] or ""
+        fields["file"] = fields["file"] or ""
+        events.append(AnomalyEvent(**fields))
+    return events
+
+
+def anomalies(con, limits: Limits) -> dict[str, Any]:
+    """The verdict of `msmon analyse`, the first anomalies, and a bounded timeline across ranks."""
+    ordered = anomaly_events(con)
+    if not ordered:
+        return {"total": 0, "verdict": verdict([]), "first": [], "points": [], "rules": [], "sampled": False,
+                "origin": None, "first_per_rank": 0, "ranks": 0}
+    rules = sorted({e.rule or "?" for e in ordered})
+    budget = limits.timeline_points
+    if len(ordered) <= budget:
+        shown = list(range(len(ordered)))
+    else:  # the first half of the budget in order, the rest evenly over what follows
+        head = budget // 2
+        rest = len(ordered) - head
+        shown = list(range(head)) + [head + (i * rest) // (budget - head) for i in range(budget - head)]
+    stage_offset = {"forward": 0.15, "backward": 0.45, "optimizer": 0.75}
+    tensors: dict[str, int] = {}
+    stages = list(stage_offset)
+    points = []  # [x, rank, rule, seq, tensor, stage, micro_step]: the tooltip is built from them
+    for i in shown:
+        e = ordered[i]
+        what = tensors.setdefault(e.what(), len(tensors))
+        points.append([e.step + stage_offset.get(e.stage, 0.9), e.rank, rules.index(e.rule or "?"), i, what,
+                       stages.index(e.stage) if e.stage in stages else -1, e.micro_step])
+    origin = next((e for e in ordered if e.rule == NAN_ORIGIN_RULE), None)
+    firsts = first_per_rank(ordered)
+    return {
+        "total": len(ordered), "verdict": verdict(ordered), "rules": rules, "points": points,
+        "sampled": len(shown) < len(ordered), "shown": len(shown),
+        "first": [_event_json(i, e) for i, e in enumerate(ordered[:limits.first_anomalies])],
+        "origin": _event_json(ordered.index(origin), origin) if origin else None,
+        "ranks": len(firsts), "first_per_rank": len(firsts),
+        "tensors": list(tensors), "stages": stages,
+    }
+
+
+def _event_json(seq: int, e: AnomalyEvent) -> dict[str, Any]:
+    js = e.to_json()
+    return {"seq": seq, "rank": e.rank, "step": e.step, "micro_step": e.micro_step, "stage": e.stage,
+            "pp_stage": e.pp_stage, "vpp_stage": e.vpp_stage, "rule": e.rule, "name": e.name, "category": e.category,
+            "op": e.op, "value": js["value"], "history": js["history"], "description": js["description"]}
+
+
+def first_nonfinite(con) -> list[dict[str, Any]]:
+    """Each monitor's own first non-finite origin (summary.json), earliest first."""
+    rows = con.execute("SELECT rank, first_nonfinite FROM summaries WHERE first_nonfinite IS NOT NULL "
+                       "AND first_nonfinite <> 'null' ORDER BY rank").fetchall()
+    out = []
+    for rank, text in rows:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        out.append({"rank": rank, "origin": value})
+    return out
+
+
+def cost(con, limits: Limits) -> dict[str, Any]:
+    """The monitor's own cost per rank (summary.json), with the spread over ranks."""
+    rows = con.execute("SELECT rank, step_ms, monitor_ms_per_step, monitor_cost_pct, writer_cpu_ms_per_step, "
+                       "steps_recorded, alerts FROM summaries ORDER BY rank").fetchall()
+    if not rows:
+        return {"ranks": 0}
+    keys = ("step_ms", "monitor_ms_per_step", "monitor_cost_pct", "writer_cpu_ms_per_step")
+    stats = {}
+    for i, key in enumerate(keys, 1):
+        values = sorted(r[i] for r in rows if r[i] is not None)
+        if values:
+            stats[key] = {"min": values[0], "median": statistics.median(values),
+                          "p90": values[min(len(values) - 1, int(0.9 * len(values)))], "max": values[-1]}
+    group = max(1, math.ceil(len(rows) / limits.cost_bars))
+    bars = []
+    for i in range(0, len(rows), group):
+        chunk = [r for r in rows[i:i + group] if r[3] is not None]
+        if chunk:
+            worst = max(chunk, key=lambda r: r[3])
+            bars.append([rows[i][0], rows[min(i + group, len(rows)) - 1][0], worst[3], worst[0]])
+    top = sorted((r for r in rows if r[3] is not None), key=lambda r: -r[3])[:10]
+    return {"ranks": len(rows), "stats": stats, "bars": bars, "ranks_per_bar": group,
+            "top": [dict(zip(("rank",) + keys + ("steps_recorded", "alerts"), r)) for r in top],
+            "steps_recorded": sum(r[5] or 0 for r in rows), "alerts": sum(r[6] or 0 for r in rows)}
+
+
+def report_data(con, limits: Limits | None = None, tmp_dir: str | None = None) -> dict[str, Any]:
+    """Everything the page shows, as one JSON-ready dict."""
+    limits = limits or Limits()
+    build_per_step(con)
+    maps, steps = heatmaps(con, limits, tmp_dir)
+    return {
+        "overview": overview(con),
+        "steps": steps,
+        "limits": limits.__dict__,
+        "heatmaps": maps,
+        "movers": movers(con, limits),
+        "spread": rank_spread(con, limits, steps["first_step"], steps["step_width"]),
+        "anomalies": anomalies(con, limits),
+        "first_nonfinite": first_nonfinite(con)[:50],
+        "cost": cost(con, limits),
+    }

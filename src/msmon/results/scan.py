@@ -1,0 +1,99 @@
+"""What a monitor output directory holds, found in one walk and classified by file name.
+
+The layout (csv_sink, tensorboard_sink, anomaly/dump, monitor._write_summary):
+
+    <out>/<time>-rank<r>-<uid>/{category}_{first}-{last}[_from{step}].csv
+    <out>/<time>-rank<r>-<uid>/events.out.tfevents.*
+    <out>/<time>-rank<r>-<uid>/summary.json, config.json
+    <out>/anomaly_detected/rank<r>/anomaly.jsonl     (msprobe: anomaly.json)
+
+Directories are walked however deep (several nodes' outputs may be copied side by side). A
+rank directory's rank is read from its name; a CSV or summary found elsewhere takes the rank
+of summary.json beside it, when there is one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+
+# anomaly.dump's DUMP_FILE and MSPROBE_DUMP_FILE (a test keeps them equal): importing that
+# module imports torch, which a walk over the files does not need
+DUMP_FILE, MSPROBE_DUMP_FILE = "anomaly.jsonl", "anomaly.json"
+CSV, TENSORBOARD, SUMMARY, CONFIG, ANOMALIES = "csv", "tensorboard", "summary", "config", "anomalies"
+CSV_NAME = re.compile(r"(?P<category>[A-Za-z][A-Za-z0-9_]*?)_(?P<first>\d+)-(?P<last>\d+)(?:_from(?P<start>\d+))?\.csv")
+RANK_IN_DIR = re.compile(r"(?:^|[-_])rank(\d+)(?:[-_]|$)")
+TB_PREFIX = "events.out.tfevents."
+
+
+@dataclass
+class FoundFile:
+    """One file worth loading, as seen on disk now."""
+
+    path: str          # absolute
+    kind: str          # csv | tensorboard | summary | config | anomalies
+    size: int
+    mtime_ns: int
+    rank_dir: str      # the directory holding it
+    rank: int | None
+    category: str | None = None
+
+
+def classify(name: str) -> tuple[str, str | None] | None:
+    """(kind, category) of a file name, or None for a file that is not loaded."""
+    match = CSV_NAME.fullmatch(name)
+    if match:
+        return CSV, match["category"]
+    if name.startswith(TB_PREFIX):
+        return TENSORBOARD, None
+    if name == "summary.json":
+        return SUMMARY, None
+    if name == "config.json":
+        return CONFIG, None
+    if name in (DUMP_FILE, MSPROBE_DUMP_FILE):
+        return ANOMALIES, None
+    return None
+
+
+def rank_of_dir(directory: str) -> int | None:
+    match = RANK_IN_DIR.search(os.path.basename(directory))
+    if match:
+        return int(match[1])
+    try:
+        with open(os.path.join(directory, "summary.json"), encoding="utf-8") as fh:
+            rank = json.load(fh).get("rank")
+        return rank if isinstance(rank, int) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def scan(root: str) -> list[FoundFile]:
+    """Every loadable file under `root`, in a stable order (directory, then name)."""
+    found: list[FoundFile] = []
+    stack = [os.path.abspath(root)]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except OSError:
+            continue
+        rank: int | None = None
+        rank_known = False
+        subdirs = []
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                subdirs.append(entry.path)
+                continue
+            kind = classify(entry.name)
+            if kind is None or not entry.is_file():
+                continue
+            if not rank_known:
+                rank, rank_known = rank_of_dir(directory), True
+            try:
+                st = entry.stat()
+            except OSError:
+                continue
+            found.append(FoundFile(entry.path, kind[0], st.st_size, st.st_mtime_ns, directory, rank, kind[1]))
+        stack.extend(reversed(subdirs))
+    return found

@@ -1,0 +1,94 @@
+"""The database's tables and views, in one place (docs/results.md describes them for users).
+
+One long table holds every statistic of every rank: `metrics(rank, vpp_stage, category, name,
+step, micro_step, op, value, file_id)`, a row per value, whether it came from a CSV file or a
+TensorBoard scalar (the file says which: `files.kind`). The other tables keep what is not a
+statistic row: histograms, anomaly records in training order, each monitor's summary and
+config, and the files loaded (what makes a re-run incremental).
+"""
+from __future__ import annotations
+
+SCHEMA_VERSION = "1"
+# msmon.stats.OPS (a test keeps them equal); not imported from there, which would import torch
+OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
+
+TABLES = {
+    "meta": "key VARCHAR, value VARCHAR",
+    "files": ("id INTEGER, path VARCHAR, kind VARCHAR, rank INTEGER, rank_dir VARCHAR, category VARCHAR, "
+              "size BIGINT, mtime_ns BIGINT, loaded_bytes BIGINT, records BIGINT, header VARCHAR, tail VARCHAR, "
+              "loaded_at TIMESTAMP"),
+    "metrics": ("rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
+                "micro_step INTEGER, op VARCHAR, value DOUBLE, file_id INTEGER"),
+    # one row per tensor: `position` is its line in the monitor's files (the order the monitor
+    # recorded it in a step: execution order for activations)
+    "tensors": "category VARCHAR, vpp_stage INTEGER, name VARCHAR, position BIGINT",
+    "histograms": ("rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
+                   "edges DOUBLE[], counts DOUBLE[], file_id INTEGER"),
+    "anomalies": ("seq INTEGER, rank INTEGER, step BIGINT, micro_step INTEGER, pp_stage INTEGER, "
+                  "vpp_stage INTEGER, stage VARCHAR, call_id INTEGER, name VARCHAR, category VARCHAR, "
+                  "tag VARCHAR, op VARCHAR, value DOUBLE, history DOUBLE, rule VARCHAR, message VARCHAR, "
+                  "group_mates INTEGER[], description VARCHAR, file VARCHAR"),
+    "summaries": ("rank INTEGER, rank_dir VARCHAR, steps_recorded BIGINT, alerts BIGINT, first_nonfinite VARCHAR, "
+                  "monitor_seconds DOUBLE, steps_timed BIGINT, step_ms DOUBLE, monitor_ms_per_step DOUBLE, "
+                  "monitor_cost_pct DOUBLE, writer_cpu_seconds DOUBLE, writer_cpu_ms_per_step DOUBLE, "
+                  "last_step BIGINT, summary VARCHAR, file_id INTEGER"),
+    "configs": "rank INTEGER, rank_dir VARCHAR, format VARCHAR, ops VARCHAR, config VARCHAR, file_id INTEGER",
+}
+
+_WIDE_OPS = ",\n  ".join(f"max(value) FILTER (WHERE op = '{op}') AS {op}" for op in OPS)
+
+VIEWS = {
+    # micro-steps of a step combined: min of mins, mean of means, the largest of the rest
+    "step_values": """
+SELECT rank, vpp_stage, category, name, step, op,
+  CASE op WHEN 'min' THEN min(value) WHEN 'mean' THEN avg(value) ELSE max(value) END AS value,
+  count(*) AS micro_steps
+FROM metrics GROUP BY rank, vpp_stage, category, name, step, op""",
+    # the CSV layout again: one row per tensor and (micro-)step, a column per op
+    "metrics_wide": f"""
+SELECT rank, vpp_stage, category, name, step, micro_step,
+  {_WIDE_OPS}
+FROM metrics GROUP BY rank, vpp_stage, category, name, step, micro_step""",
+    # one tensor name on several ranks at the same (micro-)step: how far apart the values are
+    "rank_spread": """
+SELECT category, vpp_stage, name, step, micro_step, op, count(*) AS ranks,
+  min(value) AS min_value, max(value) AS max_value, max(value) - min(value) AS spread,
+  (max(value) - min(value)) / greatest(abs(max(value)), abs(min(value)), 1e-30) AS rel_spread,
+  arg_min(rank, value) AS min_rank, arg_max(rank, value) AS max_rank
+FROM metrics WHERE isfinite(value)
+GROUP BY category, vpp_stage, name, step, micro_step, op HAVING count(*) > 1""",
+    "anomaly_timeline": """
+SELECT seq, rank, step, micro_step, stage, pp_stage, vpp_stage, call_id, rule, category, name, op, value, history,
+  description
+FROM anomalies ORDER BY seq""",
+    "monitor_cost": """
+SELECT rank, rank_dir, steps_recorded, alerts, step_ms, monitor_ms_per_step, monitor_cost_pct,
+  writer_cpu_ms_per_step, monitor_seconds
+FROM summaries ORDER BY rank""",
+    "ranks": """
+SELECT rank, rank_dir, count(*) FILTER (WHERE kind = 'csv') AS csv_files,
+  count(*) FILTER (WHERE kind = 'tensorboard') AS tensorboard_files,
+  sum(size) AS bytes, max(loaded_at) AS last_loaded
+FROM files WHERE kind IN ('csv', 'tensorboard', 'summary', 'config') GROUP BY rank, rank_dir ORDER BY rank, rank_dir""",
+}
+
+
+def create(con) -> None:
+    """Create what is missing; an existing database of another schema version is refused."""
+    existing = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables "
+                                              "WHERE table_schema = 'main'").fetchall()}
+    if "meta" in existing:
+        row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is not None and row[0] != SCHEMA_VERSION:
+            raise SchemaError(f"the database has schema version {row[0]}, this msmon writes {SCHEMA_VERSION}: "
+                              "write a new database file")
+    for name, columns in TABLES.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
+    for name, query in VIEWS.items():
+        con.execute(f"CREATE OR REPLACE VIEW {name} AS {query}")
+    if con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'").fetchone()[0] == 0:
+        con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
+
+
+class SchemaError(Exception):
+    """The database file is not one this msmon can add to."""

@@ -1,0 +1,86 @@
+"""TensorBoard event files, read with tensorboard's own event file loader.
+
+A scalar's tag is `{vpp}:{name}[:{micro}]/rank{r}/{category}_{op}` (tensorboard_sink); a
+histogram's `{vpp}:{name}/rank{r}/{category}_hist`, its edges `[min] + bucket_limit`. TensorBoard
+keeps scalars as float32, so where a rank directory also has CSV files of a category, those
+(rounded to `ndigits`, but from the float64 statistics) are the rows kept and the event file's
+scalars of that category are left out, so no value is counted twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..anomaly.analyse import parse_tag
+from .schema import OPS
+
+HIST_SUFFIX = "_hist"
+
+
+@dataclass
+class EventRows:
+    """What one pass over an event file gave."""
+
+    events: int = 0                      # events read (including the ones skipped as already loaded)
+    scalars: list[tuple] = field(default_factory=list)     # (rank, vpp, category, name, step, micro, op, value)
+    histograms: list[tuple] = field(default_factory=list)  # (rank, vpp, category, name, step, edges, counts)
+    positions: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (category, vpp, name): index in its step
+    duplicates: int = 0                  # scalars left out: the same category is in CSV files
+    foreign: int = 0                     # values whose tag is not msmon's
+
+
+def _parse(tag: str) -> tuple[int, int, str, int | None, str, str] | None:
+    """(rank, vpp, name, micro, category, op-or-'hist') of an msmon tag, or None."""
+    try:
+        vpp, name, micro, task = parse_tag(tag)
+        rank = int(tag.split("/")[-2][len("rank"):])
+    except ValueError:
+        return None
+    if task.endswith(HIST_SUFFIX):
+        return rank, vpp, name, micro, task[:-len(HIST_SUFFIX)], "hist"
+    category, _, op = task.rpartition("_")
+    if not category or op not in OPS:
+        return None
+    return rank, vpp, name, micro, category, op
+
+
+def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
+    """Rows of the events after the first `skip` ones; scalars of `csv_categories` left out."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    out = EventRows()
+    tags: dict[str, Any] = {}
+    for index, event in enumerate(LegacyEventFileLoader(path).Load()):
+        out.events = index + 1
+        if index < skip or not event.HasField("summary"):
+            continue
+        step = event.step
+        rows: dict[tuple, int] = {}       # this event's rows (category, vpp, name, micro): their index
+        counts: dict[str, int] = {}       # rows of each category so far in this event
+        for value in event.summary.value:
+            parsed = tags.get(value.tag, False)
+            if parsed is False:
+                parsed = tags[value.tag] = _parse(value.tag)
+            if parsed is None:
+                out.foreign += 1
+                continue
+            rank, vpp, name, micro, category, op = parsed
+            row = (category, vpp, name, micro)
+            if row not in rows:
+                rows[row] = counts.get(category, 0)
+                counts[category] = rows[row] + 1
+                key = (category, vpp, name)
+                out.positions[key] = min(out.positions.get(key, rows[row]), rows[row])
+            kind = value.WhichOneof("value")
+            if kind == "simple_value" and op != "hist":
+                if category in csv_categories:
+                    out.duplicates += 1
+                else:
+                    out.scalars.append((rank, vpp, category, name, step, micro, op, float(value.simple_value)))
+            elif kind == "histo":
+                histo = value.histo
+                out.histograms.append((rank, vpp, category, name, step, [histo.min, *histo.bucket_limit],
+                                       list(histo.bucket)))
+            else:
+                out.foreign += 1
+    return out
