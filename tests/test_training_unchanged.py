@@ -20,7 +20,7 @@ from tiny_gpt import TinyGPT, lm_loss, synthetic_batch
 
 EVERYTHING = {"wg_distribution": True, "monitor_mbs_grad": True, "param_distribution": True,
               "mv_distribution": True, "ur_distribution": True, "xy_distribution": True, "all_xy": True,
-              "mg_direction": True, "stack_info": True,
+              "mg_direction": True, "stack_info": True, "heatmap_visualize": True,
               "recording_l2_features": True, "l2_targets": {"linear_hook": []},
               "format": ["csv", "tensorboard", "api"], "ops": ALL_OPS,
               "alert": {"rules": [{"rule_name": "AnomalyNan"},

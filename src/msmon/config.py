@@ -24,9 +24,7 @@ ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
 SA_ORDERS = ("s,b,h,d", "b,s,h,d", "b,h,s,d")  # "b,h,s,d" (F.scaled_dot_product_attention's): msmon
-MSPROBE_ONLY_KEYS = {
-    "heatmap_visualize": "heatmap export (msmon writes TensorBoard histograms with ur_distribution)",
-}
+MSPROBE_ONLY_KEYS: dict[str, str] = {}  # msprobe key -> what msmon does instead; accepted with a warning
 
 
 class ConfigError(ValueError):
@@ -96,6 +94,7 @@ class MonitorConfig:
     print_struct: bool = False
     module_ranks: list[int] = field(default_factory=list)
     ur_distribution: bool = False
+    heatmap_visualize: bool = False  # TensorBoard images of the update/ratio histograms over steps
     xy_distribution: bool = False
     all_xy: bool = False
     xy_each_call: bool = False  # msmon: one row per call of a module run several times per micro-step
@@ -143,7 +142,7 @@ class MonitorConfig:
 _BOOL_KEYS = ("print_struct", "ur_distribution", "xy_distribution", "all_xy", "forward_only",
               "backward_only", "mv_distribution", "param_distribution", "wg_distribution",
               "monitor_mbs_grad", "squash_name", "dynamic_on", "xy_each_call", "mg_direction", "stack_info",
-              "recording_l2_features")
+              "recording_l2_features", "heatmap_visualize")
 _INT_KEYS = {"ndigits": 0, "step_count_per_record": 1, "start_step": 0, "step_interval": 1,
              "collect_times": 0}
 VALID_KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig) if f.name != "raw")
@@ -402,6 +401,10 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
         why = ("recording_l2_features is true but l2_targets names no hook" if cfg.recording_l2_features
                else "l2_targets is set but recording_l2_features is not true")
         logger.warning("msmon: %s; no L2 feature is recorded", why)
+    if cfg.heatmap_visualize and not (cfg.ur_distribution and "tensorboard" in cfg.format):
+        why = "ur_distribution is not true" if not cfg.ur_distribution else "format has no 'tensorboard'"
+        logger.warning("msmon: heatmap_visualize draws the ur_distribution histograms into TensorBoard, but %s; "
+                       "no heatmap is drawn", why)
     if cfg.forward_only and cfg.backward_only:
         logger.warning("msmon: forward_only and backward_only are both true: no activation is recorded")
     return cfg

@@ -494,7 +494,8 @@ class TrainerMon:
             keys, chunks, hists, flag_keys, flags = self.buffer.take()
             if (keys or hists or flags) and self.writer is not None:
                 batch = stage_to_host(keys, chunks, len(self.step_ops), hists, flag_keys, flags)
-                self.writer.submit(self.step, self.step_ops, batch)
+                self.writer.submit(self.step, self.step_ops, batch,
+                                   {"heatmap": True} if self.config.heatmap_visualize else None)
             self.collected += 1
             self.steps_recorded += 1
         else:

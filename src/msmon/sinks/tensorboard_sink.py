@@ -18,6 +18,7 @@ import time
 
 from ..records import RowKey, StepRecord
 from .base import Sink, naming
+from .heatmap import Heatmaps
 
 _MAX_CACHED_ROWS = 1 << 16
 _MAX_WAIT_S = 5  # restart_at: how far ahead an earlier run's events file may be dated and still be waited for
@@ -25,7 +26,8 @@ logger = logging.getLogger("msmon")
 
 
 class TensorBoardSink(Sink):
-    """Scalars tagged `{vpp}:{name}/rank{r}/{category}_{op}`; histograms for update/ratio."""
+    """Scalars tagged `{vpp}:{name}/rank{r}/{category}_{op}`; histograms for update/ratio, and
+    their heatmap images when the step's meta asks for them (heatmap_visualize)."""
 
     name = "tensorboard"
     writes_files = True
@@ -40,6 +42,7 @@ class TensorBoardSink(Sink):
         self._source_metadata, self._uid, self._record_writer = SourceMetadata, _global_uid, RecordWriter
         self._log_dir = log_dir
         self._tag_cache: dict[tuple, list[str]] = {}
+        self._heatmaps = Heatmaps()
         self._open_file()
 
     def _open_file(self) -> None:
@@ -73,10 +76,16 @@ class TensorBoardSink(Sink):
         values = [value(tag=tag, simple_value=v)
                   for key, row in zip(record.keys, record.values)
                   for tag, v in zip(self._tags(key, record.rank, record.ops), row)]
+        heatmap = record.meta.get("heatmap", False)
         for tag, edges, counts in record.histograms:
             histogram = self._histogram_of(edges, counts)
             if histogram is not None:
                 values.append(value(tag=tag, histo=histogram))
+            image = self._heatmaps.add(tag, counts) if heatmap else None
+            if image is not None:
+                image_tag, height, width, png = image
+                values.append(value(tag=image_tag, image=self._summary.Image(
+                    height=height, width=width, colorspace=3, encoded_image_string=png)))
         if values:
             self._write(self._event(wall_time=time.time(), step=record.step, summary=self._summary(value=values)))
         self.flush()
