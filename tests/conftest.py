@@ -110,3 +110,21 @@ def reference_stats(t: torch.Tensor, ops=ALL_OPS, eps: float = 1e-8) -> dict[str
         elif op == "infs":
             out[op] = float(torch.isinf(x).sum())
     return out
+
+
+@pytest.fixture
+def world_of_one():
+    """A real one-rank gloo group; msmon's collective wrappers are removed and the group torn
+    down afterwards."""
+    import torch.distributed as dist
+
+    from msmon.hooks import torch_distributed as cc
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        cc.uninstrument()
+        while cc.is_instrumented():
+            cc.release()
+        dist.destroy_process_group()

@@ -22,18 +22,6 @@ from conftest import MLP, rank_dir, read_csv_rows
 c10d = dist.distributed_c10d
 
 
-@pytest.fixture
-def world_of_one():
-    """A real one-rank gloo group; everything is unwrapped and torn down afterwards."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        cc.uninstrument()
-        while cc.is_instrumented():
-            cc.release()
-        dist.destroy_process_group()
-
 
 class Recorder:
     """A listener that keeps what it was told."""

@@ -19,11 +19,9 @@ import traceback
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from msmon import TrainerMon, native, stats
-from msmon.hooks import torch_distributed as cc
 
 from conftest import ALL_OPS
 
@@ -107,19 +105,6 @@ FULL_CONFIG = {
 }
 
 
-@pytest.fixture
-def ddp_of_one():
-    """A real one-rank gloo group, so DDP's gradient all-reduce runs inside backward."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        cc.uninstrument()
-        while cc.is_instrumented():
-            cc.release()
-        dist.destroy_process_group()
-
-
 def reads_in_forward_backward(config, write_config, steps: int = 3) -> tuple[list[str], list[bool]]:
     """Train `steps` steps (monitored when config is not None); the host reads counted
     between the start of each forward and the end of its backward, and per read whether it
@@ -151,7 +136,7 @@ def reads_in_forward_backward(config, write_config, steps: int = 3) -> tuple[lis
     return seen, scalars
 
 
-def test_an_unmonitored_step_reads_nothing_back_so_the_check_sees_only_the_monitor(ddp_of_one, write_config):
+def test_an_unmonitored_step_reads_nothing_back_so_the_check_sees_only_the_monitor(world_of_one, write_config):
     assert reads_in_forward_backward(None, write_config) == ([], [])
 
 
@@ -161,13 +146,13 @@ def accelerator_logic(monkeypatch):
 
 
 def test_every_collector_on_the_torch_path_reads_nothing_back_during_forward_and_backward(
-        ddp_of_one, accelerator_logic, write_config, output_dir):
+        world_of_one, accelerator_logic, write_config, output_dir):
     seen, _ = reads_in_forward_backward(FULL_CONFIG, write_config)
     assert seen == []
 
 
 def test_every_collector_with_the_native_kernel_reads_nothing_back_during_forward_and_backward(
-        ddp_of_one, accelerator_logic, write_config, output_dir, monkeypatch):
+        world_of_one, accelerator_logic, write_config, output_dir, monkeypatch):
     monkeypatch.setenv(native.ENV, "1")
     native._loaded, native._tried = None, False
     if native.load() is None:
@@ -176,7 +161,7 @@ def test_every_collector_with_the_native_kernel_reads_nothing_back_during_forwar
     assert seen == []
 
 
-def test_on_the_cpu_the_only_reads_are_of_the_monitors_own_0d_cpu_results(ddp_of_one, write_config, output_dir):
+def test_on_the_cpu_the_only_reads_are_of_the_monitors_own_0d_cpu_results(world_of_one, write_config, output_dir):
     seen, scalars = reads_in_forward_backward(FULL_CONFIG, write_config)
     assert seen and all(scalars), [what for what, ok in zip(seen, scalars) if not ok]
     assert all("msmon/stats.py" in what for what in seen)
@@ -207,7 +192,7 @@ def reads_in_optimizer_steps(config, write_config, steps: int = 3) -> int:
     return count
 
 
-def test_the_step_end_adds_no_host_read_to_the_optimizers_own(ddp_of_one, accelerator_logic, write_config,
+def test_the_step_end_adds_no_host_read_to_the_optimizers_own(world_of_one, accelerator_logic, write_config,
                                                               output_dir):
     """AdamW reads its CPU step counters itself; the monitor's statistics, alerts and the copy
     to the writer (non-blocking on an accelerator) add none on the training thread."""
