@@ -105,17 +105,23 @@ FULL_CONFIG = {
 }
 
 
-def reads_in_forward_backward(config, write_config, steps: int = 3) -> tuple[list[str], list[bool]]:
-    """Train `steps` steps (monitored when config is not None); the host reads counted
-    between the start of each forward and the end of its backward, and per read whether it
-    was of a 0-d CPU tensor."""
+def ddp_training(config, write_config, grad_acc_steps: int):
+    """Net under DDP with AdamW, and its monitor (None when config is None)."""
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Net())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     mon = None
     if config is not None:
         mon = TrainerMon(write_config(config))
-        mon.set_monitor(model, optimizer, grad_acc_steps=2)
+        mon.set_monitor(model, optimizer, grad_acc_steps=grad_acc_steps)
+    return model, optimizer, mon
+
+
+def reads_in_forward_backward(config, write_config, steps: int = 3) -> tuple[list[str], list[bool]]:
+    """Train `steps` steps (monitored when config is not None); the host reads counted
+    between the start of each forward and the end of its backward, and per read whether it
+    was of a 0-d CPU tensor."""
+    model, optimizer, mon = ddp_training(config, write_config, grad_acc_steps=2)
     seen: list[str] = []  # what read, and the msmon line that asked
     scalars: list[bool] = []
     for _ in range(steps):
@@ -170,13 +176,7 @@ def test_on_the_cpu_the_only_reads_are_of_the_monitors_own_0d_cpu_results(world_
 def reads_in_optimizer_steps(config, write_config, steps: int = 3) -> int:
     """Host reads on the training thread during `steps` optimizer steps (clip, step, zero_grad),
     where the monitor computes the step's statistics and hands them to the writer."""
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(Net())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    mon = None
-    if config is not None:
-        mon = TrainerMon(write_config(config))
-        mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    model, optimizer, mon = ddp_training(config, write_config, grad_acc_steps=1)
     count = 0
     for _ in range(steps):
         x, y = torch.randn(8, 12), torch.randint(0, 4, (8,))
