@@ -161,3 +161,43 @@ def test_adams_small_exp_avg_sq_never_reads_zero_in_csv_or_tensorboard(write_con
         for op, value in stats.items():
             (event,) = [e for e in events.Scalars(f"0:{name}/rank0/exp_avg_sq_{op}") if e.step == step]
             assert event.value == pytest.approx(value, rel=1e-5, abs=0.0)  # float32 keeps 1e-15 as it is
+
+
+def test_tensorboard_records_carry_the_checksums_tensorboard_computes_and_read_back(tmp_path):
+    """msmon frames records with a C CRC32C; tensorboard's own (pure Python) checksum and
+    its reader must agree with every byte."""
+    import os
+    import struct
+
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from msmon.records import RowKey, StepRecord
+    from msmon.sinks.tensorboard_sink import TensorBoardSink
+    from msmon.sinks.tfrecord import masked_crc32c_function
+
+    crc = masked_crc32c_function()
+    for n in (0, 1, 7, 8, 9, 63, 4097, 250_000):
+        data = os.urandom(n)
+        assert crc(data) == masked_crc32c(data)
+    sink = TensorBoardSink(str(tmp_path))
+    keys = [RowKey("grad_reduced", f"layer{i}.weight") for i in range(300)]
+    for step in range(3):
+        sink.write(StepRecord(step=step, rank=0, ops=["norm", "max"], keys=keys,
+                              values=[[i + step * 0.5, -i * 1e-7] for i in range(300)]))
+    sink.close()
+    raw = open(sink.path, "rb").read()
+    offset, records = 0, 0
+    while offset < len(raw):  # every record's two checksums, recomputed by tensorboard's function
+        header = raw[offset:offset + 8]
+        (length,) = struct.unpack("<Q", header)
+        assert struct.unpack("<I", raw[offset + 8:offset + 12])[0] == masked_crc32c(header)
+        data = raw[offset + 12:offset + 12 + length]
+        assert struct.unpack("<I", raw[offset + 12 + length:offset + 16 + length])[0] == masked_crc32c(data)
+        offset += 16 + length
+        records += 1
+    assert records == 4  # the file header and three steps
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    values = acc.Scalars("0:layer299.weight/rank0/grad_reduced_norm")
+    assert [(v.step, v.value) for v in values] == [(0, 299.0), (1, 299.5), (2, 300.0)]

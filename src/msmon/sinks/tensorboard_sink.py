@@ -18,6 +18,7 @@ import time
 
 from ..records import RowKey, StepRecord
 from .base import Sink, naming
+from .tfrecord import RecordFile
 from .heatmap import Heatmaps
 
 _MAX_CACHED_ROWS = 1 << 16
@@ -36,10 +37,9 @@ class TensorBoardSink(Sink):
         from tensorboard.compat.proto.event_pb2 import Event, SourceMetadata
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
         from tensorboard.summary.writer.event_file_writer import _global_uid
-        from tensorboard.summary.writer.record_writer import RecordWriter
 
         self._event, self._summary, self._histogram = Event, Summary, HistogramProto
-        self._source_metadata, self._uid, self._record_writer = SourceMetadata, _global_uid, RecordWriter
+        self._source_metadata, self._uid = SourceMetadata, _global_uid
         self._log_dir = log_dir
         self._tag_cache: dict[tuple, list[str]] = {}
         self._heatmaps = Heatmaps()
@@ -50,7 +50,7 @@ class TensorBoardSink(Sink):
         self.path = os.path.join(self._log_dir, "events.out.tfevents.%010d.%s.%s.%s" % (
             time.time(), socket.gethostname(), os.getpid(), self._uid.get()))
         self._file = open(self.path, "wb")
-        self._writer = self._record_writer(self._file)
+        self._writer = RecordFile(self._file)
         try:
             self._write(self._event(wall_time=time.time(), file_version="brain.Event:2",
                                     source_metadata=self._source_metadata(
