@@ -44,6 +44,7 @@ from .. import dedupe
 from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
 from ..fingerprint import Fingerprinter
 from ..optimizers.base import Shard, class_names
+from ..transfer import copy_to_host
 from .base import Collector
 
 if TYPE_CHECKING:
@@ -281,8 +282,8 @@ class _Job:
     step: int
     entries: list[Entry]
     header: torch.Tensor  # int64 [step, layout digest] on the host
-    fingerprints: torch.Tensor  # int64, on the host (filled by a non-blocking copy until `event`)
-    event: Any = None
+    fingerprints: torch.Tensor  # int64, on the host (filled by a non-blocking copy until `events` complete)
+    events: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -418,17 +419,7 @@ class ReplicaCheckCollector(Collector):
         layout = hashlib.blake2b(repr([(e.name, e.category) for e in entries]).encode(), digest_size=8).digest()
         header = torch.tensor([self.mon.step, int.from_bytes(layout, "little", signed=True)], dtype=torch.int64)
         job = _Job(self.mon.step, entries, header, fps)
-        if fps.device.type != "cpu":
-            host = torch.empty(fps.shape, dtype=fps.dtype, pin_memory=torch.cuda.is_available())
-            host.copy_(fps, non_blocking=True)
-            module = getattr(torch, fps.device.type, None)
-            event_cls = getattr(module, "Event", None)
-            if event_cls is not None:
-                job.event = event_cls()
-                job.event.record()
-            else:
-                host = fps.to("cpu")
-            job.fingerprints = host
+        job.fingerprints, job.events = copy_to_host(fps)
         self.state.jobs.put(job)
 
     # -- the exchange (this rank's thread) -----------------------------------------------------------
@@ -449,8 +440,8 @@ class ReplicaCheckCollector(Collector):
 
     def _exchange(self, job: _Job) -> None:
         state = self.state
-        if job.event is not None:
-            job.event.synchronize()
+        for event in job.events:
+            event.synchronize()
         table = exchange(torch.cat([job.header, job.fingerprints]), state.group, len(state.ranks))
         state.checks += 1
         if bool((table[:, 0] != job.step).any()) or bool((table[:, 1] != table[0, 1]).any()):
