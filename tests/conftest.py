@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -128,3 +129,13 @@ def world_of_one():
         while cc.is_instrumented():
             cc.release()
         dist.destroy_process_group()
+
+
+def assert_row_matches(row: dict[str, str], expected: dict[str, float], ndigits: int = 6) -> None:
+    """A CSV row holds the expected statistics, up to float32 rounding and the CSV's digits."""
+    for op, value in expected.items():
+        got = float(row[op])
+        if math.isnan(value):
+            assert math.isnan(got), (row, op)
+        else:
+            assert got == pytest.approx(value, rel=1e-5, abs=1.5 * 10 ** -ndigits), (row["name"], op, got, value)

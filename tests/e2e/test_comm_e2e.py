@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ALL_OPS, rank_dir, read_csv_rows, reference_stats
+from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows, reference_stats
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = Path(__file__).parent / "scripts" / "comm_train.py"
+SCRIPT = ROOT / "tests" / "scripts" / "comm_train.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 SITE_OPS = {"grads": "all_reduce", "gather": "all_gather", "scatter": "reduce_scatter", "bcast": "broadcast",
             "isend": "isend", "irecv": "irecv", "batch": "batch_isend_irecv", "async": "all_reduce"}

@@ -10,16 +10,7 @@ import torch
 from msmon import TrainerMon
 from msmon.stats import batch_stats
 
-from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows, reference_stats, train_steps
-
-
-def assert_row_matches(row: dict[str, str], expected: dict[str, float], ndigits: int = 6) -> None:
-    for op, value in expected.items():
-        got = float(row[op])
-        if math.isnan(value):
-            assert math.isnan(got), (row, op)
-        else:
-            assert got == pytest.approx(value, rel=1e-5, abs=1.5 * 10 ** -ndigits), (row["name"], op, got, value)
+from conftest import ALL_OPS, MLP, assert_row_matches, rank_dir, read_csv_rows, reference_stats, train_steps
 
 
 def run_capturing(model, optimizer, batches, grad_acc):

@@ -15,8 +15,7 @@ from torch.utils.checkpoint import checkpoint
 
 from msmon import TrainerMon
 
-from conftest import ALL_OPS, MLP, ROOT, rank_dir, read_csv_rows, reference_stats
-from test_core_metrics import assert_row_matches
+from conftest import ALL_OPS, MLP, ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
 
 
 def rows_by_key(directory, category):

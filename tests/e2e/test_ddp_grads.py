@@ -12,8 +12,7 @@ import torch
 
 from msmon.anomaly.analyse import first_per_rank, order_events, read_dumps, verdict
 
-from conftest import ROOT, rank_dir, read_csv_rows, reference_stats
-from test_core_metrics import assert_row_matches
+from conftest import ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
 
 
 @pytest.mark.e2e

@@ -16,9 +16,8 @@ import torch
 
 from msmon import TrainerMon
 
-from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows, reference_stats
+from conftest import ALL_OPS, ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
 from plain_models import LstmNet
-from test_core_metrics import assert_row_matches
 
 EVERY_MODULE_HOOK = {"all_xy": True, "wg_distribution": True, "format": "csv", "ops": ALL_OPS,
                      "alert": {"rules": [{"rule_name": "AnomalyNan"}]}}  # + the non-finite origin hooks
