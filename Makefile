@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 TORCH   = torch==2.13.0
 OUT    ?= monitor_output
 
-.PHONY: demo test bench clean
+.PHONY: demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ $(VENV)/.test: pyproject.toml $(VENV)/.base
 	$(BIN)/pip install -q -e '.[test]'
 	touch $@
 
+$(VENV)/.lint: pyproject.toml $(VENV)/.base
+	$(BIN)/pip install -q -e '.[lint]'
+	touch $@
+
 demo: $(VENV)/.base
 	MONITOR_OUTPUT_DIR=$(OUT) $(BIN)/msmon run --config examples/monitor.json --nproc-per-node 2 \
 		-- examples/train_tiny_gpt.py --steps 20
@@ -29,6 +33,11 @@ demo: $(VENV)/.base
 
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -q -ra
+
+# ruff (lint and format; settings in pyproject.toml)
+lint: $(VENV)/.lint
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 bench: $(VENV)/.base
 	$(BIN)/python benchmarks/overhead.py

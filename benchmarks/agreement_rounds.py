@@ -8,6 +8,7 @@ gather (the numbers are already there); a synchronous one-number all_gather read
 comparison. Prints, on rank 0, microseconds per step spent in the round (median of the modes'
 interleaved repetitions).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,12 @@ def main() -> None:
             spent += time.perf_counter() - started
         return 1e6 * spent / args.steps
 
-    modes = ["nothing", "round, nothing recorded", "round, carried by the shard gather",
-             "synchronous all_gather (comparison)"]
+    modes = [
+        "nothing",
+        "round, nothing recorded",
+        "round, carried by the shard gather",
+        "synchronous all_gather (comparison)",
+    ]
     times: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.repeats):
         for mode in modes:

@@ -10,6 +10,7 @@ times. Memory mode: one copy only, monitored or plain, for the process's peak RS
 
 Runs under msmon's venv or msprobe's (`--tool msprobe`); it prints one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,8 +107,11 @@ def run_pairs(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
             plain_s.append(tp)
             mon_s.append(tm)
     steps = args.warmup + args.pairs
-    sync_check = check_no_syncs(args.tool, monitor, monitored, opt_mon, spec.batch_of(gen, device)) \
-        if device.type == "cuda" else None
+    sync_check = (
+        check_no_syncs(args.tool, monitor, monitored, opt_mon, spec.batch_of(gen, device))
+        if device.type == "cuda"
+        else None
+    )
     writer_cpu = thread_cpu_seconds("msmon-writer") if args.tool == "msmon" else None
     summary = None
     if args.tool == "msmon":
@@ -118,13 +122,22 @@ def run_pairs(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         summary["monitor_ms_per_step"] = 1e3 * summary["monitor_seconds"] / steps
     deciles = statistics.quantiles(ratios, n=10)
     return {
-        "mode": "pairs", "tool": args.tool, "model": args.model, "config": args.config, "device": args.device,
-        "threads": torch.get_num_threads(), "pairs": args.pairs, "ops": config["ops"],
-        "ratio_median": statistics.median(ratios), "ratio_p10": deciles[0], "ratio_p90": deciles[-1],
+        "mode": "pairs",
+        "tool": args.tool,
+        "model": args.model,
+        "config": args.config,
+        "device": args.device,
+        "threads": torch.get_num_threads(),
+        "pairs": args.pairs,
+        "ops": config["ops"],
+        "ratio_median": statistics.median(ratios),
+        "ratio_p10": deciles[0],
+        "ratio_p90": deciles[-1],
         "ratio_mean_of_sums": sum(mon_s) / sum(plain_s),
         # the training thread's CPU time: robust to other load, complete with one torch thread
         "cpu_ratio_median": statistics.median(cpu_ratios),
-        "plain_ms": 1e3 * statistics.median(plain_s), "monitored_ms": 1e3 * statistics.median(mon_s),
+        "plain_ms": 1e3 * statistics.median(plain_s),
+        "monitored_ms": 1e3 * statistics.median(mon_s),
         "losses_identical": bool(identical),
         "writer_cpu_ms_per_step": None if writer_cpu is None else 1e3 * writer_cpu / steps,
         "monitor_summary": summary,
@@ -186,8 +199,14 @@ def run_memory(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         train_step(model, opt, spec.batch_of(gen, device))
     if monitor is not None and args.tool == "msmon":
         monitor.close()
-    result = {"mode": "memory", "tool": args.tool if monitor else "plain", "model": args.model,
-              "config": args.config if monitor else None, "steps": args.steps, "peak_rss_mib": peak_rss_mib()}
+    result = {
+        "mode": "memory",
+        "tool": args.tool if monitor else "plain",
+        "model": args.model,
+        "config": args.config if monitor else None,
+        "steps": args.steps,
+        "peak_rss_mib": peak_rss_mib(),
+    }
     if device.type == "cuda":
         result["peak_device_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return result

@@ -21,6 +21,7 @@ wall time. The rows of both are compared bit for bit.
 `--pybind` is a build of the former fused_stats.cpp (git show 43c9d45:src/msmon/native/fused_stats.cpp)
 with torch.utils.cpp_extension; without it only the ctypes kernel is measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -114,21 +115,39 @@ def main() -> None:
     results: dict[str, Any] = {}
     for name, (calls, flat) in cases(model).items():
         want = [kernels["ctypes"](ts, 1e-8, COLUMNS, PER_ELEMENT, flat, 1, 1 << 22) for ts in calls]
-        same = all(torch.equal(k(ts, 1e-8, COLUMNS, PER_ELEMENT, flat, 1, 1 << 22).view(torch.int64), w.view(torch.int64))
-                   for k in kernels.values() for ts, w in zip(calls, want))
+        same = all(
+            torch.equal(k(ts, 1e-8, COLUMNS, PER_ELEMENT, flat, 1, 1 << 22).view(torch.int64), w.view(torch.int64))
+            for k in kernels.values()
+            for ts, w in zip(calls, want)
+        )
         reps = max(1, int(2000 / max(1, sum(t.numel() for ts in calls for t in ts) // 10000 + len(calls))))
         samples: dict[str, list[float]] = {k: [] for k in kernels}
         for _ in range(args.blocks):
             for label, rows_of in kernels.items():
                 samples[label].append(time_block(rows_of, calls, flat, reps))
-        results[name] = {"bit_identical": same, "calls_per_rep": len(calls), "reps_per_block": reps,
-                         **{f"{label}_median_us": statistics.median(v) for label, v in samples.items()}}
-        print(f"{name:38s} " + "  ".join(f"{label} {statistics.median(v):8.2f} us" for label, v in samples.items())
-              + f"  bit-identical: {same}")
-    record = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(), "cores": os.cpu_count(),
-              "load_average": os.getloadavg(), "torch": torch.__version__, "isa": native.isa(),
-              "kernel": native.built_path(), "first_use_s": first_use_s, "compiled_here": native.compiled_here,
-              "results": results}
+        results[name] = {
+            "bit_identical": same,
+            "calls_per_rep": len(calls),
+            "reps_per_block": reps,
+            **{f"{label}_median_us": statistics.median(v) for label, v in samples.items()},
+        }
+        print(
+            f"{name:38s} "
+            + "  ".join(f"{label} {statistics.median(v):8.2f} us" for label, v in samples.items())
+            + f"  bit-identical: {same}"
+        )
+    record = {
+        "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "torch": torch.__version__,
+        "isa": native.isa(),
+        "kernel": native.built_path(),
+        "first_use_s": first_use_s,
+        "compiled_here": native.compiled_here,
+        "results": results,
+    }
     print(json.dumps({k: v for k, v in record.items() if k != "results"}))
     if args.json:
         with open(args.json, "w") as fh:

@@ -6,6 +6,7 @@ compiler's peak memory) and native.prepare() at attach with the kernel already i
 Each measurement runs in a fresh process with its own empty cache directory, so nothing is
 shared between them; the compiler's CPU time and peak RSS come from getrusage(RUSAGE_CHILDREN).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,14 +64,23 @@ def main() -> None:
     def med(rows: list[dict], key: str) -> float:
         return statistics.median(r[key] for r in rows)
 
-    record = {"date": time.strftime("%Y-%m-%d"), "load_average": os.getloadavg(), "isa": cold[0]["isa"],
-              "compiler": subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
-              "compile_wall_s_median": med(cold, "compile_s"), "compile_wall_s": [c["compile_s"] for c in cold],
-              "compile_cpu_s_median": med(cold, "children_cpu_s"),
-              "compiler_peak_rss_mib": json.loads(subprocess.run([sys.executable, "-S", "-c", COMPILER_PEAK, BUILD_PY],
-                                                                 capture_output=True, text=True, check=True).stdout),
-              "first_prepare_s_median": med(cold, "prepare_s"), "cached_prepare_s_median": med(warm, "prepare_s"),
-              "cached_prepare_s": [w["prepare_s"] for w in warm]}
+    record = {
+        "date": time.strftime("%Y-%m-%d"),
+        "load_average": os.getloadavg(),
+        "isa": cold[0]["isa"],
+        "compiler": subprocess.run(["c++", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
+        "compile_wall_s_median": med(cold, "compile_s"),
+        "compile_wall_s": [c["compile_s"] for c in cold],
+        "compile_cpu_s_median": med(cold, "children_cpu_s"),
+        "compiler_peak_rss_mib": json.loads(
+            subprocess.run(
+                [sys.executable, "-S", "-c", COMPILER_PEAK, BUILD_PY], capture_output=True, text=True, check=True
+            ).stdout
+        ),
+        "first_prepare_s_median": med(cold, "prepare_s"),
+        "cached_prepare_s_median": med(warm, "prepare_s"),
+        "cached_prepare_s": [w["prepare_s"] for w in warm],
+    }
     print(json.dumps(record, indent=2))
     if args.json:
         with open(args.json, "w") as fh:

@@ -11,6 +11,7 @@ byte for byte, and the anomaly dumps' records. Exit status 0 when identical, 1 o
 TensorBoard event files are compared by their scalars (tag, step, value; their records carry wall
 times). summary.json (the monitor's cost) and config.json are listed, not compared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,20 @@ EVENTS = re.compile(r"^events\.out\.tfevents\..*$")  # the name carries the time
 def run_example(src: Path, out: Path, steps: int) -> None:
     """The example job with msmon imported from `src` (a checkout's src/ folder)."""
     env = dict(os.environ, PYTHONPATH=str(src), MONITOR_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(ROOT / "examples" / "monitor.json"),
-           "--nproc-per-node", "2", "--", str(ROOT / "examples" / "train_tiny_gpt.py"), "--steps", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "msmon.launcher",
+        "run",
+        "--config",
+        str(ROOT / "examples" / "monitor.json"),
+        "--nproc-per-node",
+        "2",
+        "--",
+        str(ROOT / "examples" / "train_tiny_gpt.py"),
+        "--steps",
+        str(steps),
+    ]
     done = subprocess.run(cmd, env=env, cwd=str(out.parent), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the example failed with msmon from {src}:\n{done.stdout}\n{done.stderr}")
@@ -60,8 +73,9 @@ def scalars(path: Path) -> list[tuple[str, int, float]]:
     out = []
     for event in EventFileLoader(str(path)).Load():
         for value in event.summary.value:
-            number = (float(tensor_util.make_ndarray(value.tensor)) if value.HasField("tensor")
-                      else float(value.simple_value))
+            number = (
+                float(tensor_util.make_ndarray(value.tensor)) if value.HasField("tensor") else float(value.simple_value)
+            )
             out.append((value.tag, event.step, number))
     return out
 
@@ -105,8 +119,10 @@ def compare(before: Path, after: Path, rev: str) -> list[str]:
                 problems.append(f"differs: {name}")
     if compared == 0:
         problems.append("no CSV file was written: nothing was compared")
-    print(f"compared {compared} files; not compared (clock- or process-dependent): "
-          f"{sorted(n for n in set(old) & set(new) if not n.endswith((*COMPARED_SUFFIXES, 'tfevents')) and DUMP_DIR not in n)}")
+    print(
+        f"compared {compared} files; not compared (clock- or process-dependent): "
+        f"{sorted(n for n in set(old) & set(new) if not n.endswith((*COMPARED_SUFFIXES, 'tfevents')) and DUMP_DIR not in n)}"  # noqa: E501
+    )
     return problems
 
 
@@ -119,8 +135,11 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="msmon-identity-"))
     tree = work / "rev"
     try:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.rev],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.rev],
+            check=True,
+            capture_output=True,
+        )
         (work / "before").mkdir()
         (work / "after").mkdir()
         run_example(tree / "src", work / "before" / "monitor_output", args.steps)

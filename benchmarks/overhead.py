@@ -11,6 +11,7 @@ configuration). `--compare-msprobe` runs msprobe's TrainerMon the same way with 
 interpreter of a venv where mindstudio-probe is installed (default /tmp/refvenv).
 Machines shared with other work give noisy ratios: the table records the load average.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,11 +62,16 @@ def machine() -> dict[str, Any]:
         cpu = names[0] if names else cpu
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "threads": torch.get_num_threads(),
-            # msmon's statistics path, inherited by every worker: the native kernel when it is built
-            # (the default) unless MSMON_NATIVE_STATS=0; each worker records what it used
-            "native_stats": os.environ.get("MSMON_NATIVE_STATS", "") not in ("0", "false", "no", "off")}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        # msmon's statistics path, inherited by every worker: the native kernel when it is built
+        # (the default) unless MSMON_NATIVE_STATS=0; each worker records what it used
+        "native_stats": os.environ.get("MSMON_NATIVE_STATS", "") not in ("0", "false", "no", "off"),
+    }
 
 
 def fmt_ratio(r: dict[str, Any] | None) -> str:
@@ -99,12 +105,19 @@ def table(results: dict[str, Any], models: list[str], configs: list[str], compar
         for config in configs:
             ours = results.get(f"pairs/msmon/{model}/{config}")
             summary = (ours or {}).get("monitor_summary") or {}
-            cells = [model, config, f"{ours['plain_ms']:.0f} ms" if ours else "n/a", fmt_ratio(ours),
-                     fmt_mem(results.get(f"memory/msmon/{model}/{config}"), plain_mem),
-                     self_reported(ours, summary)]
+            cells = [
+                model,
+                config,
+                f"{ours['plain_ms']:.0f} ms" if ours else "n/a",
+                fmt_ratio(ours),
+                fmt_mem(results.get(f"memory/msmon/{model}/{config}"), plain_mem),
+                self_reported(ours, summary),
+            ]
             if compare:
-                cells += [fmt_ratio(results.get(f"pairs/msprobe/{model}/{config}")),
-                          fmt_mem(results.get(f"memory/msprobe/{model}/{config}"), plain_mem)]
+                cells += [
+                    fmt_ratio(results.get(f"pairs/msprobe/{model}/{config}")),
+                    fmt_mem(results.get(f"memory/msprobe/{model}/{config}"), plain_mem),
+                ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -118,8 +131,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--compare-msprobe", action="store_true", help="also run msprobe's TrainerMon")
-    parser.add_argument("--msprobe-python", default=DEFAULT_MSPROBE_PYTHON,
-                        help="interpreter of a venv with mindstudio-probe installed")
+    parser.add_argument(
+        "--msprobe-python", default=DEFAULT_MSPROBE_PYTHON, help="interpreter of a venv with mindstudio-probe installed"
+    )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS runs")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     parser.add_argument("--json", help="write every result to this file")
@@ -135,29 +149,34 @@ def main() -> None:
     results: dict[str, Any] = {"machine": machine(), "load_before": os.getloadavg(), "started": time.time()}
     for model in args.models:
         if not args.no_memory:
-            results[f"memory/plain/{model}"] = run_worker(sys.executable, ["--model", model, "--memory", "plain",
-                                                                           *common], args.timeout)
+            results[f"memory/plain/{model}"] = run_worker(
+                sys.executable, ["--model", model, "--memory", "plain", *common], args.timeout
+            )
         for config in args.configs:
             for tool, python in tools:
                 print(f"{tool:8s} {model:9s} {config} ...", file=sys.stderr, flush=True)
                 base = ["--tool", tool, "--model", model, "--config", config, *common]
                 load = os.getloadavg()[0]
-                result = run_worker(python, base + ["--pairs", str(args.pairs), "--warmup", str(args.warmup)],
-                                    args.timeout)
+                result = run_worker(
+                    python, base + ["--pairs", str(args.pairs), "--warmup", str(args.warmup)], args.timeout
+                )
                 if result is not None:
                     result["load_before"], result["load_after"] = load, os.getloadavg()[0]
                 results[f"pairs/{tool}/{model}/{config}"] = result
                 if not args.no_memory:
-                    results[f"memory/{tool}/{model}/{config}"] = run_worker(python, base + ["--memory", "monitored"],
-                                                                            args.timeout)
+                    results[f"memory/{tool}/{model}/{config}"] = run_worker(
+                        python, base + ["--memory", "monitored"], args.timeout
+                    )
     results["load_after"] = os.getloadavg()
     compare = any(tool == "msprobe" for tool, _ in tools)
     text = table(results, args.models, args.configs, compare)
     print(text)
     m = results["machine"]
-    print(f"\n{m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads); load average "
-          f"{results['load_before'][0]:.2f} before, {results['load_after'][0]:.2f} after; {args.pairs} pairs each"
-          + ("." if m["native_stats"] else "; msmon with MSMON_NATIVE_STATS=0 (torch reductions)."))
+    print(
+        f"\n{m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads); load average "
+        f"{results['load_before'][0]:.2f} before, {results['load_after'][0]:.2f} after; {args.pairs} pairs each"
+        + ("." if m["native_stats"] else "; msmon with MSMON_NATIVE_STATS=0 (torch reductions).")
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(results, fh, indent=2)

@@ -13,6 +13,7 @@ For one monitored step after warm-up, per configuration:
   the floor they imply at the machine's measured read bandwidth;
 - step times: plain and monitored (median of alternating steps) and the monitor's summary().
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,7 @@ class CallCounter:
         elif event == "c_call" and in_msmon and getattr(arg, "__name__", "") in HOST_READS:
             self.host_reads[arg.__name__] += 1
 
-    def __enter__(self) -> "CallCounter":
+    def __enter__(self) -> CallCounter:
         sys.setprofile(self)
         threading.setprofile(self)
         return self
@@ -91,7 +92,7 @@ class BytesCounter:
         self._seen: dict[tuple[int, int, int], Any] = {}
         self._original = msmon.stats._as_stat_input
 
-    def __enter__(self) -> "BytesCounter":
+    def __enter__(self) -> BytesCounter:
         original = self._original
 
         def counting(t):
@@ -161,32 +162,50 @@ def profile_config(model_name: str, config_name: str, steps: int, workdir: str) 
     summary = monitor.summary()
     monitor.close()
     return {
-        "model": model_name, "config": config_name,
-        "plain_ms": 1e3 * statistics.median(plain_s), "monitored_ms": 1e3 * statistics.median(mon_s),
-        "hook_calls": sum(calls.entries.values()), "hook_calls_by_function": dict(calls.entries.most_common()),
-        "host_reads": dict(calls.host_reads), "kernels": kernels,
-        "kernels_by_op": dict(by_op.most_common()), "kernel_us_by_op": {k: round(v) for k, v in op_us.most_common()},
-        "stat_tensors": read.tensors, "stat_bytes": read.bytes, "repeats": read.repeats,
-        "repeat_bytes": read.repeat_bytes, "monitor_summary": summary,
+        "model": model_name,
+        "config": config_name,
+        "plain_ms": 1e3 * statistics.median(plain_s),
+        "monitored_ms": 1e3 * statistics.median(mon_s),
+        "hook_calls": sum(calls.entries.values()),
+        "hook_calls_by_function": dict(calls.entries.most_common()),
+        "host_reads": dict(calls.host_reads),
+        "kernels": kernels,
+        "kernels_by_op": dict(by_op.most_common()),
+        "kernel_us_by_op": {k: round(v) for k, v in op_us.most_common()},
+        "stat_tensors": read.tensors,
+        "stat_bytes": read.bytes,
+        "repeats": read.repeats,
+        "repeat_bytes": read.repeat_bytes,
+        "monitor_summary": summary,
     }
 
 
 def report(results: list[dict[str, Any]], bandwidth: float) -> str:
-    lines = [f"Read bandwidth (sum over 512 MiB, {torch.get_num_threads()} threads): {bandwidth:.1f} GB/s", "",
-             "| model | configuration | plain | monitored | difference | tensors read (repeats) | MB read "
-             "(repeats) | floor (MB / bandwidth) | hook calls | host reads | kernels |", "|" + "---|" * 11]
+    lines = [
+        f"Read bandwidth (sum over 512 MiB, {torch.get_num_threads()} threads): {bandwidth:.1f} GB/s",
+        "",
+        "| model | configuration | plain | monitored | difference | tensors read (repeats) | MB read "
+        "(repeats) | floor (MB / bandwidth) | hook calls | host reads | kernels |",
+        "|" + "---|" * 11,
+    ]
     for r in results:
         floor_ms = r["stat_bytes"] / bandwidth / 1e6
         lines.append(
             f"| {r['model']} | {r['config']} | {r['plain_ms']:.1f} ms | {r['monitored_ms']:.1f} ms | "
             f"{r['monitored_ms'] - r['plain_ms']:+.1f} ms | {r['stat_tensors']} ({r['repeats']}) | "
             f"{r['stat_bytes'] / 1e6:.1f} ({r['repeat_bytes'] / 1e6:.1f}) | "
-            f"{floor_ms:.2f} ms | {r['hook_calls']} | {sum(r['host_reads'].values())} | {r['kernels']} |")
+            f"{floor_ms:.2f} ms | {r['hook_calls']} | {sum(r['host_reads'].values())} | {r['kernels']} |"
+        )
     for r in results:
-        lines += ["", f"**{r['model']} / {r['config']}**: hook calls {r['hook_calls_by_function']}; "
-                      f"host reads {r['host_reads'] or 'none'}; kernel time by op (us, profiled): "
-                      + ", ".join(f"{op.removeprefix('aten::')} {r['kernels_by_op'][op]}x {us}"
-                                  for op, us in list(r["kernel_us_by_op"].items())[:8])]
+        lines += [
+            "",
+            f"**{r['model']} / {r['config']}**: hook calls {r['hook_calls_by_function']}; "
+            f"host reads {r['host_reads'] or 'none'}; kernel time by op (us, profiled): "
+            + ", ".join(
+                f"{op.removeprefix('aten::')} {r['kernels_by_op'][op]}x {us}"
+                for op, us in list(r["kernel_us_by_op"].items())[:8]
+            ),
+        ]
     return "\n".join(lines)
 
 

@@ -11,7 +11,8 @@ host copy, the hand-off: robust to other processes on the machine), the monitor'
 weights, and the exchange the background thread does (one all_gather of the fingerprints on
 msmon's gloo group). Every measurement is repeated (--repeats): the table gives the median of
 the repeats' medians and their range, since the machine may be shared with other work.
-"""
+"""  # noqa: E501
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from workloads import MODELS, train_step  # noqa: E402
 
-SETTINGS = {"off": None, "weights": {"enable": True, "every": 1},
-            "weights+grads": {"enable": True, "every": 1, "grads": True}}
+SETTINGS = {
+    "off": None,
+    "weights": {"enable": True, "every": 1},
+    "weights+grads": {"enable": True, "every": 1, "grads": True},
+}
 
 
 def timed(fn, count: int) -> tuple[float, float]:
@@ -50,12 +54,14 @@ def timed(fn, count: int) -> tuple[float, float]:
 
 def cpu_clocked(fn, total: list[float]):
     """fn, adding the training thread's CPU time spent in it to total[0]."""
+
     def clocked() -> None:
         started = time.thread_time()
         try:
             fn()
         finally:
             total[0] += time.thread_time() - started
+
     return clocked
 
 
@@ -96,21 +102,25 @@ def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: 
                     monitor_ms.append(1e3 * (mon.cost.seconds - before))
                     check_cpu_ms.append(1e3 * (check_cpu[0] - before_cpu))
             mon.close()
-            out["steps"].setdefault(name, []).append({"monitor_ms": statistics.median(monitor_ms),
-                                                      "check_cpu_ms": statistics.median(check_cpu_ms),
-                                                      "step_ms": statistics.median(step_ms),
-                                                      "step_cpu_ms": statistics.median(step_cpu_ms)})
+            out["steps"].setdefault(name, []).append(
+                {
+                    "monitor_ms": statistics.median(monitor_ms),
+                    "check_cpu_ms": statistics.median(check_cpu_ms),
+                    "step_ms": statistics.median(step_ms),
+                    "step_cpu_ms": statistics.median(step_cpu_ms),
+                }
+            )
         fp = Fingerprinter()
         params = list(model.parameters())
         fp(params)  # tables and plan
-        wall, cpu = timed(lambda: fp(params), args.steps)
+        wall, cpu = timed(lambda: fp(params), args.steps)  # noqa: B023
         out["alone"].setdefault("fingerprint_weights_ms", []).append(wall)
         out["alone"].setdefault("fingerprint_weights_cpu_ms", []).append(cpu)
         group = own_group(list(range(world)))
         payload = torch.zeros(2 + 2 * len(params), dtype=torch.int64)
         buffers = [torch.empty_like(payload) for _ in range(world)]
         dist.barrier()
-        wall, cpu = timed(lambda: dist.all_gather(buffers, payload, group=group), args.steps)
+        wall, cpu = timed(lambda: dist.all_gather(buffers, payload, group=group), args.steps)  # noqa: B023
         out["alone"].setdefault("exchange_ms", []).append(wall)
     out["tensors"] = len(params)
     out["elements"] = sum(p.numel() for p in params)
@@ -141,21 +151,37 @@ def main() -> None:
         mp.spawn(worker, args=(args.ranks, f"file://{tmp}/store", args, results), nprocs=args.ranks)
         with open(results, encoding="utf-8") as fh:
             out = json.load(fh)
-    out.update(model=args.model, ranks=args.ranks, repeats=args.repeats, measured_steps=args.steps, load_before=load,
-               load_after=os.getloadavg(), cpu=platform.processor(), torch=torch.__version__)
-    print(f"{args.model}: {out['tensors']} tensors, {out['elements']:,} elements; {args.ranks} gloo ranks, "
-          f"{args.repeats} repeats of {args.steps} steps; load {load[0]:.2f} before, {out['load_after'][0]:.2f} after")
-    print("| setting | the check's CPU time per check step (training thread) | monitor's clock (wall) | step wall | "
-          "step CPU |")
+    out.update(
+        model=args.model,
+        ranks=args.ranks,
+        repeats=args.repeats,
+        measured_steps=args.steps,
+        load_before=load,
+        load_after=os.getloadavg(),
+        cpu=platform.processor(),
+        torch=torch.__version__,
+    )
+    print(
+        f"{args.model}: {out['tensors']} tensors, {out['elements']:,} elements; {args.ranks} gloo ranks, "
+        f"{args.repeats} repeats of {args.steps} steps; load {load[0]:.2f} before, {out['load_after'][0]:.2f} after"
+    )
+    print(
+        "| setting | the check's CPU time per check step (training thread) | monitor's clock (wall) | step wall | "
+        "step CPU |"
+    )
     print("|---|---|---|---|---|")
     for name in SETTINGS:
         rows = out["steps"][name]
-        print(f"| {name} | {summary([r['check_cpu_ms'] for r in rows])} | {summary([r['monitor_ms'] for r in rows])} | "
-              f"{summary([r['step_ms'] for r in rows])} | {summary([r['step_cpu_ms'] for r in rows])} |")
+        print(
+            f"| {name} | {summary([r['check_cpu_ms'] for r in rows])} | {summary([r['monitor_ms'] for r in rows])} | "
+            f"{summary([r['step_ms'] for r in rows])} | {summary([r['step_cpu_ms'] for r in rows])} |"
+        )
     alone = out["alone"]
-    print(f"fingerprints of all weights alone: {summary(alone['fingerprint_weights_ms'])} wall, "
-          f"{summary(alone['fingerprint_weights_cpu_ms'])} CPU; exchange (all_gather on the gloo group, in the "
-          f"background thread): {summary(alone['exchange_ms'])} wall")
+    print(
+        f"fingerprints of all weights alone: {summary(alone['fingerprint_weights_ms'])} wall, "
+        f"{summary(alone['fingerprint_weights_cpu_ms'])} CPU; exchange (all_gather on the gloo group, in the "
+        f"background thread): {summary(alone['exchange_ms'])} wall"
+    )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(out, fh, indent=1)

@@ -22,6 +22,7 @@ Three things happen in it, so a report has something to show:
   and every later layer and, on every rank, the reduced gradients follow (NanOrigin and
   AnomalyNan records, written with msmon's own AnomalyDumpWriter).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,9 +71,17 @@ class Plan:
         self.ranks, self.steps = args.ranks, args.steps
         self.per_category = max(1, args.tensors // len(CATEGORIES))
         self.window = args.window
-        self.spike_step, self.spike_rank, self.spike_tensor = int(self.steps * 0.6), self.ranks // 2, self.per_category // 3
+        self.spike_step, self.spike_rank, self.spike_tensor = (
+            int(self.steps * 0.6),
+            self.ranks // 2,
+            self.per_category // 3,
+        )
         self.desync_step, self.desync_rank = self.steps // 2, self.ranks // 3
-        self.nan_step, self.nan_rank, self.nan_tensor = int(self.steps * 0.8), (self.ranks * 3) // 4, self.per_category // 2
+        self.nan_step, self.nan_rank, self.nan_tensor = (
+            int(self.steps * 0.8),
+            (self.ranks * 3) // 4,
+            self.per_category // 2,
+        )
         self.names = {c: names(c, self.per_category) for c in CATEGORIES}
 
     def norm(self, category: str, rank: int, i: int, step: int) -> float:
@@ -80,8 +89,12 @@ class Plan:
         trend = 1.0 + 0.5 * math.sin(step / max(1, self.steps) * math.pi)
         who = rank if category in PER_RANK else 0
         value = SCALE[category] * layer_scale * trend * (1.0 + 0.05 * noise(who, i, step, len(category)))
-        if category == "grad_unreduced" and rank == self.spike_rank and i == self.spike_tensor \
-                and step == self.spike_step:
+        if (
+            category == "grad_unreduced"
+            and rank == self.spike_rank
+            and i == self.spike_tensor
+            and step == self.spike_step
+        ):
             value *= 50.0
         if category not in PER_RANK and rank == self.desync_rank and step >= self.desync_step:
             value *= 1.001
@@ -110,7 +123,7 @@ def _cells(values: list[float]) -> str:
 def write_rank(job: tuple[Plan, str, int]) -> int:
     """One rank's directory; returns the number of CSV rows written."""
     plan, out, rank = job
-    rank_dir = os.path.join(out, f"Dec03_16-40-51-rank{rank}-{int((noise(rank, 7) + 1.0) * 2 ** 31):08x}")
+    rank_dir = os.path.join(out, f"Dec03_16-40-51-rank{rank}-{int((noise(rank, 7) + 1.0) * 2**31):08x}")
     os.makedirs(rank_dir, exist_ok=True)
     rows = 0
     for category in CATEGORIES:
@@ -121,24 +134,45 @@ def write_rank(job: tuple[Plan, str, int]) -> int:
             lines = [header]
             for step in range(first, min(last + 1, plan.steps)):
                 for i, name in enumerate(plan.names[category]):
-                    lines.append(f"0,{name},{step}," + ("0," if micro else "") + _cells(_row(plan, category, rank, i, step)))
+                    lines.append(
+                        f"0,{name},{step}," + ("0," if micro else "") + _cells(_row(plan, category, rank, i, step))
+                    )
                     rows += 1
             with open(os.path.join(rank_dir, f"{category}_{first}-{last}.csv"), "w", encoding="utf-8") as fh:
                 fh.write("\n".join(lines) + "\n")
-    config = {"targets": {}, "wg_distribution": True, "mv_distribution": True, "xy_distribution": True,
-              "format": ["csv"], "ops": list(OPS), "step_count_per_record": plan.window,
-              "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 3.0}},
-                                  {"rule_name": "AnomalyNan"}], "dump": True}}
+    config = {
+        "targets": {},
+        "wg_distribution": True,
+        "mv_distribution": True,
+        "xy_distribution": True,
+        "format": ["csv"],
+        "ops": list(OPS),
+        "step_count_per_record": plan.window,
+        "alert": {
+            "rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 3.0}}, {"rule_name": "AnomalyNan"}],
+            "dump": True,
+        },
+    }
     with open(os.path.join(rank_dir, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(config, fh, indent=2)
     step_ms = 950.0 * (1.0 + 0.02 * noise(rank, 1))
     cost_ms = 25.0 * (1.0 + 0.2 * noise(rank, 2)) + (40.0 if rank == plan.spike_rank else 0.0)
     alerts = write_anomalies(plan, out, rank)
-    summary = {"rank": rank, "output_dir": rank_dir, "steps_recorded": plan.steps, "alerts": alerts,
-               "first_nonfinite": None, "monitor_seconds": round(cost_ms * plan.steps / 1000, 6),
-               "steps_timed": plan.steps - 1, "step_ms": round(step_ms, 3), "monitor_ms_per_step": round(cost_ms, 3),
-               "monitor_cost_pct": round(100 * cost_ms / step_ms, 3), "writer_cpu_seconds": round(0.003 * plan.steps, 6),
-               "writer_cpu_ms_per_step": 3.0, "last_step": plan.steps}
+    summary = {
+        "rank": rank,
+        "output_dir": rank_dir,
+        "steps_recorded": plan.steps,
+        "alerts": alerts,
+        "first_nonfinite": None,
+        "monitor_seconds": round(cost_ms * plan.steps / 1000, 6),
+        "steps_timed": plan.steps - 1,
+        "step_ms": round(step_ms, 3),
+        "monitor_ms_per_step": round(cost_ms, 3),
+        "monitor_cost_pct": round(100 * cost_ms / step_ms, 3),
+        "writer_cpu_seconds": round(0.003 * plan.steps, 6),
+        "writer_cpu_ms_per_step": 3.0,
+        "last_step": plan.steps,
+    }
     with open(os.path.join(rank_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
     return rows
@@ -149,26 +183,67 @@ def write_anomalies(plan: Plan, out: str, rank: int) -> int:
     records: list[dict] = []
     if rank == plan.spike_rank:
         i = plan.spike_tensor
-        records.append({"step": plan.spike_step, "stage": "backward", "call_id": 100 + i,
-                        "name": plan.names["grad_unreduced"][i], "category": "grad_unreduced", "op": "norm",
-                        "value": plan.norm("grad_unreduced", rank, i, plan.spike_step),
-                        "history": plan.norm("grad_unreduced", rank, i, plan.spike_step) / 50.0,
-                        "rule": "AnomalyTurbulence", "message": "norm grew 50x its history"})
+        records.append(
+            {
+                "step": plan.spike_step,
+                "stage": "backward",
+                "call_id": 100 + i,
+                "name": plan.names["grad_unreduced"][i],
+                "category": "grad_unreduced",
+                "op": "norm",
+                "value": plan.norm("grad_unreduced", rank, i, plan.spike_step),
+                "history": plan.norm("grad_unreduced", rank, i, plan.spike_step) / 50.0,
+                "rule": "AnomalyTurbulence",
+                "message": "norm grew 50x its history",
+            }
+        )
     if plan.nan_step < plan.steps:
         step = plan.nan_step
         if rank == plan.nan_rank:
             first = plan.names["actv"][plan.nan_tensor]
-            records.append({"step": step, "micro_step": 0, "stage": "forward", "call_id": plan.nan_tensor,
-                            "name": first, "category": "actv", "op": "nans", "value": 1.0,
-                            "rule": "NanOrigin", "message": "first non-finite output"})
+            records.append(
+                {
+                    "step": step,
+                    "micro_step": 0,
+                    "stage": "forward",
+                    "call_id": plan.nan_tensor,
+                    "name": first,
+                    "category": "actv",
+                    "op": "nans",
+                    "value": 1.0,
+                    "rule": "NanOrigin",
+                    "message": "first non-finite output",
+                }
+            )
             for i in range(plan.nan_tensor, plan.per_category):
-                records.append({"step": step, "micro_step": 0, "stage": "forward", "call_id": i,
-                                "name": plan.names["actv"][i], "category": "actv", "op": "norm",
-                                "value": math.nan, "rule": "AnomalyNan", "message": "norm is nan"})
+                records.append(
+                    {
+                        "step": step,
+                        "micro_step": 0,
+                        "stage": "forward",
+                        "call_id": i,
+                        "name": plan.names["actv"][i],
+                        "category": "actv",
+                        "op": "norm",
+                        "value": math.nan,
+                        "rule": "AnomalyNan",
+                        "message": "norm is nan",
+                    }
+                )
         for i, name in enumerate(plan.names["grad_reduced"]):
-            records.append({"step": step, "stage": "optimizer", "call_id": 1000 + i, "name": name,
-                            "category": "grad_reduced", "op": "norm", "value": math.nan, "rule": "AnomalyNan",
-                            "message": "norm is nan"})
+            records.append(
+                {
+                    "step": step,
+                    "stage": "optimizer",
+                    "call_id": 1000 + i,
+                    "name": name,
+                    "category": "grad_reduced",
+                    "op": "norm",
+                    "value": math.nan,
+                    "rule": "AnomalyNan",
+                    "message": "norm is nan",
+                }
+            )
     if records:
         AnomalyDumpWriter(out, rank, 0, list(range(plan.ranks))[:8]).append(records)
     return len(records)
@@ -188,10 +263,20 @@ def main() -> None:
     jobs = [(plan, args.output, rank) for rank in range(args.ranks)]
     with Pool(args.processes) as pool:
         rows = sum(pool.imap_unordered(write_rank, jobs, chunksize=1))
-    print(json.dumps({"output": args.output, "ranks": args.ranks, "steps": args.steps,
-                      "rows_per_step": plan.per_category * len(CATEGORIES), "csv_rows": rows,
-                      "values": rows * len(OPS), "files": args.ranks * len(CATEGORIES) * math.ceil(args.steps / args.window),
-                      "seconds": round(time.perf_counter() - started, 1)}))
+    print(
+        json.dumps(
+            {
+                "output": args.output,
+                "ranks": args.ranks,
+                "steps": args.steps,
+                "rows_per_step": plan.per_category * len(CATEGORIES),
+                "csv_rows": rows,
+                "values": rows * len(OPS),
+                "files": args.ranks * len(CATEGORIES) * math.ceil(args.steps / args.window),
+                "seconds": round(time.perf_counter() - started, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Shared by the msmon and the msprobe runs (it imports neither), so both tools see exactly the
 same model, data and config.
 """
+
 from __future__ import annotations
 
 import os

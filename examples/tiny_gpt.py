@@ -4,6 +4,7 @@ Four pre-LayerNorm transformer blocks, d=256, vocabulary 1000, context 64: 3.7M 
 Plain PyTorch so that every monitor feature (modules, parameters, Adam moments) has
 something real to look at.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,8 +52,9 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int = 1000, d_model: int = 256, n_layer: int = 4, n_head: int = 4,
-                 seq_len: int = 64) -> None:
+    def __init__(
+        self, vocab: int = 1000, d_model: int = 256, n_layer: int = 4, n_head: int = 4, seq_len: int = 64
+    ) -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, d_model)
         self.pos_emb = nn.Embedding(seq_len, d_model)

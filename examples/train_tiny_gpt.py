@@ -1,9 +1,10 @@
 """Train the tiny GPT on synthetic data: an ordinary script with no monitoring code in it.
 
-    python examples/train_tiny_gpt.py --steps 20
-    torchrun --nproc-per-node 2 examples/train_tiny_gpt.py      # DDP on gloo
-    msmon run --config examples/monitor.json --nproc-per-node 2 -- examples/train_tiny_gpt.py
+python examples/train_tiny_gpt.py --steps 20
+torchrun --nproc-per-node 2 examples/train_tiny_gpt.py      # DDP on gloo
+msmon run --config examples/monitor.json --nproc-per-node 2 -- examples/train_tiny_gpt.py
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,11 +1,11 @@
 """Shared fixtures: a small model, config files, an isolated output directory."""
+
 from __future__ import annotations
 
 import csv
 import glob
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -53,6 +53,7 @@ def write_config(tmp_path):
         path = tmp_path / name
         path.write_text(json.dumps(cfg))
         return str(path)
+
     return write
 
 
@@ -138,4 +139,4 @@ def assert_row_matches(row: dict[str, str], expected: dict[str, float], ndigits:
         if math.isnan(value):
             assert math.isnan(got), (row, op)
         else:
-            assert got == pytest.approx(value, rel=1e-5, abs=1.5 * 10 ** -ndigits), (row["name"], op, got, value)
+            assert got == pytest.approx(value, rel=1e-5, abs=1.5 * 10**-ndigits), (row["name"], op, got, value)

@@ -1,6 +1,7 @@
 """Plain-torch models with the modules the L2 feature hooks look at: an attention core that
 receives q and k (in a chosen layout, with grouped key heads), and a top-2 mixture of experts
 whose router is an nn.Linear giving logits."""
+
 from __future__ import annotations
 
 import torch
@@ -9,8 +10,11 @@ from torch.nn import functional as F
 
 
 def to_bhsd(x: torch.Tensor, order: str) -> torch.Tensor:
-    return {"s,b,h,d": lambda t: t.permute(1, 2, 0, 3), "b,s,h,d": lambda t: t.permute(0, 2, 1, 3),
-            "b,h,s,d": lambda t: t}[order](x)
+    return {
+        "s,b,h,d": lambda t: t.permute(1, 2, 0, 3),
+        "b,s,h,d": lambda t: t.permute(0, 2, 1, 3),
+        "b,h,s,d": lambda t: t,
+    }[order](x)
 
 
 class CoreAttention(nn.Module):
@@ -52,8 +56,15 @@ class Attention(nn.Module):
 class AttentionLM(nn.Module):
     """Embedding, `layers` pre-norm attention blocks, a head."""
 
-    def __init__(self, vocab: int = 40, d_model: int = 32, heads: int = 4, kv_heads: int = 2, layers: int = 2,
-                 order: str = "s,b,h,d") -> None:
+    def __init__(
+        self,
+        vocab: int = 40,
+        d_model: int = 32,
+        heads: int = 4,
+        kv_heads: int = 2,
+        layers: int = 2,
+        order: str = "s,b,h,d",
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(layers))
@@ -73,8 +84,10 @@ class MoE(nn.Module):
     def __init__(self, d_model: int = 16, experts: int = 6) -> None:
         super().__init__()
         self.router = nn.Linear(d_model, experts, bias=False)
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(),
-                                                   nn.Linear(2 * d_model, d_model)) for _ in range(experts))
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d_model, 2 * d_model), nn.GELU(), nn.Linear(2 * d_model, d_model))
+            for _ in range(experts)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = x.reshape(-1, x.shape[-1])

@@ -1,5 +1,6 @@
 """The L2 features computed directly, in float64, by loops and explicit matrices: what the
 tests compare msmon's values with."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,11 @@ import torch
 
 
 def to_bhsd(x: torch.Tensor, order: str) -> torch.Tensor:
-    return {"s,b,h,d": lambda t: t.permute(1, 2, 0, 3), "b,s,h,d": lambda t: t.permute(0, 2, 1, 3),
-            "b,h,s,d": lambda t: t}[order](x)
+    return {
+        "s,b,h,d": lambda t: t.permute(1, 2, 0, 3),
+        "b,s,h,d": lambda t: t.permute(0, 2, 1, 3),
+        "b,h,s,d": lambda t: t,
+    }[order](x)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, rows=None, batches=None) -> tuple[float, float]:
@@ -21,7 +25,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, rows=None, batches=None) -> tupl
     for bi in range(b if batches is None else batches):
         for h in range(hq):
             scores = q[bi, h].double() @ k[bi, h // (hq // hkv)].double().T / math.sqrt(d)
-            for i in (range(sq) if rows is None else rows[h].tolist()):
+            for i in range(sq) if rows is None else rows[h].tolist():
                 p = torch.softmax(scores[i, : i + (sk - sq) + 1], dim=0)
                 entropies.append(float(-(p * p.log()).sum()))
                 maxima.append(float(p.max()))
@@ -45,4 +49,4 @@ def logit_entropy(logits: torch.Tensor) -> float:
 def spectral(w: torch.Tensor) -> tuple[float, float]:
     """(‖W‖₂ from the singular values, stable rank ‖W‖²_F/‖W‖²₂)."""
     s = torch.linalg.svdvals(w.double())
-    return float(s[0]), float((s ** 2).sum() / s[0] ** 2)
+    return float(s[0]), float((s**2).sum() / s[0] ** 2)

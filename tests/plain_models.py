@@ -1,4 +1,5 @@
 """Models that import nothing of msmon, so a process without msmon can unpickle them."""
+
 from __future__ import annotations
 
 import torch

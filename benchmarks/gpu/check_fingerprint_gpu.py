@@ -11,6 +11,7 @@
    models and a 1-billion-element bfloat16 tensor, median of 20 CUDA-event timings.
 Exit code 0 when 1 and 2 hold.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,15 @@ def cases() -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     n = 3 * COLUMNS + 123
     return {
-        "float32": torch.randn(n), "float32 small": torch.randn(7, 5),
-        "bfloat16 even": torch.randn(2 * n).to(torch.bfloat16), "bfloat16 odd": torch.randn(n).to(torch.bfloat16),
+        "float32": torch.randn(n),
+        "float32 small": torch.randn(7, 5),
+        "bfloat16 even": torch.randn(2 * n).to(torch.bfloat16),
+        "bfloat16 odd": torch.randn(n).to(torch.bfloat16),
         "bfloat16 odd offset": torch.randn(n + 1).to(torch.bfloat16)[1:],
-        "float16": torch.randn(64, 33).half(), "float64": torch.randn(n, dtype=torch.float64),
-        "int64": torch.randint(-2 ** 62, 2 ** 62, (n,)), "uint8": torch.randint(0, 256, (n,), dtype=torch.uint8),
+        "float16": torch.randn(64, 33).half(),
+        "float64": torch.randn(n, dtype=torch.float64),
+        "int64": torch.randint(-(2**62), 2**62, (n,)),
+        "uint8": torch.randint(0, 256, (n,), dtype=torch.uint8),
         "bool": torch.rand(101) > 0.5,
     }
 
@@ -87,7 +92,7 @@ def main() -> int:
     for name, spec in MODELS.items():
         weights = list(spec.build().to(device).parameters())
         gpu_fp(weights)
-        result["ms"][f"{name} weights ({sum(p.numel() for p in weights):,} elements)"] = timed(lambda: gpu_fp(weights))
+        result["ms"][f"{name} weights ({sum(p.numel() for p in weights):,} elements)"] = timed(lambda: gpu_fp(weights))  # noqa: B023
     big = torch.randn(1 << 30, dtype=torch.bfloat16, device=device)
     gpu_fp([big])
     result["ms"]["one bfloat16 tensor of 2^30 elements"] = timed(lambda: gpu_fp([big]), 5)

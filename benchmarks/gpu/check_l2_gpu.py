@@ -8,6 +8,7 @@ MoE model with every hook on. CUDA's sync debugging is "error" during forward an
 sync inside a hook raises there and switches the L2 collector off, so the monitor's failure list
 is checked. Prints one JSON line; exit 1 on any failure. On the CPU the sync check is skipped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,11 @@ def run(device: torch.device, dtype: torch.dtype, features: bool, steps: int, ou
     core.register_forward_pre_hook(lambda m, a: seen.append(tuple(t.detach().float().clone() for t in a[:2])))
     mon = None
     if features:
-        cfg = {"recording_l2_features": True, "format": ["api"],
-               "l2_targets": {"attention_hook": [f"layers.{i}.core" for i in range(4)], "linear_hook": []}}
+        cfg = {
+            "recording_l2_features": True,
+            "format": ["api"],
+            "l2_targets": {"attention_hook": [f"layers.{i}.core" for i in range(4)], "linear_hook": []},
+        }
         path = os.path.join(out, "l2.json")
         with open(path, "w") as fh:
             json.dump(cfg, fh)
@@ -51,8 +55,9 @@ def run(device: torch.device, dtype: torch.dtype, features: bool, steps: int, ou
     for step in range(steps):
         idx = torch.randint(0, 256, (4, 512), generator=gen).to(device)
         x = torch.randn(4, 64, 8, generator=gen).to(device, dtype)
-        weights = {n: m.weight.detach().float().clone() for n, m in model.named_modules()
-                   if isinstance(m, torch.nn.Linear)}
+        weights = {
+            n: m.weight.detach().float().clone() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+        }
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
@@ -99,11 +104,16 @@ def main() -> int:
         plain = run(device, dtype, False, args.steps, out)
         monitored = run(device, dtype, True, args.steps, out)
     tolerance = 2e-3 if dtype == torch.bfloat16 else 1e-3
-    report = {"device": str(device), "dtype": args.dtype, "sync_checked": device.type == "cuda",
-              "losses_identical": plain["losses"] == monitored["losses"],
-              "collectors_switched_off": monitored["failed"],
-              "max_rel_error": monitored["max_rel_error"], "plain_step_ms": plain["step_ms"],
-              "monitored_step_ms": monitored["step_ms"]}
+    report = {
+        "device": str(device),
+        "dtype": args.dtype,
+        "sync_checked": device.type == "cuda",
+        "losses_identical": plain["losses"] == monitored["losses"],
+        "collectors_switched_off": monitored["failed"],
+        "max_rel_error": monitored["max_rel_error"],
+        "plain_step_ms": plain["step_ms"],
+        "monitored_step_ms": monitored["step_ms"],
+    }
     print(json.dumps(report))
     ok = report["losses_identical"] and not report["collectors_switched_off"] and report["max_rel_error"] < tolerance
     return 0 if ok else 1

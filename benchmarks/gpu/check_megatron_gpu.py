@@ -1,6 +1,7 @@
 """Compare what msmon wrote for megatron_gpt.py with the truth the script saved, and the losses
 of the monitored run with those of the unmonitored one. Prints one line per check; exit 1 on any
 failure."""
+
 from __future__ import annotations
 
 import csv

@@ -6,6 +6,7 @@ Float16OptimizerWithFloat16Params, both through `get_megatron_optimizer`. After 
 the truth from the whole tensors Megatron holds: fp32 main weights before/after the step, the
 reduced `main_grad`, the Adam moments, and the losses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,14 @@ VOCAB, SEQ, BATCH = 128, 32, 4
 
 def stats(t: torch.Tensor) -> dict[str, float]:
     x = t.detach().double().flatten()
-    return {"norm": float(x.norm()), "min": float(x.min()), "max": float(x.max()), "mean": float(x.mean()),
-            "nans": float(torch.isnan(x).sum()), "infs": float(torch.isinf(x).sum())}
+    return {
+        "norm": float(x.norm()),
+        "min": float(x.min()),
+        "max": float(x.max()),
+        "mean": float(x.mean()),
+        "nans": float(torch.isnan(x).sum()),
+        "infs": float(torch.isinf(x).sum()),
+    }
 
 
 def main() -> None:
@@ -43,15 +50,25 @@ def main() -> None:
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     model_parallel_cuda_manual_seed(123)
     torch.manual_seed(123)
-    config = TransformerConfig(num_layers=2, hidden_size=64, num_attention_heads=4, bf16=True,
-                               params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-                               use_cpu_initialization=True, hidden_dropout=0.0, attention_dropout=0.0)
+    config = TransformerConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        bf16=True,
+        params_dtype=torch.bfloat16,
+        pipeline_dtype=torch.bfloat16,
+        use_cpu_initialization=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
     model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=VOCAB, max_sequence_length=SEQ).cuda()
     distributed = args.optimizer == "distributed"
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=distributed)
     model = DistributedDataParallel(config, ddp_config, model)
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, bf16=True, clip_grad=1.0,
-                                                       use_distributed_optimizer=distributed), [model])
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-3, bf16=True, clip_grad=1.0, use_distributed_optimizer=distributed),
+        [model],
+    )
     params = dict(model.named_parameters())
     inner = optimizer.chained_optimizers[0] if hasattr(optimizer, "chained_optimizers") else optimizer
 
@@ -69,8 +86,10 @@ def main() -> None:
         loss = model(tokens[:, :-1], position_ids, mask, labels=tokens[:, 1:]).float().mean()
         loss.backward()
         model.finish_grad_sync()
-        record = {"grad_reduced": {n: stats(p.main_grad) for n, p in params.items()},
-                  "param_origin": {n: stats(main_param(p)) for n, p in params.items()}}
+        record = {
+            "grad_reduced": {n: stats(p.main_grad) for n, p in params.items()},
+            "param_origin": {n: stats(main_param(p)) for n, p in params.items()},
+        }
         optimizer.step()
         record["param_updated"] = {n: stats(main_param(p)) for n, p in params.items()}
         for key in ("exp_avg", "exp_avg_sq"):

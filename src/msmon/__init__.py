@@ -1,4 +1,5 @@
 """msmon: a lightweight training-state monitor for PyTorch, msprobe-compatible."""
+
 from __future__ import annotations
 
 import importlib

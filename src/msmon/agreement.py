@@ -26,14 +26,16 @@ groups that do not nest cannot agree on one step, so such a rank contributes 0 a
 config (logged once). Without shard groups msmon issues no collective: an edit applies at the
 end of the step in which the rank reads it, as it always did.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -117,9 +119,13 @@ class ConfigAgreement:
     def propose(self, cfg: MonitorConfig) -> None:
         """A valid edit this rank has read; it replaces an earlier one not yet applied."""
         if self.sharded and self.domain is None:
-            self._log_once("nest", "msmon[rank %d]: the edited config is ignored: this rank's sharded statistics are "
-                           "combined over process groups that do not nest, so the ranks cannot agree on a step to "
-                           "switch at; restart the job to change the config", self.rank)
+            self._log_once(
+                "nest",
+                "msmon[rank %d]: the edited config is ignored: this rank's sharded statistics are "
+                "combined over process groups that do not nest, so the ranks cannot agree on a step to "
+                "switch at; restart the job to change the config",
+                self.rank,
+            )
             return
         self.pending = (config_hash(cfg), cfg)
 
@@ -165,8 +171,14 @@ class ConfigAgreement:
         if agreed is None or proposal is None or proposal[0] != agreed:
             if proposal is not None and values:
                 behind = [r for r, v in zip(self.domain_ranks, values) if v != proposal[0]]
-                self._log_once(proposal[0], "msmon[rank %d]: the edited config waits for ranks %s, which have not "
-                               "read it yet (or found it invalid)", self.rank, behind, level=logging.INFO)
+                self._log_once(
+                    proposal[0],
+                    "msmon[rank %d]: the edited config waits for ranks %s, which have not "
+                    "read it yet (or found it invalid)",
+                    self.rank,
+                    behind,
+                    level=logging.INFO,
+                )
             return None
         if self.pending is not None and self.pending[0] == agreed:
             self.pending = None

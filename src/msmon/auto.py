@@ -6,6 +6,7 @@ skip it. Put `import msmon.auto` at the top of the training script instead: unde
 $MSMON_CONFIG or the built-in default config. Importing it twice, or in a process the
 script's own workers start (DataLoader workers re-import the script), does nothing.
 """
+
 from .launcher.worker import start_here
 
 session = start_here()

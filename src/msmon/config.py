@@ -4,6 +4,7 @@ Every mistake is reported with the key, what was expected and what was given; un
 get the closest valid name. Keys that msprobe knows but msmon does not implement are
 accepted with a warning, so an msprobe config never fails silently or loudly for nothing.
 """
+
 from __future__ import annotations
 
 import copy
@@ -13,8 +14,9 @@ import logging
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 logger = logging.getLogger("msmon")
 
@@ -40,15 +42,14 @@ class TensorSpec:
     index: int = 0
 
     @classmethod
-    def parse(cls, text: str, where: str) -> "TensorSpec":
+    def parse(cls, text: str, where: str) -> TensorSpec:
         if not isinstance(text, str):
-            raise ConfigError(f"{where}: expected a string like \"tensor\" or \"tuple[2]:0\", got {text!r}")
+            raise ConfigError(f'{where}: expected a string like "tensor" or "tuple[2]:0", got {text!r}')
         if text == "tensor":
             return cls(text)
         match = re.fullmatch(r"tuple\[(\d+)\](?::(\d+))?", text)
         if not match:
-            raise ConfigError(
-                f"{where}: expected \"tensor\", \"tuple[N]\" or \"tuple[N]:i\", got {text!r}")
+            raise ConfigError(f'{where}: expected "tensor", "tuple[N]" or "tuple[N]:i", got {text!r}')
         length, index = int(match.group(1)), int(match.group(2) or 0)
         if length < 1 or index >= length:
             raise ConfigError(f"{where}: index {index} is outside tuple[{length}] in {text!r}")
@@ -139,12 +140,26 @@ class MonitorConfig:
         return self.xy_distribution or self.all_xy
 
 
-_BOOL_KEYS = ("print_struct", "ur_distribution", "xy_distribution", "all_xy", "forward_only",
-              "backward_only", "mv_distribution", "param_distribution", "wg_distribution",
-              "monitor_mbs_grad", "squash_name", "dynamic_on", "xy_each_call", "mg_direction", "stack_info",
-              "recording_l2_features", "heatmap_visualize")
-_INT_KEYS = {"ndigits": 0, "step_count_per_record": 1, "start_step": 0, "step_interval": 1,
-             "collect_times": 0}
+_BOOL_KEYS = (
+    "print_struct",
+    "ur_distribution",
+    "xy_distribution",
+    "all_xy",
+    "forward_only",
+    "backward_only",
+    "mv_distribution",
+    "param_distribution",
+    "wg_distribution",
+    "monitor_mbs_grad",
+    "squash_name",
+    "dynamic_on",
+    "xy_each_call",
+    "mg_direction",
+    "stack_info",
+    "recording_l2_features",
+    "heatmap_visualize",
+)
+_INT_KEYS = {"ndigits": 0, "step_count_per_record": 1, "start_step": 0, "step_interval": 1, "collect_times": 0}
 VALID_KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig) if f.name != "raw")
 
 
@@ -230,13 +245,14 @@ def _parse_targets(value: Any) -> dict[str, dict[str, TensorSpec]]:
         if spec is None:
             spec = {}
         if not isinstance(spec, dict):
-            raise ConfigError(f"targets[{name!r}]: expected an object like {{\"input\": \"tuple[2]:0\"}}, "
-                              f"got {spec!r}")
+            raise ConfigError(f'targets[{name!r}]: expected an object like {{"input": "tuple[2]:0"}}, got {spec!r}')
         parsed: dict[str, TensorSpec] = {}
         for slot, text in spec.items():
             if slot not in TARGET_SLOTS:
-                raise ConfigError(f"targets[{name!r}]: unknown key {slot!r}; expected {list(TARGET_SLOTS)}"
-                                  f"{_suggest(slot, TARGET_SLOTS)}")
+                raise ConfigError(
+                    f"targets[{name!r}]: unknown key {slot!r}; expected {list(TARGET_SLOTS)}"
+                    f"{_suggest(slot, TARGET_SLOTS)}"
+                )
             parsed[slot] = TensorSpec.parse(text, f"targets[{name!r}][{slot!r}]")
         targets[name] = parsed
     return targets
@@ -245,13 +261,15 @@ def _parse_targets(value: Any) -> dict[str, dict[str, TensorSpec]]:
 def _parse_l2_targets(value: Any) -> dict[str, list[str]]:
     """{hook: [module names]}; `"linear_hook": []` selects every module with a 2-D weight."""
     if not isinstance(value, dict):
-        raise ConfigError(f"l2_targets: expected an object {{hook: [module names]}} with hooks from "
-                          f"{list(L2_HOOKS)}, got {value!r}")
+        raise ConfigError(
+            f"l2_targets: expected an object {{hook: [module names]}} with hooks from {list(L2_HOOKS)}, got {value!r}"
+        )
     targets: dict[str, list[str]] = {}
     for hook, names in value.items():
         if hook not in L2_HOOKS:
-            raise ConfigError(f"l2_targets: unknown hook {hook!r}; expected {list(L2_HOOKS)}"
-                              f"{_suggest(str(hook), L2_HOOKS)}")
+            raise ConfigError(
+                f"l2_targets: unknown hook {hook!r}; expected {list(L2_HOOKS)}{_suggest(str(hook), L2_HOOKS)}"
+            )
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise ConfigError(f"l2_targets[{hook!r}]: expected a list of module names, got {names!r}")
         targets[hook] = list(dict.fromkeys(names))
@@ -261,8 +279,10 @@ def _parse_l2_targets(value: Any) -> dict[str, list[str]]:
 def _parse_sa_order(value: Any) -> str:
     order = value.replace(" ", "") if isinstance(value, str) else value
     if order not in SA_ORDERS:
-        raise ConfigError(f"sa_order: expected one of {list(SA_ORDERS)} (the layout of the attention hook's q and "
-                          f"k: s=sequence, b=batch, h=heads, d=head dim), got {value!r}")
+        raise ConfigError(
+            f"sa_order: expected one of {list(SA_ORDERS)} (the layout of the attention hook's q and "
+            f"k: s=sequence, b=batch, h=heads, d=head dim), got {value!r}"
+        )
     return order
 
 
@@ -274,7 +294,7 @@ def _parse_cc(value: Any) -> CCConfig:
         where = f"cc_distribution.{key}"
         if key == "cc_codeline":
             if not isinstance(item, list) or not all(isinstance(v, str) for v in item):
-                raise ConfigError(f"{where}: expected a list of strings like \"train.py[23]\", got {item!r}")
+                raise ConfigError(f'{where}: expected a list of strings like "train.py[23]", got {item!r}')
             for pattern in item:
                 try:
                     re.compile(pattern)
@@ -284,13 +304,15 @@ def _parse_cc(value: Any) -> CCConfig:
         elif key in ("enable", "cc_pre_hook", "cc_log_only"):
             setattr(cc, key, _expect_bool(where, item))
         else:
-            raise ConfigError(f"cc_distribution: unknown key {key!r}{_suggest(key, ['enable', 'cc_codeline', 'cc_pre_hook', 'cc_log_only'])}")
+            raise ConfigError(
+                f"cc_distribution: unknown key {key!r}{_suggest(key, ['enable', 'cc_codeline', 'cc_pre_hook', 'cc_log_only'])}"  # noqa: E501
+            )
     return cc
 
 
 def _parse_alert(value: Any) -> AlertConfig:
     if not isinstance(value, dict):
-        raise ConfigError(f"alert: expected an object {{\"rules\": [...], \"dump\": false}}, got {value!r}")
+        raise ConfigError(f'alert: expected an object {{"rules": [...], "dump": false}}, got {value!r}')
     alert = AlertConfig()
     for key, item in value.items():
         if key == "dump":
@@ -311,8 +333,9 @@ def _parse_alert(value: Any) -> AlertConfig:
 
 def _parse_replica_check(value: Any) -> ReplicaCheckConfig:
     if not isinstance(value, dict):
-        raise ConfigError(f"replica_check: expected an object {{\"enable\": true, \"every\": 100, \"grads\": false}}, "
-                          f"got {value!r}")
+        raise ConfigError(
+            f'replica_check: expected an object {{"enable": true, "every": 100, "grads": false}}, got {value!r}'
+        )
     check = ReplicaCheckConfig()
     for key, item in value.items():
         if key in ("enable", "grads"):
@@ -320,24 +343,27 @@ def _parse_replica_check(value: Any) -> ReplicaCheckConfig:
         elif key == "every":
             check.every = _expect_int("replica_check.every", item, 1)
         else:
-            raise ConfigError(f"replica_check: unknown key {key!r}{_suggest(str(key), ['enable', 'every', 'grads'])}; "
-                              "expected 'enable', 'every' and 'grads'")
+            raise ConfigError(
+                f"replica_check: unknown key {key!r}{_suggest(str(key), ['enable', 'every', 'grads'])}; "
+                "expected 'enable', 'every' and 'grads'"
+            )
     return check
 
 
 def _parse_rule(rule: Any, where: str) -> AlertRuleConfig:
     if not isinstance(rule, dict) or "rule_name" not in rule:
-        raise ConfigError(f"{where}: expected {{\"rule_name\": ..., \"args\": {{\"threshold\": ...}}}}, got {rule!r}")
+        raise ConfigError(f'{where}: expected {{"rule_name": ..., "args": {{"threshold": ...}}}}, got {rule!r}')
     name = rule["rule_name"]
     if name not in ALERT_RULES:
-        raise ConfigError(f"{where}.rule_name: unknown rule {name!r}; expected {list(ALERT_RULES)}"
-                          f"{_suggest(str(name), ALERT_RULES)}")
+        raise ConfigError(
+            f"{where}.rule_name: unknown rule {name!r}; expected {list(ALERT_RULES)}{_suggest(str(name), ALERT_RULES)}"
+        )
     extra = set(rule) - {"rule_name", "args"}
     if extra:
         raise ConfigError(f"{where}: unknown key {sorted(extra)[0]!r}; expected 'rule_name' and 'args'")
     args = rule.get("args") or {}
     if not isinstance(args, dict) or set(args) - {"threshold"}:
-        raise ConfigError(f"{where}.args: expected {{\"threshold\": number}}, got {args!r}")
+        raise ConfigError(f'{where}.args: expected {{"threshold": number}}, got {args!r}')
     threshold = args.get("threshold")
     if threshold is None and name == "AnomalyTurbulence":
         raise ConfigError(f"{where}.args.threshold: AnomalyTurbulence needs a threshold (e.g. 0.5)")
@@ -353,8 +379,11 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
     cfg = MonitorConfig(raw=copy.deepcopy(dict(data)))
     for key, value in data.items():
         if key in MSPROBE_ONLY_KEYS:
-            logger.warning("msmon: config key %r (%s) is an msprobe feature msmon does not implement; "
-                           "it has no effect", key, MSPROBE_ONLY_KEYS[key])
+            logger.warning(
+                "msmon: config key %r (%s) is an msprobe feature msmon does not implement; it has no effect",
+                key,
+                MSPROBE_ONLY_KEYS[key],
+            )
         elif key in _BOOL_KEYS:
             setattr(cfg, key, _expect_bool(key, value))
         elif key in _INT_KEYS:
@@ -388,23 +417,32 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             cfg.append_output = parse_time_range(value)
         elif key == "mg_distribution":  # msprobe validates this name as a bool but never reads it
             _expect_bool(key, value)
-            logger.warning("msmon: config key 'mg_distribution' has no effect (msprobe checks it but never reads it); "
-                           "the gradient/momentum direction key is 'mg_direction'")
+            logger.warning(
+                "msmon: config key 'mg_distribution' has no effect (msprobe checks it but never reads it); "
+                "the gradient/momentum direction key is 'mg_direction'"
+            )
         elif key in ("l2_targets", "sa_order"):
             setattr(cfg, key, _parse_l2_targets(value) if key == "l2_targets" else _parse_sa_order(value))
         elif key == "replica_check":
             cfg.replica_check = _parse_replica_check(value)
         else:
-            raise ConfigError(f"unknown config key {key!r}{_suggest(key, VALID_KEYS)}; "
-                              f"valid keys are {', '.join(VALID_KEYS)}")
+            raise ConfigError(
+                f"unknown config key {key!r}{_suggest(key, VALID_KEYS)}; valid keys are {', '.join(VALID_KEYS)}"
+            )
     if cfg.recording_l2_features != bool(cfg.l2_targets):
-        why = ("recording_l2_features is true but l2_targets names no hook" if cfg.recording_l2_features
-               else "l2_targets is set but recording_l2_features is not true")
+        why = (
+            "recording_l2_features is true but l2_targets names no hook"
+            if cfg.recording_l2_features
+            else "l2_targets is set but recording_l2_features is not true"
+        )
         logger.warning("msmon: %s; no L2 feature is recorded", why)
     if cfg.heatmap_visualize and not (cfg.ur_distribution and "tensorboard" in cfg.format):
         why = "ur_distribution is not true" if not cfg.ur_distribution else "format has no 'tensorboard'"
-        logger.warning("msmon: heatmap_visualize draws the ur_distribution histograms into TensorBoard, but %s; "
-                       "no heatmap is drawn", why)
+        logger.warning(
+            "msmon: heatmap_visualize draws the ur_distribution histograms into TensorBoard, but %s; "
+            "no heatmap is drawn",
+            why,
+        )
     if cfg.forward_only and cfg.backward_only:
         logger.warning("msmon: forward_only and backward_only are both true: no activation is recorded")
     return cfg

@@ -6,6 +6,7 @@ YAML needs ASCII, is reported at the character, with its code point and the ASCI
 instead of a parser's puzzle or a UnicodeDecodeError traceback. YAML comments may hold any
 text. YAML reads `1e8` as a number (YAML 1.1 wanted `1.0e+8`), as JSON does.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,19 @@ from typing import Any
 from .config import ConfigError
 
 # what a full-width or typographic character stands for in ASCII
-_ASCII_FOR = {"\u3000": " ", "\u3001": ",", "\u3002": ".", "\u201c": '"', "\u201d": '"', "\u2018": "'",
-              "\u2019": "'", "\u300c": '"', "\u300d": '"', "\u3010": "[", "\u3011": "]"}
+_ASCII_FOR = {
+    "\u3000": " ",
+    "\u3001": ",",
+    "\u3002": ".",
+    "\u201c": '"',
+    "\u201d": '"',
+    "\u2018": "'",
+    "\u2019": "'",
+    "\u300c": '"',
+    "\u300d": '"',
+    "\u3010": "[",
+    "\u3011": "]",
+}
 _ASCII_FOR.update({chr(c): chr(c - 0xFEE0) for c in range(0xFF01, 0xFF5F)})  # ！ .. ～ -> ! .. ~
 _SUSPECT = re.compile("[" + "".join(re.escape(c) for c in _ASCII_FOR) + "]")
 
@@ -35,8 +47,9 @@ def parse_config_bytes(data: bytes, path: str) -> Any:
     try:
         return _load_yaml(text, path) if yaml else json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid JSON: line {exc.lineno}, column {exc.colno}: "
-                          f"{exc.msg}") from None
+        raise ConfigError(
+            f"config file {path} is not valid JSON: line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        ) from None
     except RecursionError:
         raise ConfigError(f"config file {path} is not a monitor config: its {kind} nests too deeply") from None
     except ValueError as exc:  # an integer of thousands of digits; ConfigError is one too
@@ -55,20 +68,22 @@ def decode(data: bytes, path: str) -> str:
         line = data.count(b"\n", 0, start) + 1
         line_start = data.rfind(b"\n", 0, start) + 1
         column = len(data[line_start:start].decode("utf-8")) + 1
-        raise ConfigError(f"config file {path} is not UTF-8: line {line}, column {column}: byte "
-                          f"0x{data[start]:02X} {_reads_as(data, start)}; save the file as UTF-8") from None
+        raise ConfigError(
+            f"config file {path} is not UTF-8: line {line}, column {column}: byte "
+            f"0x{data[start]:02X} {_reads_as(data, start)}; save the file as UTF-8"
+        ) from None
     return text[1:] if text.startswith("\ufeff") else text
 
 
 def _reads_as(data: bytes, start: int) -> str:
     """What the bad byte most likely was: a GBK character (two bytes), else a Latin-1 one."""
     try:
-        char = data[start:start + 2].decode("gbk")
+        char = data[start : start + 2].decode("gbk")
         if len(char) == 1:
             return f"(in GBK, {_describe(char)})"
     except UnicodeDecodeError:
         pass
-    return f"(in Latin-1, {_describe(data[start:start + 1].decode('latin-1'))})"
+    return f"(in Latin-1, {_describe(data[start : start + 1].decode('latin-1'))})"
 
 
 def _describe(char: str) -> str:
@@ -83,8 +98,10 @@ def check_punctuation(text: str, path: str, yaml: bool) -> None:
         match = _SUSPECT.search(content)
         if match:
             char = match.group()
-            raise ConfigError(f"config file {path}: line {number}, column {match.start() + 1}: {_describe(char)} "
-                              f"is not ASCII; write {_ASCII_FOR[char]!r} instead")
+            raise ConfigError(
+                f"config file {path}: line {number}, column {match.start() + 1}: {_describe(char)} "
+                f"is not ASCII; write {_ASCII_FOR[char]!r} instead"
+            )
 
 
 def _strip_yaml_comment(line: str) -> str:
@@ -128,8 +145,10 @@ def _yaml_loader() -> Any:
             pass
 
         # appended after the YAML 1.1 resolvers, so integers and dotted floats resolve as before
-        Loader.add_implicit_resolver("tag:yaml.org,2002:float",
-                                     re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-                                     list("-+0123456789"))
+        Loader.add_implicit_resolver(
+            "tag:yaml.org,2002:float",
+            re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+            list("-+0123456789"),
+        )
         _LOADER = Loader
     return _LOADER

@@ -7,6 +7,7 @@ the time between attaching and the first step holds the user's own set-up, which
 dilute the figure. The writer thread's CPU time is reported next to it, because it is off the
 training thread but not free on a machine with few cores.
 """
+
 from __future__ import annotations
 
 import time
@@ -60,8 +61,10 @@ def describe(report: dict[str, Any]) -> str:
     """One line for a person: '2.1 % of step time (1.3 ms of 61.0 ms per step), writer 0.8 ms/step'."""
     if report.get("monitor_cost_pct") is None:
         return "monitor cost not measured (fewer than one full step)"
-    line = (f"monitor cost {report['monitor_cost_pct']:.1f} % of step time "
-            f"({report['monitor_ms_per_step']:.1f} ms of {report['step_ms']:.1f} ms per step on the training thread")
+    line = (
+        f"monitor cost {report['monitor_cost_pct']:.1f} % of step time "
+        f"({report['monitor_ms_per_step']:.1f} ms of {report['step_ms']:.1f} ms per step on the training thread"
+    )
     if report.get("writer_cpu_ms_per_step") is not None:
         line += f"; writer thread {report['writer_cpu_ms_per_step']:.1f} ms CPU per step"
     return line + ")"

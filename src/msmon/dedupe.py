@@ -13,6 +13,7 @@ set_monitor, the optimizer itself (DeepSpeed's dp_process_group, Megatron's dist
 optimizer), a DeepSpeed engine among the models, Megatron's `parallel_state`. Plain DDP without
 a `dp_group` is not deduplicated (msprobe's behaviour: every rank writes).
 """
+
 from __future__ import annotations
 
 import logging
@@ -38,8 +39,11 @@ class ParallelGroups:
     source: str = "none"
 
     def describe(self) -> str:
-        sizes = ", ".join(f"{name}={_size(group)}" for name, group in (("dp", self.dp), ("tp", self.tp),
-                                                                       ("pp", self.pp)) if group is not None)
+        sizes = ", ".join(
+            f"{name}={_size(group)}"
+            for name, group in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp))
+            if group is not None
+        )
         return f"{sizes or 'no parallel groups'} (from {self.source})"
 
 
@@ -59,7 +63,9 @@ def discover(models: list[torch.nn.Module], adapter: Any, dp_group: Any = None, 
             found.source = "the DeepSpeed engine"
         mpu = getattr(engine, "mpu", None)
         if found.tp is None and mpu is not None:
-            getter = getattr(mpu, "get_tensor_model_parallel_group", None) or getattr(mpu, "get_model_parallel_group", None)
+            getter = getattr(mpu, "get_tensor_model_parallel_group", None) or getattr(
+                mpu, "get_model_parallel_group", None
+            )
             found.tp = _call(getter)
     megatron = _megatron_parallel_state()
     if megatron is not None:
@@ -94,8 +100,12 @@ def shards_complete(adapter: Any, module_ranks: list[int]) -> bool:
     for group in adapter.shard_groups():
         missing = sorted(set(dist.get_process_group_ranks(group)) - active)
         if missing:
-            logger.warning("msmon[rank %d]: module_ranks leaves out ranks %s, which hold pieces of the sharded weights, "
-                           "gradients and optimizer state; those are not recorded", current_rank(), missing)
+            logger.warning(
+                "msmon[rank %d]: module_ranks leaves out ranks %s, which hold pieces of the sharded weights, "
+                "gradients and optimizer state; those are not recorded",
+                current_rank(),
+                missing,
+            )
             return False
     return True
 
@@ -153,6 +163,12 @@ def attach(monitor: Any, dp_group: Any = None, tp_group: Any = None) -> Any:
     groups = discover(monitor.models, adapter, dp_group, tp_group)
     adapter.writer = write_rule(groups, adapter)
     written = sum(adapter.writer(p) for p in adapter.params())
-    logger.debug("msmon[rank %d]: %s optimizer, %s; this rank writes %d of %d parameters' weights, gradients and "
-                 "moments", current_rank(), adapter.family, groups.describe(), written, len(adapter.params()))
+    logger.debug(
+        "msmon[rank %d]: %s optimizer, %s; this rank writes %d of %d parameters' weights, gradients and moments",
+        current_rank(),
+        adapter.family,
+        groups.describe(),
+        written,
+        len(adapter.params()),
+    )
     return ShardCombiner(monitor, enabled=shards_complete(adapter, monitor.config.module_ranks))

@@ -1,4 +1,5 @@
 """Rank, world and pipeline-stage facts, read once, never with a collective on the hot path."""
+
 from __future__ import annotations
 
 import os
@@ -52,7 +53,7 @@ def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:
 def _position_in(group: Any) -> tuple[int, list[int]] | None:
     """This rank's place in `group` (or in the first group of a list that holds it)."""
     rank = dist.get_rank()
-    for candidate in (group if isinstance(group, (list, tuple)) else [group]):
+    for candidate in group if isinstance(group, (list, tuple)) else [group]:
         if candidate is None:
             continue
         ranks = dist.get_process_group_ranks(candidate)

@@ -36,11 +36,12 @@ device: the result is an int64 tensor on the tensors' device.
 
 int64 arithmetic in torch wraps modulo 2^64 on the CPU and on CUDA (two's complement); the
 tests check the whole computation against Python's integers.
-"""
+"""  # noqa: E501
+
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -202,13 +203,13 @@ class Fingerprinter:
         parts = []
         for start in range(0, rows, self.block_rows):
             count = min(self.block_rows, rows - start)
-            block = x[start * c:(start + count) * c].view(count, c)
+            block = x[start * c : (start + count) * c].view(count, c)
             scratch = self._scratch_for(device, count * c).view(count, c)
             scratch.copy_(block)  # widen first: an int64 x int64 multiply is twice as fast as a mixed one
-            parts.append(scratch.mul_(col).sum(1).mul_(v[start:start + count]).sum())
+            parts.append(scratch.mul_(col).sum(1).mul_(v[start : start + count]).sum())
         tail = n - rows * c
         if tail:
-            parts.append((x[rows * c:] * col[:tail]).sum() * v[rows])
+            parts.append((x[rows * c :] * col[:tail]).sum() * v[rows])
         return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
 
 

@@ -11,6 +11,7 @@ touched at all. `__reduce_ex__` rather than `__getstate__`, because modules such
 and DDP define their own `__getstate__` without calling Module's. The method is added while
 any msmon hook exists and removed with the last one.
 """
+
 from __future__ import annotations
 
 import threading
@@ -21,8 +22,13 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 # the per-module dicts a forward hook id appears in (torch/nn/modules/module.py)
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
-               "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs",
+    "_forward_hooks",
+    "_forward_hooks_with_kwargs",
+    "_forward_hooks_always_called",
+)
 
 _ours: set[int] = set()
 _lock = threading.Lock()

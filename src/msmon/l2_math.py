@@ -13,6 +13,7 @@ collector (collectors/l2_features.py) owns the state (warm-start vectors, sample
 - MoE router weight similarity: the mean cosine similarity over all pairs of expert vectors.
 - MoE router logit entropy: the mean over tokens of the entropy of the softmax over experts.
 """
+
 from __future__ import annotations
 
 import math
@@ -126,8 +127,9 @@ def attention_rows(batch: int, heads: int, sq: int, sk: int, rows_per_head: int 
     return used, max(1, min(sq, cap // used))
 
 
-def sample_positions(heads: int, sq: int, rows: int, generator: torch.Generator | None,
-                     device: torch.device) -> torch.Tensor | None:
+def sample_positions(
+    heads: int, sq: int, rows: int, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor | None:
     """[heads, rows] distinct query positions per head, drawn from `generator` on the device
     (no host-to-device copy); None when every row is used."""
     if rows >= sq:
@@ -136,8 +138,9 @@ def sample_positions(heads: int, sq: int, rows: int, generator: torch.Generator 
     return keys.topk(rows, dim=1).indices.sort(dim=1).values
 
 
-def attention_features(q: torch.Tensor, k: torch.Tensor, order: str, positions: torch.Tensor | None,
-                       batch_used: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_features(
+    q: torch.Tensor, k: torch.Tensor, order: str, positions: torch.Tensor | None, batch_used: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean entropy, mean softmax max) of causal attention rows, over every head.
 
     q: [.., hq, .., d] and k: [.., hkv, .., d] in layout `order`; hq a multiple of hkv (grouped

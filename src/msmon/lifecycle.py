@@ -1,4 +1,5 @@
 """Process-level concerns: logging, flushing every monitor at exit and on SIGTERM."""
+
 from __future__ import annotations
 
 import atexit
@@ -10,7 +11,7 @@ import threading
 import weakref
 from typing import Any
 
-_monitors: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_monitors: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 
 

@@ -6,6 +6,7 @@ concatenated, copied to the host once, and handed to the writer thread. Between 
 config file's mtime and size are checked, so edits take effect at the next step (with sharded
 statistics, at the first step every rank has read them: agreement.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,16 @@ import torch
 from . import agreement, dedupe, lifecycle, native, resume
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
-from .collectors import (ActivationCollector, Collector, GradCollector, MicroStepTracker, MonitoredParam,
-                         OptimizerStateCollector, ParamCollector, StructCollector)
+from .collectors import (
+    ActivationCollector,
+    Collector,
+    GradCollector,
+    MicroStepTracker,
+    MonitoredParam,
+    OptimizerStateCollector,
+    ParamCollector,
+    StructCollector,
+)
 from .collectors.l2_features import L2FeatureCollector, resolve_targets
 from .collectors.nan_origin import NanOriginCollector
 from .collectors.sync_grads import SyncGradCollector
@@ -49,8 +58,13 @@ class StopAfterStruct(SystemExit):
 class TrainerMon:
     """Monitor a training job; the constructor and methods follow msprobe's TrainerMon."""
 
-    def __init__(self, config_file_path: str | os.PathLike, process_group: Any = None,
-                 params_have_main_grad: bool | None = None, opt_ty: str | None = None) -> None:
+    def __init__(
+        self,
+        config_file_path: str | os.PathLike,
+        process_group: Any = None,
+        params_have_main_grad: bool | None = None,
+        opt_ty: str | None = None,
+    ) -> None:
         lifecycle.setup_logging()
         self.config_file_path = os.fspath(config_file_path)
         self.config: MonitorConfig = load_config(self.config_file_path)
@@ -127,17 +141,34 @@ class TrainerMon:
     def set_wrapped_optimizer(self, optimizer: Any) -> None:
         self._wrapped_optimizer = optimizer
 
-    def monitor_gnorm_with_ad(self, model: Any, grad_acc_steps: int | None = None, optimizer: Any = None,
-                              dp_group: Any = None, tp_group: Any = None, start_iteration: int = 0) -> None:
+    def monitor_gnorm_with_ad(
+        self,
+        model: Any,
+        grad_acc_steps: int | None = None,
+        optimizer: Any = None,
+        dp_group: Any = None,
+        tp_group: Any = None,
+        start_iteration: int = 0,
+    ) -> None:
         optimizer = optimizer if optimizer is not None else self._wrapped_optimizer
         if optimizer is None:
-            raise ValueError("msmon: monitor_gnorm_with_ad needs an optimizer: pass optimizer= or call "
-                             "set_wrapped_optimizer(optimizer) first")
-        self.set_monitor(model, optimizer, grad_acc_steps, tp_group=tp_group, dp_group=dp_group,
-                         start_iteration=start_iteration)
+            raise ValueError(
+                "msmon: monitor_gnorm_with_ad needs an optimizer: pass optimizer= or call "
+                "set_wrapped_optimizer(optimizer) first"
+            )
+        self.set_monitor(
+            model, optimizer, grad_acc_steps, tp_group=tp_group, dp_group=dp_group, start_iteration=start_iteration
+        )
 
-    def set_monitor(self, model: Any, optimizer: Any, grad_acc_steps: int | None = None, tp_group: Any = None,
-                    dp_group: Any = None, start_iteration: int = 0) -> None:
+    def set_monitor(
+        self,
+        model: Any,
+        optimizer: Any,
+        grad_acc_steps: int | None = None,
+        tp_group: Any = None,
+        dp_group: Any = None,
+        start_iteration: int = 0,
+    ) -> None:
         """Attach to a model (or a list of virtual-pipeline chunks) and its optimizer.
 
         grad_acc_steps: micro-batches per optimizer step; None infers it from the number of
@@ -165,8 +196,9 @@ class TrainerMon:
             self.step = self._resume.begin(self.step, self.writer.sinks if self.writer else ())
         self.attached = True
         if not self.active:
-            logger.info("msmon[rank %d]: not in module_ranks %s; this rank records nothing",
-                        self.rank, self.config.module_ranks)
+            logger.info(
+                "msmon[rank %d]: not in module_ranks %s; this rank records nothing", self.rank, self.config.module_ranks
+            )
             if self.config.print_struct or self.config.cc_distribution.cc_log_only:
                 # the recording ranks stop after step 0: stop with them rather than hang in a collective
                 self._unhook_step = self.adapter.hook_step(lambda: None, self._stop_with_the_others)
@@ -242,8 +274,10 @@ class TrainerMon:
             return "set_monitor was never called: no optimizer was monitored"
         if self.cost.steps == 0:
             return "no optimizer step ran"
-        return (f"{self.cost.steps} optimizer steps ran, none of them in the steps the config records "
-                "(start_step, step_interval, collect_times, dynamic_on)")
+        return (
+            f"{self.cost.steps} optimizer steps ran, none of them in the steps the config records "
+            "(start_step, step_interval, collect_times, dynamic_on)"
+        )
 
     @property
     def monitor_seconds(self) -> float:
@@ -275,9 +309,15 @@ class TrainerMon:
             pass
         if collector.name not in self._failed:
             self._failed.add(collector.name)
-            logger.error("msmon[rank %d]: %s monitoring failed at step %d and is switched off; training "
-                         "continues. %s: %s\n%s", self.rank, collector.name, self.step, type(exc).__name__, exc,
-                         "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3)))
+            logger.error(
+                "msmon[rank %d]: %s monitoring failed at step %d and is switched off; training continues. %s: %s\n%s",
+                self.rank,
+                collector.name,
+                self.step,
+                type(exc).__name__,
+                exc,
+                "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3)),
+            )
 
     # -- setup ----------------------------------------------------------------------------------
     def _open_output(self) -> None:
@@ -306,8 +346,9 @@ class TrainerMon:
             self._api = ApiSink()
             sinks.append(self._api)
         rules = RuleEngine(build_rules(cfg.alert.rules))
-        self.writer = BackgroundWriter(sinks, self.rank, rules, None, cfg.alert.max_lines_per_step,
-                                       on_output_stopped=self._output_stopped)
+        self.writer = BackgroundWriter(
+            sinks, self.rank, rules, None, cfg.alert.max_lines_per_step, on_output_stopped=self._output_stopped
+        )
 
     def _output_failed(self, exc: OSError, path: str) -> None:
         """Setting the output up failed (a full disk): one line, and nothing is written to disk."""
@@ -358,13 +399,13 @@ class TrainerMon:
                     seen.add(id(p))
                     chosen.append(MonitoredParam(name, chunk, p))
         cfg = self.config
-        if not chosen and (cfg.wg_distribution or cfg.param_distribution or cfg.mv_distribution
-                           or cfg.ur_distribution):
-            reason = ("no parameter matches the targets" if any(id(p) in owned for named in params
-                                                                 for p in named.values())
-                      else "the optimizer owns no parameter of the given model")
-            logger.warning("msmon[rank %d]: %s; weights, gradients and moments are not recorded",
-                           self.rank, reason)
+        if not chosen and (cfg.wg_distribution or cfg.param_distribution or cfg.mv_distribution or cfg.ur_distribution):
+            reason = (
+                "no parameter matches the targets"
+                if any(id(p) in owned for named in params for p in named.values())
+                else "the optimizer owns no parameter of the given model"
+            )
+            logger.warning("msmon[rank %d]: %s; weights, gradients and moments are not recorded", self.rank, reason)
         return chosen
 
     def _decide_main_grad(self) -> bool:
@@ -372,9 +413,11 @@ class TrainerMon:
         if self.params_have_main_grad is None:
             return has_main
         if self.params_have_main_grad and self.params and not has_main:
-            raise ConfigError("params_have_main_grad=True, but the model's parameters have no `main_grad` "
-                              "attribute (that is Megatron's gradient buffer); pass params_have_main_grad=False "
-                              "or leave it out to detect it")
+            raise ConfigError(
+                "params_have_main_grad=True, but the model's parameters have no `main_grad` "
+                "attribute (that is Megatron's gradient buffer); pass params_have_main_grad=False "
+                "or leave it out to detect it"
+            )
         return bool(self.params_have_main_grad)
 
     def _xy_targets(self) -> list[tuple[torch.nn.Module, str, int, int, dict[str, TensorSpec]]]:
@@ -382,8 +425,12 @@ class TrainerMon:
         modules, _ = self._names()
         out = []
         for chunk, named in enumerate(modules):
-            targets = {name: cfg.targets.get(t, {}) for t in cfg.targets for v, name in [split_vpp(t)]
-                       if v is None or v == chunk}
+            targets = {
+                name: cfg.targets.get(t, {})
+                for t in cfg.targets
+                for v, name in [split_vpp(t)]
+                if v is None or v == chunk
+            }
             select_all = cfg.all_xy or "" in targets or not cfg.targets
             for name, module in named.items():
                 if name == "":
@@ -398,27 +445,36 @@ class TrainerMon:
         collectors: list[Collector] = []
         hook_modules = self.records_modules  # False: another monitor hooks these models' modules
         l2_targets = resolve_targets(cfg, self._names()[0]) if hook_modules and cfg.recording_l2_features else []
-        needs_tracker = hook_modules and (cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled
-                                          or bool(l2_targets))
+        needs_tracker = hook_modules and (
+            cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled or bool(l2_targets)
+        )
         self._tracker = MicroStepTracker(self, self.models) if needs_tracker else None
         if self._tracker is not None:
             collectors.append(self._tracker)
         if hook_modules and cfg.print_struct:
             modules, _ = self._names()
-            listed = [(m, (f"{c}:{n}" if len(self.models) > 1 else n)) for c, named in enumerate(modules)
-                      for n, m in named.items() if n]
+            listed = [
+                (m, (f"{c}:{n}" if len(self.models) > 1 else n))
+                for c, named in enumerate(modules)
+                for n, m in named.items()
+                if n
+            ]
             self._struct = StructCollector(self, listed)
             collectors.append(self._struct)
         if hook_modules and cfg.nan_origin_enabled:
             modules, _ = self._names()
-            collectors.append(NanOriginCollector(self, [(m, n, c, c) for c, named in enumerate(modules)
-                                                        for n, m in named.items() if n]))
+            collectors.append(
+                NanOriginCollector(
+                    self, [(m, n, c, c) for c, named in enumerate(modules) for n, m in named.items() if n]
+                )
+            )
         if hook_modules and cfg.stack_info:
             from .collectors.stack_info import StackInfoCollector
 
             modules, _ = self._names()
-            collectors.append(StackInfoCollector(self, [(m, f"{c}:{n}") for c, named in enumerate(modules)
-                                                        for n, m in named.items()]))
+            collectors.append(
+                StackInfoCollector(self, [(m, f"{c}:{n}") for c, named in enumerate(modules) for n, m in named.items()])
+            )
         if hook_modules and cfg.xy_enabled:
             collectors.append(ActivationCollector(self, self._xy_targets()))
         if l2_targets:
@@ -455,8 +511,12 @@ class TrainerMon:
     def _decide_recording(self) -> None:
         start = self._window_start
         cfg = self.config
-        self.recording = (start is not None and self.step >= start and (self.step - start) % cfg.step_interval == 0
-                          and self.collected < cfg.collect_times)
+        self.recording = (
+            start is not None
+            and self.step >= start
+            and (self.step - start) % cfg.step_interval == 0
+            and self.collected < cfg.collect_times
+        )
         self.step_ops = list(self._ops)
 
     def _run_callbacks(self, phase: str) -> None:
@@ -480,8 +540,12 @@ class TrainerMon:
         except StopAfterStruct:
             raise
         except Exception as exc:  # the step bookkeeping itself must never break training
-            logger.error("msmon[rank %d]: finishing step %d failed: %r; monitoring stops, training continues",
-                         self.rank, self.step, exc)
+            logger.error(
+                "msmon[rank %d]: finishing step %d failed: %r; monitoring stops, training continues",
+                self.rank,
+                self.step,
+                exc,
+            )
             self.detach()
         finally:
             ended = time.perf_counter()
@@ -494,8 +558,9 @@ class TrainerMon:
             keys, chunks, hists, flag_keys, flags = self.buffer.take()
             if (keys or hists or flags) and self.writer is not None:
                 batch = stage_to_host(keys, chunks, len(self.step_ops), hists, flag_keys, flags)
-                self.writer.submit(self.step, self.step_ops, batch,
-                                   {"heatmap": True} if self.config.heatmap_visualize else None)
+                self.writer.submit(
+                    self.step, self.step_ops, batch, {"heatmap": True} if self.config.heatmap_visualize else None
+                )
             self.collected += 1
             self.steps_recorded += 1
         else:
@@ -524,8 +589,11 @@ class TrainerMon:
         if self.rank == 0 or not torch.distributed.is_initialized():
             print(self._struct.render_tree(), flush=True)
         self.close()
-        print(f"msmon: module structure of rank {self.rank} written to {path}; stopping after step "
-              f"{self.step} as print_struct asks", flush=True)
+        print(
+            f"msmon: module structure of rank {self.rank} written to {path}; stopping after step "
+            f"{self.step} as print_struct asks",
+            flush=True,
+        )
         raise StopAfterStruct(0)
 
     def _stop_with_the_others(self) -> None:
@@ -565,8 +633,11 @@ class TrainerMon:
             return None  # written to while read: read it again at the next step
         if failure is not None:
             self._bad_config_ident = ident
-            logger.error("msmon[rank %d]: the edited config is invalid and is ignored (the previous config stays "
-                         "in force): %s", self.rank, _one_line(failure))
+            logger.error(
+                "msmon[rank %d]: the edited config is invalid and is ignored (the previous config stays in force): %s",
+                self.rank,
+                _one_line(failure),
+            )
             return None
         self._config_ident, self._bad_config_ident = ident, None
         return new
@@ -597,8 +668,12 @@ class TrainerMon:
             self.writer.first_origin = previous.first_origin
         if not self._grad_acc_given:
             self.grad_acc_steps = self.grad_acc_steps if new.grad_acc_steps is None else new.grad_acc_steps
-        if new.dynamic_on or new.start_step != old.start_step or new.step_interval != old.step_interval \
-                or new.collect_times != old.collect_times:
+        if (
+            new.dynamic_on
+            or new.start_step != old.start_step
+            or new.step_interval != old.step_interval
+            or new.collect_times != old.collect_times
+        ):
             self._window_start = max(new.start_step, self.step) if new.dynamic_on else new.start_step
             self.collected = 0
         self.params = self._monitored_params()
@@ -658,5 +733,3 @@ def _identity(path: str) -> tuple[int, ...] | None:
 def _one_line(exc: BaseException) -> str:
     text = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
     return " ".join(text.split())
-
-

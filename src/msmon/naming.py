@@ -5,19 +5,22 @@ Lightning's `_forward_module.`) are removed so names are the user's own, whateve
 model. Targets match whole name components: `layers.1` takes `layers.1.fc.weight`, never
 `layers.10.fc.weight`.
 """
+
 from __future__ import annotations
 
 import difflib
 import re
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from .config import ConfigError
 
-WRAPPER_COMPONENTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module",
-                      "_forward_module")
-_SQUASH = re.compile(r"^.*?\.?((?:layers?|embeddings?|embedding|final_layernorm|output_layer|decoder|encoder)(?:\..*)?)$")
+WRAPPER_COMPONENTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module")
+_SQUASH = re.compile(
+    r"^.*?\.?((?:layers?|embeddings?|embedding|final_layernorm|output_layer|decoder|encoder)(?:\..*)?)$"
+)
 
 
 def model_chunks(model: Any) -> list[torch.nn.Module]:
@@ -66,12 +69,12 @@ def check_targets(targets: Iterable[str], module_names: list[set[str]], param_na
             continue
         vpp, name = split_vpp(target)
         chunks = range(len(module_names)) if vpp is None else [vpp]
-        found = any(0 <= c < len(module_names) and (name in module_names[c] or name in param_names[c])
-                    for c in chunks)
+        found = any(0 <= c < len(module_names) and (name in module_names[c] or name in param_names[c]) for c in chunks)
         if not found:
             close = difflib.get_close_matches(name, everything, n=5, cutoff=0.4)
             if not close:
                 prefix = name.split(".")[0]
                 close = [n for n in everything if n.startswith(prefix)][:5] or everything[:5]
-            raise ConfigError(f"targets: {target!r} names no module or parameter of the model; "
-                              f"closest names: {', '.join(close)}")
+            raise ConfigError(
+                f"targets: {target!r} names no module or parameter of the model; closest names: {', '.join(close)}"
+            )

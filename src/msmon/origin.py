@@ -5,6 +5,7 @@ of its inputs in that call were finite. Backward: the first module, in autograd'
 input gradient is non-finite while its output gradient was finite. Flags are per micro-step;
 the earliest micro-step with an origin wins, forward before backward.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,17 +15,19 @@ from .records import RowKey
 
 @dataclass(frozen=True)
 class Origin:
-    stage: str          # "forward" or "backward"
-    module: str         # module name (with call suffix `_1`... for repeated calls)
-    tensor: str         # "{module}.output" (forward) or "{module}.input" (backward input_grad)
+    stage: str  # "forward" or "backward"
+    module: str  # module name (with call suffix `_1`... for repeated calls)
+    tensor: str  # "{module}.output" (forward) or "{module}.input" (backward input_grad)
     vpp_stage: int
     micro_step: int
-    call_id: int        # position of the flag within the step
+    call_id: int  # position of the flag within the step
 
     def describe(self) -> str:
         if self.tensor.endswith(".input") and self.stage == "forward":
-            return (f"forward input of {self.module} (micro-step {self.micro_step}): already non-finite when it "
-                    f"arrived, made by code outside any module or by the data")
+            return (
+                f"forward input of {self.module} (micro-step {self.micro_step}): already non-finite when it "
+                f"arrived, made by code outside any module or by the data"
+            )
         what = "forward output" if self.stage == "forward" else "backward input_grad"
         return f"{what} of {self.module} (micro-step {self.micro_step})"
 

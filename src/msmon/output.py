@@ -1,4 +1,5 @@
 """Where a rank's output goes, checked before training starts."""
+
 from __future__ import annotations
 
 import errno
@@ -24,8 +25,10 @@ def ensure_writable(path: str) -> None:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".msmon-probe-"):
             pass
     except OSError as exc:
-        raise ConfigError(f"output directory {os.path.abspath(path)} is not writable ({exc.strerror or exc}); "
-                          f"set {ENV_OUTPUT_DIR} to a writable directory") from None
+        raise ConfigError(
+            f"output directory {os.path.abspath(path)} is not writable ({exc.strerror or exc}); "
+            f"set {ENV_OUTPUT_DIR} to a writable directory"
+        ) from None
 
 
 def rank_dir_name(rank: int) -> str:
@@ -35,8 +38,12 @@ def rank_dir_name(rank: int) -> str:
 
 def stopped_output(step: int, exc: OSError, path: str | None = None) -> dict:
     """What summary.json and the launcher keep of the write that stopped a rank's output."""
-    return {"step": step, "errno": errno.errorcode.get(exc.errno) if exc.errno else None,
-            "error": exc.strerror or str(exc), "path": exc.filename or path}
+    return {
+        "step": step,
+        "errno": errno.errorcode.get(exc.errno) if exc.errno else None,
+        "error": exc.strerror or str(exc),
+        "path": exc.filename or path,
+    }
 
 
 def describe_stopped(info: dict) -> str:

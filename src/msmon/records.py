@@ -4,6 +4,7 @@ A row is one tensor's statistics; its key says which tensor (category, name, pip
 micro-step). Rows are appended in execution order, so a row's index within its step is its
 call_id: the order the analyser uses to tell which anomaly came first within a rank.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

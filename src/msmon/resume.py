@@ -18,6 +18,7 @@ msprobe leaves to chance:
   from step N on and keeps the earlier ones up to N-1. A run that gives no start step (step 0,
   as under `msmon run`) continues numbering after the last step of the earlier run.
 """
+
 from __future__ import annotations
 
 import csv
@@ -26,8 +27,9 @@ import logging
 import os
 import re
 import struct
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from .config import ConfigError
 from .output import rank_dir_name
@@ -46,19 +48,22 @@ _claimed: set[str] = set()  # rank directories taken by monitors of this process
 
 def parse_time(text: Any, where: str) -> datetime:
     if not isinstance(text, str):
-        raise ConfigError(f"{where}: expected a time prefix like \"Dec03_21-34-40\", got {text!r}")
+        raise ConfigError(f'{where}: expected a time prefix like "Dec03_21-34-40", got {text!r}')
     try:
         return datetime.strptime(text, TIME_FORMAT)
     except ValueError:
-        raise ConfigError(f"{where}: {text!r} is not a time prefix of an output directory "
-                          f"(format %b%d_%H-%M-%S, like \"Dec03_21-34-40\")") from None
+        raise ConfigError(
+            f"{where}: {text!r} is not a time prefix of an output directory "
+            f'(format %b%d_%H-%M-%S, like "Dec03_21-34-40")'
+        ) from None
 
 
 def parse_time_range(value: Any, key: str = "append_output") -> list[str | None]:
     """`[]` (off) or `[start, end]`; an end may be null (open). Raises ConfigError."""
     if not isinstance(value, list) or len(value) not in (0, 2):
-        raise ConfigError(f"{key}: expected [] or two time prefixes [\"Dec03_21-34-40\", \"Dec03_21-34-42\"], "
-                          f"got {value!r}")
+        raise ConfigError(
+            f'{key}: expected [] or two time prefixes ["Dec03_21-34-40", "Dec03_21-34-42"], got {value!r}'
+        )
     if not value:
         return []
     if value[0] is None and value[1] is None:
@@ -97,13 +102,15 @@ def check_range(base: str, time_range: list[str | None]) -> dict[int, list[str]]
     """The directories the range selects; ConfigError when it selects none."""
     found = rank_dirs(base, time_range)
     if not found:
-        raise ConfigError(f"append_output: no output directory under {os.path.abspath(base)} has a time prefix "
-                          f"between {time_range[0]} and {time_range[1]} (directories are named "
-                          f"<%b%d_%H-%M-%S>-rank<r>-<id>)")
+        raise ConfigError(
+            f"append_output: no output directory under {os.path.abspath(base)} has a time prefix "
+            f"between {time_range[0]} and {time_range[1]} (directories are named "
+            f"<%b%d_%H-%M-%S>-rank<r>-<id>)"
+        )
     return found
 
 
-def open_rank_dir(base: str, rank: int, time_range: list[str | None]) -> tuple[str, "Resume | None"]:
+def open_rank_dir(base: str, rank: int, time_range: list[str | None]) -> tuple[str, Resume | None]:
     """This monitor's output directory (created), and how to resume in it (None: a new one)."""
     if time_range:
         candidates = [d for d in check_range(base, time_range).get(rank, []) if d not in _claimed]
@@ -111,13 +118,22 @@ def open_rank_dir(base: str, rank: int, time_range: list[str | None]) -> tuple[s
             chosen = candidates[-1]
             _claimed.add(chosen)
             if len(candidates) > 1:
-                logger.warning("msmon[rank %d]: append_output: %d directories of this rank lie in the range; "
-                               "appending to the latest, %s (not %s)", rank, len(candidates), chosen,
-                               ", ".join(os.path.basename(c) for c in candidates[:-1]))
+                logger.warning(
+                    "msmon[rank %d]: append_output: %d directories of this rank lie in the range; "
+                    "appending to the latest, %s (not %s)",
+                    rank,
+                    len(candidates),
+                    chosen,
+                    ", ".join(os.path.basename(c) for c in candidates[:-1]),
+                )
             logger.info("msmon[rank %d]: append_output: appending to %s", rank, chosen)
             return chosen, Resume(chosen, rank)
-        logger.warning("msmon[rank %d]: append_output: no directory of rank %d lies in the range %s; "
-                       "writing to a new one", rank, rank, time_range)
+        logger.warning(
+            "msmon[rank %d]: append_output: no directory of rank %d lies in the range %s; writing to a new one",
+            rank,
+            rank,
+            time_range,
+        )
     path = os.path.join(base, rank_dir_name(rank))
     os.makedirs(path, exist_ok=True)
     return path, None
@@ -136,14 +152,24 @@ class Resume:
         last = last_step(self.log_dir)
         if start == 0 and last is not None:
             start = last + 1
-            logger.info("msmon[rank %d]: append_output: the earlier run ended at step %d and this one gives no "
-                        "start step (set_monitor's start_iteration); its steps are numbered from %d",
-                        self.rank, last, start)
+            logger.info(
+                "msmon[rank %d]: append_output: the earlier run ended at step %d and this one gives no "
+                "start step (set_monitor's start_iteration); its steps are numbered from %d",
+                self.rank,
+                last,
+                start,
+            )
         moved = supersede_csv_rows(self.log_dir, start)
         if moved:
-            logger.warning("msmon[rank %d]: append_output: this run starts at step %d; %d CSV rows the earlier run "
-                           "recorded at steps >= %d moved to %s", self.rank, start, moved, start,
-                           os.path.join(self.log_dir, SUPERSEDED.format(step=start)))
+            logger.warning(
+                "msmon[rank %d]: append_output: this run starts at step %d; %d CSV rows the earlier run "
+                "recorded at steps >= %d moved to %s",
+                self.rank,
+                start,
+                moved,
+                start,
+                os.path.join(self.log_dir, SUPERSEDED.format(step=start)),
+            )
         for sink in sinks:
             restart = getattr(sink, "restart_at", None)
             if restart is not None:
@@ -157,8 +183,12 @@ def csv_windows(directory: str) -> list[tuple[str, re.Match]]:
         names = sorted(os.listdir(directory))
     except OSError:
         return []
-    return [(os.path.join(directory, n), m) for n in names for m in [CSV_FILE.match(n)]
-            if m is not None and os.path.isfile(os.path.join(directory, n))]
+    return [
+        (os.path.join(directory, n), m)
+        for n in names
+        for m in [CSV_FILE.match(n)]
+        if m is not None and os.path.isfile(os.path.join(directory, n))
+    ]
 
 
 def _read_csv(path: str) -> tuple[list[str], list[list[str]]]:

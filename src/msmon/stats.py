@@ -28,6 +28,7 @@ compiler is found, or by `msmon build-native`), plain contiguous float32/float64
 are read once for all ops, a whole batch per call, and the finished rows come back from it;
 everything else takes the paths below.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,7 +37,7 @@ import os
 import struct
 import threading
 from collections import defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -128,8 +129,17 @@ class _Plan:
         # the sum gives the mean, and is the NaN/Inf witness when min/max are not computed
         self.total = "mean" in ops or (self.flags and not self.minmax)
         self.scaled = any(op in _SCALED_OPS for op in ops)
-        self.fields = [name for name, wanted in (("norm", self.norm), ("min", self.minmax), ("max", self.minmax),
-                                                 ("sum", self.total), ("zeros", self.zeros)) if wanted]
+        self.fields = [
+            name
+            for name, wanted in (
+                ("norm", self.norm),
+                ("min", self.minmax),
+                ("max", self.minmax),
+                ("sum", self.total),
+                ("zeros", self.zeros),
+            )
+            if wanted
+        ]
 
         # the native kernel's field of each op, and whether it is divided by the element count
         self.native_columns = [_NATIVE_FIELDS.index(_FIELD_OF.get(op, op)) for op in ops]
@@ -137,7 +147,7 @@ class _Plan:
         self.native_unscaled = [False] * len(ops)
 
     @functools.cached_property
-    def without_norm(self) -> "_Plan":
+    def without_norm(self) -> _Plan:
         """The same reductions but the norm (computed for a whole batch in one call)."""
         return _Plan(tuple(op for op in self.ops if op != "norm"))
 
@@ -165,7 +175,7 @@ class _Scratch(threading.local):
                 buf = self.buffers[t.dtype] = torch.empty(CHUNK, dtype=t.dtype)
             if len(self.views) > 512:
                 self.views.clear()
-            view = self.views[key] = buf[:t.numel()].view(t.shape)
+            view = self.views[key] = buf[: t.numel()].view(t.shape)
         return view
 
 
@@ -190,7 +200,7 @@ def _chunked(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -
     flat = t.view(-1)
     parts: dict[str, list[torch.Tensor]] = {name: [] for name in plan.fields}
     for start in range(0, flat.numel(), CHUNK):
-        piece = flat[start:start + CHUNK]
+        piece = flat[start : start + CHUNK]
         if plan.norm:
             parts["norm"].append(torch.linalg.vector_norm(piece, dtype=acc))
         if plan.minmax:
@@ -258,9 +268,11 @@ def _segmented(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch
         out["norm"] = torch.segment_reduce(wide * wide, "sum", lengths=lengths).sqrt_()
     if plan.minmax:
         out["min"] = torch.full((count,), math.inf, dtype=flat.dtype, device=flat.device).scatter_reduce_(
-            0, segment_ids, flat, "amin")
+            0, segment_ids, flat, "amin"
+        )
         out["max"] = torch.full((count,), -math.inf, dtype=flat.dtype, device=flat.device).scatter_reduce_(
-            0, segment_ids, flat, "amax")
+            0, segment_ids, flat, "amax"
+        )
     if plan.total:
         out["sum"] = torch.segment_reduce(wide, "sum", lengths=lengths)
     if plan.zeros:
@@ -302,7 +314,9 @@ def _kind(t: torch.Tensor) -> str:
     return "segment" if t.numel() <= SMALL else "each"
 
 
-def _columns(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype) -> tuple[dict[str, torch.Tensor], list[int] | None]:
+def _columns(
+    ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype
+) -> tuple[dict[str, torch.Tensor], list[int] | None]:
     """Columns for all tensors, and the input position of each row (None: input order)."""
     kinds = [_kind(t) for t in ts]
     segments = [i for i, k in enumerate(kinds) if k == "segment"]
@@ -356,7 +370,9 @@ def _zeros(n: int) -> torch.Tensor:
 
 
 _ZERO = torch.zeros((), dtype=RESULT_DTYPE)
-_ZERO_OF = {dtype: torch.zeros((), dtype=dtype) for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+_ZERO_OF = {
+    dtype: torch.zeros((), dtype=dtype) for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+}
 
 
 def _zero_like(values: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -392,8 +408,9 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     return row
 
 
-def _native_rows(ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = False,
-                 scaled: bool = True) -> torch.Tensor | None:
+def _native_rows(
+    ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = False, scaled: bool = True
+) -> torch.Tensor | None:
     """Rows from one call of the native kernel (msmon.native), or None when it is not built or
     cannot read every tensor (they then take the torch path together). The tensors must share
     a dtype (one zero threshold) and be plain tensors (not DTensors). `scaled`: mean and zero
@@ -402,8 +419,15 @@ def _native_rows(ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = F
     if rows_of is None:
         return None
     per_element = plan.native_per_element if scaled else plan.native_unscaled
-    return rows_of(ts, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, plan.native_columns,
-                   per_element, flat, _native_threads(), NATIVE_SHARE)
+    return rows_of(
+        ts,
+        zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0,
+        plan.native_columns,
+        per_element,
+        flat,
+        _native_threads(),
+        NATIVE_SHARE,
+    )
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -588,7 +612,7 @@ def _sign_mismatch(g: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torc
     chunk = CHUNK if g.device.type == "cpu" else _SIGN_CHUNK
     counts, nans = [], []
     for start in range(0, g.numel(), chunk):
-        gc, mc = g[start:start + chunk], m[start:start + chunk]
+        gc, mc = g[start : start + chunk], m[start : start + chunk]
         d = torch.sign(gc)
         d.sub_(torch.sign(mc)).abs_().clamp_(max=1)  # 1 where the signs differ (count_nonzero: 4x slower)
         counts.append(d.sum(dtype=torch.float32))  # exact: a chunk holds fewer than 2**24 elements
@@ -634,8 +658,9 @@ def sign_matches(grads: Sequence[torch.Tensor], moments: Sequence[torch.Tensor])
             d = torch.sign(flat_g)
             d.sub_(torch.sign(flat_m)).abs_().clamp_(max=1)
             mismatch = torch.segment_reduce(d.to(torch.float32), "sum", lengths=lengths)
-            nans = (torch.isnan(torch.segment_reduce(flat_g.to(torch.float32), "max", lengths=lengths))
-                    | torch.isnan(torch.segment_reduce(flat_m.to(torch.float32), "max", lengths=lengths)))
+            nans = torch.isnan(torch.segment_reduce(flat_g.to(torch.float32), "max", lengths=lengths)) | torch.isnan(
+                torch.segment_reduce(flat_m.to(torch.float32), "max", lengths=lengths)
+            )
             sizes = _to_device(torch.tensor(numels, dtype=RESULT_DTYPE), dev)
             counts = torch.where(nans, math.nan, sizes - mismatch.to(RESULT_DTYPE)).to(device)
             for j, i in enumerate(indices):

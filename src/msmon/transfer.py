@@ -4,6 +4,7 @@ Rows recorded on an accelerator are concatenated there, copied into pinned host 
 non-blocking copy, and an event is recorded; the writer thread waits on the event, never the
 training thread. CPU rows are simply concatenated.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -56,9 +57,14 @@ def copy_to_host(t: torch.Tensor) -> tuple[torch.Tensor, list[Any]]:
     return _to_host(t, events), events
 
 
-def stage_to_host(keys: list[RowKey], chunks: list[torch.Tensor], width: int,
-                  histograms: list[Histogram], flag_keys: list[RowKey] | None = None,
-                  flags: list[torch.Tensor] | None = None) -> HostBatch:
+def stage_to_host(
+    keys: list[RowKey],
+    chunks: list[torch.Tensor],
+    width: int,
+    histograms: list[Histogram],
+    flag_keys: list[RowKey] | None = None,
+    flags: list[torch.Tensor] | None = None,
+) -> HostBatch:
     """Concatenate each device's rows and start their copy to the host. Finiteness flags
     travel in the same copy as the rows of their device."""
     events: list[Any] = []
@@ -86,7 +92,7 @@ def stage_to_host(keys: list[RowKey], chunks: list[torch.Tensor], width: int,
         else:
             host_parts.append(_to_host(device_rows, events))
         for i in indices:
-            ordered_keys.extend(keys[spans[i][0]:spans[i][1]])
+            ordered_keys.extend(keys[spans[i][0] : spans[i][1]])
     if flags and flag_host is None:
         flag_host = _to_host(torch.stack([f.to(flag_device) for f in flags]).to(torch.float64), events)
     if host_parts:

@@ -1,6 +1,7 @@
 """A target that names no module of the model is bad input: with no code change (`msmon run`,
 `import msmon.auto`) the job stops before training with the closest names, as the API's
 set_monitor raises; a target another model of the process holds leaves this optimizer alone."""
+
 from __future__ import annotations
 
 import glob
@@ -66,8 +67,10 @@ def test_a_target_of_another_model_leaves_this_optimizer_alone_whatever_the_orde
     generator, discriminator = MLP(), torch.nn.Sequential()
     discriminator.add_module("disc", torch.nn.Sequential(torch.nn.Linear(4, 1)))
     with caplog.at_level(logging.INFO, logger="msmon"):
-        optimizers = [torch.optim.SGD(generator.parameters(), lr=0.1),  # its model lacks the target: built first
-                      torch.optim.SGD(discriminator.parameters(), lr=0.1)]
+        optimizers = [
+            torch.optim.SGD(generator.parameters(), lr=0.1),  # its model lacks the target: built first
+            torch.optim.SGD(discriminator.parameters(), lr=0.1),
+        ]
     assert len(optimizers) == 2
     assert [m.models for m in session.monitors] == [[discriminator]]
     assert session.error is None
@@ -109,21 +112,41 @@ def test_msmon_run_stops_every_rank_before_training_with_the_closest_names(tmp_p
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MSMON_", "TORCHELASTIC_", "MONITOR_"))}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "msmon.launcher", "run", "--config", str(config), "--output-dir",
-                           str(out), "--standalone", "--nproc-per-node", "2", "--",
-                           str(SCRIPTS / "launcher_bad_target.py")],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msmon.launcher",
+            "run",
+            "--config",
+            str(config),
+            "--output-dir",
+            str(out),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--",
+            str(SCRIPTS / "launcher_bad_target.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode != 0
     assert proc.stdout.count("model built") == 2, proc.stdout + proc.stderr[-3000:]
     assert " step " not in proc.stdout  # no optimizer step ran on any rank
-    reason = ("targets: 'layers.2' names no module or parameter of the model; closest names: layers.1, layers.0, layers, "
-              "layers.1.bias, layers.0.bias")
+    reason = (
+        "targets: 'layers.2' names no module or parameter of the model; closest names: layers.1, layers.0, layers, "
+        "layers.1.bias, layers.0.bias"
+    )
     for rank in (0, 1):
         errors = [line for line in proc.stderr.splitlines() if line.startswith(f"msmon[rank {rank}]: invalid config")]
-        assert errors == [f"msmon[rank {rank}]: invalid config {config}: {reason}; stopping before training"], \
+        assert errors == [f"msmon[rank {rank}]: invalid config {config}: {reason}; stopping before training"], (
             proc.stderr[-3000:]
+        )
         assert f"msmon: rank {rank}: stopped before training, invalid config: {reason}" in proc.stderr
-    assert "launcher_bad_target.py\", line" not in proc.stderr  # no traceback from the script
+    assert 'launcher_bad_target.py", line' not in proc.stderr  # no traceback from the script
     assert "no optimizer was monitored" not in proc.stderr
     assert not glob.glob(str(out / "*-rank*"))
 
@@ -131,10 +154,17 @@ def test_msmon_run_stops_every_rank_before_training_with_the_closest_names(tmp_p
 def test_the_end_of_job_summary_gives_the_cause_on_every_rank():
     from msmon.launcher.report import summary_lines
 
-    lines = summary_lines([{"rank": 0, "monitors": [], "skipped": [], "error": "targets: 'x' names no module"},
-                           {"rank": 1, "monitors": [], "skipped": []}], "run")  # rank 1 was stopped by torchrun
-    assert lines == ["msmon: rank 0: stopped before training, invalid config: targets: 'x' names no module",
-                     "msmon: rank 1: nothing was monitored (the job stopped on another rank's config error)"]
+    lines = summary_lines(
+        [
+            {"rank": 0, "monitors": [], "skipped": [], "error": "targets: 'x' names no module"},
+            {"rank": 1, "monitors": [], "skipped": []},
+        ],
+        "run",
+    )  # rank 1 was stopped by torchrun
+    assert lines == [
+        "msmon: rank 0: stopped before training, invalid config: targets: 'x' names no module",
+        "msmon: rank 1: nothing was monitored (the job stopped on another rank's config error)",
+    ]
 
 
 def test_a_failed_attachment_is_reported_as_such_not_as_no_optimizer_built(write_config, tmp_path, monkeypatch):

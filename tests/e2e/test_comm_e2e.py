@@ -4,6 +4,7 @@ tests/scripts/comm_train.py runs all_reduce (sync, twice per line, and async), a
 reduce_scatter, broadcast, isend/irecv and batch_isend_irecv, and saves what each call had
 before and after it. The expected statistics are computed here from those tensors, in float64.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,16 @@ pytestmark = pytest.mark.e2e
 
 SCRIPT = ROOT / "tests" / "scripts" / "comm_train.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-SITE_OPS = {"grads": "all_reduce", "gather": "all_gather", "scatter": "reduce_scatter", "bcast": "broadcast",
-            "isend": "isend", "irecv": "irecv", "batch": "batch_isend_irecv", "async": "all_reduce"}
+SITE_OPS = {
+    "grads": "all_reduce",
+    "gather": "all_gather",
+    "scatter": "reduce_scatter",
+    "bcast": "broadcast",
+    "isend": "isend",
+    "irecv": "irecv",
+    "batch": "batch_isend_irecv",
+    "async": "all_reduce",
+}
 STEPS = 3
 
 
@@ -58,8 +67,18 @@ class Job:
 def run_job(work: Path, config: dict | None, *extra: str, timeout: int = 240) -> Job:
     work.mkdir(parents=True, exist_ok=True)
     out = work / "monitor_output"
-    args = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(SCRIPT), "--steps", str(STEPS),
-            "--out", str(work), *extra]
+    args = [
+        str(TORCHRUN),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPT),
+        "--steps",
+        str(STEPS),
+        "--out",
+        str(work),
+        *extra,
+    ]
     if config is not None:
         path = work / "monitor.json"
         path.write_text(json.dumps(config))
@@ -71,8 +90,11 @@ def run_job(work: Path, config: dict | None, *extra: str, timeout: int = 240) ->
 
 @pytest.fixture(scope="module")
 def full_job(tmp_path_factory) -> Job:
-    config = {"cc_distribution": {"enable": True, "cc_pre_hook": True}, "format": ["csv", "tensorboard"],
-              "ops": ALL_OPS}
+    config = {
+        "cc_distribution": {"enable": True, "cc_pre_hook": True},
+        "format": ["csv", "tensorboard"],
+        "ops": ALL_OPS,
+    }
     job = run_job(tmp_path_factory.mktemp("cc_full"), config)
     assert job.result.returncode == 0, job.log[-4000:]
     return job
@@ -88,10 +110,14 @@ def unmonitored_job(tmp_path_factory) -> Job:
 @pytest.fixture(scope="module")
 def filtered_job_with_failing_rank(tmp_path_factory) -> Job:
     """cc_codeline keeps two lines (one literal, one regex); rank 1's statistics fail."""
-    config = {"cc_distribution": {"enable": True,
-                                  "cc_codeline": [f"comm_train.py[{LINES['bcast']}]",
-                                                  rf"scripts/comm_\w+\.py\[{LINES['async']}\]"]},
-              "format": "csv", "ops": ["norm", "max"]}
+    config = {
+        "cc_distribution": {
+            "enable": True,
+            "cc_codeline": [f"comm_train.py[{LINES['bcast']}]", rf"scripts/comm_\w+\.py\[{LINES['async']}\]"],
+        },
+        "format": "csv",
+        "ops": ["norm", "max"],
+    }
     return run_job(tmp_path_factory.mktemp("cc_filtered"), config, "--fail-rank", "1")
 
 
@@ -185,8 +211,9 @@ def test_cc_codeline_records_only_the_listed_lines(filtered_job_with_failing_ran
     assert list(rows[0]) == ["vpp_stage", "name", "step", "norm", "max"]
 
 
-def test_one_ranks_monitor_failing_neither_deadlocks_nor_stops_training(filtered_job_with_failing_rank,
-                                                                       unmonitored_job):
+def test_one_ranks_monitor_failing_neither_deadlocks_nor_stops_training(
+    filtered_job_with_failing_rank, unmonitored_job
+):
     job = filtered_job_with_failing_rank
     assert job.result.returncode == 0, job.log[-4000:]
     for rank in (0, 1):
@@ -219,23 +246,49 @@ def test_msmon_run_covers_a_library_that_copied_all_reduce_before_the_script_ran
     """`msmon run` wraps torch.distributed when torch is imported, before any library can copy
     a collective; the unmodified script's own calls and the library's are both recorded."""
     scripts = SCRIPT.parent
-    lib_line = next(n for n, text in enumerate((scripts / "comm_cached_lib.py").read_text().splitlines(), 1)
-                    if "# site:cached" in text)
-    direct_line = next(n for n, text in enumerate((scripts / "comm_launched.py").read_text().splitlines(), 1)
-                       if "# site:direct" in text)
+    lib_line = next(
+        n
+        for n, text in enumerate((scripts / "comm_cached_lib.py").read_text().splitlines(), 1)
+        if "# site:cached" in text
+    )
+    direct_line = next(
+        n
+        for n, text in enumerate((scripts / "comm_launched.py").read_text().splitlines(), 1)
+        if "# site:direct" in text
+    )
     config = tmp_path / "monitor.json"
     config.write_text(json.dumps({"cc_distribution": {"enable": True}, "format": "csv", "ops": ["norm", "max"]}))
     out = tmp_path / "monitor_output"
     result = subprocess.run(
-        [str(TORCHRUN.parent / "msmon"), "run", "--config", str(config), "--output-dir", str(out), "--standalone",
-         "--nproc-per-node", "2", "--", str(scripts / "comm_launched.py"), "--steps", "2"],
-        capture_output=True, text=True, timeout=240, env=dict(os.environ, OMP_NUM_THREADS="1"), cwd=tmp_path)
+        [
+            str(TORCHRUN.parent / "msmon"),
+            "run",
+            "--config",
+            str(config),
+            "--output-dir",
+            str(out),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--",
+            str(scripts / "comm_launched.py"),
+            "--steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     lib, direct = f"all_reduce@comm_cached_lib.py[{lib_line}]/post", f"all_reduce@comm_launched.py[{direct_line}]/post"
     per_rank = []
     for rank in (0, 1):
-        rows = {(int(r["step"]), r["name"]): (float(r["norm"]), float(r["max"]))
-                for r in read_csv_rows(rank_dir(out, rank), "other")}
+        rows = {
+            (int(r["step"]), r["name"]): (float(r["norm"]), float(r["max"]))
+            for r in read_csv_rows(rank_dir(out, rank), "other")
+        }
         assert set(rows) == {(step, name) for step in (0, 1) for name in (lib, direct)}, rows
         # all_reduce of [rank + step] over ranks 0 and 1: 1 + 2 * step
         assert [rows[(step, direct)] for step in (0, 1)] == [(1.0, 1.0), (3.0, 3.0)]

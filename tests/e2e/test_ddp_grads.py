@@ -1,4 +1,5 @@
 """Under DDP, grad_unreduced is the rank-local accumulated gradient and grad_reduced the averaged one."""
+
 from __future__ import annotations
 
 import json
@@ -10,20 +11,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from msmon.anomaly.analyse import first_per_rank, order_events, read_dumps, verdict
-
 from conftest import ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
+from msmon.anomaly.analyse import first_per_rank, order_events, read_dumps, verdict
 
 
 @pytest.mark.e2e
 def test_unreduced_is_rank_local_and_reduced_is_the_all_reduced_mean(tmp_path):
     config = tmp_path / "monitor.json"
-    config.write_text(json.dumps({"wg_distribution": True, "format": "csv",
-                                  "ops": ["norm", "min", "max", "mean", "zeros", "nans", "infs"]}))
+    config.write_text(
+        json.dumps(
+            {"wg_distribution": True, "format": "csv", "ops": ["norm", "min", "max", "mean", "zeros", "nans", "infs"]}
+        )
+    )
     out = tmp_path / "out"
     env = dict(os.environ, MONITOR_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(ROOT / "tests" / "scripts" / "core_ddp_grads.py"), str(config), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(ROOT / "tests" / "scripts" / "core_ddp_grads.py"),
+        str(config),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
@@ -51,8 +63,18 @@ def run_accumulation(tmp_path, config: dict, *args: str) -> Path:
     config_path.write_text(json.dumps(config))
     out = tmp_path / "out"
     env = dict(os.environ, MONITOR_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(ROOT / "tests" / "scripts" / "ddp_accumulation.py"), str(config_path), str(tmp_path), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(ROOT / "tests" / "scripts" / "ddp_accumulation.py"),
+        str(config_path),
+        str(tmp_path),
+        *args,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (tmp_path / "stderr.txt").write_text(proc.stderr)
@@ -68,8 +90,7 @@ def test_unreduced_is_the_rank_local_accumulation_whether_or_not_ddp_reduces_eac
     """Three micro-batches per step; `sync`: DDP all-reduces every one of them (no no_sync()).
     `infer`: grad_acc_steps is counted in step 0; `inner`: the monitor sees the bare model, DDP
     wraps it afterwards (found among live objects)."""
-    out = run_accumulation(tmp_path, {"wg_distribution": True, "format": "csv", "ops": OPS},
-                           mode, "3", "3", "-", extra)
+    out = run_accumulation(tmp_path, {"wg_distribution": True, "format": "csv", "ops": OPS}, mode, "3", "3", "-", extra)
     for rank in (0, 1):
         truth = torch.load(tmp_path / f"truth_rank{rank}.pt")
         directory = rank_dir(out, rank)
@@ -85,8 +106,15 @@ def test_unreduced_is_the_rank_local_accumulation_whether_or_not_ddp_reduces_eac
 
 @pytest.mark.e2e
 def test_per_micro_batch_rows_are_rank_local_under_ddp_without_no_sync(tmp_path):
-    out = run_accumulation(tmp_path, {"wg_distribution": True, "monitor_mbs_grad": True, "format": "csv",
-                                      "ops": OPS}, "sync", "3", "2", "-", "bucket_view")
+    out = run_accumulation(
+        tmp_path,
+        {"wg_distribution": True, "monitor_mbs_grad": True, "format": "csv", "ops": OPS},
+        "sync",
+        "3",
+        "2",
+        "-",
+        "bucket_view",
+    )
     for rank in (0, 1):
         truth = torch.load(tmp_path / f"truth_rank{rank}.pt")
         rows = read_csv_rows(rank_dir(out, rank), "grad_unreduced")
@@ -110,12 +138,25 @@ def test_a_gradient_the_script_reduces_itself_between_micro_batches_is_left_out_
 @pytest.mark.e2e
 def test_a_nan_on_one_rank_is_blamed_on_that_rank_and_raises_no_unreduced_alert_on_the_healthy_one(tmp_path):
     """Rank 1's loss turns NaN in micro-batch 0 of step 2; DDP all-reduces it into rank 0's `.grad`."""
-    out = run_accumulation(tmp_path, {"wg_distribution": True, "format": "csv", "ops": OPS, "nan_origin": False,
-                                      "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}},
-                           "sync", "2", "3", "2")
+    out = run_accumulation(
+        tmp_path,
+        {
+            "wg_distribution": True,
+            "format": "csv",
+            "ops": OPS,
+            "nan_origin": False,
+            "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True},
+        },
+        "sync",
+        "2",
+        "3",
+        "2",
+    )
     dumps = out / "anomaly_detected"
-    records = {rank: [json.loads(line) for line in (dumps / f"rank{rank}" / "anomaly.jsonl").read_text().splitlines()]
-               for rank in (0, 1)}
+    records = {
+        rank: [json.loads(line) for line in (dumps / f"rank{rank}" / "anomaly.jsonl").read_text().splitlines()]
+        for rank in (0, 1)
+    }
     assert {r["category"] for r in records[0]} == {"grad_reduced"}  # rank 0's own gradient stayed finite
     assert {r["category"] for r in records[1]} == {"grad_unreduced", "grad_reduced"}
     assert {r["step"] for r in records[0] + records[1]} == {2}

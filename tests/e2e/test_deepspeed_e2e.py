@@ -6,6 +6,7 @@ The truth is what DeepSpeed itself assembles in the same run (`safe_get_full_fp3
 msmon only ever reads each rank's own partition and combines statistics. For fp32 runs the
 rank-local gradients are checked against an unwrapped copy of the model fed the same batches.
 """
+
 from __future__ import annotations
 
 import glob
@@ -23,8 +24,17 @@ from conftest import ALL_OPS, ROOT, read_csv_rows
 pytestmark = pytest.mark.e2e
 
 SCRIPTS = ROOT / "tests" / "scripts"
-CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "ur_distribution": True,
-          "mg_direction": True, "format": ["csv"], "ndigits": 12, "squash_name": False, "ops": ALL_OPS}
+CONFIG = {
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "ur_distribution": True,
+    "mg_direction": True,
+    "format": ["csv"],
+    "ndigits": 12,
+    "squash_name": False,
+    "ops": ALL_OPS,
+}
 REPLICATED = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
 PARAMS = {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
 STEPS = 3
@@ -52,8 +62,22 @@ def msmon_run(work: Path, config: dict, script: str, *args: str) -> subprocess.C
     work.mkdir(parents=True, exist_ok=True)
     path = work / "monitor.json"
     path.write_text(json.dumps(config))
-    argv = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(path), "--output-dir", str(work / "out"),
-            "--standalone", "--nproc-per-node", "2", "--", str(SCRIPTS / script), *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "msmon.launcher",
+        "run",
+        "--config",
+        str(path),
+        "--output-dir",
+        str(work / "out"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--",
+        str(SCRIPTS / script),
+        *args,
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ds_env(), cwd=work)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc
@@ -62,8 +86,11 @@ def msmon_run(work: Path, config: dict, script: str, *args: str) -> subprocess.C
 def output_of(work: Path, rank: int) -> Path:
     """The rank's directory with recorded steps (a client optimizer released to DeepSpeed's
     monitor leaves one with nothing but its config and summary)."""
-    dirs = [Path(d) for d in glob.glob(str(work / "out" / f"*-rank{rank}-*"))
-            if json.loads((Path(d) / "summary.json").read_text())["steps_recorded"] > 0]
+    dirs = [
+        Path(d)
+        for d in glob.glob(str(work / "out" / f"*-rank{rank}-*"))
+        if json.loads((Path(d) / "summary.json").read_text())["steps_recorded"] > 0
+    ]
     assert len(dirs) == 1, dirs
     return dirs[0]
 
@@ -89,8 +116,9 @@ def assert_close(row: dict[str, str], expected: dict[str, float], what: str) -> 
 def ds_job(request, tmp_path_factory):
     stage, dtype = request.param
     work = tmp_path_factory.mktemp(f"ds{stage}{dtype}")
-    proc = msmon_run(work, CONFIG, "ds_train.py", "--stage", str(stage), "--dtype", dtype, "--steps", str(STEPS),
-                     "--out", str(work))
+    proc = msmon_run(
+        work, CONFIG, "ds_train.py", "--stage", str(stage), "--dtype", dtype, "--steps", str(STEPS), "--out", str(work)
+    )
     return stage, dtype, work, proc
 
 
@@ -98,8 +126,10 @@ def test_deepspeed_builds_the_optimizer_the_adapter_is_chosen_for(ds_job):
     stage, dtype, work, proc = ds_job
     assert truth(work)["optimizer"] == RUNS[(stage, dtype)]
     for rank in (0, 1):
-        assert f"msmon[rank {rank}]: monitoring {RUNS[(stage, dtype)]} of MLP (attached at deepspeed.initialize)" \
+        assert (
+            f"msmon[rank {rank}]: monitoring {RUNS[(stage, dtype)]} of MLP (attached at deepspeed.initialize)"
             in proc.stderr
+        )
 
 
 def test_weights_gradients_and_moments_equal_deepspeeds_own_full_tensors(ds_job):
@@ -169,8 +199,21 @@ def test_hf_trainer_with_deepspeed_zero3_is_monitored_without_code(tmp_path):
 def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path):
     plain = tmp_path / "plain"
     plain.mkdir()
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            str(SCRIPTS / "ds_train.py"), "--stage", "3", "--dtype", "bf16", "--out", str(plain)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "ds_train.py"),
+        "--stage",
+        "3",
+        "--dtype",
+        "bf16",
+        "--out",
+        str(plain),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ds_env(), cwd=plain)
     assert proc.returncode == 0, proc.stderr[-4000:]
     monitored = tmp_path / "monitored"
@@ -182,12 +225,14 @@ def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path):
 def test_per_micro_batch_rank_local_gradients_under_zero2(tmp_path):
     """ZeRO-2 reduces after every micro-batch: with monitor_mbs_grad each reduction is a row."""
     work = tmp_path / "mbs"
-    msmon_run(work, dict(CONFIG, monitor_mbs_grad=True), "ds_train.py", "--stage", "2", "--steps", "2",
-              "--out", str(work))
+    msmon_run(
+        work, dict(CONFIG, monitor_mbs_grad=True), "ds_train.py", "--stage", "2", "--steps", "2", "--out", str(work)
+    )
     steps = truth(work)["steps"]
     rows = read_csv_rows(output_of(work, 0), "grad_unreduced")
     assert {(int(r["step"]), int(r["micro_step"]), r["name"]) for r in rows} == {
-        (s, m, n) for s in range(2) for m in range(2) for n in PARAMS}
+        (s, m, n) for s in range(2) for m in range(2) for n in PARAMS
+    }
     for row in rows:
         if row["micro_step"] == "1":  # the last micro-batch's gradient, which the script keeps
             assert_close(row, steps[int(row["step"])]["local_last"][row["name"]], row["name"])
@@ -195,8 +240,9 @@ def test_per_micro_batch_rank_local_gradients_under_zero2(tmp_path):
 
 def test_module_ranks_leaving_out_a_partition_holder_records_no_split_tensor_and_never_hangs(tmp_path):
     work = tmp_path / "ranks"
-    proc = msmon_run(work, dict(CONFIG, module_ranks=[0]), "ds_train.py", "--stage", "1", "--steps", "2",
-                     "--out", str(work))
+    proc = msmon_run(
+        work, dict(CONFIG, module_ranks=[0]), "ds_train.py", "--stage", "1", "--steps", "2", "--out", str(work)
+    )
     assert "module_ranks leaves out ranks [1]" in proc.stderr
     directory = output_of(work, 0)
     for category in REPLICATED:

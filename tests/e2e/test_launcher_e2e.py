@@ -1,5 +1,6 @@
 """Acceptance: unmodified scripts under `msmon run` (real torchrun, 2 processes on gloo) give,
 rank by rank, the same output as the TrainerMon API gives for the same script."""
+
 from __future__ import annotations
 
 import filecmp
@@ -24,8 +25,15 @@ SCRIPTS = ROOT / "tests" / "scripts"
 MSMON = [sys.executable, "-m", "msmon.launcher"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TWO_RANKS = ["--standalone", "--nproc-per-node", "2"]
-CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "xy_distribution": True,
-          "all_xy": True, "format": ["csv"], "ops": ["norm", "min", "max", "mean", "zeros", "nans", "infs"]}
+CONFIG = {
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "xy_distribution": True,
+    "all_xy": True,
+    "format": ["csv"],
+    "ops": ["norm", "min", "max", "mean", "zeros", "nans", "infs"],
+}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -56,8 +64,10 @@ def msmon_run(config: str, out: Path, *args: str, env: dict[str, str] | None = N
 
 def api_run(config: str, out: Path, script: str, *args: str):
     """The same script attaching with the TrainerMon API itself (`--api`), under plain torchrun."""
-    proc = run([*TORCHRUN, *TWO_RANKS, str(SCRIPTS / script), *args, "--api", config],
-               env=clean_env(MONITOR_OUTPUT_DIR=str(out)))
+    proc = run(
+        [*TORCHRUN, *TWO_RANKS, str(SCRIPTS / script), *args, "--api", config],
+        env=clean_env(MONITOR_OUTPUT_DIR=str(out)),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
@@ -79,7 +89,9 @@ def assert_same_output(auto: Path, api: Path, ranks=(0, 1)) -> None:
 
 def assert_summary(proc, steps: int, ranks=(0, 1)) -> None:
     for rank in ranks:
-        line = rf"^msmon: rank {rank}: {steps} steps recorded, 0 alerts raised, monitor cost [\d.]+ % of step time .* -> "
+        line = (
+            rf"^msmon: rank {rank}: {steps} steps recorded, 0 alerts raised, monitor cost [\d.]+ % of step time .* -> "
+        )
         assert re.search(line, proc.stderr, re.M), proc.stderr[-3000:]
 
 
@@ -103,12 +115,40 @@ def free_port() -> int:
 
 
 def test_two_nodes_with_c10d_rendezvous_match_the_api(config, ddp_api_output, tmp_path):
-    rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", uuid.uuid4().hex[:8]]
-    nodes = [subprocess.Popen([*MSMON, "run", "--config", config, "--output-dir", str(tmp_path), *rendezvous,
-                               "--node-rank", str(node), "--", str(SCRIPTS / "launcher_ddp.py")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
-             for node in (0, 1)]
+    rendezvous = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--rdzv-id",
+        uuid.uuid4().hex[:8],
+    ]
+    nodes = [
+        subprocess.Popen(
+            [
+                *MSMON,
+                "run",
+                "--config",
+                config,
+                "--output-dir",
+                str(tmp_path),
+                *rendezvous,
+                "--node-rank",
+                str(node),
+                "--",
+                str(SCRIPTS / "launcher_ddp.py"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_env(),
+        )
+        for node in (0, 1)
+    ]
     outputs = [node.communicate(timeout=300) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][1][-3000:] + outputs[1][1][-3000:]
     summaries = [line for _, err in outputs for line in err.splitlines() if line.startswith("msmon: rank")]
@@ -116,11 +156,15 @@ def test_two_nodes_with_c10d_rendezvous_match_the_api(config, ddp_api_output, tm
     assert_same_output(tmp_path, ddp_api_output)
 
 
-@pytest.mark.parametrize("script, args, attached", [
-    ("launcher_hf_trainer.py", ["--output", "{tmp}/hf"], "AdamW of GPT2LMHeadModel"),  # transformers.Trainer
-    ("launcher_accelerate.py", [], "AdamW of Sequential"),  # built before accelerator.prepare
-    ("launcher_lightning.py", [], "Adam of DistributedDataParallel"),  # Trainer(strategy="ddp")
-], ids=["hf_trainer", "accelerate", "lightning"])
+@pytest.mark.parametrize(
+    "script, args, attached",
+    [
+        ("launcher_hf_trainer.py", ["--output", "{tmp}/hf"], "AdamW of GPT2LMHeadModel"),  # transformers.Trainer
+        ("launcher_accelerate.py", [], "AdamW of Sequential"),  # built before accelerator.prepare
+        ("launcher_lightning.py", [], "Adam of DistributedDataParallel"),  # Trainer(strategy="ddp")
+    ],
+    ids=["hf_trainer", "accelerate", "lightning"],
+)
 def test_framework_scripts_match_the_api(config, tmp_path, script, args, attached):
     args = [a.format(tmp=tmp_path) for a in args]
     auto, api = tmp_path / "auto", tmp_path / "api"
@@ -138,8 +182,9 @@ def loader_job(config, tmp_path_factory):
     base = tmp_path_factory.mktemp("loader")
     pids = base / "pids"
     pids.mkdir()
-    env = clean_env(PYTHONPATH=str(SCRIPTS / "launcher_user_site"), LAUNCHER_TEST_PIDS=str(pids),
-                    MSMON_KEEP_BOOTSTRAP="1")
+    env = clean_env(
+        PYTHONPATH=str(SCRIPTS / "launcher_user_site"), LAUNCHER_TEST_PIDS=str(pids), MSMON_KEEP_BOOTSTRAP="1"
+    )
     proc = msmon_run(config, base / "out", *TWO_RANKS, "--", "-m", "launcher_pkg.train_loader", env=env, cwd=SCRIPTS)
     kept = re.search(r"bootstrap directory kept: (\S+)", proc.stderr).group(1)
     records = [json.loads(Path(p).read_text()) for p in glob.glob(os.path.join(kept, "workers", "*.json"))]
@@ -189,8 +234,19 @@ def test_a_crash_keeps_the_traceback_and_the_exit_code_of_plain_torchrun(config,
 
 
 def test_struct_prints_the_module_tree_and_stops_at_the_first_step(tmp_path):
-    proc = run([*MSMON, "struct", "--output-dir", str(tmp_path), *TWO_RANKS, "--",
-                str(SCRIPTS / "launcher_ddp.py"), "--steps", "5"])
+    proc = run(
+        [
+            *MSMON,
+            "struct",
+            "--output-dir",
+            str(tmp_path),
+            *TWO_RANKS,
+            "--",
+            str(SCRIPTS / "launcher_ddp.py"),
+            "--steps",
+            "5",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "step 0 loss" not in proc.stdout  # stopped inside the first optimizer step
     assert re.search(r"^\s*qkv  \[input tensor: size=\(4, 8, 16\)", proc.stdout, re.M)  # rank 0 printed the tree
@@ -215,18 +271,37 @@ def test_accelerates_own_test_script_gets_one_monitor_per_optimizer(tmp_path):
     assert len(set(directories)) == len(lines) == len(glob.glob(str(out / "*-rank0-*")))  # no collision
 
 
-@pytest.mark.parametrize("optimizer, line, note", [
-    ("none", "nothing was monitored (no torch.optim optimizer was created)", "no torch.optim optimizer was created"),
-    ("unstepped", "0 steps recorded (no optimizer step ran), 0 alerts raised", "no optimizer step ran"),
-    ("loose", "nothing was monitored (SGD was built but never stepped; its parameters belonged to no module when "
-              "it was built, so msmon waited for its first step)",
-     "SGD was built but never stepped; its parameters belonged to no module when it was built, so msmon waited for "
-     "its first step"),
-])
-def test_a_job_with_no_optimizer_step_still_writes_each_ranks_summary_saying_why(config, tmp_path, optimizer, line,
-                                                                                note):
-    proc = msmon_run(config, tmp_path / "out", *TWO_RANKS, "--", str(SCRIPTS / "launcher_no_step.py"),
-                     "--optimizer", optimizer, cwd=tmp_path)
+@pytest.mark.parametrize(
+    "optimizer, line, note",
+    [
+        (
+            "none",
+            "nothing was monitored (no torch.optim optimizer was created)",
+            "no torch.optim optimizer was created",
+        ),
+        ("unstepped", "0 steps recorded (no optimizer step ran), 0 alerts raised", "no optimizer step ran"),
+        (
+            "loose",
+            "nothing was monitored (SGD was built but never stepped; its parameters belonged to no module when "
+            "it was built, so msmon waited for its first step)",
+            "SGD was built but never stepped; its parameters belonged to no module when it was built, so msmon waited for "  # noqa: E501
+            "its first step",
+        ),
+    ],
+)
+def test_a_job_with_no_optimizer_step_still_writes_each_ranks_summary_saying_why(
+    config, tmp_path, optimizer, line, note
+):
+    proc = msmon_run(
+        config,
+        tmp_path / "out",
+        *TWO_RANKS,
+        "--",
+        str(SCRIPTS / "launcher_no_step.py"),
+        "--optimizer",
+        optimizer,
+        cwd=tmp_path,
+    )
     assert proc.stdout.count(" output ") == 2
     for rank in (0, 1):
         directory = rank_dir(tmp_path / "out", rank)

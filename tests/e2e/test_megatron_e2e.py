@@ -5,6 +5,7 @@ for Megatron's DDP (see tests/scripts/megatron_cpu.py for what is real and what 
 The truth is saved by the script in the same run: whole fp32 weights and Adam moments (shards
 gathered), `main_grad` before and after the data-parallel grad sync.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_deepspeed_e2e import assert_close
 
 from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows
-from test_deepspeed_e2e import assert_close
 
 pytestmark = pytest.mark.e2e
 
-CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "format": ["csv"],
-          "ndigits": 12, "ops": ALL_OPS}
+CONFIG = {
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "format": ["csv"],
+    "ndigits": 12,
+    "ops": ALL_OPS,
+}
 WRITTEN_ONCE = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq")
 CATEGORIES = WRITTEN_ONCE + ("grad_unreduced",)
 CASES = ("fp32", "float16", "distributed", "chained", "tp")
@@ -34,9 +41,21 @@ def megatron_job(request, tmp_path_factory):
     config.write_text(json.dumps(CONFIG))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MSMON_", "TORCHELASTIC_", "MONITOR_"))}
     env.update(MONITOR_OUTPUT_DIR=str(work / "out"), OMP_NUM_THREADS="1")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            str(ROOT / "tests" / "scripts" / "megatron_cpu.py"), "--case", request.param, "--config", str(config),
-            "--out", str(work)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "tests" / "scripts" / "megatron_cpu.py"),
+        "--case",
+        request.param,
+        "--config",
+        str(config),
+        "--out",
+        str(work),
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=work)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return request.param, work

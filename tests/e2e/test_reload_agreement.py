@@ -1,5 +1,6 @@
 """Ranks combining sharded statistics switch to an edited config at the same step, whichever
 step each rank reads the edit at (agreement.py): the all_gathers stay in step, nothing hangs."""
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ def test_the_config_hash_follows_the_settings_not_the_files_layout(tmp_path):
     a, b = load_config(tmp_path / "a.json"), load_config(tmp_path / "b.yaml")
     assert config_hash(a) == config_hash(b)
     assert config_hash(a) != config_hash(parse_config({"ops": ["norm"], "wg_distribution": True}))
-    assert 0 < config_hash(a) < 2 ** 52 and float(config_hash(a)) == config_hash(a)  # exact as a float64
+    assert 0 < config_hash(a) < 2**52 and float(config_hash(a)) == config_hash(a)  # exact as a float64
 
 
 def test_the_agreement_group_is_the_one_holding_every_other():
@@ -49,8 +50,16 @@ def test_an_edit_is_agreed_only_when_every_rank_proposes_it():
 
 
 def test_two_ranks_apply_each_edit_once_at_the_same_step_whatever_step_each_reads_it(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(SCRIPTS / "agreement_rounds.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(SCRIPTS / "agreement_rounds.py"),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=ds_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     applied = [json.loads((tmp_path / f"agreed_rank{r}.json").read_text()) for r in (0, 1)]
@@ -65,8 +74,15 @@ def test_two_ranks_apply_each_edit_once_at_the_same_step_whatever_step_each_read
     assert "msmon[rank 0]: the edited config waits for ranks [1]" in proc.stderr
 
 
-BEFORE = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "format": ["csv"],
-          "ndigits": 12, "ops": ["norm"], "step_interval": 2}
+BEFORE = {
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "format": ["csv"],
+    "ndigits": 12,
+    "ops": ["norm"],
+    "step_interval": 2,
+}
 AFTER = {**BEFORE, "ops": ALL_OPS, "step_interval": 1}
 EDIT_AT = (3, 5)  # rank 0 reads the edit at the end of step 3, rank 1 at the end of step 5
 STEPS = 12
@@ -91,14 +107,31 @@ def test_zero_ranks_reading_an_edit_at_different_steps_switch_at_the_same_step(s
         (tmp_path / f"monitor_rank{rank}.json").write_text(json.dumps(BEFORE))
     (tmp_path / "edited.json").write_text(json.dumps(AFTER))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(SCRIPTS / "ds_reload.py"), "--work", str(tmp_path), "--stage", str(stage), "--steps", str(STEPS),
-           "--edit-at", *map(str, EDIT_AT)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env=ds_env(MONITOR_OUTPUT_DIR=str(out)))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(SCRIPTS / "ds_reload.py"),
+        "--work",
+        str(tmp_path),
+        "--stage",
+        str(stage),
+        "--steps",
+        str(STEPS),
+        "--edit-at",
+        *map(str, EDIT_AT),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=ds_env(MONITOR_OUTPUT_DIR=str(out))
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "combining sharded statistics failed" not in proc.stderr
-    switched = {int(r): int(s) for r, s in re.findall(r"msmon\[rank (\d)\]: config reloaded at step (\d+)", proc.stderr)}
+    switched = {
+        int(r): int(s) for r, s in re.findall(r"msmon\[rank (\d)\]: config reloaded at step (\d+)", proc.stderr)
+    }
     assert set(switched) == {0, 1} and switched[0] == switched[1], proc.stderr[-3000:]
     first = switched[0]  # the first step under the edited config
     assert EDIT_AT[1] < first <= EDIT_AT[1] + 3
@@ -113,10 +146,15 @@ def test_zero_ranks_reading_an_edit_at_different_steps_switch_at_the_same_step(s
             ops = ALL_OPS if step >= first else ["norm"]
             assert [op for op in ALL_OPS if op in row] == ops, (category, step)
             expected = truth[step][category][row["name"]]
-            close(row, {op: expected[op] for op in ops}, max(abs(expected["min"]), abs(expected["max"])),
-                  f"{category} {row['name']} step {step}")
+            close(
+                row,
+                {op: expected[op] for op in ops},
+                max(abs(expected["min"]), abs(expected["max"])),
+                f"{category} {row['name']} step {step}",
+            )
     local = read_csv_rows(rank_dir(out, 1), "grad_unreduced")  # rank 1 writes only its rank-local gradients
     assert {int(r["step"]) for r in local} == expected_steps
     assert {int(r["step"]) for r in local if "max" in r} == set(range(first, STEPS))
-    assert not any(math.isnan(float(v)) for r in read_csv_rows(writer, "grad_reduced") for k, v in r.items()
-                   if k in ALL_OPS)
+    assert not any(
+        math.isnan(float(v)) for r in read_csv_rows(writer, "grad_reduced") for k, v in r.items() if k in ALL_OPS
+    )

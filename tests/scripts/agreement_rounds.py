@@ -3,6 +3,7 @@ on even steps the number travels in a gather of its own payload (standing in for
 gather), on odd steps the agreement sends it itself. Each scenario lists, per rank, the steps
 at which the rank reads a (named) edit; the script writes which config each rank applied at
 which step, to agreed_rank<r>.json."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,9 @@ from msmon import lifecycle
 from msmon.agreement import ConfigAgreement
 from msmon.config import parse_config
 
-CONFIGS = {name: parse_config({"ops": ops}) for name, ops in
-           {"B": ["norm", "max"], "C": ["min"], "D": ["mean"]}.items()}
+CONFIGS = {
+    name: parse_config({"ops": ops}) for name, ops in {"B": ["norm", "max"], "C": ["min"], "D": ["mean"]}.items()
+}
 SCENARIOS = {  # name -> {rank: {step: config read}}
     "read-at-different-steps": {0: {2: "B"}, 1: {4: "B"}},
     "a-newer-edit-wins": {0: {1: "B", 3: "C"}, 1: {6: "C"}},

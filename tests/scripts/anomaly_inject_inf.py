@@ -3,6 +3,7 @@ rank 1's own forward hook makes one element of `blocks.1.fc2`'s output inf (the 
 script's, not the monitor's). Rank 0 only meets the damage later, through the gradient
 all-reduce. Run with torchrun --nproc-per-node 2; argv: config path, steps.
 """
+
 import contextlib
 import sys
 

@@ -1,5 +1,6 @@
 """Two gloo ranks: where does each rank sit in the pipeline, for several process groups?
 Writes position_rank{r}.json into argv[1]. Run with torchrun --nproc-per-node 2."""
+
 import json
 import os
 import sys

@@ -1,11 +1,11 @@
 """An unmodified 2-rank gloo training script (no msmon code) whose collectives go through a
 library that imported `all_reduce` before the script ran; for `msmon run` tests."""
+
 import argparse
 
+import comm_cached_lib  # copies torch.distributed.all_reduce at import time
 import torch
 import torch.distributed as dist
-
-import comm_cached_lib  # copies torch.distributed.all_reduce at import time
 
 
 def main() -> None:

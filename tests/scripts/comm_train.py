@@ -5,6 +5,7 @@ Each rank saves, per step, clones of what every collective call had before and a
 tests can compute the expected statistics independently. Run it with torchrun, with or
 without a monitor config (`--config`), optionally breaking one rank's monitor (`--fail-rank`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -88,7 +89,9 @@ def main() -> None:
         log.add("irecv", [], [incoming])
 
         mine, theirs = torch.full((2,), rank + 0.5), torch.empty(2)
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)])  # site:batch
+        works = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]
+        )  # site:batch
         for work in works:
             work.wait()
         log.add("batch", [mine], [mine, theirs])

@@ -1,5 +1,6 @@
 """DDP on gloo with the TrainerMon API: records rank-local and reduced gradients, and saves the
 gradients an unwrapped copy of the model computes on the same data (the independent truth)."""
+
 import os
 import sys
 

@@ -13,6 +13,7 @@ step], then flags: `bucket_view` (DDP's gradient_as_bucket_view), `infer` (grad_
 given), `inner` (the monitor attached to the bare model before DDP wraps it).
 Run with torchrun --nproc-per-node 2.
 """
+
 import contextlib
 import os
 import sys

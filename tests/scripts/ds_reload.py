@@ -6,6 +6,7 @@ replaces its copy (an editor's atomic save) during step `--edit-at[r]`: as if th
 showed the edit to one node steps before the other. The script saves the statistics of the
 whole tensors DeepSpeed itself assembles (`safe_get_full_*`) at every step, as the truth.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,24 +26,25 @@ def main() -> None:
     args = parser.parse_args()
     config_path = os.path.join(args.work, f"monitor_rank{RANK}.json")
     os.environ["MSMON_CONFIG"] = config_path
-    import msmon.auto  # noqa: F401
-
     import torch
+
+    import msmon.auto  # noqa: F401
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     sys.path.insert(0, os.path.dirname(__file__))
     import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state
+    from ds_train import ds_config
 
     from conftest import MLP, reference_stats
-    from ds_train import ds_config
 
     deepspeed.init_distributed(dist_backend="gloo")
     torch.manual_seed(0)
     model = MLP()
     grad_acc = 2
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=ds_config(args.stage, "fp32", grad_acc))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config(args.stage, "fp32", grad_acc)
+    )
     params = dict(model.named_parameters())
 
     def stats(getter) -> dict:
@@ -62,9 +64,11 @@ def main() -> None:
             if micro == grad_acc - 1:
                 record = {"grad_reduced": stats(safe_get_full_grad), "param_origin": stats(safe_get_full_fp32_param)}
             engine.step()
-        record.update(param_updated=stats(safe_get_full_fp32_param),
-                      exp_avg=stats(lambda p: safe_get_full_optimizer_state(p, "exp_avg")),
-                      exp_avg_sq=stats(lambda p: safe_get_full_optimizer_state(p, "exp_avg_sq")))
+        record.update(
+            param_updated=stats(safe_get_full_fp32_param),
+            exp_avg=stats(lambda p: safe_get_full_optimizer_state(p, "exp_avg")),
+            exp_avg_sq=stats(lambda p: safe_get_full_optimizer_state(p, "exp_avg_sq")),
+        )
         steps.append(record)
     with open(os.path.join(args.work, f"truth_rank{RANK}.json"), "w", encoding="utf-8") as fh:
         json.dump({"steps": steps}, fh)

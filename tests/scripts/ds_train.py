@@ -7,6 +7,7 @@ gradient (`safe_get_full_fp32_param`, `safe_get_full_grad`), the full Adam momen
 (`safe_get_full_optimizer_state`), and, for fp32 runs, the rank-local gradients an unwrapped
 copy of the model computes on this rank's micro-batches.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,10 +18,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from conftest import MLP, reference_stats  # noqa: E402
-
 import deepspeed  # noqa: E402
 from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_grad, safe_get_full_optimizer_state  # noqa: E402
+
+from conftest import MLP, reference_stats  # noqa: E402
 
 
 def ds_config(stage: int, dtype: str, grad_acc: int) -> dict:
@@ -44,8 +45,11 @@ def full_stats(params: dict, getter) -> dict:
 
 def fp32_copies(optimizer) -> dict:
     """FP16_UnfusedOptimizer keeps whole fp32 copies that DeepSpeed's safe_get_* do not see."""
-    return {id(lp): main for lps, mains in zip(getattr(optimizer, "fp16_groups", []), getattr(optimizer, "fp32_groups", []))
-            for lp, main in zip(lps, mains)}
+    return {
+        id(lp): main
+        for lps, mains in zip(getattr(optimizer, "fp16_groups", []), getattr(optimizer, "fp32_groups", []))
+        for lp, main in zip(lps, mains)
+    }
 
 
 def main() -> None:
@@ -63,8 +67,9 @@ def main() -> None:
     model = MLP()
     reference = MLP()
     reference.load_state_dict(model.state_dict())
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                                   config=ds_config(args.stage, args.dtype, args.grad_acc))
+    engine, optimizer, _, _ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=ds_config(args.stage, args.dtype, args.grad_acc)
+    )
     params = dict(model.named_parameters())
     copies = fp32_copies(optimizer)
 
@@ -79,6 +84,7 @@ def main() -> None:
             return optimizer.optimizer.state[copies[id(p)]][key]
         full = safe_get_full_optimizer_state(p, key)
         return optimizer.state[p][key] if full is None else full
+
     def mg_share(p):
         """sign(full gradient) == sign(full momentum) before the update; None before the optimizer has a
         state (the same on every rank: both calls below are collectives under ZeRO)."""
@@ -103,9 +109,11 @@ def main() -> None:
             for n, g in local_last.items():
                 local_acc[n] = local_acc.get(n, 0) + g
             if micro == args.grad_acc - 1:
-                before = {"grad_reduced": full_stats(params, safe_get_full_grad),
-                          "param_origin": full_stats(params, weight),
-                          "mg_direction": {n: mg_share(p) for n, p in params.items()}}
+                before = {
+                    "grad_reduced": full_stats(params, safe_get_full_grad),
+                    "param_origin": full_stats(params, weight),
+                    "mg_direction": {n: mg_share(p) for n, p in params.items()},
+                }
             engine.step()
         with torch.no_grad():  # keep the reference on DeepSpeed's weights: local gradients stay comparable
             for n, p in reference.named_parameters():
@@ -118,12 +126,16 @@ def main() -> None:
             v = (state(p, "exp_avg_sq").double() / (1 - betas[1] ** t)).sqrt()
             updates[n] = reference_stats(m / (v + eps))
             ratios[n] = reference_stats(torch.where(v > 0, m / v, torch.zeros_like(m)))
-        record = {**before, "update": updates, "ratio": ratios,
-                  "param_updated": full_stats(params, weight),
-                  "exp_avg": full_stats(params, lambda p: state(p, "exp_avg")),
-                  "exp_avg_sq": full_stats(params, lambda p: state(p, "exp_avg_sq")),
-                  "local_last": {n: reference_stats(g) for n, g in local_last.items()},
-                  "local_acc": {n: reference_stats(g) for n, g in local_acc.items()}}
+        record = {
+            **before,
+            "update": updates,
+            "ratio": ratios,
+            "param_updated": full_stats(params, weight),
+            "exp_avg": full_stats(params, lambda p: state(p, "exp_avg")),
+            "exp_avg_sq": full_stats(params, lambda p: state(p, "exp_avg_sq")),
+            "local_last": {n: reference_stats(g) for n, g in local_last.items()},
+            "local_acc": {n: reference_stats(g) for n, g in local_acc.items()},
+        }
         truth["steps"].append(record)
     with open(os.path.join(args.out, f"truth_rank{rank}.json"), "w") as fh:
         json.dump(truth, fh)

@@ -1,6 +1,7 @@
 """An unmodified DDP script (2 ranks on gloo) training the attention model of tests/l2_models.py;
 each rank writes its losses to `<argv[1]>/rank<r>.txt`, so runs with and without monitoring
 can be compared."""
+
 from __future__ import annotations
 
 import os

@@ -3,6 +3,7 @@
 `--api CONFIG` attaches the TrainerMon API after `accelerator.prepare`, for comparison with
 what `msmon run` gives for the unmodified script.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,7 +1,9 @@
 """The one-line fallback for interpreters that skip sitecustomize (python -E/-I/-S): the
 only msmon line in this otherwise ordinary script is the import below."""
-import msmon.auto  # noqa: F401  (must come before the model and the optimizer are built)
+
 import torch
+
+import msmon.auto  # noqa: F401  (must come before the model and the optimizer are built)
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))

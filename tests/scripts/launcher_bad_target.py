@@ -1,5 +1,6 @@
 """A plain DDP training script: `msmon run` with a target naming no module of its model must
 stop every rank before the first optimizer step (the script prints a line after each one)."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@
 model and the optimizer: the output `msmon run` gives for the unmodified script is compared
 with that.
 """
+
 from __future__ import annotations
 
 import argparse

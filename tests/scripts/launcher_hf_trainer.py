@@ -4,6 +4,7 @@
 `--api CONFIG` attaches the TrainerMon API from a TrainerCallback at the start of training,
 for comparison with what `msmon run` gives for the unmodified script.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,13 +40,25 @@ def main() -> None:
     parser.add_argument("--api")
     args = parser.parse_args()
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2,
-                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     model = GPT2LMHeadModel(config)
-    training = TrainingArguments(output_dir=args.output, per_device_train_batch_size=4, gradient_accumulation_steps=2,
-                                 max_steps=3, learning_rate=1e-2, report_to=[], save_strategy="no", logging_steps=1,
-                                 use_cpu=True, ddp_backend="gloo", dataloader_num_workers=0, seed=0,
-                                 disable_tqdm=True)
+    training = TrainingArguments(
+        output_dir=args.output,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        max_steps=3,
+        learning_rate=1e-2,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        use_cpu=True,
+        ddp_backend="gloo",
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+    )
     callbacks = [AttachMonitor(args.api)] if args.api else []
     Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=callbacks).train()
 

@@ -4,6 +4,7 @@
 `--api CONFIG` attaches the TrainerMon API in `configure_optimizers`, for comparison with
 what `msmon run` gives for the unmodified script.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,17 @@ def main() -> None:
     pl.seed_everything(0, verbose=False)
     gen = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(48, 8, generator=gen), torch.randn(48, 4, generator=gen))
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_steps=3, accumulate_grad_batches=2,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=3,
+        accumulate_grad_batches=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Regressor(args.api), torch.utils.data.DataLoader(data, batch_size=4))
 
 

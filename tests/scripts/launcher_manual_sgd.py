@@ -1,4 +1,5 @@
 """Training without any optimizer object: the weights are updated by hand."""
+
 import torch
 
 torch.manual_seed(0)

@@ -3,6 +3,7 @@
 --optimizer none: inference only, no optimizer at all; unstepped: an Adam built and never
 stepped; loose: an SGD over a bare tensor of no module, never stepped.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ def main() -> None:
     if args.optimizer == "unstepped":
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     elif args.optimizer == "loose":
-        optimizer = torch.optim.SGD([torch.zeros(3, requires_grad=True)], lr=0.1)
+        optimizer = torch.optim.SGD([torch.zeros(3, requires_grad=True)], lr=0.1)  # noqa: F841
     with torch.no_grad():
         total = model(torch.randn(4, 8)).sum()
     dist.all_reduce(total)

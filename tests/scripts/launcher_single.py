@@ -1,6 +1,7 @@
 """An ordinary single-process training script, with no monitoring code: a small MLP on
 random data. `--crash-at N` raises at step N (a crash in the user's code); `--exit-code N`
 ends the script with `sys.exit(N)`."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """A job that only waits: touches the file it is given (it runs), then sleeps."""
+
 import pathlib
 import sys
 import time

@@ -15,6 +15,7 @@ data-parallel group at the grad sync, parameters all-gathered after the step.
 Saved per rank as the truth: the full fp32 weights before/after each step, the reduced and
 rank-local `main_grad`, the full Adam moments (shards gathered whole, which msmon never does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,15 +28,17 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from conftest import MLP, reference_stats  # noqa: E402
-
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 from megatron.core.optimizer import OptimizerConfig  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer, Range  # noqa: E402
-from megatron.core.optimizer.optimizer import (ChainedOptimizer, FP32Optimizer,  # noqa: E402
-                                               Float16OptimizerWithFloat16Params)
+from megatron.core.optimizer.optimizer import (
+    ChainedOptimizer,
+    Float16OptimizerWithFloat16Params,
+    FP32Optimizer,  # noqa: E402
+)
 
+from conftest import MLP, reference_stats  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
 
 STEPS, MICRO = 3, 2
@@ -44,7 +47,7 @@ STEPS, MICRO = 3, 2
 class BucketGroup:
     """_ParamAndGradBucketGroup's layout: `params`, `buckets`, `start_grad_sync()`."""
 
-    def __init__(self, buffer: "Buffer", group) -> None:
+    def __init__(self, buffer: Buffer, group) -> None:
         self.buckets = buffer.buckets
         self.params = set(buffer.params)
         self.group = group
@@ -67,16 +70,20 @@ class Buffer:
         numel += (-numel) % dp  # padded to a multiple of the data-parallel size, as Megatron pads
         dtype = params[0].dtype
         self.param_dtype, self.grad_dtype = dtype, torch.float32
-        bucket = SimpleNamespace(param_data=torch.zeros(numel, dtype=dtype), grad_data=torch.zeros(numel),
-                                 params_list=params, params=set(params))
+        bucket = SimpleNamespace(
+            param_data=torch.zeros(numel, dtype=dtype),
+            grad_data=torch.zeros(numel),
+            params_list=params,
+            params=set(params),
+        )
         self.buckets = [bucket]
         self.offsets = {}
         offset = 0
         for p in params:
             n = p.numel()
-            bucket.param_data[offset:offset + n].copy_(p.data.view(-1))
-            p.data = bucket.param_data[offset:offset + n].view_as(p)
-            p.main_grad = bucket.grad_data[offset:offset + n].view(p.shape)
+            bucket.param_data[offset : offset + n].copy_(p.data.view(-1))
+            p.data = bucket.param_data[offset : offset + n].view_as(p)
+            p.main_grad = bucket.grad_data[offset : offset + n].view(p.shape)
             self.offsets[p] = offset
             offset += n
 
@@ -108,9 +115,9 @@ class MegatronDDP(torch.nn.Module):
         for buffer in self.buffers:
             data = buffer.buckets[0].param_data
             size = data.numel() // world
-            mine = data[rank * size:(rank + 1) * size].clone()
+            mine = data[rank * size : (rank + 1) * size].clone()
             data.zero_()
-            data[rank * size:(rank + 1) * size].copy_(mine)
+            data[rank * size : (rank + 1) * size].copy_(mine)
             full = data.float()
             dist.all_reduce(full, group=self.dp_group)
             data.copy_(full)
@@ -183,10 +190,14 @@ def distributed_optimizer(chunks: list[MegatronDDP], config, dp_group) -> Distri
             lo, hi = max(offset, start), min(offset + p.numel(), end)
             if lo >= hi:
                 continue  # no part of p in this rank's range
-            param_map[p] = {"param": Range(lo - offset, hi - offset), "gbuf_world_in_bucket": Range(lo, hi),
-                            "gbuf_world": Range(lo, hi), "gbuf_local": Range(lo - start, hi - start)}
+            param_map[p] = {
+                "param": Range(lo - offset, hi - offset),
+                "gbuf_world_in_bucket": Range(lo, hi),
+                "gbuf_world": Range(lo, hi),
+                "gbuf_local": Range(lo - start, hi - start),
+            }
             opt.model_param_gbuf_map[p] = (index, (buffer.param_dtype, buffer.grad_dtype), 0)
-            shard = p.detach().view(-1)[lo - offset:hi - offset]
+            shard = p.detach().view(-1)[lo - offset : hi - offset]
             main = shard.clone().float()
             p.main_param, p.main_param_sharded = main, True
             model_float16.append(p)
@@ -205,7 +216,7 @@ def gather_full(p: torch.Tensor, local: torch.Tensor | None, span: tuple[int, in
     """The whole tensor from the ranks' ranges (for the truth only)."""
     full = torch.zeros(p.numel(), dtype=torch.float64)
     if local is not None:
-        full[span[0]:span[1]] = local.double()
+        full[span[0] : span[1]] = local.double()
     dist.all_reduce(full, group=group)
     return full
 
@@ -236,8 +247,12 @@ def main() -> None:
     elif args.case == "distributed":
         optimizer = distributed_optimizer(chunks, config, dp_group)
     else:  # a distributed optimizer for chunk 0, a float16 one for chunk 1, chained
-        optimizer = ChainedOptimizer([distributed_optimizer(chunks[:1], config, dp_group),
-                                      float16_optimizer(list(chunks[1].parameters()), config)])
+        optimizer = ChainedOptimizer(
+            [
+                distributed_optimizer(chunks[:1], config, dp_group),
+                float16_optimizer(list(chunks[1].parameters()), config),
+            ]
+        )
         optimizer.get_grad_norm = lambda: 0.0  # its fp32 norm kernel needs CUDA; the value is unused here
 
     monitor = TrainerMon(args.config)
@@ -254,10 +269,12 @@ def main() -> None:
                 sharded[id(p)] = (main, (span.start, span.end))
         elif isinstance(part, Float16OptimizerWithFloat16Params):
             masters.update({id(p): m for p, m in zip(part.float16_groups[0], part.fp32_from_float16_groups[0])})
-    all_sharded = {id(p) for part in parts if isinstance(part, DistributedOptimizer) for b in part.buffers
-                   for p in b.params}
-    inner_of = {id(p): part.optimizer for part in parts for p in
-                (p for b in getattr(part, "buffers", []) for p in b.params)}
+    all_sharded = {
+        id(p) for part in parts if isinstance(part, DistributedOptimizer) for b in part.buffers for p in b.params
+    }
+    inner_of = {
+        id(p): part.optimizer for part in parts for p in (p for b in getattr(part, "buffers", []) for p in b.params)
+    }
 
     def weight(p):
         if id(p) in all_sharded:
@@ -270,8 +287,12 @@ def main() -> None:
             main, span = sharded.get(id(p), (None, None))
             local = inner_of[id(p)].state[main][key] if main is not None else None
             return gather_full(p, local, span, dp_group)
-        part = next(q for q in parts if id(p) in {id(x) for g in q.optimizer.param_groups for x in g["params"]}
-                    or id(p) in {id(x) for g in getattr(q, "float16_groups", []) for x in g})
+        part = next(
+            q
+            for q in parts
+            if id(p) in {id(x) for g in q.optimizer.param_groups for x in g["params"]}
+            or id(p) in {id(x) for g in getattr(q, "float16_groups", []) for x in g}
+        )
         return part.optimizer.state[masters.get(id(p), p)][key]
 
     def stats(fn) -> dict:

@@ -1,6 +1,7 @@
 """Two gloo ranks attach a monitor at the same moment on an empty kernel cache (MSMON_NATIVE_STATS
 unset): each writes what it did (compiled, loaded) and whether the kernel's rows of its own
 gradients match the torch reductions'."""
+
 import json
 import os
 import sys
@@ -38,6 +39,14 @@ with_torch = [tensor_stats(g, ops, 1e-8).tolist() for g in grads]
 native._loaded = kernel
 mon.close()
 with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as fh:
-    json.dump({"compiled": native.compiled_here, "isa": native.isa(), "path": native.built_path(),
-               "with_kernel": with_kernel, "with_torch": with_torch}, fh)
+    json.dump(
+        {
+            "compiled": native.compiled_here,
+            "isa": native.isa(),
+            "path": native.built_path(),
+            "with_kernel": with_kernel,
+            "with_torch": with_torch,
+        },
+        fh,
+    )
 dist.destroy_process_group()

@@ -5,6 +5,7 @@
 script knows only msmon's output layout (MONITOR_OUTPUT_DIR/<...>-rank<r>-<uid>/); with no
 monitor it just trains. `--steps N` with no --full-rank: the run a tiny disk fills by itself.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,9 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    )
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(rank)
     for step in range(args.steps):

@@ -8,6 +8,7 @@ reduced gradient instead, after backward and before the optimizer step. Each ran
 weights at the end (`weights_rank{r}.pt` in --out), the truth the test compares the
 monitor's verdict with.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,8 +65,10 @@ def main() -> None:
             flip_bit(target.grad, args.flip_index, args.flip_bit)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    torch.save({n: p.detach().clone() for n, p in model.module.named_parameters()},
-               os.path.join(args.out, f"weights_rank{rank}.pt"))
+    torch.save(
+        {n: p.detach().clone() for n, p in model.module.named_parameters()},
+        os.path.join(args.out, f"weights_rank{rank}.pt"),
+    )
     dist.destroy_process_group()
 
 

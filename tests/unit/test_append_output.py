@@ -1,5 +1,6 @@
 """append_output: a restarted job continues its earlier run's series in the same rank
 directories, each step once (CSV rows and TensorBoard steps), the superseded rows kept aside."""
+
 from __future__ import annotations
 
 import glob
@@ -14,10 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import MLP, ROOT, rank_dir, read_csv_rows
 from msmon import TrainerMon
 from msmon.config import ConfigError, parse_config
-
-from conftest import MLP, ROOT, rank_dir, read_csv_rows
 
 PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
@@ -118,9 +118,25 @@ def test_msmon_run_refuses_a_range_that_selects_nothing_before_starting_the_job(
     config = tmp_path / "monitor.json"
     config.write_text(json.dumps({"append_output": ["Jan01_00-00-00", "Jan01_00-00-01"]}))
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    proc = subprocess.run([sys.executable, "-m", "msmon.launcher", "run", "--config", str(config), "--output-dir",
-                           str(tmp_path / "out"), "--no-torchrun", "--", str(script)],
-                          capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msmon.launcher",
+            "run",
+            "--config",
+            str(config),
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--no-torchrun",
+            "--",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode != 0
     assert "append_output: no output directory" in proc.stderr
     assert not marker.exists()
@@ -137,14 +153,17 @@ def test_a_rank_without_a_directory_in_the_range_writes_a_new_one(write_config, 
     assert any("no directory of rank 0 lies in the range" in r.getMessage() for r in caplog.records)
 
 
-@pytest.mark.parametrize("value, fragment", [
-    (["Dec03_21-34-40"], "expected [] or two time prefixes"),
-    ("Dec03_21-34-40", "expected [] or two time prefixes"),
-    (["Dec03 21:34:40", "Dec03_21-34-41"], "is not a time prefix"),
-    (["Dec03_21-34-41", "Dec03_21-34-40"], "is later than the end"),
-    ([None, None], "at least one end"),
-    ([3, "Dec03_21-34-40"], "expected a time prefix"),
-])
+@pytest.mark.parametrize(
+    "value, fragment",
+    [
+        (["Dec03_21-34-40"], "expected [] or two time prefixes"),
+        ("Dec03_21-34-40", "expected [] or two time prefixes"),
+        (["Dec03 21:34:40", "Dec03_21-34-41"], "is not a time prefix"),
+        (["Dec03_21-34-41", "Dec03_21-34-40"], "is later than the end"),
+        ([None, None], "at least one end"),
+        ([3, "Dec03_21-34-40"], "expected a time prefix"),
+    ],
+)
 def test_bad_append_output_is_a_clear_error(value, fragment):
     with pytest.raises(ConfigError) as err:
         parse_config({"append_output": value})
@@ -167,9 +186,30 @@ def test_a_restarted_two_rank_job_continues_each_ranks_series(tmp_path):
 
     def msmon_run(cfg: dict, steps: int) -> None:
         config.write_text(json.dumps(cfg))
-        proc = subprocess.run([sys.executable, "-m", "msmon.launcher", "run", "--config", str(config), "--output-dir",
-                               str(out), "--standalone", "--nproc-per-node", "2", "--", str(script), "--steps",
-                               str(steps)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "msmon.launcher",
+                "run",
+                "--config",
+                str(config),
+                "--output-dir",
+                str(out),
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "--",
+                str(script),
+                "--steps",
+                str(steps),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
 
     base = {"wg_distribution": True, "format": "csv"}

@@ -1,4 +1,5 @@
 """Every config mistake is a clear error before the first step; valid configs parse fully."""
+
 from __future__ import annotations
 
 import json
@@ -7,10 +8,9 @@ import logging
 import pytest
 import torch
 
+from conftest import MLP
 from msmon import TrainerMon
 from msmon.config import ConfigError, TensorSpec, load_config, parse_config
-
-from conftest import MLP
 
 
 def test_defaults_match_msprobe_keys():
@@ -22,18 +22,38 @@ def test_defaults_match_msprobe_keys():
 
 
 def test_full_msprobe_config_parses():
-    cfg = parse_config({
-        "targets": {"layers.0": {"input": "tuple[2]:1", "output": "tensor"}, "": {}},
-        "print_struct": False, "module_ranks": [0, 1], "ur_distribution": True, "xy_distribution": True,
-        "all_xy": False, "forward_only": False, "backward_only": False, "mv_distribution": True,
-        "param_distribution": True, "wg_distribution": True, "monitor_mbs_grad": True,
-        "cc_distribution": {"enable": True, "cc_codeline": ["train.py\\[23\\]"], "cc_pre_hook": True,
-                            "cc_log_only": False},
-        "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}], "dump": True},
-        "format": ["csv", "tensorboard"], "ops": ["norm", "nans", "infs"], "eps": 1e-6, "ndigits": 4,
-        "step_count_per_record": 5, "start_step": 2, "step_interval": 3, "collect_times": 10,
-        "squash_name": True,
-    })
+    cfg = parse_config(
+        {
+            "targets": {"layers.0": {"input": "tuple[2]:1", "output": "tensor"}, "": {}},
+            "print_struct": False,
+            "module_ranks": [0, 1],
+            "ur_distribution": True,
+            "xy_distribution": True,
+            "all_xy": False,
+            "forward_only": False,
+            "backward_only": False,
+            "mv_distribution": True,
+            "param_distribution": True,
+            "wg_distribution": True,
+            "monitor_mbs_grad": True,
+            "cc_distribution": {
+                "enable": True,
+                "cc_codeline": ["train.py\\[23\\]"],
+                "cc_pre_hook": True,
+                "cc_log_only": False,
+            },
+            "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}], "dump": True},
+            "format": ["csv", "tensorboard"],
+            "ops": ["norm", "nans", "infs"],
+            "eps": 1e-6,
+            "ndigits": 4,
+            "step_count_per_record": 5,
+            "start_step": 2,
+            "step_interval": 3,
+            "collect_times": 10,
+            "squash_name": True,
+        }
+    )
     assert cfg.targets["layers.0"]["input"] == TensorSpec("tuple[2]:1", 2, 1)
     assert cfg.targets["layers.0"]["output"].length is None
     assert cfg.alert.rules[0].threshold == 0.5 and cfg.alert.dump
@@ -44,27 +64,36 @@ def test_format_accepts_a_single_string():
     assert parse_config({"format": "csv"}).format == ["csv"]
 
 
-@pytest.mark.parametrize("cfg, fragment", [
-    ({"wg_distributon": True}, "unknown config key 'wg_distributon' (did you mean 'wg_distribution'"),
-    ({"wg_distribution": "yes"}, "wg_distribution: expected true or false, got 'yes'"),
-    ({"ops": ["norm", "median"]}, "unknown op 'median'"),
-    ({"ops": []}, "ops: expected at least one op"),
-    ({"format": "parquet"}, "format: unknown format 'parquet'"),
-    ({"targets": {"fc1": {"input": "tuple[2]:5"}}}, "index 5 is outside tuple[2]"),
-    ({"targets": {"fc1": {"input": "list[2]"}}}, "expected \"tensor\", \"tuple[N]\" or \"tuple[N]:i\""),
-    ({"targets": {"fc1": {"inputs": "tensor"}}}, "unknown key 'inputs'"),
-    ({"targets": ["fc1"]}, "targets: expected an object"),
-    ({"step_interval": 0}, "step_interval: expected an integer >= 1, got 0"),
-    ({"ndigits": 2.5}, "ndigits: expected an integer, got 2.5"),
-    ({"collect_times": True}, "collect_times: expected an integer"),
-    ({"eps": -1}, "eps: expected a positive number"),
-    ({"module_ranks": ["0"]}, "module_ranks: expected a list of rank numbers"),
-    ({"alert": {"rules": [{"rule_name": "AnomalyTurbulance", "args": {"threshold": 1}}]}}, "did you mean 'AnomalyTurbulence'"),
-    ({"alert": {"rules": [{"rule_name": "AnomalyTurbulence"}]}}, "AnomalyTurbulence needs a threshold"),
-    ({"alert": {"rules": [{"rule_name": "AnomalyNan", "args": {"threshold": "big"}}]}}, "expected a positive number"),
-    ({"cc_distribution": {"enable": 1}}, "cc_distribution.enable: expected true or false"),
-    ({"cc_distribution": {"cc_codeline": ["("]}}, "is not a valid pattern"),
-])
+@pytest.mark.parametrize(
+    "cfg, fragment",
+    [
+        ({"wg_distributon": True}, "unknown config key 'wg_distributon' (did you mean 'wg_distribution'"),
+        ({"wg_distribution": "yes"}, "wg_distribution: expected true or false, got 'yes'"),
+        ({"ops": ["norm", "median"]}, "unknown op 'median'"),
+        ({"ops": []}, "ops: expected at least one op"),
+        ({"format": "parquet"}, "format: unknown format 'parquet'"),
+        ({"targets": {"fc1": {"input": "tuple[2]:5"}}}, "index 5 is outside tuple[2]"),
+        ({"targets": {"fc1": {"input": "list[2]"}}}, 'expected "tensor", "tuple[N]" or "tuple[N]:i"'),
+        ({"targets": {"fc1": {"inputs": "tensor"}}}, "unknown key 'inputs'"),
+        ({"targets": ["fc1"]}, "targets: expected an object"),
+        ({"step_interval": 0}, "step_interval: expected an integer >= 1, got 0"),
+        ({"ndigits": 2.5}, "ndigits: expected an integer, got 2.5"),
+        ({"collect_times": True}, "collect_times: expected an integer"),
+        ({"eps": -1}, "eps: expected a positive number"),
+        ({"module_ranks": ["0"]}, "module_ranks: expected a list of rank numbers"),
+        (
+            {"alert": {"rules": [{"rule_name": "AnomalyTurbulance", "args": {"threshold": 1}}]}},
+            "did you mean 'AnomalyTurbulence'",
+        ),
+        ({"alert": {"rules": [{"rule_name": "AnomalyTurbulence"}]}}, "AnomalyTurbulence needs a threshold"),
+        (
+            {"alert": {"rules": [{"rule_name": "AnomalyNan", "args": {"threshold": "big"}}]}},
+            "expected a positive number",
+        ),
+        ({"cc_distribution": {"enable": 1}}, "cc_distribution.enable: expected true or false"),
+        ({"cc_distribution": {"cc_codeline": ["("]}}, "is not a valid pattern"),
+    ],
+)
 def test_bad_config_is_a_clear_error(cfg, fragment):
     with pytest.raises(ConfigError) as err:
         parse_config(cfg)
@@ -104,7 +133,7 @@ def test_yaml_config_is_read(tmp_path):
 
 def test_invalid_json_names_the_file(tmp_path):
     path = tmp_path / "broken.json"
-    path.write_text("{\"wg_distribution\": true,,}")
+    path.write_text('{"wg_distribution": true,,}')
     with pytest.raises(ConfigError, match="broken.json is not valid JSON"):
         load_config(path)
 
@@ -146,17 +175,24 @@ def test_ops_setter_validates(write_config, output_dir):
 
 
 # -- numbers: non-finite values are errors, integral floats are integers -------------------------
-@pytest.mark.parametrize("text, fragment", [
-    ('{"eps": NaN, "ops": ["zeros"]}', "eps: expected a positive number, got nan (not a finite number)"),
-    ('{"eps": Infinity}', "eps: expected a positive number, got inf (not a finite number)"),
-    ('{"alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": NaN}}]}}',
-     "alert.rules[0].args.threshold: expected a positive number, got nan (not a finite number)"),
-    ('{"alert": {"rules": [{"rule_name": "AnomalyNan", "args": {"threshold": Infinity}}]}}',
-     "alert.rules[0].args.threshold: expected a positive number, got inf"),
-    ('{"collect_times": NaN}', "collect_times: expected an integer, got nan (not a finite number)"),
-    ('{"alert": {"max_lines_per_step": -Infinity}}', "alert.max_lines_per_step: expected an integer, got -inf"),
-    ('{"module_ranks": [0, NaN]}', "module_ranks[1]: expected an integer, got nan"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ('{"eps": NaN, "ops": ["zeros"]}', "eps: expected a positive number, got nan (not a finite number)"),
+        ('{"eps": Infinity}', "eps: expected a positive number, got inf (not a finite number)"),
+        (
+            '{"alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": NaN}}]}}',
+            "alert.rules[0].args.threshold: expected a positive number, got nan (not a finite number)",
+        ),
+        (
+            '{"alert": {"rules": [{"rule_name": "AnomalyNan", "args": {"threshold": Infinity}}]}}',
+            "alert.rules[0].args.threshold: expected a positive number, got inf",
+        ),
+        ('{"collect_times": NaN}', "collect_times: expected an integer, got nan (not a finite number)"),
+        ('{"alert": {"max_lines_per_step": -Infinity}}', "alert.max_lines_per_step: expected an integer, got -inf"),
+        ('{"module_ranks": [0, NaN]}', "module_ranks[1]: expected an integer, got nan"),
+    ],
+)
 def test_non_finite_numbers_in_a_json_config_are_errors_naming_the_key(tmp_path, text, fragment):
     path = tmp_path / "monitor.json"
     path.write_text(text)  # Python's json reads the NaN / Infinity literals
@@ -177,36 +213,58 @@ def test_yaml_nan_threshold_and_eps_are_errors_naming_the_key(tmp_path):
 
 def test_a_nan_threshold_is_a_config_error_of_trainermon(tmp_path, output_dir):
     path = tmp_path / "monitor.json"
-    path.write_text('{"wg_distribution": true, "alert": {"rules": [{"rule_name": "AnomalyTurbulence", '
-                    '"args": {"threshold": NaN}}]}}')
+    path.write_text(
+        '{"wg_distribution": true, "alert": {"rules": [{"rule_name": "AnomalyTurbulence", '
+        '"args": {"threshold": NaN}}]}}'
+    )
     with pytest.raises(ConfigError, match="threshold"):
         TrainerMon(str(path))
 
 
-@pytest.mark.parametrize("name, text", [
-    ("monitor.json", '{"collect_times": 1e8, "start_step": 2.0, "step_interval": 3e0, "ndigits": 4.0, '
-                     '"step_count_per_record": 1E1, "grad_acc_steps": 2.0, "module_ranks": [0, 1.0], '
-                     '"alert": {"max_lines_per_step": 5.0}}'),
-    ("monitor.yaml", "collect_times: 1e8\nstart_step: 2.0\nstep_interval: 3e0\nndigits: 4.0\n"
-                     "step_count_per_record: 1E1\ngrad_acc_steps: 2.0\nmodule_ranks: [0, 1.0]\n"
-                     "alert: {max_lines_per_step: 5.0}\n"),
-])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        (
+            "monitor.json",
+            '{"collect_times": 1e8, "start_step": 2.0, "step_interval": 3e0, "ndigits": 4.0, '
+            '"step_count_per_record": 1E1, "grad_acc_steps": 2.0, "module_ranks": [0, 1.0], '
+            '"alert": {"max_lines_per_step": 5.0}}',
+        ),
+        (
+            "monitor.yaml",
+            "collect_times: 1e8\nstart_step: 2.0\nstep_interval: 3e0\nndigits: 4.0\n"
+            "step_count_per_record: 1E1\ngrad_acc_steps: 2.0\nmodule_ranks: [0, 1.0]\n"
+            "alert: {max_lines_per_step: 5.0}\n",
+        ),
+    ],
+)
 def test_integral_floats_like_1e8_are_accepted_where_an_integer_is_meant(tmp_path, name, text):
     path = tmp_path / name
     path.write_text(text)
     cfg = load_config(path)
-    values = (cfg.collect_times, cfg.start_step, cfg.step_interval, cfg.ndigits, cfg.step_count_per_record,
-              cfg.grad_acc_steps, *cfg.module_ranks, cfg.alert.max_lines_per_step)
+    values = (
+        cfg.collect_times,
+        cfg.start_step,
+        cfg.step_interval,
+        cfg.ndigits,
+        cfg.step_count_per_record,
+        cfg.grad_acc_steps,
+        *cfg.module_ranks,
+        cfg.alert.max_lines_per_step,
+    )
     assert values == (100_000_000, 2, 3, 4, 10, 2, 0, 1, 5)
     assert all(type(v) is int for v in values)
 
 
-@pytest.mark.parametrize("cfg, fragment", [
-    ({"collect_times": 1.5e0}, "collect_times: expected an integer, got 1.5"),
-    ({"grad_acc_steps": 2.5}, "grad_acc_steps: expected an integer, got 2.5"),
-    ({"module_ranks": [0.5]}, "module_ranks[0]: expected an integer, got 0.5"),
-    ({"step_interval": 0.0}, "step_interval: expected an integer >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "cfg, fragment",
+    [
+        ({"collect_times": 1.5e0}, "collect_times: expected an integer, got 1.5"),
+        ({"grad_acc_steps": 2.5}, "grad_acc_steps: expected an integer, got 2.5"),
+        ({"module_ranks": [0.5]}, "module_ranks[0]: expected an integer, got 0.5"),
+        ({"step_interval": 0.0}, "step_interval: expected an integer >= 1, got 0"),
+    ],
+)
 def test_non_integral_floats_stay_errors_where_an_integer_is_meant(cfg, fragment):
     with pytest.raises(ConfigError) as err:
         parse_config(cfg)
@@ -214,18 +272,39 @@ def test_non_integral_floats_stay_errors_where_an_integer_is_meant(cfg, fragment
 
 
 # -- the file's text: UTF-8, ASCII punctuation ---------------------------------------------------
-@pytest.mark.parametrize("name, text, where, char", [
-    ("monitor.json", '{"wg_distribution": true\uff0c "ops": ["norm"]}', "line 1, column 25",
-     "'\uff0c' U+FF0C FULLWIDTH COMMA is not ASCII; write ',' instead"),
-    ("monitor.json", '{\n  "wg_distribution"\uff1a true\n}', "line 2, column 20",
-     "'\uff1a' U+FF1A FULLWIDTH COLON is not ASCII; write ':' instead"),
-    ("monitor.json", '{\n "ops": [\u201cnorm\u201d]}', "line 2, column 10",
-     "'\u201c' U+201C LEFT DOUBLE QUOTATION MARK is not ASCII; write '\"' instead"),
-    ("monitor.yaml", "# \u76d1\u63a7\u914d\u7f6e\uff0c\u5f00\u542f\u68af\u5ea6\nwg_distribution: true  # \u6ce8\u91ca\uff0c\n"
-                     "ops: [norm\uff0cmax]\n", "line 3, column 11", "'\uff0c' U+FF0C FULLWIDTH COMMA"),
-])
-def test_full_width_punctuation_is_an_error_naming_file_line_column_and_character(tmp_path, output_dir, name, text,
-                                                                                  where, char):
+@pytest.mark.parametrize(
+    "name, text, where, char",
+    [
+        (
+            "monitor.json",
+            '{"wg_distribution": true\uff0c "ops": ["norm"]}',
+            "line 1, column 25",
+            "'\uff0c' U+FF0C FULLWIDTH COMMA is not ASCII; write ',' instead",
+        ),
+        (
+            "monitor.json",
+            '{\n  "wg_distribution"\uff1a true\n}',
+            "line 2, column 20",
+            "'\uff1a' U+FF1A FULLWIDTH COLON is not ASCII; write ':' instead",
+        ),
+        (
+            "monitor.json",
+            '{\n "ops": [\u201cnorm\u201d]}',
+            "line 2, column 10",
+            "'\u201c' U+201C LEFT DOUBLE QUOTATION MARK is not ASCII; write '\"' instead",
+        ),
+        (
+            "monitor.yaml",
+            "# \u76d1\u63a7\u914d\u7f6e\uff0c\u5f00\u542f\u68af\u5ea6\nwg_distribution: true  # \u6ce8\u91ca\uff0c\n"
+            "ops: [norm\uff0cmax]\n",
+            "line 3, column 11",
+            "'\uff0c' U+FF0C FULLWIDTH COMMA",
+        ),
+    ],
+)
+def test_full_width_punctuation_is_an_error_naming_file_line_column_and_character(
+    tmp_path, output_dir, name, text, where, char
+):
     path = tmp_path / name
     path.write_text(text, encoding="utf-8")
     with pytest.raises(ConfigError) as err:
@@ -237,20 +316,33 @@ def test_full_width_punctuation_is_an_error_naming_file_line_column_and_characte
 
 def test_full_width_punctuation_in_yaml_comments_is_fine(tmp_path):
     path = tmp_path / "monitor.yaml"
-    path.write_text("# \u76d1\u63a7\u914d\u7f6e\uff0c\u5f00\u542f\u68af\u5ea6\uff1a\nwg_distribution: true  # \u6ce8\u91ca\uff0c\u597d\n"
-                    "targets: {'a #b': {}}  # \u201cok\u201d\n", encoding="utf-8")
+    path.write_text(
+        "# \u76d1\u63a7\u914d\u7f6e\uff0c\u5f00\u542f\u68af\u5ea6\uff1a\nwg_distribution: true  # \u6ce8\u91ca\uff0c\u597d\n"  # noqa: E501
+        "targets: {'a #b': {}}  # \u201cok\u201d\n",
+        encoding="utf-8",
+    )
     cfg = load_config(path)
     assert cfg.wg_distribution and list(cfg.targets) == ["a #b"]
 
 
-@pytest.mark.parametrize("data, where, byte", [
-    ('{"wg_distribution": true,\n "ops": ["norm"\uff0c "max"]}'.encode("gbk"), "line 2, column 16",
-     "byte 0xA3 (in GBK, '\uff0c' U+FF0C FULLWIDTH COMMA)"),
-    ('{"targets": {"caf\u00e9": {}}}'.encode("latin-1"), "line 1, column 18",
-     "byte 0xE9 (in Latin-1, '\u00e9' U+00E9 LATIN SMALL LETTER E WITH ACUTE)"),
-])
-def test_a_config_that_is_not_utf8_is_an_error_naming_file_line_column_and_byte(tmp_path, output_dir, data, where,
-                                                                                byte):
+@pytest.mark.parametrize(
+    "data, where, byte",
+    [
+        (
+            '{"wg_distribution": true,\n "ops": ["norm"\uff0c "max"]}'.encode("gbk"),
+            "line 2, column 16",
+            "byte 0xA3 (in GBK, '\uff0c' U+FF0C FULLWIDTH COMMA)",
+        ),
+        (
+            '{"targets": {"caf\u00e9": {}}}'.encode("latin-1"),
+            "line 1, column 18",
+            "byte 0xE9 (in Latin-1, '\u00e9' U+00E9 LATIN SMALL LETTER E WITH ACUTE)",
+        ),
+    ],
+)
+def test_a_config_that_is_not_utf8_is_an_error_naming_file_line_column_and_byte(
+    tmp_path, output_dir, data, where, byte
+):
     path = tmp_path / "monitor.json"
     path.write_bytes(data)
     with pytest.raises(ConfigError) as err:

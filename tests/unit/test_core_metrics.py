@@ -1,4 +1,5 @@
 """Recorded statistics equal values recomputed independently from the same tensors."""
+
 from __future__ import annotations
 
 import logging
@@ -7,10 +8,9 @@ import math
 import pytest
 import torch
 
+from conftest import ALL_OPS, MLP, assert_row_matches, rank_dir, read_csv_rows, reference_stats, train_steps
 from msmon import TrainerMon
 from msmon.stats import batch_stats
-
-from conftest import ALL_OPS, MLP, assert_row_matches, rank_dir, read_csv_rows, reference_stats, train_steps
 
 
 def run_capturing(model, optimizer, batches, grad_acc):
@@ -24,8 +24,10 @@ def run_capturing(model, optimizer, batches, grad_acc):
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         optimizer.step()
         after = {n: p.detach().clone() for n, p in model.named_parameters()}
-        state = {n: {k: v.detach().clone() if torch.is_tensor(v) else v
-                     for k, v in optimizer.state[p].items()} for n, p in model.named_parameters()}
+        state = {
+            n: {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in optimizer.state[p].items()}
+            for n, p in model.named_parameters()
+        }
         optimizer.zero_grad()
         captured.append(dict(micro=micro_grads, before=before, after=after, state=state))
     return captured
@@ -35,8 +37,14 @@ def test_weights_grads_and_moments_equal_independent_statistics(write_config, ou
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    cfg = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True,
-           "ur_distribution": True, "format": "csv", "ops": ALL_OPS}
+    cfg = {
+        "wg_distribution": True,
+        "param_distribution": True,
+        "mv_distribution": True,
+        "ur_distribution": True,
+        "format": "csv",
+        "ops": ALL_OPS,
+    }
     mon = TrainerMon(write_config(cfg), params_have_main_grad=False)
     mon.set_monitor(model, optimizer, grad_acc_steps=4)
     batches = [[torch.randn(5, 8) for _ in range(4)] for _ in range(3)]
@@ -62,8 +70,8 @@ def test_weights_grads_and_moments_equal_independent_statistics(write_config, ou
     for row in read_csv_rows(out, "update"):
         s = captured[int(row["step"])]["state"][row["name"]]
         t = float(s["step"])
-        m_hat = s["exp_avg"] / (1 - 0.9 ** t)
-        v_hat = s["exp_avg_sq"] / (1 - 0.999 ** t)
+        m_hat = s["exp_avg"] / (1 - 0.9**t)
+        v_hat = s["exp_avg_sq"] / (1 - 0.999**t)
         assert_row_matches(row, reference_stats(m_hat / (v_hat.sqrt() + 1e-8)))
 
 
@@ -71,8 +79,7 @@ def test_micro_batch_gradients_are_recorded_per_micro_step(write_config, output_
     torch.manual_seed(1)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = TrainerMon(write_config({"wg_distribution": True, "monitor_mbs_grad": True, "format": "csv",
-                                   "ops": ALL_OPS}))
+    mon = TrainerMon(write_config({"wg_distribution": True, "monitor_mbs_grad": True, "format": "csv", "ops": ALL_OPS}))
     mon.set_monitor(model, optimizer)  # grad_acc_steps inferred
     batches = [[torch.randn(5, 8) for _ in range(4)] for _ in range(2)]
     captured = run_capturing(model, optimizer, batches, 4)
@@ -126,8 +133,17 @@ def test_tensorboard_events_read_back_with_tensorboards_reader(write_config, out
     torch.manual_seed(4)
     model = MLP()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    mon = TrainerMon(write_config({"wg_distribution": True, "mv_distribution": True, "ur_distribution": True,
-                                   "format": "tensorboard", "ops": ["norm", "nans"]}))
+    mon = TrainerMon(
+        write_config(
+            {
+                "wg_distribution": True,
+                "mv_distribution": True,
+                "ur_distribution": True,
+                "format": "tensorboard",
+                "ops": ["norm", "nans"],
+            }
+        )
+    )
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     norms = []
     for _ in range(3):
@@ -166,8 +182,18 @@ def test_step_window_start_interval_and_collect_times(write_config, output_dir):
     torch.manual_seed(6)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = TrainerMon(write_config({"wg_distribution": True, "format": "csv", "ops": ["norm"],
-                                   "start_step": 2, "step_interval": 3, "collect_times": 3}))
+    mon = TrainerMon(
+        write_config(
+            {
+                "wg_distribution": True,
+                "format": "csv",
+                "ops": ["norm"],
+                "start_step": 2,
+                "step_interval": 3,
+                "collect_times": 3,
+            }
+        )
+    )
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     train_steps(model, optimizer, 15)
     mon.close()
@@ -254,13 +280,13 @@ def test_lbfgs_gradients_are_read_after_the_closure(write_config, output_dir):
 
 
 def test_lbfgs_records_every_step_the_gradient_of_its_first_closure_and_says_it_has_no_moments(
-        write_config, output_dir, caplog):
+    write_config, output_dir, caplog
+):
     """LBFGS evaluates its closure up to 25 times a step (max_iter=20); grad_acc_steps is inferred."""
     torch.manual_seed(8)
     model = MLP()
     optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=20)
-    mon = TrainerMon(write_config({"wg_distribution": True, "mv_distribution": True, "format": "csv",
-                                   "ops": ALL_OPS}))
+    mon = TrainerMon(write_config({"wg_distribution": True, "mv_distribution": True, "format": "csv", "ops": ALL_OPS}))
     mon.set_monitor(model, optimizer)
     x = torch.randn(16, 8)
     first_grads, evaluations = [], []
@@ -283,20 +309,26 @@ def test_lbfgs_records_every_step_the_gradient_of_its_first_closure_and_says_it_
     out = rank_dir(output_dir)
     for category in ("grad_unreduced", "grad_reduced"):
         rows = read_csv_rows(out, category)
-        assert {(r["step"], r["name"]) for r in rows} == {(str(s), n) for s in range(3) for n, _ in
-                                                         model.named_parameters()}, category
+        assert {(r["step"], r["name"]) for r in rows} == {
+            (str(s), n) for s in range(3) for n, _ in model.named_parameters()
+        }, category
         for row in rows:
             assert_row_matches(row, reference_stats(first_grads[int(row["step"])][row["name"]]))
     assert mon.grad_acc_steps == 1  # closure evaluations are not micro-batches
     said = [r.getMessage() for r in caplog.records if "keeps no Adam moments" in r.getMessage()]
-    assert said == ["msmon[rank 0]: LBFGS keeps no Adam moments (exp_avg, exp_avg_sq); mv_distribution records "
-                    "nothing for it"]
+    assert said == [
+        "msmon[rank 0]: LBFGS keeps no Adam moments (exp_avg, exp_avg_sq); mv_distribution records nothing for it"
+    ]
     assert read_csv_rows(out, "exp_avg") == []
 
 
 def test_batch_stats_handles_mixed_devices_dtypes_and_empty():
-    ts = [torch.tensor([1.0, -2.0, float("nan")]), torch.zeros(0), torch.tensor([3, 4], dtype=torch.int64),
-          torch.tensor([0.5, float("inf")], dtype=torch.bfloat16)]
+    ts = [
+        torch.tensor([1.0, -2.0, float("nan")]),
+        torch.zeros(0),
+        torch.tensor([3, 4], dtype=torch.int64),
+        torch.tensor([0.5, float("inf")], dtype=torch.bfloat16),
+    ]
     rows = batch_stats(ts, ["max", "nans", "infs"], 1e-8)
     assert rows.shape == (4, 3)
     assert math.isnan(rows[1, 0].item())
@@ -311,8 +343,11 @@ def test_tensorboard_gets_one_event_per_step_holding_all_its_values(write_config
     torch.manual_seed(4)
     model = MLP()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    mon = TrainerMon(write_config({"wg_distribution": True, "ur_distribution": True, "format": "tensorboard",
-                                   "ops": ["norm", "min", "max"]}))
+    mon = TrainerMon(
+        write_config(
+            {"wg_distribution": True, "ur_distribution": True, "format": "tensorboard", "ops": ["norm", "min", "max"]}
+        )
+    )
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     train_steps(model, optimizer, 2)
     mon.close()
@@ -332,8 +367,7 @@ def test_lbfgs_records_activations_of_the_first_closure_only(write_config, outpu
     torch.manual_seed(9)
     model = MLP()
     optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=20)
-    mon = TrainerMon(write_config({"xy_distribution": True, "all_xy": True, "format": "csv",
-                                   "ops": ["norm", "max"]}))
+    mon = TrainerMon(write_config({"xy_distribution": True, "all_xy": True, "format": "csv", "ops": ["norm", "max"]}))
     mon.set_monitor(model, optimizer)
     x = torch.randn(16, 8)
     first_outputs, evaluations = [], []

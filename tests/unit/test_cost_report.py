@@ -1,5 +1,6 @@
 """The monitor tells its own cost at the end of a run: in summary.json, on stderr for an API
 user, and in the launcher's end-of-job line."""
+
 from __future__ import annotations
 
 import json
@@ -12,11 +13,10 @@ import sys
 import pytest
 import torch
 
+from conftest import MLP, rank_dir
 from msmon import TrainerMon
 from msmon.cost import CostMeter, describe
 from msmon.launcher import report
-
-from conftest import MLP, rank_dir
 
 
 def test_cost_is_relative_to_the_steps_after_the_first():
@@ -34,8 +34,10 @@ def test_cost_is_relative_to_the_steps_after_the_first():
     assert got["monitor_cost_pct"] == pytest.approx(3.0)
     assert got["monitor_seconds"] == pytest.approx(0.56)
     assert got["writer_cpu_ms_per_step"] == pytest.approx(100.0)  # over every step: the writer works on all
-    assert describe(got) == ("monitor cost 3.0 % of step time (30.0 ms of 1000.0 ms per step on the training "
-                             "thread; writer thread 100.0 ms CPU per step)")
+    assert describe(got) == (
+        "monitor cost 3.0 % of step time (30.0 ms of 1000.0 ms per step on the training "
+        "thread; writer thread 100.0 ms CPU per step)"
+    )
 
 
 def test_a_run_without_a_full_step_says_the_cost_was_not_measured():
@@ -49,8 +51,9 @@ def test_close_writes_the_cost_to_the_summary_and_logs_it(write_config, output_d
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    mon = TrainerMon(write_config({"wg_distribution": True, "xy_distribution": True, "format": "csv"}),
-                     params_have_main_grad=False)
+    mon = TrainerMon(
+        write_config({"wg_distribution": True, "xy_distribution": True, "format": "csv"}), params_have_main_grad=False
+    )
     mon.set_monitor(model, optimizer)
     for _ in range(6):
         model(torch.randn(4, 8)).square().mean().backward()
@@ -84,21 +87,44 @@ def test_a_script_without_logging_set_up_sees_the_cost_on_stderr_at_exit(write_c
     config = write_config({"wg_distribution": True, "format": "csv"})
     env = dict(os.environ, MONITOR_OUTPUT_DIR=str(tmp_path / "out"))
     env.pop("MSMON_BOOTSTRAP_DIR", None)
-    proc = subprocess.run([sys.executable, "-c", f"CONFIG = {str(config)!r}\n" + API_SCRIPT], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", f"CONFIG = {str(config)!r}\n" + API_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert re.search(r"^msmon\[rank 0\]: 3 steps recorded; monitor cost [\d.]+ % of step time ", proc.stderr, re.M), \
+    assert re.search(r"^msmon\[rank 0\]: 3 steps recorded; monitor cost [\d.]+ % of step time ", proc.stderr, re.M), (
         proc.stderr
+    )
 
 
 def test_the_launcher_line_carries_each_rank_cost(tmp_path):
     log_dir = tmp_path / "out" / "Dec02-rank0-x"
     log_dir.mkdir(parents=True)
-    (log_dir / "summary.json").write_text(json.dumps({
-        "steps_recorded": 7, "alerts": 0, "monitor_cost_pct": 2.5, "monitor_ms_per_step": 1.5,
-        "step_ms": 60.0, "writer_cpu_ms_per_step": 0.7}))
-    records = [{"rank": 0, "monitors": [{"rank": 0, "log_dir": str(log_dir), "output_base": str(tmp_path / "out"),
-                                         "optimizer": "AdamW"}]}]
+    (log_dir / "summary.json").write_text(
+        json.dumps(
+            {
+                "steps_recorded": 7,
+                "alerts": 0,
+                "monitor_cost_pct": 2.5,
+                "monitor_ms_per_step": 1.5,
+                "step_ms": 60.0,
+                "writer_cpu_ms_per_step": 0.7,
+            }
+        )
+    )
+    records = [
+        {
+            "rank": 0,
+            "monitors": [
+                {"rank": 0, "log_dir": str(log_dir), "output_base": str(tmp_path / "out"), "optimizer": "AdamW"}
+            ],
+        }
+    ]
     (line,) = report.summary_lines(records, "run")
-    assert line.startswith("msmon: rank 0: 7 steps recorded, 0 alerts raised, monitor cost 2.5 % of step time "
-                           "(1.5 ms of 60.0 ms per step on the training thread; writer thread 0.7 ms CPU per step) -> ")
+    assert line.startswith(
+        "msmon: rank 0: 7 steps recorded, 0 alerts raised, monitor cost 2.5 % of step time "
+        "(1.5 ms of 60.0 ms per step on the training thread; writer thread 0.7 ms CPU per step) -> "
+    )

@@ -1,5 +1,6 @@
 """The replica check's fingerprint: equal to an independent Python-integer computation of the
 documented formula, and changed by every single flipped bit of every element."""
+
 from __future__ import annotations
 
 import struct
@@ -70,8 +71,8 @@ CASES = {
     "float16 one element": lambda: torch.randn(1).half(),
     "bfloat16 at an odd offset": lambda: torch.randn(2 * COLUMNS + 10).to(torch.bfloat16)[1:],
     "float64": lambda: torch.randn(COLUMNS + 1, dtype=torch.float64),
-    "int64 extremes": lambda: torch.tensor([2 ** 63 - 1, -2 ** 63, 0, -1] * 700, dtype=torch.int64),
-    "int32 extremes": lambda: torch.tensor([2 ** 31 - 1, -2 ** 31, 1] * 3000, dtype=torch.int32),
+    "int64 extremes": lambda: torch.tensor([2**63 - 1, -(2**63), 0, -1] * 700, dtype=torch.int64),
+    "int32 extremes": lambda: torch.tensor([2**31 - 1, -(2**31), 1] * 3000, dtype=torch.int32),
     "uint8": lambda: torch.randint(0, 256, (101,), dtype=torch.uint8),
     "bool": lambda: torch.rand(37) > 0.5,
     "complex64": lambda: torch.randn(9, dtype=torch.complex64),
@@ -96,8 +97,14 @@ def test_words_of_a_16_bit_tensor_are_the_same_whether_viewed_or_copied():
 
 def test_one_batched_call_equals_one_call_per_tensor_whatever_the_block_size():
     torch.manual_seed(1)
-    tensors = [torch.randn(5), torch.randn(3 * COLUMNS + 7).to(torch.bfloat16), torch.empty(0), torch.randn(33, 17),
-               torch.randn(COLUMNS).half(), torch.randn(9 * COLUMNS + 1, dtype=torch.float64)]
+    tensors = [
+        torch.randn(5),
+        torch.randn(3 * COLUMNS + 7).to(torch.bfloat16),
+        torch.empty(0),
+        torch.randn(33, 17),
+        torch.randn(COLUMNS).half(),
+        torch.randn(9 * COLUMNS + 1, dtype=torch.float64),
+    ]
     alone = [py_fingerprint(t) for t in tensors]
     for block_words in (COLUMNS, 2 * COLUMNS, 1 << 22):
         fp = Fingerprinter(block_words=block_words)
@@ -125,8 +132,9 @@ def test_every_single_bit_flip_of_float_elements_changes_the_fingerprint(dtype, 
     positions = sorted({0, 1, numel // 2, numel - 2, numel - 1, min(COLUMNS, numel - 1), min(COLUMNS - 1, numel - 1)})
     flipped = [flip(t, i, b) for i in positions for b in range(bits)]
     values = fp(flipped).tolist()  # all flips of this tensor in one batched call
-    assert all(v != clean for v in values), [(i, b) for (i, b), v in
-                                              zip([(i, b) for i in positions for b in range(bits)], values) if v == clean]
+    assert all(v != clean for v in values), [
+        (i, b) for (i, b), v in zip([(i, b) for i in positions for b in range(bits)], values) if v == clean
+    ]
     assert len(set(values)) == len(values)  # and no two flips collide with each other
 
 

@@ -1,6 +1,7 @@
 """msmon is a guest in the user's process: what it attaches to modules stays invisible to
 pickling, copying and torch.compile, and what scripts do with modules (loops, no_grad forwards,
 EMA copies) is recorded as it is, not as something else."""
+
 from __future__ import annotations
 
 import copy
@@ -14,13 +15,17 @@ import warnings
 import pytest
 import torch
 
-from msmon import TrainerMon
-
 from conftest import ALL_OPS, ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
+from msmon import TrainerMon
 from plain_models import LstmNet
 
-EVERY_MODULE_HOOK = {"all_xy": True, "wg_distribution": True, "format": "csv", "ops": ALL_OPS,
-                     "alert": {"rules": [{"rule_name": "AnomalyNan"}]}}  # + the non-finite origin hooks
+EVERY_MODULE_HOOK = {
+    "all_xy": True,
+    "wg_distribution": True,
+    "format": "csv",
+    "ops": ALL_OPS,
+    "alert": {"rules": [{"rule_name": "AnomalyNan"}]},
+}  # + the non-finite origin hooks
 
 
 def attach(write_config, model, cfg=EVERY_MODULE_HOOK):
@@ -39,7 +44,8 @@ def step(model, optimizer, x):
 
 
 def test_torch_save_of_a_whole_monitored_model_holds_nothing_of_msmon_and_loads_without_it(
-        write_config, output_dir, tmp_path):
+    write_config, output_dir, tmp_path
+):
     torch.manual_seed(0)
     model = LstmNet()
     mon, optimizer = attach(write_config, model)
@@ -56,11 +62,13 @@ def test_torch_save_of_a_whole_monitored_model_holds_nothing_of_msmon_and_loads_
         torch.save(model(x), tmp_path / "out.pt")
     mon.close()
     # a process that never imports msmon loads it, runs it, and finds no hook of msmon's
-    code = (f"import sys, torch; sys.modules['msmon'] = None; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
-            f"m = torch.load({str(path)!r}, weights_only=False)\n"
-            "hooks = [d for mod in m.modules() for d in (mod._forward_pre_hooks, mod._forward_hooks) if d]\n"
-            "assert not hooks, hooks\n"
-            f"print(m(torch.load({str(tmp_path / 'x.pt')!r})).shape)\n")
+    code = (
+        f"import sys, torch; sys.modules['msmon'] = None; sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+        f"m = torch.load({str(path)!r}, weights_only=False)\n"
+        "hooks = [d for mod in m.modules() for d in (mod._forward_pre_hooks, mod._forward_hooks) if d]\n"
+        "assert not hooks, hooks\n"
+        f"print(m(torch.load({str(tmp_path / 'x.pt')!r})).shape)\n"
+    )
     torch.save(x, tmp_path / "x.pt")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -126,8 +134,7 @@ class Cell(torch.nn.Module):
         return torch.stack(outs, 1)
 
 
-def test_a_module_called_in_a_loop_gives_one_row_per_micro_step_combining_every_call(
-        write_config, output_dir, caplog):
+def test_a_module_called_in_a_loop_gives_one_row_per_micro_step_combining_every_call(write_config, output_dir, caplog):
     torch.manual_seed(0)
     model = Cell()
     mon, optimizer = attach(write_config, model, {**EVERY_MODULE_HOOK, "alert": {}})
@@ -142,8 +149,15 @@ def test_a_module_called_in_a_loop_gives_one_row_per_micro_step_combining_every_
     out_dir = rank_dir(output_dir)
     actv = read_csv_rows(out_dir, "actv")
     names = {r["name"] for r in actv}
-    assert names == {"cell.input_0", "cell.input_1", "cell.input_2", "cell.output_0", "cell.output_1",
-                     "head.input", "head.output"}
+    assert names == {
+        "cell.input_0",
+        "cell.input_1",
+        "cell.input_2",
+        "cell.output_0",
+        "cell.output_1",
+        "head.input",
+        "head.output",
+    }
     assert len(actv) == 2 * len(names)  # one row per name and step: bounded whatever the loop length
 
     # an independent recomputation of the first step: every call's tensors together
@@ -162,8 +176,7 @@ def test_a_module_called_in_a_loop_gives_one_row_per_micro_step_combining_every_
     assert_row_matches(step0["head.output"], reference_stats(torch.cat(heads)))
     assert_row_matches(step0["cell.input_0"], reference_stats(x.transpose(0, 1).reshape(-1, 3)))
     grads = {r["name"] for r in read_csv_rows(out_dir, "actv_grad")}
-    assert grads == {"cell.input_1", "cell.input_2", "cell.output_0", "cell.output_1", "head.input",
-                     "head.output"}
+    assert grads == {"cell.input_1", "cell.input_2", "cell.output_0", "cell.output_1", "head.input", "head.output"}
 
 
 def test_a_no_grad_forward_in_training_mode_shifts_no_micro_step(write_config, output_dir):

@@ -1,6 +1,7 @@
 """The L2 feature math (msmon.l2_math) against direct computations: svdvals/matrix_norm for the
 spectral norm, the full softmax over every head for attention, the explicit cosine matrix for
 MoE router weights."""
+
 from __future__ import annotations
 
 import math
@@ -73,7 +74,7 @@ def test_stable_rank_is_frobenius_squared_over_spectral_norm_squared():
     w = with_spectrum(40, 30, [4.0, 2.0, 1.0])
     s = torch.linalg.svdvals(w)
     sr = M.stable_rank(M.frobenius_norm(w), torch.linalg.matrix_norm(w, ord=2))
-    assert float(sr) == pytest.approx(float((s ** 2).sum() / s[0] ** 2), rel=1e-12)  # 21/16
+    assert float(sr) == pytest.approx(float((s**2).sum() / s[0] ** 2), rel=1e-12)  # 21/16
     assert float(M.stable_rank(M.frobenius_norm(torch.eye(7)), torch.tensor(1.0))) == pytest.approx(7.0)
     rank_one = torch.outer(torch.arange(1.0, 5.0), torch.arange(1.0, 4.0))  # fewer columns than BLOCK
     sigma, _ = M.spectral_norm(rank_one, seed(3), M.COLD_ITERATIONS)
@@ -110,8 +111,9 @@ def test_orthonormalize_and_top_eigenvalue_against_linalg():
 
 # -- attention --------------------------------------------------------------------------------
 def layout(x_bhsd: torch.Tensor, order: str) -> torch.Tensor:
-    return {"s,b,h,d": x_bhsd.permute(2, 0, 1, 3), "b,s,h,d": x_bhsd.permute(0, 2, 1, 3),
-            "b,h,s,d": x_bhsd}[order].contiguous()
+    return {"s,b,h,d": x_bhsd.permute(2, 0, 1, 3), "b,s,h,d": x_bhsd.permute(0, 2, 1, 3), "b,h,s,d": x_bhsd}[
+        order
+    ].contiguous()
 
 
 @pytest.mark.parametrize("order", ["s,b,h,d", "b,s,h,d", "b,h,s,d"])
@@ -201,8 +203,9 @@ def test_router_logit_entropy_is_the_mean_per_token_entropy_over_experts():
     masked = logits.clone()
     masked[..., 2] = float("-inf")  # an expert masked out adds nothing
     rest = torch.softmax(logits[..., [0, 1, 3, 4, 5]].double(), dim=-1)
-    assert float(M.router_logit_entropy(masked)) == pytest.approx(float((-(rest * rest.log()).sum(-1)).mean()),
-                                                                   rel=1e-5)
+    assert float(M.router_logit_entropy(masked)) == pytest.approx(
+        float((-(rest * rest.log()).sum(-1)).mean()), rel=1e-5
+    )
     masked[0, 0, 0] = float("nan")  # a NaN logit is reported, not hidden
     assert math.isnan(float(M.router_logit_entropy(masked)))
 
@@ -212,9 +215,15 @@ def test_every_feature_runs_on_the_meta_device_so_none_reads_a_value_on_the_host
     meta = torch.device("meta")
     w, v = torch.empty(64, 32, device=meta), torch.empty(32, 8, device=meta)
     sigma, v2 = M.spectral_norm(w, v, 3)
-    outs = [sigma, v2, M.seed_basis(32, None, meta, torch.float32), M.stable_rank(M.frobenius_norm(w), sigma),
-            M.usable(sigma),
-            M.router_weight_similarity(w, 1), M.router_logit_entropy(torch.empty(10, 6, device=meta))]
+    outs = [
+        sigma,
+        v2,
+        M.seed_basis(32, None, meta, torch.float32),
+        M.stable_rank(M.frobenius_norm(w), sigma),
+        M.usable(sigma),
+        M.router_weight_similarity(w, 1),
+        M.router_logit_entropy(torch.empty(10, 6, device=meta)),
+    ]
     q, k = torch.empty(16, 2, 4, 8, device=meta), torch.empty(16, 2, 2, 8, device=meta)
     positions = torch.empty(4, 5, dtype=torch.long, device=meta)
     outs += list(M.attention_features(q, k, "s,b,h,d", positions, 2))

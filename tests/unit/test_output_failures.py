@@ -1,6 +1,7 @@
 """A disk that fills up mid-run: one line per rank naming the cause, output off, training on,
 the cause in summary.json (when the disk still takes it) and in the launcher's end-of-job
 lines. The failures are real: writes to /dev/full, or a tmpfs a few kilobytes large."""
+
 from __future__ import annotations
 
 import glob
@@ -11,14 +12,12 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from msmon import TrainerMon
-
 from conftest import MLP, ROOT, rank_dir, read_csv_rows
+from msmon import TrainerMon
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 
@@ -26,9 +25,15 @@ SCRIPTS = ROOT / "tests" / "scripts"
 MSMON = [sys.executable, "-m", "msmon.launcher"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 TWO_RANKS = ["--standalone", "--nproc-per-node", "2"]
-CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "xy_distribution": True,
-          "all_xy": True, "format": ["csv", "tensorboard"], "alert": {"rules": [{"rule_name": "AnomalyNan"}],
-                                                                       "dump": True}}
+CONFIG = {
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "xy_distribution": True,
+    "all_xy": True,
+    "format": ["csv", "tensorboard"],
+    "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True},
+}
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -58,7 +63,8 @@ def train(model, optimizer, steps: int, full_at: int | None = None, log_dir: str
 
 
 def test_a_full_disk_stops_the_api_monitors_output_with_one_line_and_training_goes_on(
-        write_config, output_dir, caplog, capfd):
+    write_config, output_dir, caplog, capfd
+):
     torch.manual_seed(0)
     reference = MLP()
     expected = train(reference, torch.optim.Adam(reference.parameters(), lr=0.01), 4)
@@ -76,8 +82,10 @@ def test_a_full_disk_stops_the_api_monitors_output_with_one_line_and_training_go
 
     full = os.path.join(monitor.log_dir, "grad_reduced_2-2.csv")
     problems = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert problems == [f"msmon[rank 0]: output stopped at step 2: No space left on device (ENOSPC) writing {full}; "
-                        "nothing more is written to disk, training continues"]
+    assert problems == [
+        f"msmon[rank 0]: output stopped at step 2: No space left on device (ENOSPC) writing {full}; "
+        "nothing more is written to disk, training continues"
+    ]
     assert "Traceback" not in capfd.readouterr().err  # no thread died with a traceback
     assert reduced["0:fc1.weight/rank0/grad_reduced"]["norm"] > 0  # step 3 reached the API
     out = rank_dir(output_dir)
@@ -85,31 +93,62 @@ def test_a_full_disk_stops_the_api_monitors_output_with_one_line_and_training_go
     assert {r["step"] for r in read_csv_rows(out, "grad_reduced")} == {"0", "1"}
     assert glob.glob(str(out / "*_1-1.csv")) and not glob.glob(str(out / "*_3-3.csv"))
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["output_stopped"] == {"step": 2, "errno": "ENOSPC", "error": "No space left on device",
-                                         "path": full}
+    assert summary["output_stopped"] == {"step": 2, "errno": "ENOSPC", "error": "No space left on device", "path": full}
     assert summary["steps_recorded"] == 4
 
 
 def test_a_full_disk_on_one_rank_of_msmon_run_is_one_line_there_and_in_the_end_of_job_summary(tmp_path):
     config = tmp_path / "monitor.json"
     config.write_text(json.dumps(CONFIG))
-    plain = subprocess.run([*TORCHRUN, *TWO_RANKS, str(SCRIPTS / "output_disk_full.py"), "--steps", "5"],
-                           capture_output=True, text=True, timeout=300, env=clean_env())
+    plain = subprocess.run(
+        [*TORCHRUN, *TWO_RANKS, str(SCRIPTS / "output_disk_full.py"), "--steps", "5"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=clean_env(),
+    )
     assert plain.returncode == 0, plain.stderr[-3000:]
     out = tmp_path / "out"
-    proc = subprocess.run([*MSMON, "run", "--config", str(config), "--output-dir", str(out), *TWO_RANKS, "--",
-                           str(SCRIPTS / "output_disk_full.py"), "--steps", "5", "--full-rank", "1", "--full-at", "2"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=clean_env())
+    proc = subprocess.run(
+        [
+            *MSMON,
+            "run",
+            "--config",
+            str(config),
+            "--output-dir",
+            str(out),
+            *TWO_RANKS,
+            "--",
+            str(SCRIPTS / "output_disk_full.py"),
+            "--steps",
+            "5",
+            "--full-rank",
+            "1",
+            "--full-at",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert losses(proc.stdout) == losses(plain.stdout) and len(losses(plain.stdout)) == 10
 
     directory = rank_dir(out, 1)
     shown = os.path.relpath(directory, tmp_path)
-    worker = [line for line in proc.stderr.splitlines() if line.startswith("msmon[rank 1]") and "monitoring" not in line]
-    assert worker == [f"msmon[rank 1]: output stopped at step 2: No space left on device (ENOSPC) writing "
-                      f"{directory}/grad_reduced_2-2.csv; nothing more is written to disk, training continues"]
-    assert (f"msmon: rank 1: output stopped at step 2: No space left on device (ENOSPC) writing "
-            f"{shown}/grad_reduced_2-2.csv; what was recorded before step 2 is in {shown}") in proc.stderr
+    worker = [
+        line for line in proc.stderr.splitlines() if line.startswith("msmon[rank 1]") and "monitoring" not in line
+    ]
+    assert worker == [
+        f"msmon[rank 1]: output stopped at step 2: No space left on device (ENOSPC) writing "
+        f"{directory}/grad_reduced_2-2.csv; nothing more is written to disk, training continues"
+    ]
+    assert (
+        f"msmon: rank 1: output stopped at step 2: No space left on device (ENOSPC) writing "
+        f"{shown}/grad_reduced_2-2.csv; what was recorded before step 2 is in {shown}"
+    ) in proc.stderr
     assert re.search(r"^msmon: rank 0: 5 steps recorded, 0 alerts raised", proc.stderr, re.M), proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert json.loads((directory / "summary.json").read_text())["output_stopped"]["errno"] == "ENOSPC"
@@ -122,9 +161,19 @@ def _tiny_filesystems() -> bool:
     """Whether this user may mount a tmpfs of its own (an unprivileged user namespace)."""
     if shutil.which("unshare") is None:
         return False
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                            "d=$(mktemp -d) && mount -t tmpfs -o size=16k tmpfs $d && umount $d && rmdir $d"],
-                           capture_output=True, timeout=60)
+    probe = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            "d=$(mktemp -d) && mount -t tmpfs -o size=16k tmpfs $d && umount $d && rmdir $d",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
     return probe.returncode == 0
 
 
@@ -134,19 +183,55 @@ def test_a_disk_that_fills_up_under_msmon_run_says_why_even_when_summary_json_ca
     config.write_text(json.dumps(CONFIG))
     disk = tmp_path / "disk"
     disk.mkdir()
-    job = " ".join([*MSMON, "run", "--config", str(config), "--output-dir", str(disk / "out"), *TWO_RANKS, "--",
-                    str(SCRIPTS / "output_disk_full.py"), "--steps", "30"])
-    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                           f"mount -t tmpfs -o size=96k tmpfs {disk} && {job}"],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=clean_env())
+    job = " ".join(
+        [
+            *MSMON,
+            "run",
+            "--config",
+            str(config),
+            "--output-dir",
+            str(disk / "out"),
+            *TWO_RANKS,
+            "--",
+            str(SCRIPTS / "output_disk_full.py"),
+            "--steps",
+            "30",
+        ]
+    )
+    proc = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--mount",
+            "sh",
+            "-c",
+            f"mount -t tmpfs -o size=96k tmpfs {disk} && {job}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=clean_env(),
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert len(losses(proc.stdout)) == 60  # every step of both ranks ran
     assert "Traceback" not in proc.stderr and "could not write" not in proc.stderr
     for rank in (0, 1):
-        worker = [line for line in proc.stderr.splitlines()
-                  if line.startswith(f"msmon[rank {rank}]") and "monitoring" not in line]
+        worker = [
+            line
+            for line in proc.stderr.splitlines()
+            if line.startswith(f"msmon[rank {rank}]") and "monitoring" not in line
+        ]
         assert len(worker) == 1, proc.stderr[-4000:]
-        assert re.fullmatch(rf"msmon\[rank {rank}\]: output stopped at step \d+: No space left on device \(ENOSPC\) "
-                            r"writing \S+; nothing more is written to disk, training continues", worker[0])
-        assert re.search(rf"^msmon: rank {rank}: output stopped at step \d+: No space left on device \(ENOSPC\) "
-                         r"writing \S+; ", proc.stderr, re.M), proc.stderr[-3000:]
+        assert re.fullmatch(
+            rf"msmon\[rank {rank}\]: output stopped at step \d+: No space left on device \(ENOSPC\) "
+            r"writing \S+; nothing more is written to disk, training continues",
+            worker[0],
+        )
+        assert re.search(
+            rf"^msmon: rank {rank}: output stopped at step \d+: No space left on device \(ENOSPC\) "
+            r"writing \S+; ",
+            proc.stderr,
+            re.M,
+        ), proc.stderr[-3000:]

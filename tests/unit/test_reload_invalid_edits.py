@@ -1,6 +1,7 @@
 """A config edited while training runs into something invalid (bad bytes, NaN, a syntax error,
 an unknown key, a file the editor has not finished writing, a document no parser can take)
 leaves the config in force alone; the next valid edit takes effect."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,17 @@ import pytest
 import torch
 
 import msmon.monitor
-from msmon import TrainerMon
-
 from conftest import MLP, rank_dir, read_csv_rows
+from msmon import TrainerMon
 
 GOOD = {"wg_distribution": True, "format": "csv", "ops": ["norm"]}
 LATER = {**GOOD, "ops": ["norm", "max"]}
 
 BAD_VERSIONS = {
-    "not-utf8": ("monitor.json", '{"wg_distribution": true, "format": "csv", "ops": ["norm"]}  # \u76d1\u63a7'
-                 .encode("gbk")),
+    "not-utf8": (
+        "monitor.json",
+        '{"wg_distribution": true, "format": "csv", "ops": ["norm"]}  # \u76d1\u63a7'.encode("gbk"),
+    ),
     "nan": ("monitor.json", b'{"wg_distribution": true, "format": "csv", "ops": ["norm"], "eps": NaN}'),
     "syntax-error": ("monitor.json", b'{"wg_distribution": true, "format": "csv" "ops": ["norm"]}'),
     "unknown-key": ("monitor.json", b'{"wg_distribution": true, "format": "csv", "opps": ["norm"]}'),
@@ -56,8 +58,9 @@ def errors(caplog):
 
 
 @pytest.mark.parametrize("name", sorted(BAD_VERSIONS))
-def test_an_invalid_edit_keeps_the_old_config_and_a_later_valid_edit_takes_effect(name, tmp_path, output_dir,
-                                                                                   errors, monkeypatch):
+def test_an_invalid_edit_keeps_the_old_config_and_a_later_valid_edit_takes_effect(
+    name, tmp_path, output_dir, errors, monkeypatch
+):
     file_name, bad = BAD_VERSIONS[name]
     path = tmp_path / file_name
     write_version(path, json.dumps(GOOD).encode(), 1_000_000_000)
@@ -69,12 +72,12 @@ def test_an_invalid_edit_keeps_the_old_config_and_a_later_valid_edit_takes_effec
     mon = TrainerMon(str(path))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     parses.clear()
-    train_steps(model, optimizer, 2)                               # steps 0, 1
+    train_steps(model, optimizer, 2)  # steps 0, 1
     write_version(path, bad, 2_000_000_000)
-    train_steps(model, optimizer, 2)                               # step 2 reads the bad version; 3 keeps on
-    assert mon.attached and mon._unhook_step is not None           # monitoring did not stop
+    train_steps(model, optimizer, 2)  # step 2 reads the bad version; 3 keeps on
+    assert mon.attached and mon._unhook_step is not None  # monitoring did not stop
     write_version(path, json.dumps(LATER).encode(), 3_000_000_000)
-    train_steps(model, optimizer, 3)                               # step 4 reads the good one: 5, 6 follow it
+    train_steps(model, optimizer, 3)  # step 4 reads the good one: 5, 6 follow it
     mon.close()
     rows = read_csv_rows(rank_dir(output_dir), "grad_reduced")
     assert {int(r["step"]) for r in rows} == set(range(7))
@@ -92,11 +95,11 @@ def test_two_versions_in_one_mtime_tick_the_second_is_read(tmp_path, output_dir,
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = TrainerMon(str(path))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
-    train_steps(model, optimizer, 1)                               # step 0
+    train_steps(model, optimizer, 1)  # step 0
     write_version(path, b"", 2_000_000_000)
-    train_steps(model, optimizer, 1)                               # step 1 reads the empty file
+    train_steps(model, optimizer, 1)  # step 1 reads the empty file
     write_version(path, json.dumps(LATER).encode(), 2_000_000_000)
-    train_steps(model, optimizer, 3)                               # step 2 reads it whole: 3, 4 follow it
+    train_steps(model, optimizer, 3)  # step 2 reads it whole: 3, 4 follow it
     mon.close()
     rows = read_csv_rows(rank_dir(output_dir), "grad_reduced")
     assert {int(r["step"]) for r in rows if "max" in r} == {3, 4}

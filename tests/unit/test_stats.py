@@ -1,5 +1,6 @@
 """The statistics engine: values equal independently computed ones (float64 on the host),
 counts are exact, every dtype and size path (whole, chunked, non-contiguous) agrees."""
+
 from __future__ import annotations
 
 import math
@@ -70,7 +71,9 @@ def test_non_contiguous_tensors_give_the_same_statistics_as_their_copies():
         view = base.t()
         assert not view.is_contiguous()
         exact = [ALL_OPS.index(op) for op in ("min", "max", "zeros", "nans", "infs")]
-        assert torch.equal(tensor_stats(view, ALL_OPS, EPS)[exact], tensor_stats(view.contiguous(), ALL_OPS, EPS)[exact])
+        assert torch.equal(
+            tensor_stats(view, ALL_OPS, EPS)[exact], tensor_stats(view.contiguous(), ALL_OPS, EPS)[exact]
+        )
         assert_row(tensor_stats(view, ALL_OPS, EPS), view)
 
 
@@ -164,8 +167,13 @@ def test_unknown_op_is_rejected():
 
 
 def test_batch_and_single_statistics_agree_for_mixed_dtypes_and_sizes():
-    ts = [sample(torch.float32, 1000, 1), sample(torch.bfloat16, 257, 2), sample(torch.float32, CHUNK + 9, 3),
-          sample(torch.float64, 33, 4), torch.tensor([1, 2, 3], dtype=torch.int32)]
+    ts = [
+        sample(torch.float32, 1000, 1),
+        sample(torch.bfloat16, 257, 2),
+        sample(torch.float32, CHUNK + 9, 3),
+        sample(torch.float64, 33, 4),
+        torch.tensor([1, 2, 3], dtype=torch.int32),
+    ]
     ts[0][4] = math.nan
     batch = batch_stats(ts, ALL_OPS, EPS)
     for i, t in enumerate(ts):

@@ -1,4 +1,5 @@
 """print_struct output and clean stop; config edits picked up while training runs."""
+
 from __future__ import annotations
 
 import json
@@ -10,19 +11,19 @@ import textwrap
 
 import torch
 
+from conftest import MLP, ROOT, rank_dir, read_csv_rows
 from msmon import TrainerMon
 from msmon.config import TensorSpec
-
-from conftest import MLP, ROOT, rank_dir, read_csv_rows
 
 
 def test_print_struct_writes_the_tree_and_stops_cleanly(tmp_path):
     config = tmp_path / "monitor.json"
     config.write_text(json.dumps({"print_struct": True}))
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, torch
-        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        sys.path.insert(0, {str(ROOT / "tests")!r})
         from conftest import MLP
         from msmon import TrainerMon
         model = MLP(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -30,14 +31,20 @@ def test_print_struct_writes_the_tree_and_stops_cleanly(tmp_path):
         for step in range(5):
             model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
             print("trained step", step, flush=True)
-    """))
+    """)
+    )
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, MONITOR_OUTPUT_DIR=str(out)))
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, MONITOR_OUTPUT_DIR=str(out)),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "trained step" not in proc.stdout  # stopped inside the first optimizer step
-    stop_lines = [l for l in proc.stdout.splitlines() if "stopping after step 0 as print_struct asks" in l]
+    stop_lines = [l for l in proc.stdout.splitlines() if "stopping after step 0 as print_struct asks" in l]  # noqa: E741
     assert len(stop_lines) == 1
     assert "fc1  [input tensor: size=(4, 8), dtype=torch.float32" in proc.stdout
     struct = json.loads((out / "module_struct" / "rank0" / "module_struct.json").read_text())
@@ -70,11 +77,11 @@ def test_config_edits_switch_activations_on_and_off_at_the_next_step(tmp_path, o
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = TrainerMon(str(path))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
-    train_steps(model, optimizer, 2)                         # steps 0, 1
+    train_steps(model, optimizer, 2)  # steps 0, 1
     write_config(path, {**base, "xy_distribution": True, "all_xy": True, "ops": ["norm", "max"]}, 2_000_000_000)
-    train_steps(model, optimizer, 3)                         # step 2 picks it up at its end: 3, 4 recorded
+    train_steps(model, optimizer, 3)  # step 2 picks it up at its end: 3, 4 recorded
     write_config(path, base, 3_000_000_000)
-    train_steps(model, optimizer, 2)                         # step 5 is still on, picks the edit up; 6 off
+    train_steps(model, optimizer, 2)  # step 5 is still on, picks the edit up; 6 off
     mon.close()
     out = rank_dir(output_dir)
     assert {int(r["step"]) for r in read_csv_rows(out, "actv")} == {3, 4, 5}
@@ -94,8 +101,11 @@ def test_repeated_toggles_do_not_stack_hooks(tmp_path, output_dir):
     for i in range(20):
         write_config(path, on if i % 2 == 0 else off, 2_000_000_000 + i * 1_000_000)
         train_steps(model, optimizer, 1)
-        hooks = (len(model.fc1._forward_hooks) + len(model.fc1._forward_pre_hooks)
-                 + len(model.fc1.weight._post_accumulate_grad_hooks or {}))
+        hooks = (
+            len(model.fc1._forward_hooks)
+            + len(model.fc1._forward_pre_hooks)
+            + len(model.fc1.weight._post_accumulate_grad_hooks or {})
+        )
         counts.append((i % 2, hooks))
     mon.close()
     assert len({c for c in counts if c[0] == 0}) == 1 and len({c for c in counts if c[0] == 1}) == 1
@@ -129,9 +139,9 @@ def test_dynamic_on_collects_collect_times_steps_from_the_edit(tmp_path, output_
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = TrainerMon(str(path))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
-    train_steps(model, optimizer, 3)                         # steps 0-2: waiting for dynamic_on
+    train_steps(model, optimizer, 3)  # steps 0-2: waiting for dynamic_on
     write_config(path, {**cfg, "dynamic_on": True}, 2_000_000_000)
-    train_steps(model, optimizer, 5)                         # step 3 picks it up: 4 and 5 recorded
+    train_steps(model, optimizer, 5)  # step 3 picks it up: 4 and 5 recorded
     mon.close()
     assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "grad_reduced")} == {4, 5}
     assert json.loads(path.read_text())["dynamic_on"] is True
@@ -155,15 +165,24 @@ def test_reload_xy_switches_activations(tmp_path, output_dir):
 
 def test_an_edit_of_ops_and_format_reopens_the_outputs_without_losing_rows(tmp_path, output_dir):
     path = tmp_path / "monitor.json"
-    write_config(path, {"wg_distribution": True, "format": "csv", "ops": ["norm"], "step_count_per_record": 10},
-                 1_000_000_000)
+    write_config(
+        path, {"wg_distribution": True, "format": "csv", "ops": ["norm"], "step_count_per_record": 10}, 1_000_000_000
+    )
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = TrainerMon(str(path))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     train_steps(model, optimizer, 2)
-    write_config(path, {"wg_distribution": True, "format": ["csv", "tensorboard"], "ops": ["norm", "max"],
-                        "step_count_per_record": 10}, 2_000_000_000)
+    write_config(
+        path,
+        {
+            "wg_distribution": True,
+            "format": ["csv", "tensorboard"],
+            "ops": ["norm", "max"],
+            "step_count_per_record": 10,
+        },
+        2_000_000_000,
+    )
     train_steps(model, optimizer, 3)
     mon.close()
     out = rank_dir(output_dir)

@@ -11,6 +11,7 @@ The statistics take one CPU-only shortcut (a finite 0-d CPU witness proves a NaN
 zero; reading it waits for nothing). `stats.CPU_SHORTCUTS = False` turns it off, so the CPU
 runs exactly the accelerators' logic: that run must read nothing at all.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,15 +22,22 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from msmon import TrainerMon, native, stats
-
 from conftest import ALL_OPS
+from msmon import TrainerMon, native, stats
 
 aten = torch.ops.aten
 # ops whose result the host must see before it can go on (values or data-dependent shapes)
-HOST_READ_OPS = {aten._local_scalar_dense.default, aten.nonzero.default, aten.masked_select.default,
-                 aten.is_nonzero.default, aten.equal.default, aten._unique2.default,
-                 aten.unique_consecutive.default, aten.unique_dim.default, aten.allclose.default}
+HOST_READ_OPS = {
+    aten._local_scalar_dense.default,
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten.is_nonzero.default,
+    aten.equal.default,
+    aten._unique2.default,
+    aten.unique_consecutive.default,
+    aten.unique_dim.default,
+    aten.allclose.default,
+}
 # Tensor methods that read values on the host without going through the dispatcher
 PYTHON_READS = ("tolist", "numpy", "item", "__bool__", "__float__", "__int__", "__index__")
 
@@ -47,8 +55,11 @@ class HostReads(TorchDispatchMode):
         if threading.get_ident() != self.thread:  # the writer thread reads host copies
             return
         self.scalars.append(t is not None and t.dim() == 0 and t.device.type == "cpu")
-        frames = [f for f in traceback.extract_stack()[:-2]
-                  if ("msmon" in f.filename or "tests" in f.filename) and f.filename != __file__]
+        frames = [
+            f
+            for f in traceback.extract_stack()[:-2]
+            if ("msmon" in f.filename or "tests" in f.filename) and f.filename != __file__
+        ]
         where = frames[-1] if frames else None
         self.seen.append(f"{what} at {where.filename}:{where.lineno}" if where else what)
 
@@ -67,6 +78,7 @@ def counting_host_reads():
         def read(self, *args, **kwargs):
             mode.note(f"Tensor.{name}", self)
             return original(self, *args, **kwargs)
+
         return read
 
     for name, original in originals.items():
@@ -97,11 +109,23 @@ class Net(torch.nn.Module):
 
 
 FULL_CONFIG = {
-    "targets": {}, "xy_distribution": True, "all_xy": True, "wg_distribution": True,
-    "mv_distribution": True, "param_distribution": True, "ur_distribution": True,
-    "cc_distribution": {"enable": True}, "nan_origin": True, "format": "csv", "ops": ALL_OPS,
-    "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}},
-                        {"rule_name": "AnomalyNan", "args": {}}]},
+    "targets": {},
+    "xy_distribution": True,
+    "all_xy": True,
+    "wg_distribution": True,
+    "mv_distribution": True,
+    "param_distribution": True,
+    "ur_distribution": True,
+    "cc_distribution": {"enable": True},
+    "nan_origin": True,
+    "format": "csv",
+    "ops": ALL_OPS,
+    "alert": {
+        "rules": [
+            {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}},
+            {"rule_name": "AnomalyNan", "args": {}},
+        ]
+    },
 }
 
 
@@ -152,13 +176,15 @@ def accelerator_logic(monkeypatch):
 
 
 def test_every_collector_on_the_torch_path_reads_nothing_back_during_forward_and_backward(
-        world_of_one, accelerator_logic, write_config, output_dir):
+    world_of_one, accelerator_logic, write_config, output_dir
+):
     seen, _ = reads_in_forward_backward(FULL_CONFIG, write_config)
     assert seen == []
 
 
 def test_every_collector_with_the_native_kernel_reads_nothing_back_during_forward_and_backward(
-        world_of_one, accelerator_logic, write_config, output_dir, monkeypatch):
+    world_of_one, accelerator_logic, write_config, output_dir, monkeypatch
+):
     monkeypatch.setenv(native.ENV, "1")
     native._loaded, native._tried = None, False
     if native.load() is None:
@@ -192,8 +218,9 @@ def reads_in_optimizer_steps(config, write_config, steps: int = 3) -> int:
     return count
 
 
-def test_the_step_end_adds_no_host_read_to_the_optimizers_own(world_of_one, accelerator_logic, write_config,
-                                                              output_dir):
+def test_the_step_end_adds_no_host_read_to_the_optimizers_own(
+    world_of_one, accelerator_logic, write_config, output_dir
+):
     """AdamW reads its CPU step counters itself; the monitor's statistics, alerts and the copy
     to the writer (non-blocking on an accelerator) add none on the training thread."""
     assert reads_in_optimizer_steps(FULL_CONFIG, write_config) == reads_in_optimizer_steps(None, write_config)

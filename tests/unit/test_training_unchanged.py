@@ -1,4 +1,5 @@
 """The monitor never changes or breaks training."""
+
 from __future__ import annotations
 
 import logging
@@ -11,21 +12,32 @@ import time
 
 import pytest
 import torch
-
-from msmon import TrainerMon
-import msmon.collectors.grads as grads_module
-
-from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows
 from tiny_gpt import TinyGPT, lm_loss, synthetic_batch
 
-EVERYTHING = {"wg_distribution": True, "monitor_mbs_grad": True, "param_distribution": True,
-              "mv_distribution": True, "ur_distribution": True, "xy_distribution": True, "all_xy": True,
-              "mg_direction": True, "stack_info": True, "heatmap_visualize": True,
-              "recording_l2_features": True, "l2_targets": {"linear_hook": []},
-              "format": ["csv", "tensorboard", "api"], "ops": ALL_OPS,
-              "alert": {"rules": [{"rule_name": "AnomalyNan"},
-                                  {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}],
-                        "dump": True}}
+import msmon.collectors.grads as grads_module
+from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows
+from msmon import TrainerMon
+
+EVERYTHING = {
+    "wg_distribution": True,
+    "monitor_mbs_grad": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "ur_distribution": True,
+    "xy_distribution": True,
+    "all_xy": True,
+    "mg_direction": True,
+    "stack_info": True,
+    "heatmap_visualize": True,
+    "recording_l2_features": True,
+    "l2_targets": {"linear_hook": []},
+    "format": ["csv", "tensorboard", "api"],
+    "ops": ALL_OPS,
+    "alert": {
+        "rules": [{"rule_name": "AnomalyNan"}, {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}],
+        "dump": True,
+    },
+}
 
 
 class DropoutNet(torch.nn.Module):
@@ -70,8 +82,16 @@ def test_losses_and_parameters_are_bit_identical_with_every_metric_on(write_conf
         assert torch.equal(value, monitored_params[name]), name
     # and the monitor really did record something for every category
     out = rank_dir(output_dir)
-    for category in ("actv", "actv_grad", "grad_unreduced", "grad_reduced", "param_origin", "exp_avg", "update",
-                     "linear_hook"):
+    for category in (
+        "actv",
+        "actv_grad",
+        "grad_unreduced",
+        "grad_reduced",
+        "param_origin",
+        "exp_avg",
+        "update",
+        "linear_hook",
+    ):
         assert read_csv_rows(out, category), category
 
 
@@ -82,12 +102,14 @@ def test_failure_inside_a_collector_is_contained_and_logged_once(write_config, o
     def broken_hook(self, index):
         def hook(param):
             raise RuntimeError("injected statistics failure")
+
         return hook
 
     monkeypatch.setattr(grads_module.GradCollector, "_make_hook", broken_hook)
     plain_losses, _ = train(None, steps=4)
-    monitored_losses, _ = train(write_config({"wg_distribution": True, "param_distribution": True,
-                                              "format": "csv", "ops": ["norm"]}), steps=4)
+    monitored_losses, _ = train(
+        write_config({"wg_distribution": True, "param_distribution": True, "format": "csv", "ops": ["norm"]}), steps=4
+    )
     assert monitored_losses == plain_losses
     failures = [r.getMessage() for r in caplog.records if "injected statistics failure" in r.getMessage()]
     assert len(failures) == 1
@@ -103,9 +125,10 @@ def test_rows_of_finished_steps_survive_sigterm(tmp_path, write_config):
     out = tmp_path / "out"
     ready = tmp_path / "ready"
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time, torch
-        sys.path.insert(0, {str(ROOT / 'tests')!r})
+        sys.path.insert(0, {str(ROOT / "tests")!r})
         from conftest import MLP
         from msmon import TrainerMon
         model = MLP(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -115,7 +138,8 @@ def test_rows_of_finished_steps_survive_sigterm(tmp_path, write_config):
             if step == 5:
                 open({str(ready)!r}, "w").close()
             time.sleep(0.05)
-    """))
+    """)
+    )
     env = dict(os.environ, MONITOR_OUTPUT_DIR=str(out))
     proc = subprocess.Popen([sys.executable, str(script)], env=env)
     deadline = time.time() + 60

@@ -20,6 +20,7 @@ record (a field of the wrong type) is reported, counted and skipped, and the res
 Two files are written: msmon's report (the verdict, the first anomaly per rank, ...) and
 msprobe's `anomaly_analyse.json` (msprobe_format), beside it.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ import math
 import os
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from ..records import BACKWARD, CATEGORY_STAGE, FORWARD, OPTIMIZER
 from .dump import DUMP_FILE, MSPROBE_DUMP_FILE, json_number
@@ -42,16 +44,23 @@ STAGE_ORDER = {FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
 # tasks such as parameters first of all; here every task has its real place)
 STAGE_OF_CATEGORY = {**CATEGORY_STAGE, "pre_grad": BACKWARD, "acc_grad": BACKWARD, "post_grad": OPTIMIZER}
 CATEGORY_TEXT = {
-    "grad_unreduced": "unreduced gradient of {}", "pre_grad": "unreduced gradient of {}",
-    "acc_grad": "accumulated gradient of {}", "grad_reduced": "reduced gradient of {}",
-    "post_grad": "reduced gradient of {}", "param_origin": "weight {} before the update",
-    "param_updated": "weight {} after the update", "exp_avg": "first moment (exp_avg) of {}",
-    "exp_avg_sq": "second moment (exp_avg_sq) of {}", "update": "update of {}", "ratio": "update/weight ratio of {}",
+    "grad_unreduced": "unreduced gradient of {}",
+    "pre_grad": "unreduced gradient of {}",
+    "acc_grad": "accumulated gradient of {}",
+    "grad_reduced": "reduced gradient of {}",
+    "post_grad": "reduced gradient of {}",
+    "param_origin": "weight {} before the update",
+    "param_updated": "weight {} after the update",
+    "exp_avg": "first moment (exp_avg) of {}",
+    "exp_avg_sq": "second moment (exp_avg_sq) of {}",
+    "update": "update of {}",
+    "ratio": "update/weight ratio of {}",
 }
 MAX_LINE_REPORTS = 5
 _MSPROBE_MESSAGE = re.compile(
     r"Rule (?P<rule>\w+) reports anomaly signal in \('(?P<tag>[^']*)', '(?P<op>\w+)'\)"
-    r"(?:.*?current value (?P<value>[^,\s]+?)(?=,|\.?$))?(?:.*?history mean (?P<history>[^,\s]+?))?\.?$")
+    r"(?:.*?current value (?P<value>[^,\s]+?)(?=,|\.?$))?(?:.*?history mean (?P<history>[^,\s]+?))?\.?$"
+)
 
 
 @dataclass
@@ -164,8 +173,19 @@ def read_dump_files(paths: Iterable[str]) -> DumpSet:
         result.files.append(path)
         reader = _read_jsonl if path.endswith(".jsonl") else _read_msprobe_json
         for event in reader(path, result):
-            identity = (event.rank, event.step, event.micro_step, event.stage, event.call_id, event.tag,
-                        event.name, event.category, event.op, event.rule, repr(event.value))
+            identity = (
+                event.rank,
+                event.step,
+                event.micro_step,
+                event.stage,
+                event.call_id,
+                event.tag,
+                event.name,
+                event.category,
+                event.op,
+                event.rule,
+                repr(event.value),
+            )
             if identity not in seen:  # the same node's directory copied in twice
                 seen.add(identity)
                 result.events.append(event)
@@ -207,13 +227,19 @@ def _read_jsonl(path: str, result: DumpSet) -> Iterable[AnomalyEvent]:
                 bad_lines += 1
                 result.skipped_records += 1
                 if bad_lines <= MAX_LINE_REPORTS:
-                    reason = "not valid JSON (a torn or truncated line?)" if isinstance(exc, json.JSONDecodeError) else str(exc)
+                    reason = (
+                        "not valid JSON (a torn or truncated line?)"
+                        if isinstance(exc, json.JSONDecodeError)
+                        else str(exc)
+                    )
                     problems.append(f"{path} line {number}: {reason}; line skipped")
                 continue
             if event.rule != NAN_ORIGIN_RULE:
                 if last_step is not None and event.step < last_step:
-                    problems.append(f"{path} line {number}: the step goes back from {last_step} to {event.step}: "
-                                    "the file holds more than one run (all are analysed together)")
+                    problems.append(
+                        f"{path} line {number}: the step goes back from {last_step} to {event.step}: "
+                        "the file holds more than one run (all are analysed together)"
+                    )
                 last_step = event.step
             yield event
     if bad_lines > MAX_LINE_REPORTS:
@@ -313,12 +339,24 @@ def event_from_record(record: Any, path: str = "") -> AnomalyEvent:
         raise ValueError(f"'stage' must be one of {list(STAGE_ORDER)}, got {stage!r}")
     mates = record.get("group_mates") or []
     return AnomalyEvent(
-        rank=_int(record, "rank", required=True), step=_int(record, "step", required=True), micro_step=micro,
-        pp_stage=_int(record, "pp_stage", 0), vpp_stage=vpp or 0, stage=stage,
-        call_id=_int(record, "call_id", -1), name=name, category=category, tag=tag,
-        op=record.get("op"), value=_float(record.get("value")), history=_float(record.get("history")),
-        rule=str(record.get("rule") or ""), message=str(record.get("message") or ""),
-        group_mates=[m for m in mates if isinstance(m, int)] if isinstance(mates, list) else [], file=path)
+        rank=_int(record, "rank", required=True),
+        step=_int(record, "step", required=True),
+        micro_step=micro,
+        pp_stage=_int(record, "pp_stage", 0),
+        vpp_stage=vpp or 0,
+        stage=stage,
+        call_id=_int(record, "call_id", -1),
+        name=name,
+        category=category,
+        tag=tag,
+        op=record.get("op"),
+        value=_float(record.get("value")),
+        history=_float(record.get("history")),
+        rule=str(record.get("rule") or ""),
+        message=str(record.get("message") or ""),
+        group_mates=[m for m in mates if isinstance(m, int)] if isinstance(mates, list) else [],
+        file=path,
+    )
 
 
 def event_from_msprobe(record: Any, path: str = "") -> AnomalyEvent:
@@ -346,11 +384,24 @@ def event_from_msprobe(record: Any, path: str = "") -> AnomalyEvent:
     micro = tag_micro if tag_micro is not None else None
     mates = record.get("group_mates") or []
     return AnomalyEvent(
-        rank=_int(record, "rank", required=True), step=_int(record, "step", required=True), micro_step=micro,
-        pp_stage=_int(record, "pp_stage", 0), vpp_stage=_int(record, "vpp_stage", vpp),
-        stage=STAGE_OF_CATEGORY.get(category, OPTIMIZER), call_id=_int(record, "call_id", -1), name=name,
-        category=category, tag=tag, op=op, value=value, history=history, rule=rule, message=message,
-        group_mates=[m for m in mates if isinstance(m, int)] if isinstance(mates, list) else [], file=path)
+        rank=_int(record, "rank", required=True),
+        step=_int(record, "step", required=True),
+        micro_step=micro,
+        pp_stage=_int(record, "pp_stage", 0),
+        vpp_stage=_int(record, "vpp_stage", vpp),
+        stage=STAGE_OF_CATEGORY.get(category, OPTIMIZER),
+        call_id=_int(record, "call_id", -1),
+        name=name,
+        category=category,
+        tag=tag,
+        op=op,
+        value=value,
+        history=history,
+        rule=rule,
+        message=message,
+        group_mates=[m for m in mates if isinstance(m, int)] if isinstance(mates, list) else [],
+        file=path,
+    )
 
 
 def _float_or_none(text: str | None) -> float | None:
@@ -373,8 +424,14 @@ def first_per_rank(ordered: list[AnomalyEvent]) -> dict[int, AnomalyEvent]:
 
 
 def _same_tensor(a: AnomalyEvent, b: AnomalyEvent) -> bool:
-    return (a.rank, a.step, a.micro_step, a.stage, a.category, a.name) == \
-        (b.rank, b.step, b.micro_step, b.stage, b.category, b.name)
+    return (a.rank, a.step, a.micro_step, a.stage, a.category, a.name) == (
+        b.rank,
+        b.step,
+        b.micro_step,
+        b.stage,
+        b.category,
+        b.name,
+    )
 
 
 def verdict(ordered: list[AnomalyEvent]) -> str:
@@ -390,10 +447,14 @@ def verdict(ordered: list[AnomalyEvent]) -> str:
     parts = [f"First anomaly: {first.where()}, {first.what()} ({shown.symptom()}; {shown.rule or 'rule unknown'})."]
     same_time = [r for r, e in firsts.items() if r != first.rank and e.order_key()[:5] == first.order_key()[:5]]
     if same_time:
-        parts.append(f"At the same point of the step (same micro-step, stage and pipeline stage) it also shows on "
-                     f"rank{'s' if len(same_time) > 1 else ''} {_ranks(same_time)}.")
-    parts.append(f"{len(ordered)} anomal{'y' if len(ordered) == 1 else 'ies'} in all, on "
-                 f"{len(firsts)} rank{'s' if len(firsts) != 1 else ''}, in {span}.")
+        parts.append(
+            f"At the same point of the step (same micro-step, stage and pipeline stage) it also shows on "
+            f"rank{'s' if len(same_time) > 1 else ''} {_ranks(same_time)}."
+        )
+    parts.append(
+        f"{len(ordered)} anomal{'y' if len(ordered) == 1 else 'ies'} in all, on "
+        f"{len(firsts)} rank{'s' if len(firsts) != 1 else ''}, in {span}."
+    )
     later = [e for r, e in sorted(firsts.items()) if r != first.rank and r not in same_time]
     if later:
         listed = "; ".join(f"rank {e.rank} at step {e.step} {e.stage} ({e.what()})" for e in later[:3])
@@ -402,7 +463,9 @@ def verdict(ordered: list[AnomalyEvent]) -> str:
     origin = next((e for e in ordered if e.rule == NAN_ORIGIN_RULE), None)
     if origin is not None:
         if origin.stage == FORWARD and _split_slot(origin.name)[1] == "input":
-            why = "the value was already non-finite when it reached this module (made outside any module, or by the data)"
+            why = (
+                "the value was already non-finite when it reached this module (made outside any module, or by the data)"
+            )
         else:
             feeds = "output" if origin.stage == FORWARD else "input gradient"
             why = f"the first module whose {feeds} was non-finite while everything that fed it was finite"
@@ -423,11 +486,16 @@ def _replica_sentence(events: list[AnomalyEvent]) -> str:
     names = list(dict.fromkeys(e.name for e in at_step))
     ranks = sorted({e.rank for e in at_step})
     detail = events[0].message.removeprefix("replica check: ")
-    more = f" ({len(names)} tensors in all: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''})" \
-        if len(names) > 1 else ""
-    return (f"Data-parallel replicas diverged: the replica check of step {step} found {detail}{more}; "
-            f"the copies on rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)} are suspect (silent data corruption, "
-            f"or an update or reduction that did not happen alike everywhere).")
+    more = (
+        f" ({len(names)} tensors in all: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
+        if len(names) > 1
+        else ""
+    )
+    return (
+        f"Data-parallel replicas diverged: the replica check of step {step} found {detail}{more}; "
+        f"the copies on rank{'s' if len(ranks) > 1 else ''} {_ranks(ranks)} are suspect (silent data corruption, "
+        f"or an update or reduction that did not happen alike everywhere)."
+    )
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -439,9 +507,23 @@ def format_table(events: list[AnomalyEvent]) -> str:
     header = ("#", "rank", "step", "micro", "stage", "pp", "vpp", "call", "rule", "tensor", "op", "value", "history")
     rows = [header]
     for i, e in enumerate(events):
-        rows.append((str(i), str(e.rank), str(e.step), "-" if e.micro_step is None else str(e.micro_step), e.stage,
-                     str(e.pp_stage), str(e.vpp_stage), str(e.call_id), e.rule, f"{e.name} ({e.category})",
-                     e.op or "-", _num(e.value), _num(e.history)))
+        rows.append(
+            (
+                str(i),
+                str(e.rank),
+                str(e.step),
+                "-" if e.micro_step is None else str(e.micro_step),
+                e.stage,
+                str(e.pp_stage),
+                str(e.vpp_stage),
+                str(e.call_id),
+                e.rule,
+                f"{e.name} ({e.category})",
+                e.op or "-",
+                _num(e.value),
+                _num(e.history),
+            )
+        )
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -483,30 +565,42 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
         print(f"msmon analyse: -k must be at least 1, got {top_k}", file=err)
         return 2
     if not os.path.isdir(directory):
-        print(f"msmon analyse: {directory} is not a directory (expected $MONITOR_OUTPUT_DIR/anomaly_detected "
-              "or a folder that holds rank*/anomaly.jsonl)", file=err)
+        print(
+            f"msmon analyse: {directory} is not a directory (expected $MONITOR_OUTPUT_DIR/anomaly_detected "
+            "or a folder that holds rank*/anomaly.jsonl)",
+            file=err,
+        )
         return 1
     dumps = read_dumps(directory)
     for problem in dumps.problems:
         print(f"msmon analyse: {problem}", file=err)
     if dumps.skipped_records:
-        print(f"msmon analyse: skipped {dumps.skipped_records} malformed record{'s' if dumps.skipped_records > 1 else ''}",
-              file=err)
+        print(
+            f"msmon analyse: skipped {dumps.skipped_records} malformed record{'s' if dumps.skipped_records > 1 else ''}",  # noqa: E501
+            file=err,
+        )
     if not dumps.files:
-        print(f"msmon analyse: no anomaly dump under {directory}: no rank*/{DUMP_FILE} (nor msprobe's "
-              f"{MSPROBE_DUMP_FILE}). Was alert.dump true and did any alert fire?", file=err)
+        print(
+            f"msmon analyse: no anomaly dump under {directory}: no rank*/{DUMP_FILE} (nor msprobe's "
+            f"{MSPROBE_DUMP_FILE}). Was alert.dump true and did any alert fire?",
+            file=err,
+        )
         return 1
     if not dumps.events:
-        print(f"msmon analyse: {len(dumps.files)} dump file(s) under {directory}, but no readable anomaly record",
-              file=err)
+        print(
+            f"msmon analyse: {len(dumps.files)} dump file(s) under {directory}, but no readable anomaly record",
+            file=err,
+        )
         return 1
     ordered = order_events(dumps.events)
     wanted = set(steps or ())
     selected = [e for e in ordered if e.step in wanted] if steps else ordered
     if steps and not selected:
         all_steps = sorted({e.step for e in ordered})
-        print(f"No anomaly in step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}; anomalies were "
-              f"recorded in steps {all_steps[0]}-{all_steps[-1]} ({len(all_steps)} distinct).")
+        print(
+            f"No anomaly in step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}; anomalies were "
+            f"recorded in steps {all_steps[0]}-{all_steps[-1]} ({len(all_steps)} distinct)."
+        )
     top = selected[:top_k]
     text = verdict(selected) if selected else "No anomaly in the selected steps."
     if top:

@@ -8,13 +8,15 @@ vpp_stage, stage (forward / backward / optimizer), call_id (the row's order with
 step), tag, name, category, op, value, history, rule, message, group_mates. Non-finite numbers
 are written as the strings "nan", "inf", "-inf" (strict JSON has no literal for them).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from ..records import RowKey, StepRecord
 from .rules import Alert
@@ -23,8 +25,24 @@ DUMP_DIR = "anomaly_detected"
 DUMP_FILE = "anomaly.jsonl"
 MSPROBE_DUMP_FILE = "anomaly.json"
 STAGES = ("forward", "backward", "optimizer")
-FIELDS = ("rank", "step", "micro_step", "pp_stage", "vpp_stage", "stage", "call_id", "tag", "name", "category",
-          "op", "value", "history", "rule", "message", "group_mates")
+FIELDS = (
+    "rank",
+    "step",
+    "micro_step",
+    "pp_stage",
+    "vpp_stage",
+    "stage",
+    "call_id",
+    "tag",
+    "name",
+    "category",
+    "op",
+    "value",
+    "history",
+    "rule",
+    "message",
+    "group_mates",
+)
 
 
 def dump_path(base_dir: str, rank: int) -> str:
@@ -93,8 +111,15 @@ class AnomalyDumpWriter:
         """
         lines = []
         for rec in records:
-            full = {"rank": self.rank, "pp_stage": self.pp_stage, "group_mates": self.group_mates,
-                    "micro_step": None, "vpp_stage": 0, "call_id": -1, **rec}
+            full = {
+                "rank": self.rank,
+                "pp_stage": self.pp_stage,
+                "group_mates": self.group_mates,
+                "micro_step": None,
+                "vpp_stage": 0,
+                "call_id": -1,
+                **rec,
+            }
             missing = [k for k in ("step", "stage", "name", "category", "rule") if full.get(k) is None]
             if missing:
                 raise ValueError(f"anomaly record lacks {', '.join(missing)}: {rec!r}")

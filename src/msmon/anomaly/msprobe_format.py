@@ -6,9 +6,11 @@ call_id, tag_name, message, group_mates}}`, into its output directory. msmon wri
 layout, with msmon's order (the object's key order) and msprobe's message text, so a script
 that parses it (rule, tag, op, current value, history mean) keeps working.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from .dump import MSPROBE_DUMP_FILE
 
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
 MSPROBE_ANALYSE_FILE = "anomaly_analyse.json"
 
 
-def msprobe_records(events: Iterable["AnomalyEvent"]) -> dict[str, dict[str, Any]]:
+def msprobe_records(events: Iterable[AnomalyEvent]) -> dict[str, dict[str, Any]]:
     """The events, in the order given, as msprobe's GradAnomalyData records."""
     out: dict[str, dict[str, Any]] = {}
     for event in events:
@@ -43,16 +45,16 @@ def msprobe_records(events: Iterable["AnomalyEvent"]) -> dict[str, dict[str, Any
     return out
 
 
-def _tag(event: "AnomalyEvent") -> str:
+def _tag(event: AnomalyEvent) -> str:
     micro = f":{event.micro_step}" if event.micro_step is not None else ""
     return f"{event.vpp_stage}:{event.name}{micro}/rank{event.rank}/{event.category}"
 
 
-def _message(event: "AnomalyEvent", tag: str) -> str:
+def _message(event: AnomalyEvent, tag: str) -> str:
     """msprobe's own text for a record read from msprobe's dump; else its form, from the fields."""
     if event.file.endswith(MSPROBE_DUMP_FILE) and event.message:
         return event.message
-    text = f"Rule {event.rule or 'unknown'} reports anomaly signal in ('{tag}', '{event.op or 'unknown'}') at step {event.step}"
+    text = f"Rule {event.rule or 'unknown'} reports anomaly signal in ('{tag}', '{event.op or 'unknown'}') at step {event.step}"  # noqa: E501
     if event.value is not None:
         text += f", current value {_number(event.value)}"
     if event.history is not None:

@@ -37,11 +37,12 @@ AnomalyTurbulence(threshold)
 A row gives at most one alert: its first symptom (AnomalyNan before AnomalyTurbulence), the
 other symptoms folded into the message, so one bad tensor is one line and one dump record.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from ..config import AlertRuleConfig
 from ..records import RowKey
@@ -101,8 +102,9 @@ class AnomalyNan:
         if self.threshold is not None:
             for op, value in zip(ops, row):
                 if op in MAGNITUDE_OPS and abs(value) > self.threshold:
-                    return _Symptom(self.name, op, value, None,
-                                    f"|{op}|={_fmt(abs(value))} > threshold {self.threshold:g}")
+                    return _Symptom(
+                        self.name, op, value, None, f"|{op}|={_fmt(abs(value))} > threshold {self.threshold:g}"
+                    )
         return None
 
 
@@ -125,11 +127,14 @@ class AnomalyTurbulence:
             return None
         ratio = abs(value) / history
         if ratio > self.factor or ratio < 1.0 / self.factor:
-            return _Symptom(self.name, op, value, history,
-                            f"|{op}|={_fmt(abs(value))} is {ratio:.3g}x its history {_fmt(history)} "
-                            f"(threshold {self.threshold:g})")
+            return _Symptom(
+                self.name,
+                op,
+                value,
+                history,
+                f"|{op}|={_fmt(abs(value))} is {ratio:.3g}x its history {_fmt(history)} (threshold {self.threshold:g})",
+            )
         return None
-
 
 
 def build_rules(configs: Iterable[AlertRuleConfig]) -> list[AnomalyNan | AnomalyTurbulence]:
@@ -182,16 +187,16 @@ class _Layout:
 class RuleEngine:
     """Keeps the per-statistic history and yields the alerts of one step."""
 
-    def __init__(self, rules: list[AnomalyNan | AnomalyTurbulence], warmup: int = WARMUP,
-                 alpha: float = EMA_ALPHA) -> None:
+    def __init__(
+        self, rules: list[AnomalyNan | AnomalyTurbulence], warmup: int = WARMUP, alpha: float = EMA_ALPHA
+    ) -> None:
         self.rules = rules
         self.warmup = max(int(warmup), 1)
         self.alpha = alpha
         self._nan_rules = [r for r in rules if isinstance(r, AnomalyNan)]
         bounds = [r.threshold for r in self._nan_rules if r.threshold is not None]
         self._nan_bound = min(bounds) if bounds else None
-        self._turbulence = sorted((r for r in rules if isinstance(r, AnomalyTurbulence)),
-                                  key=lambda r: r.threshold)
+        self._turbulence = sorted((r for r in rules if isinstance(r, AnomalyTurbulence)), key=lambda r: r.threshold)
         # the band a value is clipped to before it enters the history: the loosest rule's
         self._clip = self._turbulence[-1].factor if self._turbulence else None
         self._sums: dict[tuple[str, str, int, str], tuple[float, int]] = {}

@@ -13,6 +13,7 @@ recomputation) are detected by the autograd engine's graph-task id, not by walki
 they are not recorded again, but their tensors get the gradient hooks when the first pass ran
 without grad (reentrant checkpointing), so gradients are still recorded once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,9 @@ def in_backward() -> bool:
 class _Target:
     __slots__ = ("module", "name", "vpp_stage", "chunk", "specs")
 
-    def __init__(self, module: torch.nn.Module, name: str, vpp_stage: int, chunk: int,
-                 specs: dict[str, TensorSpec]) -> None:
+    def __init__(
+        self, module: torch.nn.Module, name: str, vpp_stage: int, chunk: int, specs: dict[str, TensorSpec]
+    ) -> None:
         self.module = module
         self.name = name
         self.vpp_stage = vpp_stage
@@ -72,10 +74,12 @@ class ActivationCollector(Collector):
     def attach(self) -> None:
         for target in self.targets:
             module = target.module
-            self.handles.append(guest_hooks.forward_pre_hook(
-                module, self.guard(self._make_pre_hook(target)), with_kwargs=True))
-            self.handles.append(guest_hooks.forward_hook(
-                module, self.guard(self._make_post_hook(target)), with_kwargs=True))
+            self.handles.append(
+                guest_hooks.forward_pre_hook(module, self.guard(self._make_pre_hook(target)), with_kwargs=True)
+            )
+            self.handles.append(
+                guest_hooks.forward_hook(module, self.guard(self._make_post_hook(target)), with_kwargs=True)
+            )
 
     def _stats(self, t: torch.Tensor) -> torch.Tensor:
         entry = self._seen.get(id(t))
@@ -115,17 +119,28 @@ class ActivationCollector(Collector):
             self._told_repeats = True
             top = sorted(self._repeats.items(), key=lambda item: -item[1])
             listed = ", ".join(f"{name} x{calls}" for name, calls in top[:3]) + (" ..." if len(top) > 3 else "")
-            how = ("one row per call ('xy_each_call': true)" if self._each_call else
-                   "their statistics are combined into one row per micro-step (norm over all calls, min/max of "
-                   "all, mean weighted by size); 'xy_each_call': true gives one row per call")
-            logger.warning("msmon[rank %d]: %d module(s) ran more than once in a micro-step (%s): %s",
-                           mon.rank, len(top), listed, how)
+            how = (
+                "one row per call ('xy_each_call': true)"
+                if self._each_call
+                else "their statistics are combined into one row per micro-step (norm over all calls, min/max of "
+                "all, mean weighted by size); 'xy_each_call': true gives one row per call"
+            )
+            logger.warning(
+                "msmon[rank %d]: %d module(s) ran more than once in a micro-step (%s): %s",
+                mon.rank,
+                len(top),
+                listed,
+                how,
+            )
         if not self._hooks_ran and not self._told_compiled and any(mp.param.grad is not None for mp in mon.params):
             self._told_compiled = True
-            logger.warning("msmon[rank %d]: step %d trained without running any monitored module's forward "
-                           "eagerly: modules run by torch.compile execute compiled graphs, from which msmon's hooks "
-                           "are left out so as not to break them; their activations are not recorded",
-                           mon.rank, mon.step)
+            logger.warning(
+                "msmon[rank %d]: step %d trained without running any monitored module's forward "
+                "eagerly: modules run by torch.compile execute compiled graphs, from which msmon's hooks "
+                "are left out so as not to break them; their activations are not recorded",
+                mon.rank,
+                mon.step,
+            )
 
     # -- naming -------------------------------------------------------------------------------
     def _call_index(self, target: _Target, micro: int, recompute: bool) -> int:
@@ -146,8 +161,9 @@ class ActivationCollector(Collector):
         key = f"{target.name}.{slot}"
         if key not in self._warned:
             self._warned.add(key)
-            logger.warning("msmon[rank %d]: target %s %s: %s; nothing recorded for it",
-                           self.mon.rank, target.name, slot, message)
+            logger.warning(
+                "msmon[rank %d]: target %s %s: %s; nothing recorded for it", self.mon.rank, target.name, slot, message
+            )
 
     def _tensors(self, target: _Target, slot: str, value: Any) -> list[torch.Tensor]:
         tensors, problem = select(value, target.specs.get(slot))
@@ -261,6 +277,7 @@ class MicroStepTracker(Collector):
                 self._gradless[index] += 1
                 self._open[index].append(True)
             return None
+
         return pre_hook
 
     def _make_post(self, index: int):
@@ -276,12 +293,14 @@ class MicroStepTracker(Collector):
                     t.register_hook(self.guard(self._make_grad_hook(micro)))
                     break
             return None
+
         return post_hook
 
     def _make_grad_hook(self, micro: int):
         def hook(grad) -> None:
             self.backward_micro = micro
             return None
+
         return hook
 
     def forward_micro(self, chunk: int) -> int:

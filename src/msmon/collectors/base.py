@@ -1,4 +1,5 @@
 """The collector base: hook bookkeeping and failure containment."""
+
 from __future__ import annotations
 
 import time
@@ -29,7 +30,7 @@ class Collector:
 
     name = "collector"
 
-    def __init__(self, monitor: "TrainerMon") -> None:
+    def __init__(self, monitor: TrainerMon) -> None:
         self.mon = monitor
         self.handles: list[Any] = []
         self.enabled = True

@@ -13,6 +13,7 @@ until the model's next forward (gradient all-reduces), optimizer inside the step
 cc_codeline keeps only calls from the listed code lines; cc_log_only logs each distinct
 collective once during the first step, then stops the job cleanly (exit code 0).
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,7 +57,8 @@ class CodelineFilter:
         if hit is None:
             hit = self._cache[where] = any(
                 where == p or where.endswith("/" + p) or where.endswith(os.sep + p) or rx.search(where)
-                for p, rx in zip(self.patterns, self._compiled))
+                for p, rx in zip(self.patterns, self._compiled)
+            )
         return hit
 
 
@@ -104,12 +106,18 @@ class CommCollector(Collector):
     def attach(self) -> None:
         rank = self.mon.rank
         if not dist.is_available():
-            logger.warning("msmon[rank %d]: cc_distribution is on but this torch has no torch.distributed; "
-                           "no collective is recorded", rank)
+            logger.warning(
+                "msmon[rank %d]: cc_distribution is on but this torch has no torch.distributed; "
+                "no collective is recorded",
+                rank,
+            )
             return
         if not dist.is_initialized():
-            logger.warning("msmon[rank %d]: cc_distribution is on but torch.distributed is not initialised; "
-                           "collectives are recorded once init_process_group has run", rank)
+            logger.warning(
+                "msmon[rank %d]: cc_distribution is on but torch.distributed is not initialised; "
+                "collectives are recorded once init_process_group has run",
+                rank,
+            )
         self._instrumented = cc.acquire()
         cc.add_listener(self)
         if not self.log_only:
@@ -211,9 +219,13 @@ class CommCollector(Collector):
         self._pass = FORWARD
         if self.log_only and self.enabled:
             mon = self.mon
-            logger.info("msmon[rank %d]: cc_log_only: %d distinct collectives logged in step %d; stopping as "
-                        "cc_log_only asks (put the sites to record in cc_codeline, then turn cc_log_only off)",
-                        mon.rank, len(self._logged), mon.step)
+            logger.info(
+                "msmon[rank %d]: cc_log_only: %d distinct collectives logged in step %d; stopping as "
+                "cc_log_only asks (put the sites to record in cc_codeline, then turn cc_log_only off)",
+                mon.rank,
+                len(self._logged),
+                mon.step,
+            )
             mon.close()
             raise StopAfterCommLog(0)
 
@@ -237,6 +249,14 @@ class CommCollector(Collector):
         if signature in self._logged:
             return
         self._logged.add(signature)
-        logger.info("msmon[rank %d] collective: %s at %s in %s() dtype=%s shape=%s group ranks=%s (%s)",
-                    self.mon.rank, call.op, call.site.short, call.site.function, dtype, shape, ranks,
-                    call.site.path)
+        logger.info(
+            "msmon[rank %d] collective: %s at %s in %s() dtype=%s shape=%s group ranks=%s (%s)",
+            self.mon.rank,
+            call.op,
+            call.site.short,
+            call.site.function,
+            dtype,
+            shape,
+            ranks,
+            call.site.path,
+        )

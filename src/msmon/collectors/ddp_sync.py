@@ -10,11 +10,12 @@ delayed) keeps its initial True, which errs on the side of a copy, never of a wr
 The DDP modules are found among the model chunks, else once among all live objects (the
 launcher may attach to the inner model before the script wraps it); references are weak.
 """
+
 from __future__ import annotations
 
 import gc
 import weakref
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 

@@ -30,6 +30,7 @@ One batch costs about half as much as the same reads spread over the hooks, meas
 data from the caches. If a noted gradient did change anyway, its row is left out, a warning
 says so once, and the hooks read gradients themselves from then on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,6 @@ from ..records import RowKey
 from ..stats import batch_stats, tensor_stats
 from .base import Collector
 from .ddp_sync import DdpSync
-
 
 logger = logging.getLogger("msmon")
 
@@ -145,9 +145,12 @@ class GradCollector(Collector):
         reduced_before = index in self._reduced
         if not reduced_before and self._rewritten(index, grad):
             self._reduced.add(index)
-            self._left_out(index, f"the gradient of {self.mon.params[index].name} was rewritten in place between "
-                                  "micro-batches by something other than DDP's reduction of a forward (a manual "
-                                  "all-reduce?)")
+            self._left_out(
+                index,
+                f"the gradient of {self.mon.params[index].name} was rewritten in place between "
+                "micro-batches by something other than DDP's reduction of a forward (a manual "
+                "all-reduce?)",
+            )
             return None
         if self._sync.reduces(param):
             self._reduced.add(index)
@@ -157,9 +160,12 @@ class GradCollector(Collector):
         if local is not None:
             return local
         if reduced_before:
-            self._left_out(index, f"step {self.mon.step} ran more micro-batches than grad_acc_steps="
-                                  f"{self.mon.grad_acc_steps}, all-reduced by DDP (no no_sync()); set grad_acc_steps "
-                                  "to the real count")
+            self._left_out(
+                index,
+                f"step {self.mon.step} ran more micro-batches than grad_acc_steps="
+                f"{self.mon.grad_acc_steps}, all-reduced by DDP (no no_sync()); set grad_acc_steps "
+                "to the real count",
+            )
             return None
         self._versions[index] = (id(grad), grad._version)
         return grad
@@ -174,8 +180,12 @@ class GradCollector(Collector):
         self.last_rows.pop(index, None)
         if not self._lost_said:
             self._lost_said = True
-            logger.warning("msmon[rank %d]: %s: the rank-local gradient of the step is no longer known, so its "
-                           "grad_unreduced rows are left out (said once)", self.mon.rank, why)
+            logger.warning(
+                "msmon[rank %d]: %s: the rank-local gradient of the step is no longer known, so its "
+                "grad_unreduced rows are left out (said once)",
+                self.mon.rank,
+                why,
+            )
 
     def _record(self, index: int, grad: torch.Tensor, count: int, row: torch.Tensor) -> None:
         mon = self.mon
@@ -188,8 +198,12 @@ class GradCollector(Collector):
 
     def _can_wait(self, param: torch.Tensor) -> bool:
         """Whether this gradient may be read at the end of backward rather than now."""
-        return (self.batched and not self.mon.config.monitor_mbs_grad and not _data_parallel()
-                and len(getattr(param, "_post_accumulate_grad_hooks", None) or ()) <= 1)
+        return (
+            self.batched
+            and not self.mon.config.monitor_mbs_grad
+            and not _data_parallel()
+            and len(getattr(param, "_post_accumulate_grad_hooks", None) or ()) <= 1
+        )
 
     def _note(self, index: int, grad: torch.Tensor, count: int) -> None:
         task = torch._C._current_graph_task_id()
@@ -207,9 +221,14 @@ class GradCollector(Collector):
         if len(unchanged) < len(noted):
             self.batched = False
             names = [mon.params[i].name for i in noted if i not in unchanged]
-            logger.warning("msmon[rank %d]: gradients changed between their accumulation and the end of backward "
-                           "(%s); their unreduced rows of step %d are left out, and gradients are read in the hooks "
-                           "from now on", mon.rank, ", ".join(names[:3]) + (" ..." if len(names) > 3 else ""), mon.step)
+            logger.warning(
+                "msmon[rank %d]: gradients changed between their accumulation and the end of backward "
+                "(%s); their unreduced rows of step %d are left out, and gradients are read in the hooks "
+                "from now on",
+                mon.rank,
+                ", ".join(names[:3]) + (" ..." if len(names) > 3 else ""),
+                mon.step,
+            )
         if not unchanged or not mon.recording:
             return
         rows = batch_stats([grad for grad, _, _ in unchanged.values()], mon.step_ops, mon.config.eps)

@@ -18,6 +18,7 @@ step's one copy. A DTensor (tensor parallelism) is read as this rank's shard: no
 collective. Like activations, forwards in eval mode, under no_grad, in a closure's later
 evaluations or in checkpoint recomputation are skipped.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,7 @@ _WEIGHT_NAMES = ("weight", "wg")  # msprobe's: nn.Linear and most routers hold `
 _QUERY_KEYWORDS, _KEY_KEYWORDS = ("query", "query_layer", "q"), ("key", "key_layer", "k")
 # power-iteration vectors by module, kept across collector rebuilds (a config reload) and
 # released with the module
-_VECTORS: "weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor]" = weakref.WeakKeyDictionary()
+_VECTORS: weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor] = weakref.WeakKeyDictionary()
 
 
 def weight_2d(module: torch.nn.Module) -> torch.Tensor | None:
@@ -56,12 +57,16 @@ def weight_2d(module: torch.nn.Module) -> torch.Tensor | None:
 
 
 def _is_embedding(module: torch.nn.Module) -> bool:
-    return (isinstance(module, torch.nn.Embedding) or hasattr(module, "num_embeddings")
-            or hasattr(module, "vocab_start_index"))
+    return (
+        isinstance(module, torch.nn.Embedding)
+        or hasattr(module, "num_embeddings")
+        or hasattr(module, "vocab_start_index")
+    )
 
 
-def resolve_targets(cfg: MonitorConfig, modules: list[dict[str, torch.nn.Module]]
-                    ) -> list[tuple[str, torch.nn.Module, str, int]]:
+def resolve_targets(
+    cfg: MonitorConfig, modules: list[dict[str, torch.nn.Module]]
+) -> list[tuple[str, torch.nn.Module, str, int]]:
     """(hook, module, name, chunk) for every l2_targets entry; a name that matches no module,
     or a weight hook on a module without a 2-D weight, is a ConfigError naming the closest."""
     import difflib
@@ -71,8 +76,12 @@ def resolve_targets(cfg: MonitorConfig, modules: list[dict[str, torch.nn.Module]
     for hook, names in cfg.l2_targets.items():
         weighted = hook in ("linear_hook", "moe_router_weight_hook")
         if hook == "linear_hook" and not names:  # every module with a 2-D weight
-            out.extend((hook, m, n, c) for c, named in enumerate(modules) for n, m in named.items()
-                       if n and weight_2d(m) is not None and not _is_embedding(m))
+            out.extend(
+                (hook, m, n, c)
+                for c, named in enumerate(modules)
+                for n, m in named.items()
+                if n and weight_2d(m) is not None and not _is_embedding(m)
+            )
             continue
         for target in names:
             vpp, name = split_vpp(target)
@@ -80,12 +89,15 @@ def resolve_targets(cfg: MonitorConfig, modules: list[dict[str, torch.nn.Module]
             found = [(c, modules[c][name]) for c in chunks if 0 <= c < len(modules) and name in modules[c]]
             if not found:
                 close = difflib.get_close_matches(name, everything, n=5, cutoff=0.4) or everything[:5]
-                raise ConfigError(f"l2_targets[{hook!r}]: {target!r} names no module of the model; "
-                                  f"closest names: {', '.join(close)}")
+                raise ConfigError(
+                    f"l2_targets[{hook!r}]: {target!r} names no module of the model; closest names: {', '.join(close)}"
+                )
             for chunk, module in found:
                 if weighted and weight_2d(module) is None:
-                    raise ConfigError(f"l2_targets[{hook!r}]: {target!r} ({type(module).__name__}) has no 2-D "
-                                      f"`weight` or `wg` to compute its features from")
+                    raise ConfigError(
+                        f"l2_targets[{hook!r}]: {target!r} ({type(module).__name__}) has no 2-D "
+                        f"`weight` or `wg` to compute its features from"
+                    )
                 out.append((hook, module, name, chunk))
     return out
 
@@ -103,8 +115,9 @@ def l2_targets_error(cfg: MonitorConfig, chunks: list[torch.nn.Module]) -> Confi
     return None
 
 
-def l2_targets_nowhere(cfg: MonitorConfig, roots: list[torch.nn.Module], others: list[torch.nn.Module]
-                       ) -> ConfigError | None:
+def l2_targets_nowhere(
+    cfg: MonitorConfig, roots: list[torch.nn.Module], others: list[torch.nn.Module]
+) -> ConfigError | None:
     """The error of the first l2_targets entry that fits neither the model of `roots` nor any of
     the `others` (models the process built): the job's mistake, not another optimizer's model."""
     import dataclasses
@@ -138,8 +151,12 @@ class L2FeatureCollector(Collector):
         self._warned: set[tuple[str, str]] = set()
 
     def attach(self) -> None:
-        makers = {"attention_hook": self._attention_hook, "linear_hook": self._linear_hook,
-                  "moe_router_weight_hook": self._router_weight_hook, "moe_router_logit_hook": self._router_logit_hook}
+        makers = {
+            "attention_hook": self._attention_hook,
+            "linear_hook": self._linear_hook,
+            "moe_router_weight_hook": self._router_weight_hook,
+            "moe_router_logit_hook": self._router_logit_hook,
+        }
         for hook, module, name, chunk in self.targets:
             fn = self.guard(makers[hook](name, chunk))
             if hook == "attention_hook":
@@ -164,8 +181,9 @@ class L2FeatureCollector(Collector):
     def _warn_once(self, hook: str, name: str, problem: str) -> None:
         if (hook, name) not in self._warned:
             self._warned.add((hook, name))
-            logger.warning("msmon[rank %d]: l2_targets[%r] %s: %s; nothing recorded for it",
-                           self.mon.rank, hook, name, problem)
+            logger.warning(
+                "msmon[rank %d]: l2_targets[%r] %s: %s; nothing recorded for it", self.mon.rank, hook, name, problem
+            )
 
     def _generator(self, name: str, device: torch.device) -> torch.Generator:
         """A generator of its own per module and device, seeded from the module's name: the
@@ -193,9 +211,15 @@ class L2FeatureCollector(Collector):
             except ValueError as exc:
                 self._warn_once("attention_hook", name, f"{exc} (sa_order is {self.order!r})")
                 return None
-            self._add("attention_hook", f"{name}.attention", chunk, self.mon.forward_micro_step(chunk),
-                      {"entropy": entropy, "softmax_max": top})
+            self._add(
+                "attention_hook",
+                f"{name}.attention",
+                chunk,
+                self.mon.forward_micro_step(chunk),
+                {"entropy": entropy, "softmax_max": top},
+            )
             return None
+
         return hook
 
     def _attention(self, name: str, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,9 +249,15 @@ class L2FeatureCollector(Collector):
                 start, iterations = self._start_basis(module, name, w)
                 sigma, _VECTORS[module] = l2_math.spectral_norm(w, start, iterations)
                 fro = l2_math.frobenius_norm(w)
-            self._add("linear_hook", f"{name}.linear", chunk, None,
-                      {"sr": l2_math.stable_rank(fro, sigma), "kernel_norm": sigma})
+            self._add(
+                "linear_hook",
+                f"{name}.linear",
+                chunk,
+                None,
+                {"sr": l2_math.stable_rank(fro, sigma), "kernel_norm": sigma},
+            )
             return None
+
         return hook
 
     def _start_basis(self, module: torch.nn.Module, name: str, w: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -238,8 +268,10 @@ class L2FeatureCollector(Collector):
         kept = _VECTORS.get(module)
         if kept is not None and kept.shape[0] == w.shape[1] and kept.device == w.device and kept.dtype == dtype:
             return kept, l2_math.WARM_ITERATIONS
-        return (l2_math.seed_basis(w.shape[1], self._generator(name, w.device), w.device, dtype),
-                l2_math.COLD_ITERATIONS)
+        return (
+            l2_math.seed_basis(w.shape[1], self._generator(name, w.device), w.device, dtype),
+            l2_math.COLD_ITERATIONS,
+        )
 
     def _router_weight_hook(self, name: str, chunk: int):
         def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
@@ -253,9 +285,9 @@ class L2FeatureCollector(Collector):
                 return None
             with torch.no_grad():
                 value = l2_math.router_weight_similarity(w, axis)
-            self._add("moe_router_weight_hook", f"{name}.moe_router", chunk, None,
-                      {"router_weight_similarity": value})
+            self._add("moe_router_weight_hook", f"{name}.moe_router", chunk, None, {"router_weight_similarity": value})
             return None
+
         return hook
 
     def _router_logit_hook(self, name: str, chunk: int):
@@ -265,12 +297,21 @@ class L2FeatureCollector(Collector):
             logits = next((local_tensor(t) for t in iter_tensors(output) if t.is_floating_point()), None)
             if logits is None or logits.dim() < 2 or logits.shape[-1] < 1 or logits.numel() == 0:
                 shape = None if logits is None else tuple(logits.shape)
-                self._warn_once("moe_router_logit_hook", name,
-                                f"its output has no [tokens, experts] floating-point tensor (got {shape})")
+                self._warn_once(
+                    "moe_router_logit_hook",
+                    name,
+                    f"its output has no [tokens, experts] floating-point tensor (got {shape})",
+                )
                 return None
             with torch.no_grad():
                 value = l2_math.router_logit_entropy(logits)
-            self._add("moe_router_logit_hook", f"{name}.moe_router", chunk, self.mon.forward_micro_step(chunk),
-                      {"per_token_expert_entropy": value})
+            self._add(
+                "moe_router_logit_hook",
+                f"{name}.moe_router",
+                chunk,
+                self.mon.forward_micro_step(chunk),
+                {"per_token_expert_entropy": value},
+            )
             return None
+
         return hook

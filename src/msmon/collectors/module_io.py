@@ -4,10 +4,12 @@ Outputs can be tensors, tuples, lists, dicts, HF ModelOutput (an OrderedDict) or
 nested; only tensors are kept, in a stable order. A target spec "tuple[N]:i" picks element i
 of the top-level tuple; "tensor" or no spec keeps every tensor.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

@@ -6,6 +6,7 @@ origin once per step, after the step's single copy to the host (see msmon.origin
 Forward: flags of every module's inputs (pre-hook) and outputs (post-hook). Backward: flags of
 the gradients of those same tensors, in the order autograd produces them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,9 @@ class NanOriginCollector(Collector):
 
     def attach(self) -> None:
         for module, name, vpp, chunk in self.modules:
-            self.handles.append(guest_hooks.forward_pre_hook(
-                module, self.guard(self._pre(name, vpp, chunk)), with_kwargs=True))
+            self.handles.append(
+                guest_hooks.forward_pre_hook(module, self.guard(self._pre(name, vpp, chunk)), with_kwargs=True)
+            )
             self.handles.append(guest_hooks.forward_hook(module, self.guard(self._post(name, vpp)), with_kwargs=True))
 
     def end_step(self) -> None:
@@ -61,6 +63,7 @@ class NanOriginCollector(Collector):
             if grad is not None and grad.numel() and self.mon.recording:
                 self.mon.buffer.add_flag(key, finite_flag(grad))
             return None
+
         return hook
 
     def _pre(self, name: str, vpp: int, chunk: int):
@@ -79,6 +82,7 @@ class NanOriginCollector(Collector):
             self._flag("actv", f"{base}.input", vpp, micro, inputs)
             self._grad_hooks(f"{base}.input", vpp, micro, inputs)
             return None
+
         return pre_hook
 
     def _post(self, name: str, vpp: int):
@@ -91,4 +95,5 @@ class NanOriginCollector(Collector):
             self._flag("actv", f"{base}.output", vpp, micro, outputs)
             self._grad_hooks(f"{base}.output", vpp, micro, outputs)
             return None
+
         return post_hook

@@ -15,14 +15,15 @@ writes no row (msprobe writes 1.0 there). Counts are taken on the device in one 
 tensor split across ranks each rank counts its piece and the counts are summed at the end of
 the step (optimizers/shards.py), so the share is exactly that of the whole tensors.
 """
+
 from __future__ import annotations
 
 import logging
 
 import torch
 
-from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey
 from ..optimizers.base import Shard
+from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey
 from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
 from .base import Collector
 
@@ -70,8 +71,12 @@ class OptimizerStateCollector(Collector):
             mon.buffer.add_many([k for k, _, _ in plain], scalar_rows(shares, mon.step_ops, mon.config.eps))
         for entries in split.values():  # every rank of the group takes the same pieces in the same order
             matches = sign_matches([g.local for _, g, _ in entries], [e.local for _, _, e in entries])
-            mon.shards.add_shares([k for k, _, _ in entries], [g for _, g, _ in entries], matches,
-                                  [g.local.numel() for _, g, _ in entries])
+            mon.shards.add_shares(
+                [k for k, _, _ in entries],
+                [g for _, g, _ in entries],
+                matches,
+                [g.local.numel() for _, g, _ in entries],
+            )
 
     def _sizes(self, numels: tuple[int, ...], device: torch.device) -> torch.Tensor:
         """The element counts as a float64 tensor on the device, built once (the same every step)."""
@@ -93,10 +98,15 @@ class OptimizerStateCollector(Collector):
         if not present:
             if params and not self._said_none and not mon.adapter.holds_moments(params):
                 self._said_none = True
-                asked = " and ".join(k for k in ("mv_distribution", "ur_distribution", "mg_direction")
-                                     if getattr(cfg, k))
-                logger.warning("msmon[rank %d]: %s keeps no Adam moments (exp_avg, exp_avg_sq); %s records nothing "
-                               "for it", mon.rank, mon.adapter.optimizer_name, asked)
+                asked = " and ".join(
+                    k for k in ("mv_distribution", "ur_distribution", "mg_direction") if getattr(cfg, k)
+                )
+                logger.warning(
+                    "msmon[rank %d]: %s keeps no Adam moments (exp_avg, exp_avg_sq); %s records nothing for it",
+                    mon.rank,
+                    mon.adapter.optimizer_name,
+                    asked,
+                )
             return
         if cfg.mv_distribution:
             for category, attr in (("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):

@@ -3,6 +3,7 @@
 A weight untouched since the last `param_updated` (same version counter) has the same
 statistics, so `param_origin` reuses them: each weight is read once per step, not twice.
 """
+
 from __future__ import annotations
 
 import torch

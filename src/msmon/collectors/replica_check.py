@@ -23,6 +23,7 @@ module's process group; without one there is nothing to compare and the check is
 `replica_check` is read when the monitor attaches; edits to it while training runs are ignored,
 so every rank keeps checking the same steps.
 """
+
 from __future__ import annotations
 
 import gc
@@ -153,7 +154,7 @@ def _not_a_replica(param: torch.Tensor, lazy_gather: bool) -> str | None:
     return None
 
 
-def _lazy_param_gather(monitor: "TrainerMon") -> bool:
+def _lazy_param_gather(monitor: TrainerMon) -> bool:
     """Megatron's distributed optimizer with overlap_param_gather updates each rank's model
     parameters only in the next forward: right after the step, replicas differ by design."""
     if "DistributedOptimizer" not in class_names(monitor.adapter.optimizer):
@@ -161,7 +162,7 @@ def _lazy_param_gather(monitor: "TrainerMon") -> bool:
     return any(getattr(getattr(chunk, "ddp_config", None), "overlap_param_gather", False) for chunk in monitor.models)
 
 
-def _named_params(monitor: "TrainerMon") -> list[tuple[str, int, torch.Tensor]]:
+def _named_params(monitor: TrainerMon) -> list[tuple[str, int, torch.Tensor]]:
     """(display name, model chunk, parameter) of every parameter the optimizer trains, in its order."""
     _, params = monitor._names()
     where: dict[int, tuple[str, int]] = {}
@@ -178,8 +179,9 @@ def _named_params(monitor: "TrainerMon") -> list[tuple[str, int, torch.Tensor]]:
 Named = list[tuple[str, int, torch.Tensor]]
 
 
-def select_weights(monitor: "TrainerMon", named: Named | None = None
-                   ) -> tuple[list[Entry], list[torch.Tensor], list[dict[str, str]]]:
+def select_weights(
+    monitor: TrainerMon, named: Named | None = None
+) -> tuple[list[Entry], list[torch.Tensor], list[dict[str, str]]]:
     """The replicated weights (model parameters, whole main copies), and what was skipped and why."""
     named = _named_params(monitor) if named is None else named
     lazy = _lazy_param_gather(monitor)
@@ -197,16 +199,23 @@ def select_weights(monitor: "TrainerMon", named: Named | None = None
             continue
         label = f"{name}[main]"
         if isinstance(main, Shard) or callable(getattr(main, "to_local", None)):
-            skipped.append({"name": label, "vpp_stage": chunk, "category": WEIGHT,
-                            "why": "this rank's piece of the fp32 main copy, split across the data-parallel ranks"})
+            skipped.append(
+                {
+                    "name": label,
+                    "vpp_stage": chunk,
+                    "category": WEIGHT,
+                    "why": "this rank's piece of the fp32 main copy, split across the data-parallel ranks",
+                }
+            )
         else:
             entries.append(Entry(label, chunk, WEIGHT))
             tensors.append(main)
     return entries, tensors, skipped
 
 
-def select_grads(monitor: "TrainerMon", named: Named | None = None
-                 ) -> tuple[list[Entry], list[torch.Tensor | None], list[dict[str, str]]]:
+def select_grads(
+    monitor: TrainerMon, named: Named | None = None
+) -> tuple[list[Entry], list[torch.Tensor | None], list[dict[str, str]]]:
     """The reduced gradients that are whole on every rank (None: no gradient on this rank)."""
     named = _named_params(monitor) if named is None else named
     grads = monitor.adapter.own_grads([p for _, _, p in named], monitor.grad_of)
@@ -227,16 +236,17 @@ def select_grads(monitor: "TrainerMon", named: Named | None = None
 
 
 # -- the group ------------------------------------------------------------------------------------
-def replica_group(monitor: "TrainerMon") -> Any:
+def replica_group(monitor: TrainerMon) -> Any:
     """The data-parallel group of this rank's replicas, or None when none is known."""
-    groups = dedupe.discover(monitor.models, monitor.adapter, getattr(monitor, "dp_group", None),
-                             getattr(monitor, "tp_group", None))
+    groups = dedupe.discover(
+        monitor.models, monitor.adapter, getattr(monitor, "dp_group", None), getattr(monitor, "tp_group", None)
+    )
     if groups.dp is not None:
         return groups.dp
     return _ddp_group(monitor)
 
 
-def _ddp_group(monitor: "TrainerMon") -> Any:
+def _ddp_group(monitor: TrainerMon) -> Any:
     try:
         from torch.nn.parallel import DistributedDataParallel as DDP
     except ImportError:
@@ -291,7 +301,7 @@ class ReplicaState:
     """What survives the monitor's collector rebuilds: the settings read at attach, the group,
     the exchange thread, the outcome so far."""
 
-    settings: "ReplicaCheckConfig"
+    settings: ReplicaCheckConfig
     off: str | None = None  # why the check is off, once it is
     group: Any = None
     ranks: list[int] = field(default_factory=list)
@@ -301,13 +311,13 @@ class ReplicaState:
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     checked: list[dict[str, str]] = field(default_factory=list)
     skipped: list[dict[str, str]] = field(default_factory=list)
-    jobs: "queue.Queue[_Job]" = field(default_factory=queue.Queue)
+    jobs: queue.Queue[_Job] = field(default_factory=queue.Queue)
     thread: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # the report file, written from both threads
     warned_edit: bool = False
 
 
-def replica_collector(monitor: "TrainerMon") -> "ReplicaCheckCollector | None":
+def replica_collector(monitor: TrainerMon) -> ReplicaCheckCollector | None:
     """The monitor's replica check, built with the settings it had when it attached."""
     state: ReplicaState | None = getattr(monitor, "_replica_state", None)
     current = monitor.config.replica_check
@@ -316,15 +326,18 @@ def replica_collector(monitor: "TrainerMon") -> "ReplicaCheckCollector | None":
         monitor._replica_state = state
     elif current != state.settings and not state.warned_edit:
         state.warned_edit = True
-        logger.warning("msmon[rank %d]: replica_check was edited during the run; the edit takes effect in the next "
-                       "run (every rank must keep checking the same steps)", monitor.rank)
+        logger.warning(
+            "msmon[rank %d]: replica_check was edited during the run; the edit takes effect in the next "
+            "run (every rank must keep checking the same steps)",
+            monitor.rank,
+        )
     return ReplicaCheckCollector(monitor, state) if state.settings.enable else None
 
 
 class ReplicaCheckCollector(Collector):
     name = "replica check"
 
-    def __init__(self, monitor: "TrainerMon", state: ReplicaState) -> None:
+    def __init__(self, monitor: TrainerMon, state: ReplicaState) -> None:
         super().__init__(monitor)
         self.state = state
         self.fingerprint = Fingerprinter()
@@ -375,13 +388,18 @@ class ReplicaCheckCollector(Collector):
             return self._off("torch.distributed is not initialised: there are no replicas to compare", info=True)
         group = replica_group(mon)
         if group is None:
-            return self._off("no data-parallel group is known (no DDP module, no DeepSpeed or Megatron group, no "
-                             "dp_group given to set_monitor): nothing to compare", info=True)
+            return self._off(
+                "no data-parallel group is known (no DDP module, no DeepSpeed or Megatron group, no "
+                "dp_group given to set_monitor): nothing to compare",
+                info=True,
+            )
         ranks = list(dist.get_process_group_ranks(group))
         if mon.config.module_ranks:  # ranks outside module_ranks run no collector: leave them out
             ranks = [r for r in ranks if r in set(mon.config.module_ranks)]
         if len(ranks) < 2 or mon.rank not in ranks:
-            return self._off(f"the data-parallel group has {len(ranks)} recording rank(s): nothing to compare", info=True)
+            return self._off(
+                f"the data-parallel group has {len(ranks)} recording rank(s): nothing to compare", info=True
+            )
         try:
             state.group = own_group(ranks)
         except Exception as exc:  # gloo cannot connect, say: the check is off, training goes on
@@ -393,8 +411,15 @@ class ReplicaCheckCollector(Collector):
         state.skipped = skipped_g + skipped_w
         state.thread = threading.Thread(target=self._exchange_loop, name=f"msmon-replica-rank{mon.rank}", daemon=True)
         state.thread.start()
-        logger.info("msmon[rank %d]: replica check every %d steps over data-parallel ranks %s: %d tensors, %d skipped "
-                    "(not replicas)", mon.rank, state.settings.every, state.ranks, len(state.checked), len(state.skipped))
+        logger.info(
+            "msmon[rank %d]: replica check every %d steps over data-parallel ranks %s: %d tensors, %d skipped "
+            "(not replicas)",
+            mon.rank,
+            state.settings.every,
+            state.ranks,
+            len(state.checked),
+            len(state.skipped),
+        )
         self._write_report()
         return True
 
@@ -432,8 +457,12 @@ class ReplicaCheckCollector(Collector):
                     self._exchange(job)
             except Exception as exc:  # contained: the check stops, training goes on
                 state.off = f"exchanging fingerprints failed: {exc!r}"
-                logger.error("msmon[rank %d]: replica check at step %d failed and is switched off; training continues: "
-                             "%r", self.mon.rank, job.step, exc)
+                logger.error(
+                    "msmon[rank %d]: replica check at step %d failed and is switched off; training continues: %r",
+                    self.mon.rank,
+                    job.step,
+                    exc,
+                )
                 self._write_report()
             finally:
                 state.jobs.task_done()
@@ -461,11 +490,31 @@ class ReplicaCheckCollector(Collector):
         mine = [m for m in found if rank in m.differing]
         listed = "; ".join(m.describe() for m in found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
         verdict = "this rank's copy differs" if mine else "this rank holds the majority copy"
-        logger.error("msmon[rank %d]: replica check at step %d: %d of %d tensors differ across data-parallel %s: %s; "
-                     "%s", rank, job.step, len(found), len(job.entries), _ranks(state.ranks), listed, verdict)
-        state.mismatches.append({"step": job.step, "tensors": [
-            {"name": m.entry.name, "vpp_stage": m.entry.vpp_stage, "category": m.entry.category,
-             "differing_ranks": m.differing, "majority_ranks": m.majority} for m in found]})
+        logger.error(
+            "msmon[rank %d]: replica check at step %d: %d of %d tensors differ across data-parallel %s: %s; %s",
+            rank,
+            job.step,
+            len(found),
+            len(job.entries),
+            _ranks(state.ranks),
+            listed,
+            verdict,
+        )
+        state.mismatches.append(
+            {
+                "step": job.step,
+                "tensors": [
+                    {
+                        "name": m.entry.name,
+                        "vpp_stage": m.entry.vpp_stage,
+                        "category": m.entry.category,
+                        "differing_ranks": m.differing,
+                        "majority_ranks": m.majority,
+                    }
+                    for m in found
+                ],
+            }
+        )
         del state.mismatches[:-_MAX_MISMATCHES_KEPT]
         dump = mon.writer.dump if mon.writer is not None else None
         if dump is not None and mine:
@@ -478,21 +527,41 @@ class ReplicaCheckCollector(Collector):
 
     def _record(self, step: int, m: Mismatch, position: int) -> dict[str, Any]:
         """An anomaly-dump record (anomaly/dump.py's fields, and who differs from whom)."""
-        return {"step": step, "micro_step": None, "vpp_stage": m.entry.vpp_stage, "stage": "optimizer",
-                "call_id": CALL_ID_BASE + position, "name": m.entry.name, "category": m.entry.category, "op": OP,
-                "value": float(len(m.differing)), "history": None, "rule": RULE,
-                "message": f"replica check: {m.describe()}", "group_ranks": self.state.ranks,
-                "differing_ranks": m.differing, "majority_ranks": m.majority,
-                "fingerprints": {str(r): _hex(v) for r, v in m.values.items()}}
+        return {
+            "step": step,
+            "micro_step": None,
+            "vpp_stage": m.entry.vpp_stage,
+            "stage": "optimizer",
+            "call_id": CALL_ID_BASE + position,
+            "name": m.entry.name,
+            "category": m.entry.category,
+            "op": OP,
+            "value": float(len(m.differing)),
+            "history": None,
+            "rule": RULE,
+            "message": f"replica check: {m.describe()}",
+            "group_ranks": self.state.ranks,
+            "differing_ranks": m.differing,
+            "majority_ranks": m.majority,
+            "fingerprints": {str(r): _hex(v) for r, v in m.values.items()},
+        }
 
     def _write_report(self) -> None:
         """replica_check.json in the rank's output directory: coverage and outcome so far."""
         mon, state = self.mon, self.state
         if mon.log_dir is None:
             return
-        data = {"every": state.settings.every, "grads": state.settings.grads, "group_ranks": state.ranks,
-                "off": state.off, "checks": state.checks, "checked": state.checked, "skipped": state.skipped,
-                "mismatches": state.mismatches, "last_check": state.last}
+        data = {
+            "every": state.settings.every,
+            "grads": state.settings.grads,
+            "group_ranks": state.ranks,
+            "off": state.off,
+            "checks": state.checks,
+            "checked": state.checked,
+            "skipped": state.skipped,
+            "mismatches": state.mismatches,
+            "last_check": state.last,
+        }
         path = os.path.join(mon.log_dir, REPORT_FILE)
         try:
             with state.lock:
@@ -508,9 +577,13 @@ class ReplicaCheckCollector(Collector):
             return
         jobs = state.jobs
         with jobs.all_tasks_done:
-            if jobs.unfinished_tasks and not jobs.all_tasks_done.wait_for(lambda: not jobs.unfinished_tasks,
-                                                                             FLUSH_SECONDS):
-                logger.warning("msmon[rank %d]: %d replica check(s) still waiting for the other ranks after %.0f s; "
-                               "not reported", self.mon.rank, jobs.unfinished_tasks, FLUSH_SECONDS)
+            if jobs.unfinished_tasks and not jobs.all_tasks_done.wait_for(
+                lambda: not jobs.unfinished_tasks, FLUSH_SECONDS
+            ):
+                logger.warning(
+                    "msmon[rank %d]: %d replica check(s) still waiting for the other ranks after %.0f s; not reported",
+                    self.mon.rank,
+                    jobs.unfinished_tasks,
+                    FLUSH_SECONDS,
+                )
         self._write_report()
-

@@ -10,6 +10,7 @@ after that one call; at the end of the first step the file is written and every 
 so later steps cost nothing. A rank directory that already holds the file (append_output) is
 left as it is.
 """
+
 from __future__ import annotations
 
 import csv
@@ -71,6 +72,7 @@ class StackInfoCollector(Collector):
             handle.remove()  # one call per module: later forwards do not come here
             self.stacks[name] = capture_stack(sys._getframe(1))
             return None
+
         return pre_hook
 
     def end_step(self) -> None:

@@ -3,6 +3,7 @@
 Recorded during the first step, written to `module_struct/rank{r}/module_struct.json`; the
 "config" strings are exactly what `targets` accepts.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,6 +47,7 @@ class StructCollector(Collector):
             self.struct[name]["input"] = self._entry(value)
             self._grad_hooks(name, "input_grad", value)
             return None
+
         return pre_hook
 
     def _post(self, name: str):
@@ -55,6 +57,7 @@ class StructCollector(Collector):
             self.struct[name]["output"] = self._entry(output)
             self._grad_hooks(name, "output_grad", output)
             return None
+
         return post_hook
 
     def _grad_hooks(self, name: str, slot: str, value: Any) -> None:
@@ -74,6 +77,7 @@ class StructCollector(Collector):
             if grad is not None:
                 entry[str(index)] = describe(grad)
             return None
+
         return hook
 
     def write(self, base_dir: str) -> str:

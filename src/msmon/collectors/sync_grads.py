@@ -6,6 +6,7 @@ data-parallel reduction with (parameter, gradient) pairs; this collector records
 `grad_unreduced`: one row per reduction with monitor_mbs_grad (ZeRO-2/3 reduce every
 micro-batch, ZeRO-1 and Megatron once per step), else the last one of the step.
 """
+
 from __future__ import annotations
 
 import torch

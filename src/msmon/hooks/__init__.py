@@ -8,6 +8,7 @@ did. An instrumentor module that does not exist (yet) is skipped; one that fails
 reported once and the others go on. To add a framework, write `hooks/<name>.py` and add one
 line to INSTRUMENTORS.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -54,7 +55,7 @@ class Session:
     error: str | None = None  # why the process was stopped before training, if it was
 
     @classmethod
-    def from_file(cls, config_path: str) -> "Session":
+    def from_file(cls, config_path: str) -> Session:
         return cls(config_path=os.path.abspath(config_path), config=load_config(config_path))
 
     def in_owner_process(self) -> bool:
@@ -64,8 +65,9 @@ class Session:
         """Stop this process before training: one error line, the reason kept for the
         launcher's end-of-job summary, exit code 2."""
         self.error = reason
-        logger.error("msmon[rank %d]: invalid config %s: %s; stopping before training", current_rank(),
-                     self.config_path, reason)
+        logger.error(
+            "msmon[rank %d]: invalid config %s: %s; stopping before training", current_rank(), self.config_path, reason
+        )
         self.emit("stopped", reason=reason)
         raise StopBeforeTraining(2)
 
@@ -98,6 +100,7 @@ def _on_import(trigger: str, session: Session) -> Callable[[Any], None]:
         for name, wanted in INSTRUMENTORS.items():
             if wanted == trigger:
                 instrument(name, session)
+
     return hook
 
 
@@ -118,8 +121,7 @@ def instrument(name: str, session: Session) -> bool:
     try:
         module.instrument(session)
     except Exception as exc:  # one framework's failure leaves the others on, and training untouched
-        logger.error("msmon[rank %d]: instrumentor %s failed to switch on and stays off: %r",
-                     current_rank(), name, exc)
+        logger.error("msmon[rank %d]: instrumentor %s failed to switch on and stays off: %r", current_rank(), name, exc)
         return False
     _enabled[name] = module
     return True

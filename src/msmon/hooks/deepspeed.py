@@ -6,6 +6,7 @@ wrapper's) and `engine.optimizer` as the optimizer; the adapter is chosen from i
 Optimizers built inside `initialize` are left to this instrumentor, and a client optimizer the
 script built first (and the torch.optim instrumentor attached to) is released to it.
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,8 +45,9 @@ def instrument(session: Session) -> None:
             engine = result[0]
             attach(session, engine, getattr(engine, "optimizer", None), "deepspeed.initialize")
         except Exception as exc:  # monitoring must never break the training script
-            logger.error("msmon[rank %d]: attaching to the DeepSpeed engine failed; it is not monitored: %r",
-                         current_rank(), exc)
+            logger.error(
+                "msmon[rank %d]: attaching to the DeepSpeed engine failed; it is not monitored: %r", current_rank(), exc
+            )
         return result
 
     deepspeed.initialize = initialize

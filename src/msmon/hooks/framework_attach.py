@@ -4,6 +4,7 @@ instrumentor is told to leave every optimizer inside it alone, and the launcher 
 Like the torch.optim instrumentor's, the monitor holds the optimizer weakly and is closed and
 released once the optimizer is garbage-collected.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ from . import Session, torch_optim
 
 logger = logging.getLogger("msmon")
 
-_attached: "weakref.WeakSet[Any]" = weakref.WeakSet()  # framework optimizers with a monitor
+_attached: weakref.WeakSet[Any] = weakref.WeakSet()  # framework optimizers with a monitor
 
 
 def is_attached(optimizer: Any) -> bool:
@@ -68,8 +69,10 @@ def attach(session: Session, models: Any, optimizer: Any, when: str) -> Any:
         monitor.close()
         config = session.config
         chunks = model_chunks(models)  # on one pipeline stage, another may hold the target
-        if (torch_optim.targets_error(config.targets, chunks, config.squash_name) is not None
-                or l2_targets_error(config, chunks) is not None) and len(pipeline_position()[1]) == 1:
+        if (
+            torch_optim.targets_error(config.targets, chunks, config.squash_name) is not None
+            or l2_targets_error(config, chunks) is not None
+        ) and len(pipeline_position()[1]) == 1:
             session.stop(str(exc))
         logger.error("msmon[rank %d]: %s is not monitored: %s", current_rank(), type(optimizer).__name__, exc)
         session.emit("skipped", optimizer=type(optimizer).__name__, reason=str(exc))
@@ -82,7 +85,13 @@ def attach(session: Session, models: Any, optimizer: Any, when: str) -> Any:
     torch_optim.close_when_collected(optimizer, session, monitor)
     chunks = models if isinstance(models, (list, tuple)) else [models]
     names = [type(getattr(m, "module", m)).__name__ for m in chunks]
-    logger.info("msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s", current_rank(), type(optimizer).__name__,
-                " + ".join(names), when, monitor.log_dir or "no output on this rank")
+    logger.info(
+        "msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s",
+        current_rank(),
+        type(optimizer).__name__,
+        " + ".join(names),
+        when,
+        monitor.log_dir or "no output on this rank",
+    )
     session.emit("attached", monitor=monitor, optimizer=type(optimizer).__name__, models=names, when=when)
     return monitor

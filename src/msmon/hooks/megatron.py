@@ -6,6 +6,7 @@ functions are wrapped as module attributes as soon as their modules are imported
 training code's `from ... import` binds them); torch optimizers built inside are left to this
 instrumentor.
 """
+
 from __future__ import annotations
 
 import functools
@@ -55,6 +56,7 @@ def _wrapper_installer(module_name: str, function: str, where: str) -> Callable[
             return
         _originals[(module_name, function)] = (module, original)
         setattr(module, function, _wrap(session, original, function, where))
+
     return install
 
 
@@ -74,8 +76,12 @@ def _wrap(session: Session, original: Callable[..., Any], function: str, where: 
             if chunks is not None and optimizer is not None:
                 attach(session, list(chunks) if isinstance(chunks, (list, tuple)) else chunks, optimizer, function)
         except Exception as exc:  # monitoring must never break the training script
-            logger.error("msmon[rank %d]: attaching to the optimizer of %s failed; it is not monitored: %r",
-                         current_rank(), function, exc)
+            logger.error(
+                "msmon[rank %d]: attaching to the optimizer of %s failed; it is not monitored: %r",
+                current_rank(),
+                function,
+                exc,
+            )
         return result
 
     return wrapper

@@ -7,12 +7,13 @@ are nobody's child) owning at least one of its parameters: `DistributedDataParal
 is a root whose names carry a `module.` prefix that msmon's naming removes, so wrappers
 never double the names up.
 """
+
 from __future__ import annotations
 
 import gc
 import itertools
 import weakref
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch.nn.modules import module as nn_module
@@ -28,8 +29,10 @@ class ModuleTracker:
 
     def start(self) -> None:
         if not self._handles:
-            self._handles = [nn_module.register_module_module_registration_hook(self._on_child),
-                             nn_module.register_module_parameter_registration_hook(self._on_param)]
+            self._handles = [
+                nn_module.register_module_module_registration_hook(self._on_child),
+                nn_module.register_module_parameter_registration_hook(self._on_param),
+            ]
 
     def stop(self) -> None:
         for handle in self._handles:

@@ -21,7 +21,8 @@ cc_distribution off), and each monitor's collector holds it from attach to detac
 copied a collective (`from torch.distributed import all_reduce`) before the wrapping keeps the
 original and is not seen; after unwrapping, a copied wrapper just passes through. `P2POp.op` always reads as the current isend/irecv, so P2POps built from either
 version keep working with batch_isend_irecv (torch compares them by identity).
-"""
+"""  # noqa: E501
+
 from __future__ import annotations
 
 import functools
@@ -193,8 +194,13 @@ _pending: dict[int, _Pending] = {}  # id(work) -> the async call it belongs to
 def _report_once(where: str, exc: BaseException) -> None:
     if where not in _reported:
         _reported.add(where)
-        logger.error("msmon[rank %s]: collective monitoring (%s) failed and skips this call; training "
-                     "continues. %s: %s", os.environ.get("RANK", "0"), where, type(exc).__name__, exc)
+        logger.error(
+            "msmon[rank %s]: collective monitoring (%s) failed and skips this call; training continues. %s: %s",
+            os.environ.get("RANK", "0"),
+            where,
+            type(exc).__name__,
+            exc,
+        )
 
 
 def add_listener(listener: CollectiveListener) -> None:
@@ -220,11 +226,13 @@ def _getter(positions: dict[str, int], args: tuple, kwargs: dict) -> Getter:
             return kwargs[name]
         index = positions.get(name)
         return args[index] if index is not None and index < len(args) else None
+
     return get
 
 
-def _launch(name: str, spec: Spec, positions: dict[str, int], args: tuple,
-            kwargs: dict) -> tuple[CollectiveCall, list[CollectiveListener]] | None:
+def _launch(
+    name: str, spec: Spec, positions: dict[str, int], args: tuple, kwargs: dict
+) -> tuple[CollectiveCall, list[CollectiveListener]] | None:
     """Tell interested listeners a call starts; never raises."""
     try:
         listeners = [x for x in list(_listeners) if x.wants()]
@@ -237,8 +245,9 @@ def _launch(name: str, spec: Spec, positions: dict[str, int], args: tuple,
         if name == "batch_isend_irecv":
             ops = get("p2p_op_list") or []
             group = getattr(ops[0], "group", None) if ops else None
-        call = CollectiveCall(name, find_call_site(sys._getframe(2)), tensors_of(before), tensors_of(after),
-                              group, async_op)
+        call = CollectiveCall(
+            name, find_call_site(sys._getframe(2)), tensors_of(before), tensors_of(after), group, async_op
+        )
     except Exception as exc:
         _report_once(f"{name} launch", exc)
         return None

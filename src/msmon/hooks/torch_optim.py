@@ -20,14 +20,16 @@ monitor and its adapter hold the optimizer through weak references (`TrainerMon.
 is None once it is gone), so an optimizer the script drops is garbage collected; its monitor
 is then closed (pending rows written, summary.json) and released.
 """
+
 from __future__ import annotations
 
 import functools
 import logging
 import threading
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
@@ -47,7 +49,7 @@ CONSTRUCTION, FIRST_STEP = "construction", "first step"
 _WRAPPED_FLAG = "__msmon_wrapped__"
 
 _local = threading.local()  # .building: {id(optimizer): nesting} of constructors running here
-_instrumentation: "_Instrumentation | None" = None
+_instrumentation: _Instrumentation | None = None
 
 
 def instrument(session: Session) -> None:
@@ -177,8 +179,12 @@ class _Instrumentation:
                 self._consider(opt, when)
         except Exception as exc:  # monitoring must never break the training script
             self._decide(opt)
-            logger.error("msmon[rank %d]: attaching to %s failed; it is not monitored: %r",
-                         current_rank(), type(opt).__name__, exc)
+            logger.error(
+                "msmon[rank %d]: attaching to %s failed; it is not monitored: %r",
+                current_rank(),
+                type(opt).__name__,
+                exc,
+            )
             self.session.emit("skipped", optimizer=type(opt).__name__, reason=f"attaching failed: {exc!r}")
 
     def _is_decided(self, opt: Any) -> bool:
@@ -228,8 +234,11 @@ class _Instrumentation:
         one stage of a pipeline the other stages may hold it, so it is only left alone there."""
         config = self.session.config
         others = [[m] for m in _models_built(self.tracker) if all(m is not r for r in roots)]
-        nowhere = [t for t in config.targets
-                   if all(targets_error([t], chunks, config.squash_name) is not None for chunks in [roots, *others])]
+        nowhere = [
+            t
+            for t in config.targets
+            if all(targets_error([t], chunks, config.squash_name) is not None for chunks in [roots, *others])
+        ]
         if nowhere and len(pipeline_position()[1]) == 1:
             reason = str(targets_error(nowhere[:1], roots, config.squash_name))
             if others:
@@ -242,7 +251,8 @@ class _Instrumentation:
         groups = getattr(opt, "param_groups", None)
         return groups is not None and any(
             inner is not None and inner is not opt and getattr(inner, "param_groups", None) is groups
-            for inner in (ref() for ref, _ in self._attached))
+            for inner in (ref() for ref, _ in self._attached)
+        )
 
     def release(self, opt: Any) -> bool:
         with self._lock:
@@ -290,18 +300,34 @@ class _Instrumentation:
         self._attached = [(ref, m) for ref, m in self._attached if ref() is not None] + [(weakref.ref(opt), monitor)]
         close_when_collected(opt, self.session, monitor)
         models = [type(root).__name__ for root in roots]
-        shared = "" if hooking is None else (f"; its model's activations are recorded once, by the monitor of "
-                                             f"{hooking.adapter.optimizer_name} ({hooking.log_dir})")
-        logger.info("msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s%s", current_rank(),
-                    type(opt).__name__, " + ".join(models), when, monitor.log_dir or "no output on this rank", shared)
+        shared = (
+            ""
+            if hooking is None
+            else (
+                f"; its model's activations are recorded once, by the monitor of "
+                f"{hooking.adapter.optimizer_name} ({hooking.log_dir})"
+            )
+        )
+        logger.info(
+            "msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s%s",
+            current_rank(),
+            type(opt).__name__,
+            " + ".join(models),
+            when,
+            monitor.log_dir or "no output on this rank",
+            shared,
+        )
         self.session.emit("attached", monitor=monitor, optimizer=type(opt).__name__, models=models, when=when)
 
 
 def targets_error(targets: Any, chunks: list[torch.nn.Module], squash: bool) -> ConfigError | None:
     """Why `targets` are not all in the model made of `chunks` (None: they are)."""
     try:
-        check_targets(targets, [{display(n, squash) for n, _ in chunk.named_modules()} for chunk in chunks],
-                      [{display(n, squash) for n, _ in chunk.named_parameters()} for chunk in chunks])
+        check_targets(
+            targets,
+            [{display(n, squash) for n, _ in chunk.named_modules()} for chunk in chunks],
+            [{display(n, squash) for n, _ in chunk.named_parameters()} for chunk in chunks],
+        )
     except ConfigError as exc:
         return exc
     return None
@@ -339,8 +365,11 @@ def _hand_modules_over(session: Session, gone: TrainerMon) -> None:
     if not gone.records_modules:
         return
     for monitor in session.monitors:
-        if monitor is not gone and not monitor.records_modules and \
-                any(m is g for m in monitor.models for g in gone.models):
+        if (
+            monitor is not gone
+            and not monitor.records_modules
+            and any(m is g for m in monitor.models for g in gone.models)
+        ):
             monitor.records_modules = True
             if monitor.attached and monitor.active:
                 monitor._rebuild_collectors()
@@ -367,6 +396,7 @@ def _on_optimizer_collected(session: Session, monitor: TrainerMon) -> None:
         try:
             _hand_modules_over(session, monitor)
         except Exception as exc:
-            logger.warning("msmon[rank %d]: handing the model's activations over to another monitor failed: %r",
-                           monitor.rank, exc)
+            logger.warning(
+                "msmon[rank %d]: handing the model's activations over to another monitor failed: %r", monitor.rank, exc
+            )
     session.emit("closed", monitor=monitor)

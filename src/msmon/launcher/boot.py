@@ -14,12 +14,13 @@ Roles, decided from the environment alone:
           and its children inherit the mark;
   active  this very process was already activated (idempotent start-up).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 ENV_ACTIVE_PID = "MSMON_ACTIVE_PID"
 ENV_BOOTSTRAP_DIR = "MSMON_BOOTSTRAP_DIR"
@@ -96,4 +97,5 @@ def _on_torch_imported(bootstrap_dir: str):
             start(bootstrap_dir)
         except Exception as exc:
             sys.stderr.write(f"msmon: could not start monitoring in pid {os.getpid()}: {exc!r}\n")
+
     return hook

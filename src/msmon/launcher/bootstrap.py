@@ -14,6 +14,7 @@ directories of the temp directory whose lock nobody holds any more: no process o
 is left. A directory without a lock file (being created this very moment, kept with
 MSMON_KEEP_BOOTSTRAP, or written by an older msmon) is never touched.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,8 @@ import shutil
 import stat
 import tempfile
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 try:
     import fcntl
@@ -43,8 +45,9 @@ STALE_AFTER_S = 5.0  # a lock file younger than this may not be locked yet
 _held: dict[str, int] = {}  # bootstrap directory -> the descriptor holding its lock
 
 
-def create(config: Mapping[str, Any], config_source: str | None, launcher: str, mode: str,
-           output_dir: str | None) -> str:
+def create(
+    config: Mapping[str, Any], config_source: str | None, launcher: str, mode: str, output_dir: str | None
+) -> str:
     """Write a fresh bootstrap directory and return its path.
 
     launcher: "torchrun" or "python"; mode: "run" or "struct"; config_source: the user's

@@ -1,6 +1,7 @@
 """`msmon`: monitor an unmodified training job (`run`), print its module tree (`struct`),
 order the anomalies it raised (`analyse`), convert its output (`convert csv2tb | tb2csv`); after
 the run, one database of every rank (`db`) and a report to look at (`report`)."""
+
 from __future__ import annotations
 
 import json
@@ -15,10 +16,10 @@ import click
 from ..config import ConfigError, load_config, read_config_file
 from ..output import ensure_writable, output_base_dir
 from . import bootstrap, report
-from .db_command import db as db_command
-from .report_command import report as report_command
 from .command import JobCommand, UsageError, parse, sitecustomize_disabled_by
 from .convert_command import convert
+from .db_command import db as db_command
+from .report_command import report as report_command
 
 ENV_KEEP_BOOTSTRAP = "MSMON_KEEP_BOOTSTRAP"
 STRUCT_CONFIG = {"print_struct": True, "format": ["csv"]}
@@ -31,7 +32,7 @@ class _JobCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         if "--" in args:
             cut = args.index("--")
-            ctx.meta["msmon.target"] = args[cut + 1:]
+            ctx.meta["msmon.target"] = args[cut + 1 :]
             args = args[:cut]
         else:
             ctx.meta["msmon.target"] = None
@@ -48,8 +49,12 @@ def main() -> None:
 
 
 @main.command(cls=_JobCommand, context_settings=_JOB_SETTINGS)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="Monitor config (JSON or YAML). Without it a built-in default is used and printed.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Monitor config (JSON or YAML). Without it a built-in default is used and printed.",
+)
 @click.option("--output-dir", type=click.Path(file_okay=False), help="Where the ranks write (sets MONITOR_OUTPUT_DIR).")
 @click.option("--no-torchrun", is_flag=True, help="Run one plain python process instead of torchrun.")
 @click.pass_context
@@ -69,8 +74,9 @@ def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_
         config = _load(config_path)
     else:
         config = read_config_file(bootstrap.DEFAULT_CONFIG)
-        click.echo("msmon: no --config given; using the built-in default config:\n"
-                   + json.dumps(config, indent=2), err=True)
+        click.echo(
+            "msmon: no --config given; using the built-in default config:\n" + json.dumps(config, indent=2), err=True
+        )
     sys.exit(_launch(command, config, config_path, output_dir, not no_torchrun, "run"))
 
 
@@ -121,12 +127,29 @@ def _is_int(text: str) -> bool:
 
 
 @main.command(cls=_SeveralSteps)
-@click.option("-d", "--dir", "directory", required=True, type=click.Path(file_okay=False),
-              help="The anomaly_detected directory of a run.")
-@click.option("-o", "--output", type=click.Path(), help="A directory, or the .json file for msmon's report (default: DIR/msmon_analyse.json); "
-                   "msprobe's anomaly_analyse.json is written beside it.")
-@click.option("-k", "--top-k", default=8, show_default=True, type=click.IntRange(min=1),
-              help="How many of the first anomalies to print.")
+@click.option(
+    "-d",
+    "--dir",
+    "directory",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The anomaly_detected directory of a run.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(),
+    help="A directory, or the .json file for msmon's report (default: DIR/msmon_analyse.json); "
+    "msprobe's anomaly_analyse.json is written beside it.",
+)
+@click.option(
+    "-k",
+    "--top-k",
+    default=8,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="How many of the first anomalies to print.",
+)
 @click.option("-s", "--steps", type=int, multiple=True, help="Only these steps: -s 3 4 5.")
 def analyse(directory: str, output: str | None, top_k: int, steps: tuple[int, ...]) -> None:
     """Order the anomalies of every rank in time and print the first ones."""
@@ -148,8 +171,9 @@ def build_native() -> None:
 
     os.environ[native.ENV] = "1"
     if native.load() is None:
-        raise click.ClickException("the native statistics could not be built (see the error above); "
-                                   "monitors keep using torch reductions")
+        raise click.ClickException(
+            "the native statistics could not be built (see the error above); monitors keep using torch reductions"
+        )
     how = f"built in {native.build_seconds:.1f} s" if native.compiled_here else "already built"
     click.echo(f"msmon: native statistics {how} ({native.isa()} loop on this CPU): {native.built_path()}")
 
@@ -176,8 +200,14 @@ def _load(config_path: str) -> dict[str, Any]:
         raise click.ClickException(f"invalid config: {exc}")
 
 
-def _launch(command: JobCommand, config: dict[str, Any], config_source: str | None, output_dir: str | None,
-            use_torchrun: bool, mode: str) -> int:
+def _launch(
+    command: JobCommand,
+    config: dict[str, Any],
+    config_source: str | None,
+    output_dir: str | None,
+    use_torchrun: bool,
+    mode: str,
+) -> int:
     base = os.path.abspath(output_dir) if output_dir else output_base_dir()
     try:
         ensure_writable(base)
@@ -189,9 +219,12 @@ def _launch(command: JobCommand, config: dict[str, Any], config_source: str | No
         raise click.ClickException(str(exc))
     flag = sitecustomize_disabled_by(command)
     if flag:
-        click.echo(f"msmon: warning: `{os.path.basename(command.target[0])} {flag}` skips sitecustomize, so msmon "
-                   "cannot load by itself in this job; add `import msmon.auto` at the top of the training script "
-                   "(see docs/launcher.md)", err=True)
+        click.echo(
+            f"msmon: warning: `{os.path.basename(command.target[0])} {flag}` skips sitecustomize, so msmon "
+            "cannot load by itself in this job; add `import msmon.auto` at the top of the training script "
+            "(see docs/launcher.md)",
+            err=True,
+        )
     directory = bootstrap.create(config, config_source, "torchrun" if use_torchrun else "python", mode, output_dir)
     try:
         env = bootstrap.job_environment(os.environ, directory, output_dir)

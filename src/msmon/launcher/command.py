@@ -1,5 +1,6 @@
 """The job's command line: torchrun's options, passed through untouched, and the training
 target (`script.py args` or `-m package.module args`), checked before anything starts."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,10 @@ class JobCommand:
 def parse(torchrun_args: list[str], target: list[str] | None, use_torchrun: bool) -> JobCommand:
     """Check the split command line; raise UsageError with what to write instead."""
     if not target:
-        raise UsageError("missing the training script: write `-- train.py [args]` or `-- -m package.module [args]` "
-                         "after msmon's and torchrun's options")
+        raise UsageError(
+            "missing the training script: write `-- train.py [args]` or `-- -m package.module [args]` "
+            "after msmon's and torchrun's options"
+        )
     if not use_torchrun and torchrun_args:
         raise UsageError(f"torchrun options {' '.join(torchrun_args)} cannot be used with --no-torchrun")
     command = JobCommand(list(torchrun_args), list(target))

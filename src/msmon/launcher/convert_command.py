@@ -1,4 +1,5 @@
 """`msmon convert csv2tb | tb2csv`: monitor output from CSV to TensorBoard and back, per rank."""
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,10 @@ def _run(work: Callable[..., int], sources: list[Any], jobs: int, what: str, **k
             return total
         from tqdm import tqdm
 
-        with ProcessPoolExecutor(max_workers=jobs) as pool, \
-                tqdm(total=len(sources), desc=what, unit="rank", file=sys.stderr, disable=None, delay=1.0) as bar:
+        with (
+            ProcessPoolExecutor(max_workers=jobs) as pool,
+            tqdm(total=len(sources), desc=what, unit="rank", file=sys.stderr, disable=None, delay=1.0) as bar,
+        ):
             futures = [pool.submit(work, source, **kwargs) for source in sources]
             for future in as_completed(futures):
                 total += future.result()
@@ -60,14 +63,30 @@ def _run(work: Callable[..., int], sources: list[Any], jobs: int, what: str, **k
 
 
 _SOURCE_OPTIONS = [
-    click.option("-d", "--dir", "directory", required=True, type=click.Path(exists=True, file_okay=False),
-                 help="A monitor output directory (all its rank directories) or one rank directory."),
-    click.option("-o", "--output", type=click.Path(file_okay=False),
-                 help="Where to write (default: DIR/<time>-csv2tensorboard or DIR/<time>-tensorboard2csv)."),
+    click.option(
+        "-d",
+        "--dir",
+        "directory",
+        required=True,
+        type=click.Path(exists=True, file_okay=False),
+        help="A monitor output directory (all its rank directories) or one rank directory.",
+    ),
+    click.option(
+        "-o",
+        "--output",
+        type=click.Path(file_okay=False),
+        help="Where to write (default: DIR/<time>-csv2tensorboard or DIR/<time>-tensorboard2csv).",
+    ),
     click.option("--time-start", help="Only rank directories whose time prefix is at or after this (Dec03_21-34-40)."),
     click.option("--time-end", help="Only rank directories whose time prefix is at or before this."),
-    click.option("-j", "--jobs", default=1, show_default=True, type=click.IntRange(min=1),
-                 help="Ranks converted in parallel processes."),
+    click.option(
+        "-j",
+        "--jobs",
+        default=1,
+        show_default=True,
+        type=click.IntRange(min=1),
+        help="Ranks converted in parallel processes.",
+    ),
 ]
 
 
@@ -84,34 +103,71 @@ def convert() -> None:
 
 @convert.command("csv2tb")
 @_source_options
-@click.option("--tags", "layout", type=click.Choice(LAYOUTS), default="msmon", show_default=True,
-              help="msmon: the live sink's tags, one events file per rank directory; msprobe: msprobe's "
-                   "csv2tensorboard layout (rank<r>/<category>/, tags vp<vpp>:<name>/<op>).")
+@click.option(
+    "--tags",
+    "layout",
+    type=click.Choice(LAYOUTS),
+    default="msmon",
+    show_default=True,
+    help="msmon: the live sink's tags, one events file per rank directory; msprobe: msprobe's "
+    "csv2tensorboard layout (rank<r>/<category>/, tags vp<vpp>:<name>/<op>).",
+)
 @click.option("--category", "categories", multiple=True, help="Only these categories (repeatable), e.g. grad_reduced.")
-@click.option("--float32", is_flag=True, help="Write 32-bit simple values (EventAccumulator.Scalars) instead of "
-                                             "float64 tensor scalars that keep every CSV digit.")
-def csv2tb(directory: str, output: str | None, time_start: str | None, time_end: str | None, jobs: int,
-           layout: str, categories: tuple[str, ...], float32: bool) -> None:
+@click.option(
+    "--float32",
+    is_flag=True,
+    help="Write 32-bit simple values (EventAccumulator.Scalars) instead of "
+    "float64 tensor scalars that keep every CSV digit.",
+)
+def csv2tb(
+    directory: str,
+    output: str | None,
+    time_start: str | None,
+    time_end: str | None,
+    jobs: int,
+    layout: str,
+    categories: tuple[str, ...],
+    float32: bool,
+) -> None:
     """CSV files of each rank to TensorBoard events."""
     conv = _conv()
     sources = _ranks(directory, time_start, time_end)
     output = os.path.abspath(output or conv.default_output(directory, "csv2tensorboard"))
-    values = _run(conv.csv_to_tensorboard, sources, jobs, "csv->tb", output=output, layout=layout,
-                  float32=float32, categories=list(categories) or None)
+    values = _run(
+        conv.csv_to_tensorboard,
+        sources,
+        jobs,
+        "csv->tb",
+        output=output,
+        layout=layout,
+        float32=float32,
+        categories=list(categories) or None,
+    )
     click.echo(f"msmon: {values} values of {len(sources)} rank directories written to {output}")
 
 
 @convert.command("tb2csv")
 @_source_options
-@click.option("--steps-per-file", type=click.IntRange(min=1),
-              help="Steps per CSV file (default: the rank's step_count_per_record, else 1).")
+@click.option(
+    "--steps-per-file",
+    type=click.IntRange(min=1),
+    help="Steps per CSV file (default: the rank's step_count_per_record, else 1).",
+)
 @click.option("--ndigits", type=click.IntRange(min=0), help="Rounding (default: the rank's ndigits, else 6).")
-def tb2csv(directory: str, output: str | None, time_start: str | None, time_end: str | None, jobs: int,
-           steps_per_file: int | None, ndigits: int | None) -> None:
+def tb2csv(
+    directory: str,
+    output: str | None,
+    time_start: str | None,
+    time_end: str | None,
+    jobs: int,
+    steps_per_file: int | None,
+    ndigits: int | None,
+) -> None:
     """TensorBoard events of each rank to CSV files, as the live CSV sink writes them."""
     conv = _conv()
     sources = _ranks(directory, time_start, time_end)
     output = os.path.abspath(output or conv.default_output(directory, "tensorboard2csv"))
-    rows = _run(conv.tensorboard_to_csv, sources, jobs, "tb->csv", output=output, steps_per_file=steps_per_file,
-                ndigits=ndigits)
+    rows = _run(
+        conv.tensorboard_to_csv, sources, jobs, "tb->csv", output=output, steps_per_file=steps_per_file, ndigits=ndigits
+    )
     click.echo(f"msmon: {rows} rows of {len(sources)} rank directories written to {output}")

@@ -1,14 +1,28 @@
 """`msmon db`: every rank's output of a run in one DuckDB database (msmon.results.db)."""
+
 from __future__ import annotations
 
 import click
 
 
 @click.command("db")
-@click.option("-d", "--dir", "directories", required=True, multiple=True, type=click.Path(file_okay=False),
-              help="A monitor output directory ($MONITOR_OUTPUT_DIR); repeat for several (nodes copied apart).")
-@click.option("-o", "--output", default="msmon.duckdb", show_default=True, type=click.Path(dir_okay=False),
-              help="The database file; an existing one is brought up to date (only new data is added).")
+@click.option(
+    "-d",
+    "--dir",
+    "directories",
+    required=True,
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="A monitor output directory ($MONITOR_OUTPUT_DIR); repeat for several (nodes copied apart).",
+)
+@click.option(
+    "-o",
+    "--output",
+    default="msmon.duckdb",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The database file; an existing one is brought up to date (only new data is added).",
+)
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: on a terminal).")
 def db(directories: tuple[str, ...], output: str, progress: bool | None) -> None:
     """Load every rank's CSV and TensorBoard output, anomaly dumps, summaries and configs into

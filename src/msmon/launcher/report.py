@@ -2,6 +2,7 @@
 raised), read from the workers' records in the bootstrap directory and each monitor's
 summary.json. Nothing here guesses from directory names, so other jobs writing to the same
 output directory never show up."""
+
 from __future__ import annotations
 
 import glob
@@ -42,9 +43,11 @@ def _read_summary(log_dir: str) -> dict[str, Any] | None:
 def summary_lines(records: list[dict[str, Any]], mode: str) -> list[str]:
     """What the launcher prints when the job ends."""
     if not records:
-        return ["msmon: no training process loaded msmon, so nothing was monitored. Python started with -E, -I "
-                "or -S, or a launcher that drops PYTHONPATH, skips msmon's sitecustomize: add `import msmon.auto` "
-                "at the top of the training script (see docs/launcher.md)."]
+        return [
+            "msmon: no training process loaded msmon, so nothing was monitored. Python started with -E, -I "
+            "or -S, or a launcher that drops PYTHONPATH, skips msmon's sitecustomize: add `import msmon.auto` "
+            "at the top of the training script (see docs/launcher.md)."
+        ]
     lines = []
     stopped = any(record.get("error") for record in records)
     for record in records:
@@ -60,9 +63,12 @@ def summary_lines(records: list[dict[str, Any]], mode: str) -> list[str]:
             skipped = record.get("skipped", [])
             reason = "; ".join(f"{s['optimizer']}: {s['reason']}" for s in skipped)
             written = f" -> {_shown(record['log_dir'])}" if record.get("log_dir") else ""
-            lines.append(f"msmon: {where}: nothing was monitored ("
-                         + (reason or _read_note(record.get("log_dir")) or "no torch.optim optimizer was created")
-                         + ")" + written)
+            lines.append(
+                f"msmon: {where}: nothing was monitored ("
+                + (reason or _read_note(record.get("log_dir")) or "no torch.optim optimizer was created")
+                + ")"
+                + written
+            )
             continue
         for monitor in monitors:
             lines.append(_monitor_line(monitor, mode, len(monitors) > 1))
@@ -73,8 +79,9 @@ def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
     where = f"rank {monitor.get('rank', '?')}" + (f" {monitor['optimizer']}" if several else "")
     log_dir = monitor.get("log_dir")
     if mode == "struct":
-        path = os.path.join(monitor["output_base"], "module_struct", f"rank{monitor.get('rank', 0)}",
-                            "module_struct.json")
+        path = os.path.join(
+            monitor["output_base"], "module_struct", f"rank{monitor.get('rank', 0)}", "module_struct.json"
+        )
         if os.path.isfile(path):
             return f"msmon: {where}: module structure written to {_shown(path)}"
         return f"msmon: {where}: no module structure was written (the script made no optimizer step?)"
@@ -85,16 +92,20 @@ def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
     if stopped:
         shown = dict(stopped, path=_shown(stopped["path"]) if stopped.get("path") else None)
         step = stopped.get("step")
-        kept = (f"no step was written to {_shown(log_dir)}" if step == 0 else
-                f"what was recorded before step {step} is in {_shown(log_dir)}")
+        kept = (
+            f"no step was written to {_shown(log_dir)}"
+            if step == 0
+            else f"what was recorded before step {step} is in {_shown(log_dir)}"
+        )
         return f"msmon: {where}: {describe_stopped(shown)}; {kept}"
     if summary is None:
-        return (f"msmon: {where}: {_shown(log_dir)} (no summary.json: the process ended before the monitor "
-                "could close)")
+        return f"msmon: {where}: {_shown(log_dir)} (no summary.json: the process ended before the monitor could close)"
     cost = f", {describe(summary)}" if summary.get("monitor_cost_pct") is not None else ""
     note = f" ({summary['note']})" if summary.get("note") else ""
-    return (f"msmon: {where}: {summary.get('steps_recorded', 0)} steps recorded{note}, {summary.get('alerts', 0)} "
-            f"alerts raised{cost} -> {_shown(log_dir)}")
+    return (
+        f"msmon: {where}: {summary.get('steps_recorded', 0)} steps recorded{note}, {summary.get('alerts', 0)} "
+        f"alerts raised{cost} -> {_shown(log_dir)}"
+    )
 
 
 def _read_note(log_dir: str | None) -> str | None:

@@ -1,4 +1,5 @@
 """`msmon report`: a self-contained HTML page of a run, built from its database."""
+
 from __future__ import annotations
 
 import os
@@ -9,20 +10,53 @@ import click
 
 
 @click.command("report")
-@click.option("-d", "--dir", "directories", multiple=True, type=click.Path(file_okay=False),
-              help="A monitor output directory to load first (into --db, or a temporary database).")
-@click.option("--db", "database", type=click.Path(dir_okay=False),
-              help="The database (msmon db); with -d it is brought up to date first.")
-@click.option("-o", "--output", default="msmon_report.html", show_default=True, type=click.Path(dir_okay=False),
-              help="The HTML file to write.")
+@click.option(
+    "-d",
+    "--dir",
+    "directories",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="A monitor output directory to load first (into --db, or a temporary database).",
+)
+@click.option(
+    "--db",
+    "database",
+    type=click.Path(dir_okay=False),
+    help="The database (msmon db); with -d it is brought up to date first.",
+)
+@click.option(
+    "-o",
+    "--output",
+    default="msmon_report.html",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="The HTML file to write.",
+)
 @click.option("--title", help="The page's title (default: msmon report).")
-@click.option("--max-steps", default=120, show_default=True, type=click.IntRange(min=2),
-              help="Heatmap columns at most: more steps are merged.")
-@click.option("--max-rows", default=64, show_default=True, type=click.IntRange(min=2),
-              help="Heatmap rows (tensors) at most: more tensors are merged.")
+@click.option(
+    "--max-steps",
+    default=120,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Heatmap columns at most: more steps are merged.",
+)
+@click.option(
+    "--max-rows",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=2),
+    help="Heatmap rows (tensors) at most: more tensors are merged.",
+)
 @click.option("--progress/--no-progress", default=None, help="Show the loading progress bar (default: on a terminal).")
-def report(directories: tuple[str, ...], database: str | None, output: str, title: str | None, max_steps: int,
-           max_rows: int, progress: bool | None) -> None:
+def report(
+    directories: tuple[str, ...],
+    database: str | None,
+    output: str,
+    title: str | None,
+    max_steps: int,
+    max_rows: int,
+    progress: bool | None,
+) -> None:
     """Write one HTML page (no network needed to view it) with, per category and op, a heatmap
     of tensors x steps and the top movers, the anomaly timeline across ranks with msmon
     analyse's verdict, the spread of replicated tensors across ranks, and the monitor's cost.
@@ -50,8 +84,9 @@ def report(directories: tuple[str, ...], database: str | None, output: str, titl
                 click.echo(line, err=True)
         con = connect(path, read_only=True)
         try:
-            data = build(con, output, database or ", ".join(directories),
-                         Limits(max_steps=max_steps, max_rows=max_rows), title)
+            data = build(
+                con, output, database or ", ".join(directories), Limits(max_steps=max_steps, max_rows=max_rows), title
+            )
         finally:
             con.close()
     except (DatabaseError, SchemaError) as exc:
@@ -59,5 +94,8 @@ def report(directories: tuple[str, ...], database: str | None, output: str, titl
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    click.echo(f"msmon report: {output} ({data['bytes'] / 1024:.0f} KiB, {len(data['heatmaps'])} heatmaps, "
-               f"{data['anomalies']['total']} anomaly records)", err=True)
+    click.echo(
+        f"msmon report: {output} ({data['bytes'] / 1024:.0f} KiB, {len(data['heatmaps'])} heatmaps, "
+        f"{data['anomalies']['total']} anomaly records)",
+        err=True,
+    )

@@ -8,13 +8,16 @@ exactly once, and becomes `sys.modules["sitecustomize"]`.
 
 This file is a template inside the msmon package: importing it from there does nothing.
 """
+
 import os
 import sys
 
 
 def _msmon_is_bootstrap_dir(directory: str) -> bool:
-    return all(os.path.isfile(os.path.join(directory or os.curdir, name))
-               for name in ("bootstrap.json", "_msmon_boot.py", "sitecustomize.py"))
+    return all(
+        os.path.isfile(os.path.join(directory or os.curdir, name))
+        for name in ("bootstrap.json", "_msmon_boot.py", "sitecustomize.py")
+    )
 
 
 def _msmon_chain_next() -> None:

@@ -5,6 +5,7 @@ Started by the job's bootstrap once the script imports torch (`start`), or by
 the instrumentors on as their frameworks are imported, and keeps this worker's record in
 the bootstrap directory so the launcher can print where each monitor wrote.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -68,7 +69,7 @@ def worker_config_path(bootstrap_dir: str, settings: dict) -> str:
     return os.path.join(bootstrap_dir, settings["config"])
 
 
-def _begin(session: hooks.Session, record: "WorkerRecord | None") -> hooks.Session:
+def _begin(session: hooks.Session, record: WorkerRecord | None) -> hooks.Session:
     global _session
     _session = session
     unmonitored = Unmonitored()
@@ -78,7 +79,7 @@ def _begin(session: hooks.Session, record: "WorkerRecord | None") -> hooks.Sessi
     return session
 
 
-def _report_at_exit(session: hooks.Session, record: "WorkerRecord | None", unmonitored: "Unmonitored") -> None:
+def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonitored: Unmonitored) -> None:
     if not session.in_owner_process():
         return
     if record is not None:
@@ -88,8 +89,12 @@ def _report_at_exit(session: hooks.Session, record: "WorkerRecord | None", unmon
         return
     reason = unmonitored.reason()
     log_dir = unmonitored.write_summary(session, reason)
-    logger.info("msmon[rank %d]: no optimizer was monitored in this process (%s); nothing was recorded%s",
-                current_rank(), reason, f" ({log_dir}/summary.json says so)" if log_dir else "")
+    logger.info(
+        "msmon[rank %d]: no optimizer was monitored in this process (%s); nothing was recorded%s",
+        current_rank(),
+        reason,
+        f" ({log_dir}/summary.json says so)" if log_dir else "",
+    )
     if record is not None and log_dir:
         record.data["log_dir"] = os.path.abspath(log_dir)
         record.write()
@@ -107,8 +112,9 @@ class Unmonitored:
         if event == "skipped":
             self.skipped.append(f"{info['optimizer']}: {info['reason']}")
         elif event == "deferred":
-            self.deferred.append(f"{info['optimizer']} was built but never stepped; {info['reason']}, so msmon "
-                                 "waited for its first step")
+            self.deferred.append(
+                f"{info['optimizer']} was built but never stepped; {info['reason']}, so msmon waited for its first step"
+            )
 
     def reason(self) -> str:
         return "; ".join(self.skipped or self.deferred) or "no torch.optim optimizer was created"
@@ -121,8 +127,16 @@ class Unmonitored:
         if ranks and rank not in ranks:
             return None
         log_dir = os.path.join(output_base_dir(), rank_dir_name(rank))
-        summary = {"rank": rank, "output_dir": log_dir, "steps_recorded": 0, "alerts": 0, "first_nonfinite": None,
-                   "last_step": None, "output_stopped": None, "note": reason}
+        summary = {
+            "rank": rank,
+            "output_dir": log_dir,
+            "steps_recorded": 0,
+            "alerts": 0,
+            "first_nonfinite": None,
+            "last_step": None,
+            "output_stopped": None,
+            "note": reason,
+        }
         try:
             os.makedirs(log_dir, exist_ok=True)
             for name, data in (("config.json", session.config.raw), ("summary.json", summary)):
@@ -155,14 +169,16 @@ class WorkerRecord:
         if event == "attached":
             monitor = info["monitor"]
             self.data["rank"] = monitor.rank
-            self.data["monitors"].append({
-                "rank": monitor.rank,
-                "log_dir": os.path.abspath(monitor.log_dir) if monitor.log_dir else None,
-                "output_base": os.path.abspath(monitor.output_base),
-                "optimizer": info["optimizer"],
-                "models": info["models"],
-                "attached_at": info["when"],
-            })
+            self.data["monitors"].append(
+                {
+                    "rank": monitor.rank,
+                    "log_dir": os.path.abspath(monitor.log_dir) if monitor.log_dir else None,
+                    "output_base": os.path.abspath(monitor.output_base),
+                    "optimizer": info["optimizer"],
+                    "models": info["models"],
+                    "attached_at": info["when"],
+                }
+            )
         elif event == "skipped":
             self.data["skipped"].append({"optimizer": info["optimizer"], "reason": info["reason"]})
         elif event == "stopped":

@@ -19,6 +19,7 @@ MSMON_NATIVE_STATS decides:
 $XDG_CACHE_HOME/msmon, else ~/.cache/msmon; ranks starting together build it once (a file
 lock). Statistics asked for before any attach only use a build that already exists.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,7 +27,8 @@ import logging
 import os
 import struct
 import threading
-from typing import Any, Callable, Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -37,8 +39,12 @@ logger = logging.getLogger("msmon")
 ENV = "MSMON_NATIVE_STATS"
 _ABI = 1  # fused_stats.cpp's msmon_stats_abi()
 _FIELDS = 7
-_ERRORS = {1: "out of memory or no thread to start", 2: "a column is a field index 0..6",
-           3: "an input is empty, null or not float32/float64", 4: "a negative count or no output"}
+_ERRORS = {
+    1: "out of memory or no thread to start",
+    2: "a column is a field index 0..6",
+    3: "an input is empty, null or not float32/float64",
+    4: "a negative count or no output",
+}
 
 _lock = threading.Lock()
 _loaded: Any = None  # the _Kernel once loaded
@@ -50,7 +56,7 @@ build_seconds = 0.0  # and how long the compiler took
 
 
 def mode() -> str:
-    """"build", "off" or "auto", from MSMON_NATIVE_STATS."""
+    """ "build", "off" or "auto", from MSMON_NATIVE_STATS."""
     value = os.environ.get(ENV, "").strip().lower()
     if value in ("1", "true", "yes", "on", "build"):
         return "build"
@@ -111,8 +117,12 @@ def load_built() -> Any:
             pass  # prepare() at attach builds it, or says why not
         except Exception as exc:  # a broken cache must never stop training
             _tried = True  # said once; prepare() would only fail again on the same file
-            logger.warning("msmon[rank %d]: the cached native statistics could not be loaded (%s: %s); using "
-                           "torch reductions", _rank(), type(exc).__name__, exc)
+            logger.warning(
+                "msmon[rank %d]: the cached native statistics could not be loaded (%s: %s); using torch reductions",
+                _rank(),
+                type(exc).__name__,
+                exc,
+            )
         return _loaded
 
 
@@ -131,19 +141,37 @@ def load() -> Any:
             _loaded = _Kernel(found.path)
             if found.compiled:
                 compiled_here, build_seconds = True, found.seconds
-                logger.info("msmon[rank %d]: built the native statistics in %.1f s (%s loop): %s", _rank(),
-                            found.seconds, _loaded.isa, found.path)
+                logger.info(
+                    "msmon[rank %d]: built the native statistics in %.1f s (%s loop): %s",
+                    _rank(),
+                    found.seconds,
+                    _loaded.isa,
+                    found.path,
+                )
         except Exception as exc:  # a missing compiler must never stop training
             reason = str(exc) if isinstance(exc, build.BuildError) else f"{type(exc).__name__}: {exc}"
             if requested():
-                logger.error("msmon[rank %d]: %s=1 but the native statistics could not be built or loaded (%s); using torch "
-                             "reductions, about twice the CPU cost", _rank(), ENV, reason)
+                logger.error(
+                    "msmon[rank %d]: %s=1 but the native statistics could not be built or loaded (%s); using torch "
+                    "reductions, about twice the CPU cost",
+                    _rank(),
+                    ENV,
+                    reason,
+                )
             elif isinstance(exc, build.NoCompiler):
-                logger.info("msmon[rank %d]: %s, so CPU statistics use torch reductions (about twice the CPU "
-                            "cost; install g++, or set %s=0 to skip the native statistics)", _rank(), reason, ENV)
+                logger.info(
+                    "msmon[rank %d]: %s, so CPU statistics use torch reductions (about twice the CPU "
+                    "cost; install g++, or set %s=0 to skip the native statistics)",
+                    _rank(),
+                    reason,
+                    ENV,
+                )
             else:
-                logger.warning("msmon[rank %d]: the native statistics could not be built or loaded (%s); using "
-                               "torch reductions", _rank(), reason)
+                logger.warning(
+                    "msmon[rank %d]: the native statistics could not be built or loaded (%s); using torch reductions",
+                    _rank(),
+                    reason,
+                )
         return _loaded
 
 
@@ -220,8 +248,9 @@ def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
     flags = {torch.float32: 0, torch.float64: 1}
     empty_like = torch.empty_like
 
-    def shape_of(columns: Sequence[int], per_element: Sequence[bool], n: int,
-                 flat: bool) -> tuple[torch.Tensor, Any, int, int, tuple[int, ...]]:
+    def shape_of(
+        columns: Sequence[int], per_element: Sequence[bool], n: int, flat: bool
+    ) -> tuple[torch.Tensor, Any, int, int, tuple[int, ...]]:
         if len(columns) != len(per_element):
             raise RuntimeError("stats_rows: one per_element flag per column")
         if not all(0 <= c < _FIELDS for c in columns):
@@ -235,9 +264,15 @@ def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
         spec = tuple(c + 8 * bool(p) for c, p in zip(columns, per_element))
         return template, struct.Struct(f"=5qd{width + 3 * n}q").pack, n, width, spec
 
-    def readable_rows(xs: Sequence[torch.Tensor], threshold: float, columns: Sequence[int],
-                      per_element: Sequence[bool], flat: bool, threads: int,
-                      min_share: int) -> Optional[torch.Tensor]:
+    def readable_rows(
+        xs: Sequence[torch.Tensor],
+        threshold: float,
+        columns: Sequence[int],
+        per_element: Sequence[bool],
+        flat: bool,
+        threads: int,
+        min_share: int,
+    ) -> Optional[torch.Tensor]:
         key = (tuple(columns), tuple(per_element), len(xs), flat)
         shape = shapes.get(key)
         if shape is None:

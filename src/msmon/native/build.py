@@ -8,6 +8,7 @@ compiles into a temporary file that is renamed into place; the others wait for t
 find the file. Without a compiler, a build of the same source and flags made elsewhere (by
 another compiler, say on a login node) is used if there is one.
 """
+
 from __future__ import annotations
 
 import glob
@@ -115,12 +116,17 @@ def find_or_build(allow_build: bool = True) -> Found:
     cmd = compiler()
     version = compiler_version(cmd) if cmd else None
     if version is None:
-        elsewhere = sorted(glob.glob(os.path.join(glob.escape(directory), f"fused_stats-{source_key(source)}-*.so")),
-                           key=os.path.getmtime)
+        elsewhere = sorted(
+            glob.glob(os.path.join(glob.escape(directory), f"fused_stats-{source_key(source)}-*.so")),
+            key=os.path.getmtime,
+        )
         if elsewhere:
             return Found(elsewhere[-1], compiled=False)
-        what = f"CXX={os.environ['CXX']!r} does not run" if os.environ.get("CXX", "").strip() else \
-            f"none of {', '.join(_COMPILERS)} on PATH"
+        what = (
+            f"CXX={os.environ['CXX']!r} does not run"
+            if os.environ.get("CXX", "").strip()
+            else f"none of {', '.join(_COMPILERS)} on PATH"
+        )
         raise NoCompiler(f"no C++ compiler ({what})")
     path = os.path.join(directory, library_name(source, version))
     if os.path.exists(path):
@@ -146,8 +152,9 @@ def _compile(cmd: list[str], source: bytes, path: str) -> float:
     try:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
         os.close(fd)
-        done = subprocess.run([*cmd, *FLAGS, "-x", "c++", "-", "-o", tmp], input=source, capture_output=True,
-                              timeout=LOCK_TIMEOUT_S)
+        done = subprocess.run(
+            [*cmd, *FLAGS, "-x", "c++", "-", "-o", tmp], input=source, capture_output=True, timeout=LOCK_TIMEOUT_S
+        )
         if done.returncode != 0:
             lines = done.stderr.decode(errors="replace").strip().splitlines()
             errors = [line for line in lines if "error" in line] or lines or ["no output"]
@@ -170,7 +177,7 @@ class _file_lock:
         self.path = path
         self.fh = None
 
-    def __enter__(self) -> "_file_lock":
+    def __enter__(self) -> _file_lock:
         if fcntl is None:
             return self
         try:

@@ -1,5 +1,6 @@
 """One adapter per optimizer family, chosen from the optimizer's class; each yields named fp32
 weights, the consumed gradients and Adam moments (Shards where the family splits them)."""
+
 from __future__ import annotations
 
 import logging
@@ -11,8 +12,16 @@ from .deepspeed import ADAPTERS as DEEPSPEED_ADAPTERS
 from .megatron import megatron_adapter
 from .torch_optim import TorchOptimAdapter
 
-__all__ = ["Moments", "OptimizerAdapter", "OptimizerGone", "Shard", "TorchOptimAdapter", "adapter_for", "resolve_optimizer",
-           "OPT_TY"]
+__all__ = [
+    "Moments",
+    "OptimizerAdapter",
+    "OptimizerGone",
+    "Shard",
+    "TorchOptimAdapter",
+    "adapter_for",
+    "resolve_optimizer",
+    "OPT_TY",
+]
 
 logger = logging.getLogger("msmon")
 
@@ -32,8 +41,10 @@ OPT_TY: dict[str, tuple[str, ...]] = {
 def check_opt_ty(opt_ty: str | None) -> None:
     """Reject an opt_ty msprobe would not know, before training starts."""
     if opt_ty is not None and opt_ty not in OPT_TY:
-        raise ConfigError(f"opt_ty: {opt_ty!r} is not an optimizer type msprobe knows; leave it out (the optimizer "
-                          f"class decides) or use one of {', '.join(OPT_TY)}")
+        raise ConfigError(
+            f"opt_ty: {opt_ty!r} is not an optimizer type msprobe knows; leave it out (the optimizer "
+            f"class decides) or use one of {', '.join(OPT_TY)}"
+        )
 
 
 def adapter_for(optimizer: Any, opt_ty: str | None = None) -> OptimizerAdapter:
@@ -49,6 +60,10 @@ def adapter_for(optimizer: Any, opt_ty: str | None = None) -> OptimizerAdapter:
         parts = getattr(adapter, "parts", None) or [adapter]
         detected = {type(part).__name__ for part in parts}
         if not detected & set(OPT_TY[opt_ty]):
-            logger.warning("msmon: opt_ty=%r does not match the optimizer, a %s; monitoring it as the %s it is",
-                           opt_ty, type(inner).__name__, type(adapter).__name__)
+            logger.warning(
+                "msmon: opt_ty=%r does not match the optimizer, a %s; monitoring it as the %s it is",
+                opt_ty,
+                type(inner).__name__,
+                type(adapter).__name__,
+            )
     return adapter

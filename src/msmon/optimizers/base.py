@@ -10,6 +10,7 @@ Which rank writes a replicated tensor is decided once, at attach time (dedupe.py
 to the adapter as `writer`: the public methods leave out what this rank does not write, so the
 collectors never need to know about data or tensor parallelism.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -43,10 +44,17 @@ def resolve_optimizer(optimizer: Any) -> Any:
 
 
 # Classes whose `.optimizer` is an inner torch optimizer they drive, not a wrapper to see through.
-FRAMEWORK_OPTIMIZERS = frozenset({
-    "DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3", "BF16_Optimizer", "FP16_UnfusedOptimizer",
-    "FP16_Optimizer", "MegatronOptimizer", "ChainedOptimizer",
-})
+FRAMEWORK_OPTIMIZERS = frozenset(
+    {
+        "DeepSpeedZeroOptimizer",
+        "DeepSpeedZeroOptimizer_Stage3",
+        "BF16_Optimizer",
+        "FP16_UnfusedOptimizer",
+        "FP16_Optimizer",
+        "MegatronOptimizer",
+        "ChainedOptimizer",
+    }
+)
 
 
 def class_names(obj: Any) -> list[str]:
@@ -124,8 +132,10 @@ class OptimizerAdapter:
     def optimizer(self) -> Any:
         optimizer = self._optimizer()
         if optimizer is None:
-            raise OptimizerGone(f"msmon: the {self.optimizer_name} this monitor was attached to has been "
-                                "garbage-collected; there is nothing more to record")
+            raise OptimizerGone(
+                f"msmon: the {self.optimizer_name} this monitor was attached to has been "
+                "garbage-collected; there is nothing more to record"
+            )
         return optimizer
 
     @optimizer.setter
@@ -143,8 +153,9 @@ class OptimizerAdapter:
         itself, an fp32 master copy, or a Shard of one."""
         return self._written(params, self._weights(params))
 
-    def grads(self, params: list[torch.Tensor],
-              grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, Any]:
+    def grads(
+        self, params: list[torch.Tensor], grad_of: Callable[[torch.Tensor], torch.Tensor | None]
+    ) -> dict[int, Any]:
         """The gradient the optimizer consumes at step time, keyed by id(param)."""
         return self._written(params, self._grads(params, grad_of))
 
@@ -157,8 +168,9 @@ class OptimizerAdapter:
         compares every rank's copy)."""
         return self._weights(params)
 
-    def own_grads(self, params: list[torch.Tensor],
-                  grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, Any]:
+    def own_grads(
+        self, params: list[torch.Tensor], grad_of: Callable[[torch.Tensor], torch.Tensor | None]
+    ) -> dict[int, Any]:
         """This rank's own reduced gradients, whichever rank writes them."""
         return self._grads(params, grad_of)
 
@@ -171,8 +183,9 @@ class OptimizerAdapter:
         update is applied. Returns a function that removes the hooks."""
         raise NotImplementedError
 
-    def hook_unreduced(self, models: list[torch.nn.Module],
-                       record: Callable[[GradPairs], None]) -> Callable[[], None] | None:
+    def hook_unreduced(
+        self, models: list[torch.nn.Module], record: Callable[[GradPairs], None]
+    ) -> Callable[[], None] | None:
         """Call `record` with the rank-local gradients right before each data-parallel
         reduction (a bucket's grad sync). None: this family has no such point."""
         return None
@@ -193,8 +206,9 @@ class OptimizerAdapter:
     def _weights(self, params: list[torch.Tensor]) -> dict[int, Any]:
         return {id(p): p for p in params}
 
-    def _grads(self, params: list[torch.Tensor],
-               grad_of: Callable[[torch.Tensor], torch.Tensor | None]) -> dict[int, Any]:
+    def _grads(
+        self, params: list[torch.Tensor], grad_of: Callable[[torch.Tensor], torch.Tensor | None]
+    ) -> dict[int, Any]:
         out = {}
         for p in params:
             g = grad_of(p)
@@ -229,6 +243,6 @@ def _has_shard(value: Any) -> bool:
 
 
 def _mark_written(value: Any, writes: bool) -> None:
-    for shard in ((value.exp_avg, value.exp_avg_sq) if isinstance(value, Moments) else (value,)):
+    for shard in (value.exp_avg, value.exp_avg_sq) if isinstance(value, Moments) else (value,):
         if isinstance(shard, Shard):
             shard.write = writes

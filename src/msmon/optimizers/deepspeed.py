@@ -17,6 +17,7 @@ ZeRO-1/2, the stage-3 bucket reduce, `get_grads_for_reduction` for BF16_Optimize
 autograd's own hooks would look, DeepSpeed may already have moved them into its buckets.
 Gradients are read before `step()` unscales or clips them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,9 @@ _STAGE3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads
 _STAGE3_GRAD_PARTITIONS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
 
 
-def wrap_method(obj: Any, name: str, before: Callable[..., None] | None = None,
-                after: Callable[..., None] | None = None) -> Callable[[], None]:
+def wrap_method(
+    obj: Any, name: str, before: Callable[..., None] | None = None, after: Callable[..., None] | None = None
+) -> Callable[[], None]:
     """Replace obj.<name> on this instance only: `before(*args)` runs first, `after(result,
     *args)` last. Returns the undo. The class and other instances are untouched."""
     original = getattr(obj, name)
@@ -151,8 +153,12 @@ class HpMappingAdapter(_DeepSpeedAdapter):
             if not s or hyper is None or "exp_avg" not in s or "exp_avg_sq" not in s:
                 continue
             group = self.shard_group(p)
-            out[id(p)] = Moments(Shard(self._fragment(p, s["exp_avg"]), group),
-                                 Shard(self._fragment(p, s["exp_avg_sq"]), group), s.get("step", 1), *hyper)
+            out[id(p)] = Moments(
+                Shard(self._fragment(p, s["exp_avg"]), group),
+                Shard(self._fragment(p, s["exp_avg_sq"]), group),
+                s.get("step", 1),
+                *hyper,
+            )
         return out
 
 
@@ -199,8 +205,13 @@ class BF16Adapter(HpMappingAdapter):
 
         def handed_out(_result: Any, *_args: Any, **_kwargs: Any) -> None:
             # the engine asks for the fp32 accumulation buffers right before all-reducing them
-            record([(p, g) for lp_group, grads in zip(opt.bf16_groups, opt.fp32_groups_gradients)
-                    for p, g in zip(lp_group, grads)])
+            record(
+                [
+                    (p, g)
+                    for lp_group, grads in zip(opt.bf16_groups, opt.fp32_groups_gradients)
+                    for p, g in zip(lp_group, grads)
+                ]
+            )
 
         return wrap_method(opt, "get_grads_for_reduction", after=handed_out)
 
@@ -211,8 +222,11 @@ class FP16UnfusedAdapter(_DeepSpeedAdapter):
 
     def __init__(self, optimizer: Any) -> None:
         super().__init__(optimizer)
-        self.main_of = {id(lp): main for lps, mains in zip(optimizer.fp16_groups, optimizer.fp32_groups)
-                        for lp, main in zip(lps, mains)}
+        self.main_of = {
+            id(lp): main
+            for lps, mains in zip(optimizer.fp16_groups, optimizer.fp32_groups)
+            for lp, main in zip(lps, mains)
+        }
 
     def params(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.fp16_groups for p in group]
@@ -288,8 +302,9 @@ class Zero3Adapter(_DeepSpeedAdapter):
             hyper = adam_hyper(opt.optimizer.param_groups[opt.sub_group_to_group_id.get(sub_group, 0)])
             if not s or hyper is None or "exp_avg" not in s or "exp_avg_sq" not in s:
                 continue
-            out[id(p)] = Moments(self._piece(p, s["exp_avg"]), self._piece(p, s["exp_avg_sq"]),
-                                 s.get("step", 1), *hyper)
+            out[id(p)] = Moments(
+                self._piece(p, s["exp_avg"]), self._piece(p, s["exp_avg_sq"]), s.get("step", 1), *hyper
+            )
         return out
 
     def hook_unreduced(self, models: list[torch.nn.Module], record: Callable[[GradPairs], None]):

@@ -14,6 +14,7 @@ Float16OptimizerWithFloat16Params, DistributedOptimizer and a ChainedOptimizer o
 Rank-local gradients are read when a bucket group starts its grad sync (`start_grad_sync`),
 after the last micro-batch accumulated into `main_grad` and before the reduction.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -29,9 +30,11 @@ def hook_bucket_grad_sync(models: list[torch.nn.Module], record: Callable[[GradP
     """Wrap `start_grad_sync` of every bucket group of Megatron's DDP model chunks."""
     undo: list[Callable[[], None]] = []
     for chunk in models:
-        groups = list(getattr(chunk, "bucket_groups", None) or []) + \
-            list(getattr(chunk, "expert_parallel_bucket_groups", None) or [])
+        groups = list(getattr(chunk, "bucket_groups", None) or []) + list(
+            getattr(chunk, "expert_parallel_bucket_groups", None) or []
+        )
         for bucket_group in groups:
+
             def before_sync(*_args: Any, _group: Any = bucket_group, **_kwargs: Any) -> None:
                 record([(p, p.main_grad) for p in _group.params if getattr(p, "main_grad", None) is not None])
 
@@ -70,11 +73,14 @@ class Float16Adapter(_MegatronAdapter):
     def __init__(self, optimizer: Any) -> None:
         super().__init__(optimizer)
         opt = optimizer
-        self.model_params = [p for g in getattr(opt, "float16_groups", []) for p in g] + \
-            [p for g in getattr(opt, "fp32_from_fp32_groups", []) for p in g]
-        self.main_of = {id(p): main for model, mains in zip(getattr(opt, "float16_groups", []),
-                                                           getattr(opt, "fp32_from_float16_groups", []))
-                        for p, main in zip(model, mains)}
+        self.model_params = [p for g in getattr(opt, "float16_groups", []) for p in g] + [
+            p for g in getattr(opt, "fp32_from_fp32_groups", []) for p in g
+        ]
+        self.main_of = {
+            id(p): main
+            for model, mains in zip(getattr(opt, "float16_groups", []), getattr(opt, "fp32_from_float16_groups", []))
+            for p, main in zip(model, mains)
+        }
         self.main_of.update({id(p): p for g in getattr(opt, "fp32_from_fp32_groups", []) for p in g})
 
     def params(self) -> list[torch.Tensor]:
@@ -98,9 +104,10 @@ class DistributedAdapter(_MegatronAdapter):
         self.all_params = [p for buffer in getattr(opt, "buffers", []) for p in buffer.params]
         self.main_of: dict[int, torch.Tensor] = {}
         self.span_of: dict[int, tuple[int, int]] = {}  # this rank's range of the flattened param
-        for model_groups, shard_groups in ((getattr(opt, "model_float16_groups", []),
-                                            getattr(opt, "shard_fp32_from_float16_groups", [])),
-                                           (getattr(opt, "model_fp32_groups", []), getattr(opt, "shard_fp32_groups", []))):
+        for model_groups, shard_groups in (
+            (getattr(opt, "model_float16_groups", []), getattr(opt, "shard_fp32_from_float16_groups", [])),
+            (getattr(opt, "model_fp32_groups", []), getattr(opt, "shard_fp32_groups", [])),
+        ):
             for model, shards in zip(model_groups, shard_groups):
                 for p, shard in zip(model, shards):
                     if shard is not None:
@@ -156,8 +163,9 @@ class DistributedAdapter(_MegatronAdapter):
             m = local.get(id(p))
             if m is None:  # nothing of p on this rank: an empty piece, with the shared hyperparameters
                 m = Moments(self._empty(), self._empty(), template.step, template.beta1, template.beta2, template.eps)
-            out[id(p)] = Moments(Shard(m.exp_avg, self.group), Shard(m.exp_avg_sq, self.group),
-                                 m.step, m.beta1, m.beta2, m.eps)
+            out[id(p)] = Moments(
+                Shard(m.exp_avg, self.group), Shard(m.exp_avg_sq, self.group), m.step, m.beta1, m.beta2, m.eps
+            )
         return out
 
 
@@ -215,5 +223,3 @@ def megatron_adapter(optimizer: Any) -> OptimizerAdapter | None:
         if name in MEGATRON_FAMILIES:
             return MEGATRON_FAMILIES[name](optimizer)
     return None
-
-

@@ -13,12 +13,14 @@ they do, since the adapters yield a (possibly empty) piece for every parameter o
 and the recorded steps follow from the config, which the ranks switch at the same step
 (agreement.py: the payload's first number is this rank's in that agreement).
 """
+
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -79,7 +81,7 @@ class _Pending:
 class ShardCombiner:
     """Statistics of one monitor's Shards: pieces during the step, combined at its end."""
 
-    def __init__(self, monitor: "TrainerMon", enabled: bool = True) -> None:
+    def __init__(self, monitor: TrainerMon, enabled: bool = True) -> None:
         self.mon = monitor
         self.enabled = enabled
         self.pending: dict[int, _Pending] = {}
@@ -142,8 +144,9 @@ class ShardCombiner:
         pending.numels.extend(numels)
         written = [i for i, s in enumerate(shards) if s.write]
         if written:
-            placeholder = torch.full((len(written), len(self.ops)), math.nan, dtype=torch.float64,
-                                     device=matches.device)
+            placeholder = torch.full(
+                (len(written), len(self.ops)), math.nan, dtype=torch.float64, device=matches.device
+            )
             mon.buffer.add_many([keys[i] for i in written], placeholder)
             pending.share_targets.append((placeholder, [first + i for i in written]))
 
@@ -171,8 +174,11 @@ class ShardCombiner:
                 self._combine(part)
             except Exception as exc:  # contained: training goes on, sharded statistics stop
                 self.enabled = False
-                logger.error("msmon[rank %d]: combining sharded statistics failed and is switched off; training "
-                             "continues: %r", self.mon.rank, exc)
+                logger.error(
+                    "msmon[rank %d]: combining sharded statistics failed and is switched off; training continues: %r",
+                    self.mon.rank,
+                    exc,
+                )
                 return
 
     def clear(self) -> None:
@@ -185,15 +191,21 @@ class ShardCombiner:
 
     def _combine(self, part: _Pending) -> None:
         n_ops = len(self.ops)
-        device = (part.rows[0].device if part.rows else part.hists[0].device if part.hists
-                  else part.matches[0].device)
-        rows = torch.cat(part.rows).to(device) if part.rows else torch.empty((0, n_ops), dtype=torch.float64,
-                                                                             device=device)
+        device = part.rows[0].device if part.rows else part.hists[0].device if part.hists else part.matches[0].device
+        rows = (
+            torch.cat(part.rows).to(device)
+            if part.rows
+            else torch.empty((0, n_ops), dtype=torch.float64, device=device)
+        )
         counts = torch.tensor(part.counts, dtype=torch.float64).to(device, non_blocking=True)
-        hists = torch.stack(part.hists).to(device) if part.hists else torch.empty((0, 0), dtype=torch.float64,
-                                                                                  device=device)
-        matches = torch.cat(part.matches).to(device) if part.matches else torch.empty(0, dtype=torch.float64,
-                                                                                       device=device)
+        hists = (
+            torch.stack(part.hists).to(device)
+            if part.hists
+            else torch.empty((0, 0), dtype=torch.float64, device=device)
+        )
+        matches = (
+            torch.cat(part.matches).to(device) if part.matches else torch.empty(0, dtype=torch.float64, device=device)
+        )
         numels = torch.tensor(part.numels, dtype=torch.float64).to(device, non_blocking=True)
         lead = [] if self.stamp is None else [torch.full((1,), self.stamp(), dtype=torch.float64, device=device)]
         payload = torch.cat([*lead, rows.reshape(-1), counts, hists.reshape(-1), matches, numels])
@@ -204,21 +216,21 @@ class ShardCombiner:
         if part.matches:
             k = len(part.numels)
             width = gathered.shape[1]
-            summed = gathered[:, width - 2 * k:].sum(0)
+            summed = gathered[:, width - 2 * k :].sum(0)
             shares = scalar_rows(summed[:k] / summed[k:], self.ops, part.eps)  # 0 / 0: NaN, a tensor empty everywhere
             for placeholder, slots in part.share_targets:
                 index = torch.tensor(slots, dtype=torch.long).to(shares.device, non_blocking=True)
                 placeholder.copy_(shares.index_select(0, index).to(placeholder.device))
-            gathered = gathered[:, :width - 2 * k]
+            gathered = gathered[:, : width - 2 * k]
         n = rows.shape[0]
-        all_rows = gathered[:, :n * n_ops].reshape(-1, n, n_ops)
-        all_counts = gathered[:, n * n_ops:n * n_ops + n]
+        all_rows = gathered[:, : n * n_ops].reshape(-1, n, n_ops)
+        all_counts = gathered[:, n * n_ops : n * n_ops + n]
         combined = combine_gathered(all_rows, all_counts, self.ops)
         for placeholder, slots in part.targets:
             index = torch.tensor(slots, dtype=torch.long).to(combined.device, non_blocking=True)
             placeholder.copy_(combined.index_select(0, index).to(placeholder.device))
         if part.hists:
-            summed = gathered[:, n * n_ops + n:].reshape(gathered.shape[0], *hists.shape).sum(0)
+            summed = gathered[:, n * n_ops + n :].reshape(gathered.shape[0], *hists.shape).sum(0)
             for i, target in enumerate(part.hist_targets):
                 if target is not None:
                     target.copy_(summed[i].to(target.device))

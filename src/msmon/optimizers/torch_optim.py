@@ -1,4 +1,5 @@
 """torch.optim optimizers (any subclass, including user-defined ones)."""
+
 from __future__ import annotations
 
 import weakref
@@ -7,7 +8,6 @@ from typing import Any, Callable
 import torch
 
 from .base import Moments, OptimizerAdapter, hold_weakly
-
 
 _reevaluations = [0]  # closures of a step now running again (LBFGS's line search), all optimizers
 
@@ -60,7 +60,7 @@ class TorchOptimAdapter(OptimizerAdapter):
                 return args, kwargs
             for i, arg in enumerate(args):
                 if arg is not _opt and callable(arg) and not hasattr(arg, "param_groups"):
-                    return args[:i] + (_ClosureOnce(arg, before),) + args[i + 1:], kwargs
+                    return args[:i] + (_ClosureOnce(arg, before),) + args[i + 1 :], kwargs
             before()
             return None
 

@@ -4,12 +4,14 @@ DuckDB's executemany costs about a millisecond per row; its CSV reader takes mil
 a second, and needs neither pandas nor pyarrow. NULL is written as `\\N`; floats as Python's
 repr (`nan`, `inf` and `-inf` read back as the same doubles); lists as `[1, 2]`, cast by DuckDB.
 """
+
 from __future__ import annotations
 
 import csv
 import os
 import tempfile
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 NULL = "\\N"
 
@@ -29,8 +31,10 @@ def _cell(value: Any) -> Any:
 def csv_source(path: str, columns: Sequence[tuple[str, str]]) -> str:
     """A read_csv(...) expression for a header-less file of these (name, type) columns."""
     spec = ", ".join(f"'{name}': '{_file_type(kind)}'" for name, kind in columns)
-    return (f"read_csv('{_quoted(path)}', header=false, auto_detect=false, delim=',', quote='\"', escape='\"', "
-            f"nullstr='{NULL}', columns={{{spec}}})")
+    return (
+        f"read_csv('{_quoted(path)}', header=false, auto_detect=false, delim=',', quote='\"', escape='\"', "
+        f"nullstr='{NULL}', columns={{{spec}}})"
+    )
 
 
 def _file_type(kind: str) -> str:
@@ -45,8 +49,9 @@ def _quoted(path: str) -> str:
     return path.replace("'", "''")
 
 
-def insert_rows(con, table: str, columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]],
-                tmp_dir: str | None = None) -> int:
+def insert_rows(
+    con, table: str, columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]], tmp_dir: str | None = None
+) -> int:
     """Append `rows` (tuples in `columns` order) to `table`; returns how many were written."""
     fd, path = tempfile.mkstemp(prefix="msmon-rows-", suffix=".csv", dir=tmp_dir)
     count = 0

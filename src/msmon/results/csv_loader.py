@@ -8,13 +8,14 @@ in one pass and unpivots into rows of (op, value). A file is read from a byte of
 last newline: a grown file adds only its new lines, and a line still being written waits for
 the next load.
 """
+
 from __future__ import annotations
 
 import os
 import tempfile
 from dataclasses import dataclass, field
 
-from .bulk import insert_rows, _quoted
+from .bulk import _quoted, insert_rows
 
 TAIL_CHECK = 64  # bytes before the end of what was loaded, compared before appending to it
 KEY_COLUMNS = {"vpp_stage": "INTEGER", "name": "VARCHAR", "step": "BIGINT", "micro_step": "INTEGER"}
@@ -32,8 +33,8 @@ class CsvWork:
     start: int
     reload: bool
     header: str = ""
-    end: int = 0        # the offset after the last complete line read
-    lines: int = 0      # data lines read
+    end: int = 0  # the offset after the last complete line read
+    lines: int = 0  # data lines read
     tail: str | None = None  # hex of the last TAIL_CHECK bytes before `end`
     problem: str | None = None
 
@@ -82,7 +83,7 @@ def _body(work: CsvWork) -> bytes:
         offset = cut + 1
     last = max(data.rfind(b"\n"), offset - 1)
     work.end = work.start + last + 1
-    work.tail = data[last + 1 - TAIL_CHECK:last + 1].hex() if last + 1 >= TAIL_CHECK else tail_of(work.path, work.end)
+    work.tail = data[last + 1 - TAIL_CHECK : last + 1].hex() if last + 1 >= TAIL_CHECK else tail_of(work.path, work.end)
     lines = data[offset:last]
     if last < offset:
         return b""
@@ -117,8 +118,13 @@ class CsvBatch:
     def flush(self, con) -> tuple[int, int]:
         """Insert everything; returns (values inserted, lines skipped as malformed)."""
         values = skipped = 0
-        insert_rows(con, "batch_files", [("id", "INTEGER"), ("rank", "INTEGER"), ("category", "VARCHAR")],
-                    ((w.file_id, w.rank, w.category) for w in self.works), self.tmp_dir)
+        insert_rows(
+            con,
+            "batch_files",
+            [("id", "INTEGER"), ("rank", "INTEGER"), ("category", "VARCHAR")],
+            ((w.file_id, w.rank, w.category) for w in self.works),
+            self.tmp_dir,
+        )
         reloads = [w.file_id for w in self.works if w.reload]
         if reloads:
             con.execute("DELETE FROM metrics WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [reloads])
@@ -139,8 +145,10 @@ class CsvBatch:
 
 def compact_tensors(con) -> None:
     """One row per tensor in `tensors`, at the first position it was seen."""
-    con.execute("CREATE OR REPLACE TEMP TABLE tensors_min AS SELECT category, vpp_stage, name, min(position) AS position "
-                "FROM tensors GROUP BY category, vpp_stage, name")
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE tensors_min AS SELECT category, vpp_stage, name, min(position) AS position "
+        "FROM tensors GROUP BY category, vpp_stage, name"
+    )
     con.execute("DELETE FROM tensors")
     con.execute("INSERT INTO tensors SELECT * FROM tensors_min")
     con.execute("DROP TABLE tensors_min")
@@ -153,9 +161,11 @@ def _insert_layout(con, header: str, parts: list[bytes], tmp_dir: str | None) ->
         with os.fdopen(fd, "wb") as fh:
             fh.writelines(parts)
         spec = ", ".join(["'file_id': 'INTEGER'"] + [f"'{c}': '{KEY_COLUMNS.get(c, 'DOUBLE')}'" for c in columns])
-        con.execute(f"CREATE OR REPLACE TEMP TABLE batch_wide AS SELECT * FROM read_csv('{_quoted(path)}', "
-                    f"header=false, auto_detect=false, delim=',', quote='\"', escape='\"', ignore_errors=true, "
-                    f"columns={{{spec}}})")
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE batch_wide AS SELECT * FROM read_csv('{_quoted(path)}', "
+            f"header=false, auto_detect=false, delim=',', quote='\"', escape='\"', ignore_errors=true, "
+            f"columns={{{spec}}})"
+        )
     finally:
         os.unlink(path)
     read = con.execute("SELECT count(*) FROM batch_wide").fetchone()[0]

@@ -7,38 +7,93 @@ there), the new events of a grown event file, and reloads anything else that cha
 batch of files is committed with its rows, so an interrupted load leaves a consistent
 database that the next run completes. Files that disappeared from disk keep their rows.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 from . import schema
 from .bulk import insert_rows
 from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, compact_tensors, read_header, tail_of
 from .scan import ANOMALIES, CONFIG, CSV, SUMMARY, TENSORBOARD, FoundFile, scan
 
-FILE_COLUMNS = [("id", "INTEGER"), ("path", "VARCHAR"), ("kind", "VARCHAR"), ("rank", "INTEGER"),
-                ("rank_dir", "VARCHAR"), ("category", "VARCHAR"), ("size", "BIGINT"), ("mtime_ns", "BIGINT"),
-                ("loaded_bytes", "BIGINT"), ("records", "BIGINT"), ("header", "VARCHAR"), ("tail", "VARCHAR"),
-                ("loaded_at", "TIMESTAMP")]
-METRIC_COLUMNS = [("rank", "INTEGER"), ("vpp_stage", "INTEGER"), ("category", "VARCHAR"), ("name", "VARCHAR"),
-                  ("step", "BIGINT"), ("micro_step", "INTEGER"), ("op", "VARCHAR"), ("value", "DOUBLE"),
-                  ("file_id", "INTEGER")]
-HISTOGRAM_COLUMNS = [("rank", "INTEGER"), ("vpp_stage", "INTEGER"), ("category", "VARCHAR"), ("name", "VARCHAR"),
-                     ("step", "BIGINT"), ("edges", "DOUBLE[]"), ("counts", "DOUBLE[]"), ("file_id", "INTEGER")]
-SUMMARY_KEYS = ("steps_recorded", "alerts", "first_nonfinite", "monitor_seconds", "steps_timed", "step_ms",
-                "monitor_ms_per_step", "monitor_cost_pct", "writer_cpu_seconds", "writer_cpu_ms_per_step",
-                "last_step")
-ANOMALY_COLUMNS = [("seq", "INTEGER"), ("rank", "INTEGER"), ("step", "BIGINT"), ("micro_step", "INTEGER"),
-                   ("pp_stage", "INTEGER"), ("vpp_stage", "INTEGER"), ("stage", "VARCHAR"), ("call_id", "INTEGER"),
-                   ("name", "VARCHAR"), ("category", "VARCHAR"), ("tag", "VARCHAR"), ("op", "VARCHAR"),
-                   ("value", "DOUBLE"), ("history", "DOUBLE"), ("rule", "VARCHAR"), ("message", "VARCHAR"),
-                   ("group_mates", "INTEGER[]"), ("description", "VARCHAR"), ("file", "VARCHAR")]
+FILE_COLUMNS = [
+    ("id", "INTEGER"),
+    ("path", "VARCHAR"),
+    ("kind", "VARCHAR"),
+    ("rank", "INTEGER"),
+    ("rank_dir", "VARCHAR"),
+    ("category", "VARCHAR"),
+    ("size", "BIGINT"),
+    ("mtime_ns", "BIGINT"),
+    ("loaded_bytes", "BIGINT"),
+    ("records", "BIGINT"),
+    ("header", "VARCHAR"),
+    ("tail", "VARCHAR"),
+    ("loaded_at", "TIMESTAMP"),
+]
+METRIC_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("vpp_stage", "INTEGER"),
+    ("category", "VARCHAR"),
+    ("name", "VARCHAR"),
+    ("step", "BIGINT"),
+    ("micro_step", "INTEGER"),
+    ("op", "VARCHAR"),
+    ("value", "DOUBLE"),
+    ("file_id", "INTEGER"),
+]
+HISTOGRAM_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("vpp_stage", "INTEGER"),
+    ("category", "VARCHAR"),
+    ("name", "VARCHAR"),
+    ("step", "BIGINT"),
+    ("edges", "DOUBLE[]"),
+    ("counts", "DOUBLE[]"),
+    ("file_id", "INTEGER"),
+]
+SUMMARY_KEYS = (
+    "steps_recorded",
+    "alerts",
+    "first_nonfinite",
+    "monitor_seconds",
+    "steps_timed",
+    "step_ms",
+    "monitor_ms_per_step",
+    "monitor_cost_pct",
+    "writer_cpu_seconds",
+    "writer_cpu_ms_per_step",
+    "last_step",
+)
+ANOMALY_COLUMNS = [
+    ("seq", "INTEGER"),
+    ("rank", "INTEGER"),
+    ("step", "BIGINT"),
+    ("micro_step", "INTEGER"),
+    ("pp_stage", "INTEGER"),
+    ("vpp_stage", "INTEGER"),
+    ("stage", "VARCHAR"),
+    ("call_id", "INTEGER"),
+    ("name", "VARCHAR"),
+    ("category", "VARCHAR"),
+    ("tag", "VARCHAR"),
+    ("op", "VARCHAR"),
+    ("value", "DOUBLE"),
+    ("history", "DOUBLE"),
+    ("rule", "VARCHAR"),
+    ("message", "VARCHAR"),
+    ("group_mates", "INTEGER[]"),
+    ("description", "VARCHAR"),
+    ("file", "VARCHAR"),
+]
 
 
 class DatabaseError(Exception):
@@ -82,20 +137,24 @@ class LoadReport:
     missing: int = 0
     values: int = 0
     histograms: int = 0
-    anomalies: int | None = None   # None: no dump changed, the table was kept
+    anomalies: int | None = None  # None: no dump changed, the table was kept
     skipped_lines: int = 0
     tb_duplicates: int = 0
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def lines(self) -> list[str]:
-        out = [f"msmon db: {self.new} new, {self.grown} grown, {self.reloaded} changed and reloaded, "
-               f"{self.unchanged} unchanged files; {self.values:,} values and {self.histograms:,} histograms added"
-               + ("" if self.anomalies is None else f"; {self.anomalies:,} anomaly records")
-               + f" in {self.seconds:.1f} s -> {self.database}"]
+        out = [
+            f"msmon db: {self.new} new, {self.grown} grown, {self.reloaded} changed and reloaded, "
+            f"{self.unchanged} unchanged files; {self.values:,} values and {self.histograms:,} histograms added"
+            + ("" if self.anomalies is None else f"; {self.anomalies:,} anomaly records")
+            + f" in {self.seconds:.1f} s -> {self.database}"
+        ]
         if self.tb_duplicates:
-            out.append(f"msmon db: {self.tb_duplicates:,} TensorBoard scalars left out: the same categories are "
-                       "in the CSV files of their rank directory")
+            out.append(
+                f"msmon db: {self.tb_duplicates:,} TensorBoard scalars left out: the same categories are "
+                "in the CSV files of their rank directory"
+            )
         if self.skipped_lines:
             out.append(f"msmon db: {self.skipped_lines:,} malformed CSV lines skipped")
         if self.missing:
@@ -111,8 +170,16 @@ def _progress(total: int, enabled: bool | None):
         from tqdm import tqdm
     except ImportError:
         return _NoProgress()
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="msmon db", file=sys.stderr,
-                disable=None if enabled is None else not enabled, dynamic_ncols=True)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc="msmon db",
+        file=sys.stderr,
+        disable=None if enabled is None else not enabled,
+        dynamic_ncols=True,
+    )
 
 
 class _NoProgress:
@@ -133,8 +200,9 @@ class Loader:
         self.report = LoadReport(database)
         schema.create(con)
         con.execute("CREATE TEMP TABLE IF NOT EXISTS batch_files (id INTEGER, rank INTEGER, category VARCHAR)")
-        rows = con.execute("SELECT path, id, size, mtime_ns, loaded_bytes, records, header, tail, kind "
-                           "FROM files").fetchall()
+        rows = con.execute(
+            "SELECT path, id, size, mtime_ns, loaded_bytes, records, header, tail, kind FROM files"
+        ).fetchall()
         self.known = {r[0]: Known(*r[1:8]) for r in rows}
         self.kinds = {r[0]: r[8] for r in rows}
         self.next_id = (con.execute("SELECT coalesce(max(id), -1) FROM files").fetchone()[0]) + 1
@@ -156,8 +224,9 @@ class Loader:
         found: list[FoundFile] = []
         for directory in directories:
             if not os.path.isdir(directory):
-                raise DatabaseError(f"{directory} is not a directory (expected a monitor output directory, "
-                                    "$MONITOR_OUTPUT_DIR)")
+                raise DatabaseError(
+                    f"{directory} is not a directory (expected a monitor output directory, $MONITOR_OUTPUT_DIR)"
+                )
             found += scan(directory)
         unique = {f.path: f for f in found}  # -d given twice, or a directory inside another
         found = list(unique.values())
@@ -215,8 +284,12 @@ class Loader:
     def _csv_work(self, f: FoundFile, old: Known | None) -> CsvWork:
         """Append when the file grew past what was loaded, its header is the same and the bytes
         the last load ended on are still there; otherwise read it again from the start."""
-        if old is not None and f.size >= old.loaded_bytes > 0 and read_header(f.path) == old.header \
-                and tail_of(f.path, old.loaded_bytes) == old.tail:
+        if (
+            old is not None
+            and f.size >= old.loaded_bytes > 0
+            and read_header(f.path) == old.header
+            and tail_of(f.path, old.loaded_bytes) == old.tail
+        ):
             self._count(old, True)
             return CsvWork(old.id, f.path, f.rank, f.category or "", old.loaded_bytes, False, old.header or "")
         self._count(old, False)
@@ -228,7 +301,8 @@ class Loader:
             if f.kind == CSV and f.category:
                 out.setdefault(f.rank_dir, set()).add(f.category)
         for rank_dir, category in self.con.execute(
-                "SELECT DISTINCT rank_dir, category FROM files WHERE kind = 'csv'").fetchall():
+            "SELECT DISTINCT rank_dir, category FROM files WHERE kind = 'csv'"
+        ).fetchall():
             out.setdefault(rank_dir, set()).add(category)
         return out
 
@@ -266,11 +340,32 @@ class Loader:
             con.rollback()
             raise
 
-    def _file_row(self, f: FoundFile, file_id: int, loaded_bytes: int, records: int, rank: int | None = None,
-                  header: str | None = None, tail: str | None = None) -> tuple:
+    def _file_row(
+        self,
+        f: FoundFile,
+        file_id: int,
+        loaded_bytes: int,
+        records: int,
+        rank: int | None = None,
+        header: str | None = None,
+        tail: str | None = None,
+    ) -> tuple:
         """A row of the files table (rank: when the file's content knows it better than its directory)."""
-        return (file_id, f.path, f.kind, f.rank if rank is None else rank, f.rank_dir, f.category, f.size,
-                f.mtime_ns, loaded_bytes, records, header, tail, self.loaded_at)
+        return (
+            file_id,
+            f.path,
+            f.kind,
+            f.rank if rank is None else rank,
+            f.rank_dir,
+            f.category,
+            f.size,
+            f.mtime_ns,
+            loaded_bytes,
+            records,
+            header,
+            tail,
+            self.loaded_at,
+        )
 
     def _upsert_files(self, rows: list[tuple]) -> None:
         if not rows:
@@ -294,14 +389,20 @@ class Loader:
             if reload:
                 con.execute("DELETE FROM metrics WHERE file_id = ?", [file_id])
                 con.execute("DELETE FROM histograms WHERE file_id = ?", [file_id])
-            self.report.values += insert_rows(con, "metrics", METRIC_COLUMNS,
-                                              (r + (file_id,) for r in rows.scalars), self.tmp_dir)
-            self.report.histograms += insert_rows(con, "histograms", HISTOGRAM_COLUMNS,
-                                                  (r + (file_id,) for r in rows.histograms), self.tmp_dir)
+            self.report.values += insert_rows(
+                con, "metrics", METRIC_COLUMNS, (r + (file_id,) for r in rows.scalars), self.tmp_dir
+            )
+            self.report.histograms += insert_rows(
+                con, "histograms", HISTOGRAM_COLUMNS, (r + (file_id,) for r in rows.histograms), self.tmp_dir
+            )
             if rows.positions:
-                insert_rows(con, "tensors", [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"),
-                                             ("position", "BIGINT")],
-                            [(c, v, n, p) for (c, v, n), p in rows.positions.items()], self.tmp_dir)
+                insert_rows(
+                    con,
+                    "tensors",
+                    [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"), ("position", "BIGINT")],
+                    [(c, v, n, p) for (c, v, n), p in rows.positions.items()],
+                    self.tmp_dir,
+                )
                 compact_tensors(con)
             rank = f.rank if f.rank is not None else next((r[0] for r in rows.scalars or rows.histograms), None)
             self._upsert_files([self._file_row(f, file_id, f.size, rows.events, rank)])
@@ -330,8 +431,9 @@ class Loader:
             if f.kind == SUMMARY:
                 values = [data.get(k) for k in SUMMARY_KEYS]
                 values[2] = None if values[2] is None else json.dumps(values[2])
-                summaries.append((rank, f.rank_dir, *[_number(v) if i != 2 else v for i, v in enumerate(values)],
-                                  text, file_id))
+                summaries.append(
+                    (rank, f.rank_dir, *[_number(v) if i != 2 else v for i, v in enumerate(values)], text, file_id)
+                )
             else:
                 configs.append((rank, f.rank_dir, _joined(data.get("format")), _joined(data.get("ops")), text, file_id))
             files.append(self._file_row(f, file_id, f.size, 1, rank))
@@ -340,12 +442,29 @@ class Loader:
             ids = [r[0] for r in files]
             con.execute("DELETE FROM summaries WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [ids])
             con.execute("DELETE FROM configs WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [ids])
-            insert_rows(con, "summaries", [("rank", "INTEGER"), ("rank_dir", "VARCHAR")]
-                        + [(k, "VARCHAR" if k == "first_nonfinite" else "DOUBLE") for k in SUMMARY_KEYS]
-                        + [("summary", "VARCHAR"), ("file_id", "INTEGER")], summaries, self.tmp_dir)
-            insert_rows(con, "configs", [("rank", "INTEGER"), ("rank_dir", "VARCHAR"), ("format", "VARCHAR"),
-                                         ("ops", "VARCHAR"), ("config", "VARCHAR"), ("file_id", "INTEGER")],
-                        configs, self.tmp_dir)
+            insert_rows(
+                con,
+                "summaries",
+                [("rank", "INTEGER"), ("rank_dir", "VARCHAR")]
+                + [(k, "VARCHAR" if k == "first_nonfinite" else "DOUBLE") for k in SUMMARY_KEYS]
+                + [("summary", "VARCHAR"), ("file_id", "INTEGER")],
+                summaries,
+                self.tmp_dir,
+            )
+            insert_rows(
+                con,
+                "configs",
+                [
+                    ("rank", "INTEGER"),
+                    ("rank_dir", "VARCHAR"),
+                    ("format", "VARCHAR"),
+                    ("ops", "VARCHAR"),
+                    ("config", "VARCHAR"),
+                    ("file_id", "INTEGER"),
+                ],
+                configs,
+                self.tmp_dir,
+            )
             self._upsert_files(files)
             con.commit()
         except BaseException:
@@ -358,16 +477,38 @@ class Loader:
         from ..anomaly.analyse import order_events, read_dump_files
 
         known = [p for p, kind in self.kinds.items() if kind == ANOMALIES and p not in on_disk and os.path.exists(p)]
-        paths = sorted({f.path for f, *_ in items} | {p for p in on_disk if self.kinds.get(p) == ANOMALIES} | set(known))
+        paths = sorted(
+            {f.path for f, *_ in items} | {p for p in on_disk if self.kinds.get(p) == ANOMALIES} | set(known)
+        )
         dumps = read_dump_files(paths)
         self.report.problems += dumps.problems
         ordered = order_events(dumps.events)
         rows = []
         for seq, e in enumerate(ordered):
             js = e.to_json()
-            rows.append((seq, e.rank, e.step, e.micro_step, e.pp_stage, e.vpp_stage, e.stage, e.call_id, e.name,
-                         e.category, e.tag, e.op, e.value, e.history, e.rule, e.message, e.group_mates,
-                         js["description"], e.file))
+            rows.append(
+                (
+                    seq,
+                    e.rank,
+                    e.step,
+                    e.micro_step,
+                    e.pp_stage,
+                    e.vpp_stage,
+                    e.stage,
+                    e.call_id,
+                    e.name,
+                    e.category,
+                    e.tag,
+                    e.op,
+                    e.value,
+                    e.history,
+                    e.rule,
+                    e.message,
+                    e.group_mates,
+                    js["description"],
+                    e.file,
+                )
+            )
         counts: dict[str, int] = {}
         for e in ordered:
             counts[e.file] = counts.get(e.file, 0) + 1
@@ -376,8 +517,9 @@ class Loader:
         try:
             con.execute("DELETE FROM anomalies")
             self.report.anomalies = insert_rows(con, "anomalies", ANOMALY_COLUMNS, rows, self.tmp_dir)
-            self._upsert_files([self._file_row(f, self._id_for(f), f.size, counts.get(f.path, 0))
-                                for f, _reload, _ in items])
+            self._upsert_files(
+                [self._file_row(f, self._id_for(f), f.size, counts.get(f.path, 0)) for f, _reload, _ in items]
+            )
             con.commit()
         except BaseException:
             con.rollback()
@@ -394,14 +536,16 @@ def _joined(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def load(directories: Iterable[str], database: str, progress: bool | None = None,
-         tmp_dir: str | None = None) -> LoadReport:
+def load(
+    directories: Iterable[str], database: str, progress: bool | None = None, tmp_dir: str | None = None
+) -> LoadReport:
     """Load (or bring up to date) `database` from the monitor output `directories`."""
     directories = list(directories)
     for directory in directories:  # before the database file is created
         if not os.path.isdir(directory):
-            raise DatabaseError(f"{directory} is not a directory (expected a monitor output directory, "
-                                "$MONITOR_OUTPUT_DIR)")
+            raise DatabaseError(
+                f"{directory} is not a directory (expected a monitor output directory, $MONITOR_OUTPUT_DIR)"
+            )
     con = connect(database)
     try:
         return Loader(con, database, tmp_dir).load(directories, progress)

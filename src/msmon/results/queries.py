@@ -8,6 +8,7 @@ are read from it, so their cost follows tensors x steps, not ranks. Whatever the
 run, a heatmap has at most `max_rows` x `max_steps` cells: neighbouring steps (and tensors, in
 the order the monitor wrote them) are merged, keeping the largest value, and the page says so.
 """
+
 from __future__ import annotations
 
 import base64
@@ -18,14 +19,24 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ..anomaly.analyse import AnomalyEvent, NAN_ORIGIN_RULE, first_per_rank, verdict
+from ..anomaly.analyse import NAN_ORIGIN_RULE, AnomalyEvent, first_per_rank, verdict
 from .bulk import insert_rows
 from .schema import OPS
 
 # tensors that are the same on every data-parallel rank, so that a spread across ranks is news
 REPLICATED = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
-CATEGORY_ORDER = ("actv", "actv_grad", "grad_unreduced", "grad_reduced", "param_origin", "param_updated",
-                  "exp_avg", "exp_avg_sq", "update", "ratio")
+CATEGORY_ORDER = (
+    "actv",
+    "actv_grad",
+    "grad_unreduced",
+    "grad_reduced",
+    "param_origin",
+    "param_updated",
+    "exp_avg",
+    "exp_avg_sq",
+    "update",
+    "ratio",
+)
 EMPTY, ZERO, NONFINITE, FIRST_LEVEL, LAST_LEVEL = 0, 1, 2, 3, 65535
 
 
@@ -33,9 +44,9 @@ EMPTY, ZERO, NONFINITE, FIRST_LEVEL, LAST_LEVEL = 0, 1, 2, 3, 65535
 class Limits:
     """Bounds on what the page holds, whatever the size of the run."""
 
-    max_steps: int = 120      # heatmap columns
-    max_rows: int = 64        # heatmap rows (tensors)
-    movers: int = 8           # per category and op
+    max_steps: int = 120  # heatmap columns
+    max_rows: int = 64  # heatmap rows (tensors)
+    movers: int = 8  # per category and op
     spread_rows: int = 25
     timeline_points: int = 4000
     first_anomalies: int = 20
@@ -70,14 +81,26 @@ def overview(con) -> dict[str, Any]:
     steps = con.execute("SELECT min(step), max(step), count(DISTINCT step) FROM per_step").fetchone()
     ranks = con.execute("SELECT count(DISTINCT rank) FROM files WHERE kind IN ('csv', 'tensorboard')").fetchone()[0]
     dirs = con.execute("SELECT count(DISTINCT rank_dir) FROM files WHERE kind IN ('csv', 'tensorboard')").fetchone()[0]
-    doubled = [r[0] for r in con.execute(
-        "SELECT rank FROM files WHERE kind IN ('csv', 'tensorboard') GROUP BY rank "
-        "HAVING count(DISTINCT rank_dir) > 1 ORDER BY rank").fetchall()]
-    tensors = con.execute("SELECT count(*) FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step)").fetchone()[0]
+    doubled = [
+        r[0]
+        for r in con.execute(
+            "SELECT rank FROM files WHERE kind IN ('csv', 'tensorboard') GROUP BY rank "
+            "HAVING count(DISTINCT rank_dir) > 1 ORDER BY rank"
+        ).fetchall()
+    ]
+    tensors = con.execute("SELECT count(*) FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step)").fetchone()[
+        0
+    ]
     roots = con.execute("SELECT value FROM meta WHERE key = 'roots'").fetchone()
     return {
-        "ranks": ranks, "rank_dirs": dirs, "ranks_with_several_dirs": doubled[:20], "several_dirs": len(doubled),
-        "first_step": steps[0], "last_step": steps[1], "steps": steps[2], "tensors": tensors,
+        "ranks": ranks,
+        "rank_dirs": dirs,
+        "ranks_with_several_dirs": doubled[:20],
+        "several_dirs": len(doubled),
+        "first_step": steps[0],
+        "last_step": steps[1],
+        "steps": steps[2],
+        "tensors": tensors,
         "values": con.execute("SELECT count(*) FROM metrics").fetchone()[0],
         "files": con.execute("SELECT count(*) FROM files").fetchone()[0],
         "anomalies": con.execute("SELECT count(*) FROM anomalies").fetchone()[0],
@@ -132,10 +155,11 @@ def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict
         return out, {"first_step": first, "step_width": width, "columns": 0}
     tensors: dict[str, list[tuple[int, str]]] = {}
     for category, vpp, name, _ in con.execute(
-            "SELECT p.category, p.vpp_stage, p.name, min(t.position) AS o "
-            "FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step) p "
-            "LEFT JOIN tensors t USING (category, vpp_stage, name) GROUP BY ALL "
-            "ORDER BY p.category, o NULLS LAST, p.vpp_stage, p.name").fetchall():
+        "SELECT p.category, p.vpp_stage, p.name, min(t.position) AS o "
+        "FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step) p "
+        "LEFT JOIN tensors t USING (category, vpp_stage, name) GROUP BY ALL "
+        "ORDER BY p.category, o NULLS LAST, p.vpp_stage, p.name"
+    ).fetchall():
         tensors.setdefault(category, []).append((vpp, name))
     rows, labels, per_row = [], {}, {}
     for category, names in tensors.items():
@@ -144,14 +168,20 @@ def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict
         per_row[category] = group
         labels[category] = []
         for i in range(0, len(names), group):
-            g = names[i:i + group]
+            g = names[i : i + group]
             head = _label(*g[0], several_vpp)
             labels[category].append(head if len(g) == 1 else f"{head} … {_label(*g[-1], several_vpp)} ({len(g)})")
             rows += [(category, vpp, name, i // group) for vpp, name in g]
-    con.execute("CREATE OR REPLACE TEMP TABLE heatmap_rows (category VARCHAR, vpp_stage INTEGER, name VARCHAR, "
-                "row INTEGER)")
-    insert_rows(con, "heatmap_rows", [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"),
-                                      ("row", "INTEGER")], rows, tmp_dir)
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE heatmap_rows (category VARCHAR, vpp_stage INTEGER, name VARCHAR, row INTEGER)"
+    )
+    insert_rows(
+        con,
+        "heatmap_rows",
+        [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"), ("row", "INTEGER")],
+        rows,
+        tmp_dir,
+    )
     cells: dict[tuple[str, str], dict[tuple[int, int], tuple[float | None, bool]]] = {}
     for category, op, row, b, v, bad in con.execute(f"""
             SELECT p.category, p.op, r.row, (p.step - {first}) // {width} AS b, max(p.v), bool_or(p.bad)
@@ -162,8 +192,18 @@ def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict
             table = cells.get((category, op), {})
             grid = [[table.get((r, b), (None, False)) for b in range(columns)] for r in range(len(labels[category]))]
             data, lo, hi = _encode(grid)
-            out.append({"category": category, "op": op, "rows": labels[category], "tensors": len(tensors[category]),
-                        "tensors_per_row": per_row[category], "data": data, "lo": lo, "hi": hi})
+            out.append(
+                {
+                    "category": category,
+                    "op": op,
+                    "rows": labels[category],
+                    "tensors": len(tensors[category]),
+                    "tensors_per_row": per_row[category],
+                    "data": data,
+                    "lo": lo,
+                    "hi": hi,
+                }
+            )
     return out, {"first_step": first, "step_width": width, "columns": columns}
 
 
@@ -185,8 +225,16 @@ def movers(con, limits: Limits) -> dict[str, dict[str, list[dict[str, Any]]]]:
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for category, op, vpp, name, ps, step, pv, v, score in rows:
         out.setdefault(category, {}).setdefault(op, []).append(
-            {"name": name, "vpp_stage": vpp, "from_step": ps, "step": step, "before": pv, "after": v,
-             "factor": 10 ** score if v >= pv else -(10 ** score)})
+            {
+                "name": name,
+                "vpp_stage": vpp,
+                "from_step": ps,
+                "step": step,
+                "before": pv,
+                "after": v,
+                "factor": 10**score if v >= pv else -(10**score),
+            }
+        )
     return out
 
 
@@ -196,7 +244,9 @@ def rank_spread(con, limits: Limits, first: int, width: int) -> dict[str, Any]:
     base = f"""
         SELECT *, hi - lo AS spread, (hi - lo) / greatest(abs(hi), abs(lo), 1e-30) AS rel FROM per_step
         WHERE n > 1 AND category IN ({replicated}) AND lo IS NOT NULL"""
-    compared = con.execute(f"SELECT count(*), count(DISTINCT (category, vpp_stage, name)), max(n) FROM ({base})").fetchone()
+    compared = con.execute(
+        f"SELECT count(*), count(DISTINCT (category, vpp_stage, name)), max(n) FROM ({base})"
+    ).fetchone()
     top = con.execute(f"""
         SELECT category, op, vpp_stage, name, max(rel) AS rel, arg_max(step, rel), arg_max(spread, rel),
           arg_max(lo, rel), arg_max(hi, rel), arg_max(lo_rank, rel), arg_max(hi_rank, rel), max(n)
@@ -209,17 +259,50 @@ def rank_spread(con, limits: Limits, first: int, width: int) -> dict[str, Any]:
     for category, b, rel in series:
         by_category.setdefault(category, []).append([first + b * width, rel])
     return {
-        "compared_values": compared[0], "compared_tensors": compared[1], "max_ranks": compared[2],
+        "compared_values": compared[0],
+        "compared_tensors": compared[1],
+        "max_ranks": compared[2],
         "categories": list(REPLICATED),
-        "top": [{"category": c, "op": op, "vpp_stage": vpp, "name": name, "rel": rel, "step": step, "spread": spread,
-                 "min": lo, "max": hi, "min_rank": lo_rank, "max_rank": hi_rank, "ranks": n}
-                for c, op, vpp, name, rel, step, spread, lo, hi, lo_rank, hi_rank, n in top],
+        "top": [
+            {
+                "category": c,
+                "op": op,
+                "vpp_stage": vpp,
+                "name": name,
+                "rel": rel,
+                "step": step,
+                "spread": spread,
+                "min": lo,
+                "max": hi,
+                "min_rank": lo_rank,
+                "max_rank": hi_rank,
+                "ranks": n,
+            }
+            for c, op, vpp, name, rel, step, spread, lo, hi, lo_rank, hi_rank, n in top
+        ],
         "series": by_category,
     }
 
 
-_EVENT_FIELDS = ("rank", "step", "micro_step", "pp_stage", "vpp_stage", "stage", "call_id", "name", "category",
-                 "tag", "op", "value", "history", "rule", "message", "group_mates", "file")
+_EVENT_FIELDS = (
+    "rank",
+    "step",
+    "micro_step",
+    "pp_stage",
+    "vpp_stage",
+    "stage",
+    "call_id",
+    "name",
+    "category",
+    "tag",
+    "op",
+    "value",
+    "history",
+    "rule",
+    "message",
+    "group_mates",
+    "file",
+)
 
 
 def anomaly_events(con) -> list[AnomalyEvent]:
@@ -241,8 +324,17 @@ def anomalies(con, limits: Limits) -> dict[str, Any]:
     """The verdict of `msmon analyse`, the first anomalies, and a bounded timeline across ranks."""
     ordered = anomaly_events(con)
     if not ordered:
-        return {"total": 0, "verdict": verdict([]), "first": [], "points": [], "rules": [], "sampled": False,
-                "origin": None, "first_per_rank": 0, "ranks": 0}
+        return {
+            "total": 0,
+            "verdict": verdict([]),
+            "first": [],
+            "points": [],
+            "rules": [],
+            "sampled": False,
+            "origin": None,
+            "first_per_rank": 0,
+            "ranks": 0,
+        }
     rules = sorted({e.rule or "?" for e in ordered})
     budget = limits.timeline_points
     if len(ordered) <= budget:
@@ -258,31 +350,61 @@ def anomalies(con, limits: Limits) -> dict[str, Any]:
     for i in shown:
         e = ordered[i]
         what = tensors.setdefault(e.what(), len(tensors))
-        points.append([e.step + stage_offset.get(e.stage, 0.9), e.rank, rules.index(e.rule or "?"), i, what,
-                       stages.index(e.stage) if e.stage in stages else -1, e.micro_step])
+        points.append(
+            [
+                e.step + stage_offset.get(e.stage, 0.9),
+                e.rank,
+                rules.index(e.rule or "?"),
+                i,
+                what,
+                stages.index(e.stage) if e.stage in stages else -1,
+                e.micro_step,
+            ]
+        )
     origin = next((e for e in ordered if e.rule == NAN_ORIGIN_RULE), None)
     firsts = first_per_rank(ordered)
     return {
-        "total": len(ordered), "verdict": verdict(ordered), "rules": rules, "points": points,
-        "sampled": len(shown) < len(ordered), "shown": len(shown),
-        "first": [_event_json(i, e) for i, e in enumerate(ordered[:limits.first_anomalies])],
+        "total": len(ordered),
+        "verdict": verdict(ordered),
+        "rules": rules,
+        "points": points,
+        "sampled": len(shown) < len(ordered),
+        "shown": len(shown),
+        "first": [_event_json(i, e) for i, e in enumerate(ordered[: limits.first_anomalies])],
         "origin": _event_json(ordered.index(origin), origin) if origin else None,
-        "ranks": len(firsts), "first_per_rank": len(firsts),
-        "tensors": list(tensors), "stages": stages,
+        "ranks": len(firsts),
+        "first_per_rank": len(firsts),
+        "tensors": list(tensors),
+        "stages": stages,
     }
 
 
 def _event_json(seq: int, e: AnomalyEvent) -> dict[str, Any]:
     js = e.to_json()
-    return {"seq": seq, "rank": e.rank, "step": e.step, "micro_step": e.micro_step, "stage": e.stage,
-            "pp_stage": e.pp_stage, "vpp_stage": e.vpp_stage, "rule": e.rule, "name": e.name, "category": e.category,
-            "op": e.op, "value": js["value"], "history": js["history"], "description": js["description"]}
+    return {
+        "seq": seq,
+        "rank": e.rank,
+        "step": e.step,
+        "micro_step": e.micro_step,
+        "stage": e.stage,
+        "pp_stage": e.pp_stage,
+        "vpp_stage": e.vpp_stage,
+        "rule": e.rule,
+        "name": e.name,
+        "category": e.category,
+        "op": e.op,
+        "value": js["value"],
+        "history": js["history"],
+        "description": js["description"],
+    }
 
 
 def first_nonfinite(con) -> list[dict[str, Any]]:
     """Each monitor's own first non-finite origin (summary.json), earliest first."""
-    rows = con.execute("SELECT rank, first_nonfinite FROM summaries WHERE first_nonfinite IS NOT NULL "
-                       "AND first_nonfinite <> 'null' ORDER BY rank").fetchall()
+    rows = con.execute(
+        "SELECT rank, first_nonfinite FROM summaries WHERE first_nonfinite IS NOT NULL "
+        "AND first_nonfinite <> 'null' ORDER BY rank"
+    ).fetchall()
     out = []
     for rank, text in rows:
         try:
@@ -295,8 +417,10 @@ def first_nonfinite(con) -> list[dict[str, Any]]:
 
 def cost(con, limits: Limits) -> dict[str, Any]:
     """The monitor's own cost per rank (summary.json), with the spread over ranks."""
-    rows = con.execute("SELECT rank, step_ms, monitor_ms_per_step, monitor_cost_pct, writer_cpu_ms_per_step, "
-                       "steps_recorded, alerts FROM summaries ORDER BY rank").fetchall()
+    rows = con.execute(
+        "SELECT rank, step_ms, monitor_ms_per_step, monitor_cost_pct, writer_cpu_ms_per_step, "
+        "steps_recorded, alerts FROM summaries ORDER BY rank"
+    ).fetchall()
     if not rows:
         return {"ranks": 0}
     keys = ("step_ms", "monitor_ms_per_step", "monitor_cost_pct", "writer_cpu_ms_per_step")
@@ -304,19 +428,29 @@ def cost(con, limits: Limits) -> dict[str, Any]:
     for i, key in enumerate(keys, 1):
         values = sorted(r[i] for r in rows if r[i] is not None)
         if values:
-            stats[key] = {"min": values[0], "median": statistics.median(values),
-                          "p90": values[min(len(values) - 1, int(0.9 * len(values)))], "max": values[-1]}
+            stats[key] = {
+                "min": values[0],
+                "median": statistics.median(values),
+                "p90": values[min(len(values) - 1, int(0.9 * len(values)))],
+                "max": values[-1],
+            }
     group = max(1, math.ceil(len(rows) / limits.cost_bars))
     bars = []
     for i in range(0, len(rows), group):
-        chunk = [r for r in rows[i:i + group] if r[3] is not None]
+        chunk = [r for r in rows[i : i + group] if r[3] is not None]
         if chunk:
             worst = max(chunk, key=lambda r: r[3])
             bars.append([rows[i][0], rows[min(i + group, len(rows)) - 1][0], worst[3], worst[0]])
     top = sorted((r for r in rows if r[3] is not None), key=lambda r: -r[3])[:10]
-    return {"ranks": len(rows), "stats": stats, "bars": bars, "ranks_per_bar": group,
-            "top": [dict(zip(("rank",) + keys + ("steps_recorded", "alerts"), r)) for r in top],
-            "steps_recorded": sum(r[5] or 0 for r in rows), "alerts": sum(r[6] or 0 for r in rows)}
+    return {
+        "ranks": len(rows),
+        "stats": stats,
+        "bars": bars,
+        "ranks_per_bar": group,
+        "top": [dict(zip(("rank",) + keys + ("steps_recorded", "alerts"), r)) for r in top],
+        "steps_recorded": sum(r[5] or 0 for r in rows),
+        "alerts": sum(r[6] or 0 for r in rows),
+    }
 
 
 def report_data(con, limits: Limits | None = None, tmp_dir: str | None = None) -> dict[str, Any]:

@@ -5,6 +5,7 @@ the data as one JSON block. Nothing is fetched when it is viewed, so it can be m
 to an issue or opened on a machine without network. Its size is bounded by queries.Limits,
 not by the size of the run.
 """
+
 from __future__ import annotations
 
 import html
@@ -26,7 +27,7 @@ window.__msmonError = function (text) {
   if (document.body) document.body.setAttribute("data-rendered", "error");
 };
 window.addEventListener("error", function (e) { window.__msmonError(e.message || String(e)); });
-"""
+"""  # noqa: E501
 
 
 def _static(name: str) -> str:
@@ -76,7 +77,7 @@ self-contained: no network is used to view this page.</footer>
 <script>{_static("report.js")}</script>
 </body>
 </html>
-"""
+"""  # noqa: E501
 
 
 def _subtitle(data: dict[str, Any]) -> str:
@@ -85,8 +86,9 @@ def _subtitle(data: dict[str, Any]) -> str:
     return f"{where} · generated {data.get('generated', '')}"
 
 
-def build(con, output: str, database: str, limits: Limits | None = None, title: str | None = None,
-          tmp_dir: str | None = None) -> dict[str, Any]:
+def build(
+    con, output: str, database: str, limits: Limits | None = None, title: str | None = None, tmp_dir: str | None = None
+) -> dict[str, Any]:
     """Write the report page of an open database to `output`; returns its data."""
     con.execute("SET enable_progress_bar = false")
     data = report_data(con, limits, tmp_dir)

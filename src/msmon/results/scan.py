@@ -11,6 +11,7 @@ Directories are walked however deep (several nodes' outputs may be copied side b
 rank directory's rank is read from its name; a CSV or summary found elsewhere takes the rank
 of summary.json beside it, when there is one.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,11 +32,11 @@ TB_PREFIX = "events.out.tfevents."
 class FoundFile:
     """One file worth loading, as seen on disk now."""
 
-    path: str          # absolute
-    kind: str          # csv | tensorboard | summary | config | anomalies
+    path: str  # absolute
+    kind: str  # csv | tensorboard | summary | config | anomalies
     size: int
     mtime_ns: int
-    rank_dir: str      # the directory holding it
+    rank_dir: str  # the directory holding it
     rank: int | None
     category: str | None = None
 

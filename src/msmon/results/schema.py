@@ -6,6 +6,7 @@ TensorBoard scalar (the file says which: `files.kind`). The other tables keep wh
 statistic row: histograms, anomaly records in training order, each monitor's summary and
 config, and the files loaded (what makes a re-run incremental).
 """
+
 from __future__ import annotations
 
 SCHEMA_VERSION = "1"
@@ -14,24 +15,34 @@ OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 
 TABLES = {
     "meta": "key VARCHAR, value VARCHAR",
-    "files": ("id INTEGER, path VARCHAR, kind VARCHAR, rank INTEGER, rank_dir VARCHAR, category VARCHAR, "
-              "size BIGINT, mtime_ns BIGINT, loaded_bytes BIGINT, records BIGINT, header VARCHAR, tail VARCHAR, "
-              "loaded_at TIMESTAMP"),
-    "metrics": ("rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
-                "micro_step INTEGER, op VARCHAR, value DOUBLE, file_id INTEGER"),
+    "files": (
+        "id INTEGER, path VARCHAR, kind VARCHAR, rank INTEGER, rank_dir VARCHAR, category VARCHAR, "
+        "size BIGINT, mtime_ns BIGINT, loaded_bytes BIGINT, records BIGINT, header VARCHAR, tail VARCHAR, "
+        "loaded_at TIMESTAMP"
+    ),
+    "metrics": (
+        "rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
+        "micro_step INTEGER, op VARCHAR, value DOUBLE, file_id INTEGER"
+    ),
     # one row per tensor: `position` is its line in the monitor's files (the order the monitor
     # recorded it in a step: execution order for activations)
     "tensors": "category VARCHAR, vpp_stage INTEGER, name VARCHAR, position BIGINT",
-    "histograms": ("rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
-                   "edges DOUBLE[], counts DOUBLE[], file_id INTEGER"),
-    "anomalies": ("seq INTEGER, rank INTEGER, step BIGINT, micro_step INTEGER, pp_stage INTEGER, "
-                  "vpp_stage INTEGER, stage VARCHAR, call_id INTEGER, name VARCHAR, category VARCHAR, "
-                  "tag VARCHAR, op VARCHAR, value DOUBLE, history DOUBLE, rule VARCHAR, message VARCHAR, "
-                  "group_mates INTEGER[], description VARCHAR, file VARCHAR"),
-    "summaries": ("rank INTEGER, rank_dir VARCHAR, steps_recorded BIGINT, alerts BIGINT, first_nonfinite VARCHAR, "
-                  "monitor_seconds DOUBLE, steps_timed BIGINT, step_ms DOUBLE, monitor_ms_per_step DOUBLE, "
-                  "monitor_cost_pct DOUBLE, writer_cpu_seconds DOUBLE, writer_cpu_ms_per_step DOUBLE, "
-                  "last_step BIGINT, summary VARCHAR, file_id INTEGER"),
+    "histograms": (
+        "rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
+        "edges DOUBLE[], counts DOUBLE[], file_id INTEGER"
+    ),
+    "anomalies": (
+        "seq INTEGER, rank INTEGER, step BIGINT, micro_step INTEGER, pp_stage INTEGER, "
+        "vpp_stage INTEGER, stage VARCHAR, call_id INTEGER, name VARCHAR, category VARCHAR, "
+        "tag VARCHAR, op VARCHAR, value DOUBLE, history DOUBLE, rule VARCHAR, message VARCHAR, "
+        "group_mates INTEGER[], description VARCHAR, file VARCHAR"
+    ),
+    "summaries": (
+        "rank INTEGER, rank_dir VARCHAR, steps_recorded BIGINT, alerts BIGINT, first_nonfinite VARCHAR, "
+        "monitor_seconds DOUBLE, steps_timed BIGINT, step_ms DOUBLE, monitor_ms_per_step DOUBLE, "
+        "monitor_cost_pct DOUBLE, writer_cpu_seconds DOUBLE, writer_cpu_ms_per_step DOUBLE, "
+        "last_step BIGINT, summary VARCHAR, file_id INTEGER"
+    ),
     "configs": "rank INTEGER, rank_dir VARCHAR, format VARCHAR, ops VARCHAR, config VARCHAR, file_id INTEGER",
 }
 
@@ -75,13 +86,19 @@ FROM files WHERE kind IN ('csv', 'tensorboard', 'summary', 'config') GROUP BY ra
 
 def create(con) -> None:
     """Create what is missing; an existing database of another schema version is refused."""
-    existing = {row[0] for row in con.execute("SELECT table_name FROM information_schema.tables "
-                                              "WHERE table_schema = 'main'").fetchall()}
+    existing = {
+        row[0]
+        for row in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
+        ).fetchall()
+    }
     if "meta" in existing:
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is not None and row[0] != SCHEMA_VERSION:
-            raise SchemaError(f"the database has schema version {row[0]}, this msmon writes {SCHEMA_VERSION}: "
-                              "write a new database file")
+            raise SchemaError(
+                f"the database has schema version {row[0]}, this msmon writes {SCHEMA_VERSION}: "
+                "write a new database file"
+            )
     for name, columns in TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
     for name, query in VIEWS.items():

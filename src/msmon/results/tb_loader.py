@@ -6,6 +6,7 @@ keeps scalars as float32, so where a rank directory also has CSV files of a cate
 (rounded to `ndigits`, but from the float64 statistics) are the rows kept and the event file's
 scalars of that category are left out, so no value is counted twice.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,23 +22,23 @@ HIST_SUFFIX = "_hist"
 class EventRows:
     """What one pass over an event file gave."""
 
-    events: int = 0                      # events read (including the ones skipped as already loaded)
-    scalars: list[tuple] = field(default_factory=list)     # (rank, vpp, category, name, step, micro, op, value)
+    events: int = 0  # events read (including the ones skipped as already loaded)
+    scalars: list[tuple] = field(default_factory=list)  # (rank, vpp, category, name, step, micro, op, value)
     histograms: list[tuple] = field(default_factory=list)  # (rank, vpp, category, name, step, edges, counts)
     positions: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (category, vpp, name): index in its step
-    duplicates: int = 0                  # scalars left out: the same category is in CSV files
-    foreign: int = 0                     # values whose tag is not msmon's
+    duplicates: int = 0  # scalars left out: the same category is in CSV files
+    foreign: int = 0  # values whose tag is not msmon's
 
 
 def _parse(tag: str) -> tuple[int, int, str, int | None, str, str] | None:
     """(rank, vpp, name, micro, category, op-or-'hist') of an msmon tag, or None."""
     try:
         vpp, name, micro, task = parse_tag(tag)
-        rank = int(tag.split("/")[-2][len("rank"):])
+        rank = int(tag.split("/")[-2][len("rank") :])
     except ValueError:
         return None
     if task.endswith(HIST_SUFFIX):
-        return rank, vpp, name, micro, task[:-len(HIST_SUFFIX)], "hist"
+        return rank, vpp, name, micro, task[: -len(HIST_SUFFIX)], "hist"
     category, _, op = task.rpartition("_")
     if not category or op not in OPS:
         return None
@@ -55,8 +56,8 @@ def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
         if index < skip or not event.HasField("summary"):
             continue
         step = event.step
-        rows: dict[tuple, int] = {}       # this event's rows (category, vpp, name, micro): their index
-        counts: dict[str, int] = {}       # rows of each category so far in this event
+        rows: dict[tuple, int] = {}  # this event's rows (category, vpp, name, micro): their index
+        counts: dict[str, int] = {}  # rows of each category so far in this event
         for value in event.summary.value:
             parsed = tags.get(value.tag, False)
             if parsed is False:
@@ -79,8 +80,9 @@ def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
                     out.scalars.append((rank, vpp, category, name, step, micro, op, float(value.simple_value)))
             elif kind == "histo":
                 histo = value.histo
-                out.histograms.append((rank, vpp, category, name, step, [histo.min, *histo.bucket_limit],
-                                       list(histo.bucket)))
+                out.histograms.append(
+                    (rank, vpp, category, name, step, [histo.min, *histo.bucket_limit], list(histo.bucket))
+                )
             else:
                 out.foreign += 1
     return out

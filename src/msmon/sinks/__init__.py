@@ -1,7 +1,8 @@
 """Where statistics go: TensorBoard, CSV, in-memory API. Sinks know nothing about torch modules."""
+
+from .api_sink import ApiSink
 from .base import Sink
 from .csv_sink import CsvSink
-from .api_sink import ApiSink
 from .tensorboard_sink import TensorBoardSink
 
 __all__ = ["Sink", "CsvSink", "ApiSink", "TensorBoardSink", "make_sinks"]

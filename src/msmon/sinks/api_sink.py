@@ -1,4 +1,5 @@
 """In-memory latest values, for `generate_wgrad_metrics()` / `generate_xy_metrics()`."""
+
 from __future__ import annotations
 
 import threading
@@ -32,5 +33,8 @@ class ApiSink(Sink):
             record = self._latest.get(category)
         if record is None:
             return {}
-        return {key.tag(record.rank): dict(zip(record.ops, values))
-                for key, values in zip(record.keys, record.values) if key.category == category}
+        return {
+            key.tag(record.rank): dict(zip(record.ops, values))
+            for key, values in zip(record.keys, record.values)
+            if key.category == category
+        }

@@ -1,4 +1,5 @@
 """The sink interface the writer thread drives."""
+
 from __future__ import annotations
 
 from ..records import StepRecord

@@ -15,6 +15,7 @@ files the live sink would have written: same names, header, row order, windows o
 `step_count_per_record` steps and rounding to `ndigits` (both read from the rank's config.json
 unless given). A run converted CSV -> TensorBoard -> CSV gives back its CSV files.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,17 +24,31 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable
 
 from ..records import MICRO_STEP_CATEGORIES
 from ..resume import CSV_FILE, RANK_DIR, csv_windows, rank_dirs
 from .numbers import csv_value
 
 FIXED_COLUMNS = ("vpp_stage", "name", "step", "micro_step")
-KNOWN_CATEGORIES = ("param_origin", "param_updated", "grad_unreduced", "grad_reduced", "exp_avg_sq", "exp_avg",
-                    "update", "ratio", "actv_grad", "actv", "mg_direction", "pre", "post")
+KNOWN_CATEGORIES = (
+    "param_origin",
+    "param_updated",
+    "grad_unreduced",
+    "grad_reduced",
+    "exp_avg_sq",
+    "exp_avg",
+    "update",
+    "ratio",
+    "actv_grad",
+    "actv",
+    "mg_direction",
+    "pre",
+    "post",
+)
 COLLECTIVE = re.compile(r"^(?P<op>.+@.+)/(?P<phase>pre|post)$")  # a collective's row name, collectors/comm.py
 MSMON_TAG = re.compile(r"^(?P<display>.+)/rank(?P<rank>\d+)/(?P<last>[^/]+)$")
 MSPROBE_TAG = re.compile(r"^vp(?P<vpp>\d+):(?P<rest>.+)/(?P<op>[^/]+)$")
@@ -75,16 +90,19 @@ def find_ranks(path: str, time_start: str | None = None, time_end: str | None = 
     if match:
         return [RankSource(int(match["rank"]), path, base)]
     time_range = [time_start, time_end] if (time_start or time_end) else None
-    sources = [RankSource(rank, d, os.path.basename(d)) for rank, dirs in rank_dirs(path, time_range).items()
-               for d in dirs]
+    sources = [
+        RankSource(rank, d, os.path.basename(d)) for rank, dirs in rank_dirs(path, time_range).items() for d in dirs
+    ]
     if not sources and time_range is None:
         for name in sorted(os.listdir(path)):
             m = MSPROBE_RANK.match(name)
             if m and os.path.isdir(os.path.join(path, name)):
                 sources.append(RankSource(int(m["rank"]), os.path.join(path, name), name))
     if not sources:
-        raise ConvertError(f"no rank directory (<%b%d_%H-%M-%S>-rank<r>-<id>) under {path}"
-                           + (f" with a time prefix between {time_start} and {time_end}" if time_range else ""))
+        raise ConvertError(
+            f"no rank directory (<%b%d_%H-%M-%S>-rank<r>-<id>) under {path}"
+            + (f" with a time prefix between {time_start} and {time_end}" if time_range else "")
+        )
     return sorted(sources, key=lambda s: (s.rank, s.name))
 
 
@@ -155,7 +173,7 @@ def parse_msmon_tag(tag: str) -> tuple[Row, str] | None:
 def _split_task(last: str) -> tuple[str, str | None]:
     for category in KNOWN_CATEGORIES:
         if last.startswith(category + "_") and len(last) > len(category) + 1:
-            return category, last[len(category) + 1:]
+            return category, last[len(category) + 1 :]
     task, sep, op = last.rpartition("_")
     return (task, op) if sep and task else (last, None)
 
@@ -203,8 +221,12 @@ def read_csv_steps(path: str, bar: Any) -> Iterator[tuple[int, list[tuple[Row, l
             yield step, rows
             rows = []
         step = this
-        row = Row(category, record[column["vpp_stage"]] if "vpp_stage" in column else "0", record[column["name"]],
-                  record[column["micro_step"]] if "micro_step" in column else "")
+        row = Row(
+            category,
+            record[column["vpp_stage"]] if "vpp_stage" in column else "0",
+            record[column["name"]],
+            record[column["micro_step"]] if "micro_step" in column else "",
+        )
         rows.append((row, [(op, _float(record[i])) for i, op in ops if record[i] != ""]))
     if step is not None:
         yield step, rows
@@ -242,12 +264,15 @@ class _EventWriter:
         if tag not in self._seen:
             self._seen.add(tag)
             kwargs["metadata"] = self._metadata(
-                plugin_data=self._metadata.PluginData(plugin_name="scalars"), data_class=self._scalar_class,
-                summary_description=json.dumps({_META_KEY: origin}))
+                plugin_data=self._metadata.PluginData(plugin_name="scalars"),
+                data_class=self._scalar_class,
+                summary_description=json.dumps({_META_KEY: origin}),
+            )
         if self._float32:
             return self._summary.Value(simple_value=value, **kwargs)
-        return self._summary.Value(tensor=self._tensor(dtype=self._double, tensor_shape=self._shape(),
-                                                       double_val=[value]), **kwargs)
+        return self._summary.Value(
+            tensor=self._tensor(dtype=self._double, tensor_shape=self._shape(), double_val=[value]), **kwargs
+        )
 
     def write(self, step: int, values: list[tuple[str, float, list]]) -> None:
         if values:
@@ -259,8 +284,14 @@ class _EventWriter:
         self._writer.close()
 
 
-def csv_to_tensorboard(source: RankSource, output: str, layout: str = "msmon", float32: bool = False,
-                       categories: Iterable[str] | None = None, progress: Progress | None = None) -> int:
+def csv_to_tensorboard(
+    source: RankSource,
+    output: str,
+    layout: str = "msmon",
+    float32: bool = False,
+    categories: Iterable[str] | None = None,
+    progress: Progress | None = None,
+) -> int:
     """Convert one rank's CSV files; returns the number of values written."""
     if layout not in LAYOUTS:
         raise ConvertError(f"unknown tag layout {layout!r}; expected one of {list(LAYOUTS)}")
@@ -276,8 +307,11 @@ def csv_to_tensorboard(source: RankSource, output: str, layout: str = "msmon", f
     def writer_for(category: str) -> _EventWriter:
         key = category if layout == "msprobe" else ""
         if key not in writers:
-            directory = (os.path.join(output, f"rank{source.rank}", category) if layout == "msprobe"
-                         else os.path.join(output, source.name))
+            directory = (
+                os.path.join(output, f"rank{source.rank}", category)
+                if layout == "msprobe"
+                else os.path.join(output, source.name)
+            )
             writers[key] = _EventWriter(_fresh_dir(directory), float32)
         return writers[key]
 
@@ -322,8 +356,17 @@ def read_tensorboard(directory: str) -> tuple[Any, list[str], list[str]]:
     """A loaded EventAccumulator (keeping every value) and its scalar and tensor tags."""
     from tensorboard.backend.event_processing import event_accumulator as ea
 
-    acc = ea.EventAccumulator(directory, size_guidance={ea.SCALARS: 0, ea.TENSORS: 0, ea.HISTOGRAMS: 1,
-                                                        ea.IMAGES: 1, ea.AUDIO: 1, ea.COMPRESSED_HISTOGRAMS: 1})
+    acc = ea.EventAccumulator(
+        directory,
+        size_guidance={
+            ea.SCALARS: 0,
+            ea.TENSORS: 0,
+            ea.HISTOGRAMS: 1,
+            ea.IMAGES: 1,
+            ea.AUDIO: 1,
+            ea.COMPRESSED_HISTOGRAMS: 1,
+        },
+    )
     acc.Reload()
     tags = acc.Tags()
     return acc, list(tags.get(ea.SCALARS, [])), list(tags.get(ea.TENSORS, []))
@@ -347,7 +390,9 @@ def _tensor_scalar(acc: Any, tag: str) -> bool:
         return False
 
 
-def collect_rows(source: RankSource, progress: Progress | None = None) -> dict[str, dict[int, dict[Row, dict[str, float]]]]:
+def collect_rows(
+    source: RankSource, progress: Progress | None = None
+) -> dict[str, dict[int, dict[Row, dict[str, float]]]]:
     """{category: {step: {row: {op: value}}}} of a rank's events, rows and ops in the order
     they were first written."""
     from tensorboard.util import tensor_util
@@ -356,8 +401,9 @@ def collect_rows(source: RankSource, progress: Progress | None = None) -> dict[s
     for directory, category in _event_dirs(source):
         acc, scalar_tags, tensor_tags = read_tensorboard(directory)
         tensor_tags = [t for t in tensor_tags if _tensor_scalar(acc, t)]
-        bar = (progress or _no_progress)(total=len(scalar_tags) + len(tensor_tags),
-                                         desc=f"rank {source.rank} tb->csv", unit="tag")
+        bar = (progress or _no_progress)(
+            total=len(scalar_tags) + len(tensor_tags), desc=f"rank {source.rank} tb->csv", unit="tag"
+        )
         for tag, events in [(t, acc.Scalars) for t in scalar_tags] + [(t, acc.Tensors) for t in tensor_tags]:
             bar.update(1)
             parsed = _origin(acc, tag)
@@ -374,8 +420,13 @@ def collect_rows(source: RankSource, progress: Progress | None = None) -> dict[s
     return out
 
 
-def tensorboard_to_csv(source: RankSource, output: str, steps_per_file: int | None = None,
-                       ndigits: int | None = None, progress: Progress | None = None) -> int:
+def tensorboard_to_csv(
+    source: RankSource,
+    output: str,
+    steps_per_file: int | None = None,
+    ndigits: int | None = None,
+    progress: Progress | None = None,
+) -> int:
     """Convert one rank's events; returns the number of CSV rows written."""
     config = _rank_config(source.path)
     window = steps_per_file or int(config.get("step_count_per_record", 1) or 1)
@@ -404,7 +455,9 @@ def tensorboard_to_csv(source: RankSource, output: str, steps_per_file: int | No
                         fh = open(path, "a", newline="", encoding="utf-8")
                         writer = csv.writer(fh, lineterminator="\n")
                         if fh.tell() == 0:
-                            writer.writerow(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops))
+                            writer.writerow(
+                                ["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops)
+                            )
                         current = (base, ops)
                     cells = [row.vpp_stage, row.name, str(step)] + ([row.micro_step] if micro else [])
                     writer.writerow(cells + [repr(csv_value(v, digits)) for v in values.values()])

@@ -6,6 +6,7 @@ every value of every step, and on a machine with few cores its CPU time is taken
 training, so the formatting runs on the whole step at once and each row's fixed cells are
 built once.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,6 @@ import torch
 from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from .base import Sink, naming
 from .numbers import csv_value, csv_values
-
 
 _MAX_CACHED_ROWS = 1 << 16
 
@@ -131,4 +131,3 @@ class CsvSink(Sink):
         self._files.clear()
         if failure is not None:
             raise failure
-

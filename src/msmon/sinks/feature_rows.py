@@ -6,6 +6,7 @@ those rows leave the statistics record and become, per category, rows with the c
 own columns (records.FEATURE_CATEGORIES): `attention_hook` rows `entropy, softmax_max`, and so
 on. A module called several times in one micro-step gives the mean of its calls.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,9 @@ import torch
 from ..records import FEATURE_CATEGORIES, RowKey, StepRecord
 
 
-def split_features(step: int, rank: int, keys: list[RowKey], table: torch.Tensor,
-                   meta: dict[str, Any]) -> tuple[list[RowKey], torch.Tensor, list[StepRecord]]:
+def split_features(
+    step: int, rank: int, keys: list[RowKey], table: torch.Tensor, meta: dict[str, Any]
+) -> tuple[list[RowKey], torch.Tensor, list[StepRecord]]:
     """(statistic keys, their rows, one StepRecord per feature category present)."""
     feature_rows = [i for i, key in enumerate(keys) if key.op is not None]
     if not feature_rows:
@@ -38,9 +40,17 @@ def split_features(step: int, rank: int, keys: list[RowKey], table: torch.Tensor
     records = []
     for category, rows in sums.items():
         table_rows = [[s / n if n else float("nan") for s, n in zip(*acc)] for acc in rows.values()]
-        records.append(StepRecord(step=step, rank=rank, ops=list(FEATURE_CATEGORIES[category][1]),
-                                  keys=list(rows), values=table_rows, meta=meta,
-                                  table=torch.tensor(table_rows, dtype=torch.float64)))
+        records.append(
+            StepRecord(
+                step=step,
+                rank=rank,
+                ops=list(FEATURE_CATEGORIES[category][1]),
+                keys=list(rows),
+                values=table_rows,
+                meta=meta,
+                table=torch.tensor(table_rows, dtype=torch.float64),
+            )
+        )
     taken = set(feature_rows)
     kept = [i for i in range(len(keys)) if i not in taken]
     return [keys[i] for i in kept], table[kept], records

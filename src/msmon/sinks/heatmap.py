@@ -12,6 +12,7 @@ per cell and no axes, and encodes the PNG itself (zlib): no figure is rendered, 
 work, no dependency. The newest MAX_COLUMNS steps are kept, so memory and image size stay bounded
 (an image of 32 x 1024 incompressible counts: about 5 ms of writer-thread CPU, 53 kB).
 """
+
 from __future__ import annotations
 
 import struct

@@ -6,12 +6,13 @@ format, and one below 1 keeps `ndigits` significant digits instead (repr switche
 scientific notation below 1e-4), so no non-zero value reads 0. Between 0.1 and 1 both rules
 give the same digits.
 """
+
 from __future__ import annotations
 
 import torch
 
 _EXACT_POWERS = 22  # 10.0**k is exact up to here, so M / 10**k is the correctly rounded M·10⁻ᵏ
-_POW10 = torch.tensor([float(10 ** k) for k in range(_EXACT_POWERS + 1)], dtype=torch.float64)
+_POW10 = torch.tensor([float(10**k) for k in range(_EXACT_POWERS + 1)], dtype=torch.float64)
 
 
 def csv_value(value: float, ndigits: int) -> float:
@@ -43,13 +44,13 @@ def csv_values(table: torch.Tensor, ndigits: int) -> list[list[float]]:
     kept = torch.round(scaled)
     rows = (kept / scale).tolist()
     size = scaled.abs()
-    doubtful = ((scaled - torch.floor(scaled) - 0.5).abs() <= size * 2.0 ** -48) | ~(size < 2.0 ** 52) \
-        | (decimals > _EXACT_POWERS)
-    first_digit_wrong = (kept.abs() < float(10 ** (digits - 1))) | (kept.abs() > float(10 ** digits))
+    doubtful = (
+        ((scaled - torch.floor(scaled) - 0.5).abs() <= size * 2.0**-48) | ~(size < 2.0**52) | (decimals > _EXACT_POWERS)
+    )
+    first_digit_wrong = (kept.abs() < float(10 ** (digits - 1))) | (kept.abs() > float(10**digits))
     doubtful |= small & first_digit_wrong
     if doubtful.any():
         values = table.tolist()
         for i, j in doubtful.nonzero().tolist():
             rows[i][j] = csv_value(values[i][j], ndigits)
     return rows
-

@@ -9,6 +9,7 @@ The file is written on msmon's writer thread itself, as tensorboard's EventFileW
 out (same name, same first event), but without its own background thread: a write that fails
 (a full disk) is an OSError here, reported once by the writer, not a thread's traceback.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,8 @@ import time
 
 from ..records import RowKey, StepRecord
 from .base import Sink, naming
-from .tfrecord import RecordFile
 from .heatmap import Heatmaps
+from .tfrecord import RecordFile
 
 _MAX_CACHED_ROWS = 1 << 16
 _MAX_WAIT_S = 5  # restart_at: how far ahead an earlier run's events file may be dated and still be waited for
@@ -47,14 +48,20 @@ class TensorBoardSink(Sink):
 
     def _open_file(self) -> None:
         """A new events file holding its header event, named as EventFileWriter names it."""
-        self.path = os.path.join(self._log_dir, "events.out.tfevents.%010d.%s.%s.%s" % (
-            time.time(), socket.gethostname(), os.getpid(), self._uid.get()))
+        self.path = os.path.join(
+            self._log_dir,
+            "events.out.tfevents.%010d.%s.%s.%s" % (time.time(), socket.gethostname(), os.getpid(), self._uid.get()),  # noqa: UP031
+        )
         self._file = open(self.path, "wb")
         self._writer = RecordFile(self._file)
         try:
-            self._write(self._event(wall_time=time.time(), file_version="brain.Event:2",
-                                    source_metadata=self._source_metadata(
-                                        writer="tensorboard.summary.writer.event_file_writer")))
+            self._write(
+                self._event(
+                    wall_time=time.time(),
+                    file_version="brain.Event:2",
+                    source_metadata=self._source_metadata(writer="tensorboard.summary.writer.event_file_writer"),
+                )
+            )
             self.flush()
         except OSError:
             _close_quietly(self._file)
@@ -73,9 +80,11 @@ class TensorBoardSink(Sink):
 
     def write(self, record: StepRecord) -> None:
         value = self._summary.Value
-        values = [value(tag=tag, simple_value=v)
-                  for key, row in zip(record.keys, record.values)
-                  for tag, v in zip(self._tags(key, record.rank, record.ops), row)]
+        values = [
+            value(tag=tag, simple_value=v)
+            for key, row in zip(record.keys, record.values)
+            for tag, v in zip(self._tags(key, record.rank, record.ops), row)
+        ]
         heatmap = record.meta.get("heatmap", False)
         for tag, edges, counts in record.histograms:
             histogram = self._histogram_of(edges, counts)
@@ -84,8 +93,12 @@ class TensorBoardSink(Sink):
             image = self._heatmaps.add(tag, counts) if heatmap else None
             if image is not None:
                 image_tag, height, width, png = image
-                values.append(value(tag=image_tag, image=self._summary.Image(
-                    height=height, width=width, colorspace=3, encoded_image_string=png)))
+                values.append(
+                    value(
+                        tag=image_tag,
+                        image=self._summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png),
+                    )
+                )
         if values:
             self._write(self._event(wall_time=time.time(), step=record.step, summary=self._summary(value=values)))
         self.flush()
@@ -115,11 +128,16 @@ class TensorBoardSink(Sink):
         names = sorted(n for n in os.listdir(self._log_dir) if "tfevents" in n)
         if not names or names[-1] == mine or mine not in names:
             return
-        latest = max((int(p[3]) for p in (n.split(".") for n in names if n != mine)
-                      if len(p) > 3 and p[3].isdigit()), default=0)
+        latest = max(
+            (int(p[3]) for p in (n.split(".") for n in names if n != mine) if len(p) > 3 and p[3].isdigit()), default=0
+        )
         if latest - time.time() > _MAX_WAIT_S:
-            logger.warning("msmon: %s holds an events file dated %.0f s ahead of this machine's clock; TensorBoard may "
-                           "read it after this run's", self._log_dir, latest - time.time())
+            logger.warning(
+                "msmon: %s holds an events file dated %.0f s ahead of this machine's clock; TensorBoard may "
+                "read it after this run's",
+                self._log_dir,
+                latest - time.time(),
+            )
             return
         self.close()
         os.remove(self.path)
@@ -134,10 +152,15 @@ class TensorBoardSink(Sink):
         if total <= 0:
             return None
         centres = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])]
-        return self._histogram(min=edges[0], max=edges[-1], num=float(total),
-                               sum=sum(c * n for c, n in zip(centres, counts)),
-                               sum_squares=sum(c * c * n for c, n in zip(centres, counts)),
-                               bucket_limit=list(edges[1:]), bucket=list(counts))
+        return self._histogram(
+            min=edges[0],
+            max=edges[-1],
+            num=float(total),
+            sum=sum(c * n for c, n in zip(centres, counts)),
+            sum_squares=sum(c * c * n for c, n in zip(centres, counts)),
+            bucket_limit=list(edges[1:]),
+            bucket=list(counts),
+        )
 
     def flush(self) -> None:
         try:
@@ -157,4 +180,3 @@ def _close_quietly(fh) -> None:
         fh.close()
     except OSError:
         pass
-

@@ -6,6 +6,7 @@ writes, and on a machine with few cores that time is taken from the training. go
 (Google's C implementation) gives the same checksum some thousand times faster; where it is not
 installed, tensorboard's own function is used.
 """
+
 from __future__ import annotations
 
 import struct
@@ -45,5 +46,6 @@ class RecordFile:
 
     def write(self, data: bytes) -> None:
         header = struct.pack("<Q", len(data))
-        self._file.write(b"".join((header, struct.pack("<I", self._crc(header)), data,
-                                   struct.pack("<I", self._crc(data)))))
+        self._file.write(
+            b"".join((header, struct.pack("<I", self._crc(header)), data, struct.pack("<I", self._crc(data))))
+        )

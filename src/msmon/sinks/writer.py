@@ -5,6 +5,7 @@ thread only launches kernels and enqueues. A failing sink is logged once and swi
 A write to disk that fails (OSError: a full disk, a quota, a vanished mount) stops the rank's
 whole output, with one line naming the cause; the in-memory API sink and training go on.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -30,10 +31,16 @@ _STOP = object()
 class BackgroundWriter:
     """One daemon thread per monitor; `drain()` waits until everything submitted is written."""
 
-    def __init__(self, sinks: list[Sink], rank: int, rules: RuleEngine | None = None,
-                 dump: AnomalyDumpWriter | None = None, alert_lines_per_step: int = 10,
-                 on_alerts: Callable[[StepRecord, list[Alert]], None] | None = None,
-                 on_output_stopped: Callable[[dict], None] | None = None) -> None:
+    def __init__(
+        self,
+        sinks: list[Sink],
+        rank: int,
+        rules: RuleEngine | None = None,
+        dump: AnomalyDumpWriter | None = None,
+        alert_lines_per_step: int = 10,
+        on_alerts: Callable[[StepRecord, list[Alert]], None] | None = None,
+        on_output_stopped: Callable[[dict], None] | None = None,
+    ) -> None:
         self.sinks = list(sinks)
         self.rank = rank
         self.rules = rules
@@ -115,10 +122,16 @@ class BackgroundWriter:
     def _write(self, step: int, ops: list[str], batch: HostBatch, meta: dict) -> None:
         batch.wait()
         keys, table, features = split_features(step, self.rank, batch.keys, batch.values, meta)
-        record = StepRecord(step=step, rank=self.rank, ops=ops, keys=keys,
-                            values=table.tolist(),
-                            histograms=[(tag, edges, counts.tolist()) for tag, edges, counts in batch.histograms],
-                            meta=meta, table=table)
+        record = StepRecord(
+            step=step,
+            rank=self.rank,
+            ops=ops,
+            keys=keys,
+            values=table.tolist(),
+            histograms=[(tag, edges, counts.tolist()) for tag, edges, counts in batch.histograms],
+            meta=meta,
+            table=table,
+        )
         self._last_step = step
         for sink in list(self.sinks):
             if sink not in self.sinks:
@@ -131,12 +144,22 @@ class BackgroundWriter:
                 if sink.writes_files:
                     self.stop_output(step, exc)
                     continue
-                logger.error("msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
-                             self.rank, sink.name, step, exc)
+                logger.error(
+                    "msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
+                    self.rank,
+                    sink.name,
+                    step,
+                    exc,
+                )
                 self.sinks.remove(sink)
             except Exception as exc:
-                logger.error("msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
-                             self.rank, sink.name, step, exc)
+                logger.error(
+                    "msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
+                    self.rank,
+                    sink.name,
+                    step,
+                    exc,
+                )
                 self.sinks.remove(sink)
         self.steps_written += 1
         alerts = self.rules.scan(record.keys, ops, record.values) if self.rules is not None else []
@@ -150,9 +173,15 @@ class BackgroundWriter:
         message = f"first non-finite value: {origin.describe()}, all that fed it was finite"
         logger.warning("msmon[rank %d] step %d: %s", self.rank, record.step, message)
         if self.first_origin is None:
-            self.first_origin = {"step": record.step, "rank": self.rank, "stage": origin.stage,
-                                 "module": origin.module, "tensor": origin.tensor,
-                                 "micro_step": origin.micro_step, "vpp_stage": origin.vpp_stage}
+            self.first_origin = {
+                "step": record.step,
+                "rank": self.rank,
+                "stage": origin.stage,
+                "module": origin.module,
+                "tensor": origin.tensor,
+                "micro_step": origin.micro_step,
+                "vpp_stage": origin.vpp_stage,
+            }
         category = "actv" if origin.stage == "forward" else "actv_grad"
         key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step)
         return Alert(key, origin.call_id, "nonfinite", float("nan"), None, "NanOrigin", message)
@@ -161,12 +190,25 @@ class BackgroundWriter:
         self.alerts_raised += len(alerts)
         for alert in alerts[: self.alert_lines_per_step]:
             history = "none" if alert.history is None else f"{alert.history:.6g}"
-            logger.warning("msmon alert [rank %d] step %d micro-step %s %s %s=%.6g history=%s (%s): %s",
-                           self.rank, record.step, alert.key.micro_step if alert.key.micro_step is not None else "-",
-                           alert.key.tag(self.rank), alert.op, alert.value, history, alert.rule, alert.message)
+            logger.warning(
+                "msmon alert [rank %d] step %d micro-step %s %s %s=%.6g history=%s (%s): %s",
+                self.rank,
+                record.step,
+                alert.key.micro_step if alert.key.micro_step is not None else "-",
+                alert.key.tag(self.rank),
+                alert.op,
+                alert.value,
+                history,
+                alert.rule,
+                alert.message,
+            )
         if len(alerts) > self.alert_lines_per_step:
-            logger.warning("msmon alert [rank %d] step %d: %d more alerts not shown (see the anomaly dump)",
-                           self.rank, record.step, len(alerts) - self.alert_lines_per_step)
+            logger.warning(
+                "msmon alert [rank %d] step %d: %d more alerts not shown (see the anomaly dump)",
+                self.rank,
+                record.step,
+                len(alerts) - self.alert_lines_per_step,
+            )
         if self.dump is not None:
             try:
                 self.dump.write(record, alerts)

@@ -2,6 +2,7 @@
 "spawn" (fresh interpreters that run the job's sitecustomize again). No monitoring code;
 each DataLoader worker leaves its pid in $LAUNCHER_TEST_PIDS, so a test can tell which
 processes were workers."""
+
 import os
 
 import torch
@@ -18,12 +19,14 @@ def main() -> None:
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)))
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(12, 8, generator=gen), torch.randn(12, 4, generator=gen))
-    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, multiprocessing_context="spawn",
-                                         worker_init_fn=note_worker)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=4, num_workers=2, multiprocessing_context="spawn", worker_init_fn=note_worker
+    )
     steps = 0
     for x, y in loader:
         torch.nn.functional.mse_loss(model(x), y).backward()

@@ -1,4 +1,5 @@
 """A user's own sitecustomize: msmon's bootstrap must still run it, in every process."""
+
 import os
 
 _directory = os.environ.get("LAUNCHER_TEST_PIDS")

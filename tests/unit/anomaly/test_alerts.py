@@ -1,4 +1,5 @@
 """Alert rules: AnomalyNan and AnomalyTurbulence semantics, history, scope, and a healthy run."""
+
 from __future__ import annotations
 
 import json
@@ -50,7 +51,7 @@ def test_turbulence_down_fires_below_history_over_one_plus_threshold_even_for_la
 
 def test_no_turbulence_alert_during_the_warm_up_however_large_the_jump():
     engine = RuleEngine([AnomalyTurbulence(0.5)])
-    steps = feed(engine, [row(norm=10.0 ** i) for i in range(WARMUP)])
+    steps = feed(engine, [row(norm=10.0**i) for i in range(WARMUP)])
     assert steps == [[]] * WARMUP
 
 
@@ -91,7 +92,7 @@ def test_mean_and_adam_moments_are_not_watched_by_turbulence():
     engine = warmed(0.5)
     assert engine.scan([GRAD], OPS, [row(mean=1e6)]) == []
     moment = RowKey("exp_avg_sq", "fc1.weight")
-    steps = feed(engine, [row(norm=10.0 ** i) for i in range(2 * WARMUP)], key=moment)
+    steps = feed(engine, [row(norm=10.0**i) for i in range(2 * WARMUP)], key=moment)
     assert not any(steps)
 
 
@@ -106,11 +107,18 @@ def test_micro_steps_are_each_checked_against_the_history_of_earlier_steps():
 
 def test_nan_rule_reports_counts_first_and_folds_other_symptoms_into_one_alert_per_tensor():
     engine = RuleEngine([AnomalyNan()])
-    alerts = engine.scan([GRAD, RowKey("actv", "fc2.output")], OPS,
-                         [row(norm=math.nan, mn=math.nan, mx=math.nan, mean=math.nan, nans=3.0, infs=1.0),
-                          row(norm=math.inf, mx=math.inf, infs=2.0)])
+    alerts = engine.scan(
+        [GRAD, RowKey("actv", "fc2.output")],
+        OPS,
+        [
+            row(norm=math.nan, mn=math.nan, mx=math.nan, mean=math.nan, nans=3.0, infs=1.0),
+            row(norm=math.inf, mx=math.inf, infs=2.0),
+        ],
+    )
     assert [(a.key.name, a.op, a.value, a.rule) for a in alerts] == [
-        ("fc1.weight", "nans", 3.0, "AnomalyNan"), ("fc2.output", "infs", 2.0, "AnomalyNan")]
+        ("fc1.weight", "nans", 3.0, "AnomalyNan"),
+        ("fc2.output", "infs", 2.0, "AnomalyNan"),
+    ]
     assert alerts[0].message == "3 NaN values"
 
 
@@ -142,8 +150,16 @@ def test_non_finite_values_never_enter_the_history():
 
 
 def test_rules_are_built_from_the_msprobe_config_keys():
-    cfg = parse_config({"alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}},
-                                            {"rule_name": "AnomalyNan", "args": {"threshold": 1e4}}]}})
+    cfg = parse_config(
+        {
+            "alert": {
+                "rules": [
+                    {"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}},
+                    {"rule_name": "AnomalyNan", "args": {"threshold": 1e4}},
+                ]
+            }
+        }
+    )
     rules = build_rules(cfg.alert.rules)
     assert [(type(r).__name__, r.threshold) for r in rules] == [("AnomalyTurbulence", 0.5), ("AnomalyNan", 1e4)]
 
@@ -162,8 +178,17 @@ def test_alert_lines_are_rate_limited_per_step_and_the_rest_counted(write_config
 
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    mon = TrainerMon(write_config({"xy_distribution": True, "all_xy": True, "format": "csv", "ops": OPS,
-                                   "alert": {"rules": [{"rule_name": "AnomalyNan"}], "max_lines_per_step": 2}}))
+    mon = TrainerMon(
+        write_config(
+            {
+                "xy_distribution": True,
+                "all_xy": True,
+                "format": "csv",
+                "ops": OPS,
+                "alert": {"rules": [{"rule_name": "AnomalyNan"}], "max_lines_per_step": 2},
+            }
+        )
+    )
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     handler = _Lines()
     logging.getLogger("msmon").addHandler(handler)
@@ -175,8 +200,10 @@ def test_alert_lines_are_rate_limited_per_step_and_the_rest_counted(write_config
         logging.getLogger("msmon").removeHandler(handler)
     alert_lines = [line for line in handler.lines if line.startswith("msmon alert")]
     assert len(alert_lines) == 3, alert_lines
-    assert ("msmon alert [rank 0] step 0 micro-step 0 0:fc1.input:0/rank0/actv nans=16 history=none "
-            "(AnomalyNan): 16 NaN values") in alert_lines[:2]
+    assert (
+        "msmon alert [rank 0] step 0 micro-step 0 0:fc1.input:0/rank0/actv nans=16 history=none "
+        "(AnomalyNan): 16 NaN values"
+    ) in alert_lines[:2]
     assert alert_lines[2].startswith("msmon alert [rank 0] step 0: ") and "more alerts not shown" in alert_lines[2]
 
 
@@ -220,8 +247,14 @@ def test_a_healthy_50_step_run_with_the_bundled_alert_settings_raises_no_alert(w
 
 def test_a_gradient_spike_in_a_real_run_is_flagged_at_its_step_and_not_before(write_config, output_dir):
     example = bundled_config()
-    cfg = {"xy_distribution": True, "all_xy": True, "wg_distribution": True, "format": ["csv"],
-           "ops": example["ops"], "alert": dict(example["alert"], dump=True)}
+    cfg = {
+        "xy_distribution": True,
+        "all_xy": True,
+        "wg_distribution": True,
+        "format": ["csv"],
+        "ops": example["ops"],
+        "alert": dict(example["alert"], dump=True),
+    }
     spike_step = 20
     mon, _ = train_tiny_gpt(write_config(cfg), spike_step + 1, spike_step)
     lines = (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()

@@ -1,4 +1,5 @@
 """The anomaly dump: append-only JSON lines with everything the analyser orders by."""
+
 from __future__ import annotations
 
 import json
@@ -28,16 +29,31 @@ def step_record(step: int) -> StepRecord:
 
 def test_a_record_carries_every_field_in_a_fixed_order_with_non_finite_numbers_as_strings(tmp_path):
     writer = AnomalyDumpWriter(str(tmp_path), rank=3, pp_stage=1, group_mates=[1, 3])
-    alerts = [Alert(RowKey("actv", "layers.2.fc2.output", 1, 2), 17, "norm", math.inf, 2.5, "AnomalyNan", "norm=inf"),
-              Alert(RowKey("grad_reduced", "layers.2.fc2.weight", 1), 40, "norm", math.nan, None, "AnomalyNan", "x")]
+    alerts = [
+        Alert(RowKey("actv", "layers.2.fc2.output", 1, 2), 17, "norm", math.inf, 2.5, "AnomalyNan", "norm=inf"),
+        Alert(RowKey("grad_reduced", "layers.2.fc2.weight", 1), 40, "norm", math.nan, None, "AnomalyNan", "x"),
+    ]
     writer.write(step_record(41210), alerts)
     records = read_records(dump_path(str(tmp_path), 3))
     assert list(records[0]) == list(FIELDS)
     assert records[0] == {
-        "rank": 3, "step": 41210, "micro_step": 2, "pp_stage": 1, "vpp_stage": 1, "stage": "forward", "call_id": 17,
-        "tag": "1:layers.2.fc2.output:2/rank3/actv", "name": "layers.2.fc2.output", "category": "actv",
-        "op": "norm", "value": "inf", "history": 2.5, "rule": "AnomalyNan", "message": "norm=inf",
-        "group_mates": [1, 3]}
+        "rank": 3,
+        "step": 41210,
+        "micro_step": 2,
+        "pp_stage": 1,
+        "vpp_stage": 1,
+        "stage": "forward",
+        "call_id": 17,
+        "tag": "1:layers.2.fc2.output:2/rank3/actv",
+        "name": "layers.2.fc2.output",
+        "category": "actv",
+        "op": "norm",
+        "value": "inf",
+        "history": 2.5,
+        "rule": "AnomalyNan",
+        "message": "norm=inf",
+        "group_mates": [1, 3],
+    }
     # a statistic of the whole step has no micro-step, and the optimizer stage
     assert (records[1]["micro_step"], records[1]["stage"], records[1]["value"]) == (None, "optimizer", "nan")
 
@@ -66,8 +82,21 @@ def test_a_line_torn_by_a_killed_run_does_not_swallow_the_next_runs_first_record
 
 def test_ready_made_records_are_completed_and_checked(tmp_path):
     writer = AnomalyDumpWriter(str(tmp_path), 2, 1, [0, 2])
-    writer.append([{"step": 5, "micro_step": 1, "stage": "backward", "call_id": 9, "name": "fc2.input",
-                    "category": "actv_grad", "rule": "NanOrigin", "op": "nonfinite", "value": math.nan}])
+    writer.append(
+        [
+            {
+                "step": 5,
+                "micro_step": 1,
+                "stage": "backward",
+                "call_id": 9,
+                "name": "fc2.input",
+                "category": "actv_grad",
+                "rule": "NanOrigin",
+                "op": "nonfinite",
+                "value": math.nan,
+            }
+        ]
+    )
     (record,) = read_records(writer.path)
     assert (record["rank"], record["pp_stage"], record["group_mates"]) == (2, 1, [0, 2])
     assert (record["tag"], record["value"]) == ("0:fc2.input:1/rank2/actv_grad", "nan")
@@ -81,8 +110,14 @@ def test_ready_made_records_are_completed_and_checked(tmp_path):
 def test_a_monitored_run_dumps_the_first_nan_with_its_micro_step_and_call_order(write_config, output_dir):
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    cfg = {"xy_distribution": True, "all_xy": True, "wg_distribution": True, "format": "csv",
-           "ops": ["norm", "max", "nans", "infs"], "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}
+    cfg = {
+        "xy_distribution": True,
+        "all_xy": True,
+        "wg_distribution": True,
+        "format": "csv",
+        "ops": ["norm", "max", "nans", "infs"],
+        "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True},
+    }
     mon = TrainerMon(write_config(cfg))
     mon.set_monitor(model, optimizer, grad_acc_steps=2)
     for step in range(3):
@@ -98,11 +133,22 @@ def test_a_monitored_run_dumps_the_first_nan_with_its_micro_step_and_call_order(
     alerts = [r for r in records if r["rule"] == "AnomalyNan"]
     assert {r["step"] for r in records} == {2}
     first = min(alerts, key=lambda r: r["call_id"])
-    assert (first["name"], first["micro_step"], first["stage"], first["op"], first["value"]) == \
-        ("fc1.input", 1, "forward", "nans", 1.0)
+    assert (first["name"], first["micro_step"], first["stage"], first["op"], first["value"]) == (
+        "fc1.input",
+        1,
+        "forward",
+        "nans",
+        1.0,
+    )
     forward = [r for r in alerts if r["stage"] == "forward"]
-    assert [r["name"] for r in sorted(forward, key=lambda r: r["call_id"])] == \
-        ["fc1.input", "fc1.output", "act.input", "act.output", "fc2.input", "fc2.output"]
+    assert [r["name"] for r in sorted(forward, key=lambda r: r["call_id"])] == [
+        "fc1.input",
+        "fc1.output",
+        "act.input",
+        "act.output",
+        "fc2.input",
+        "fc2.output",
+    ]
     assert {r["category"] for r in alerts if r["stage"] == "optimizer"} == {"grad_reduced"}
     assert all(r["micro_step"] is None for r in alerts if r["stage"] == "optimizer")
 
@@ -110,8 +156,16 @@ def test_a_monitored_run_dumps_the_first_nan_with_its_micro_step_and_call_order(
 @pytest.mark.e2e
 def test_pipeline_stage_comes_from_the_given_group_never_from_the_global_rank(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(ROOT / "tests" / "scripts" / "anomaly_pipeline_position.py"), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(ROOT / "tests" / "scripts" / "anomaly_pipeline_position.py"),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):

@@ -1,21 +1,15 @@
 """Activations and their gradients (xy_distribution): values, naming, micro-steps, edge cases."""
+
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import subprocess
-import sys
-import textwrap
-import time
 
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from conftest import ALL_OPS, MLP, assert_row_matches, rank_dir, read_csv_rows, reference_stats
 from msmon import TrainerMon
-
-from conftest import ALL_OPS, MLP, ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
 
 
 def rows_by_key(directory, category):
@@ -53,13 +47,11 @@ def test_activation_values_equal_independent_statistics_with_inplace_relu(write_
 
     out_dir = rank_dir(output_dir)
     actv = rows_by_key(out_dir, "actv")
-    expected = {"fc1.input": x, "fc1.output": h, "act.input": h, "act.output": a, "fc2.input": a,
-                "fc2.output": out}
+    expected = {"fc1.input": x, "fc1.output": h, "act.input": h, "act.output": a, "fc2.input": a, "fc2.output": out}
     for name, tensor in expected.items():
         assert_row_matches(actv[(0, 0, name)], reference_stats(tensor))
     grads = rows_by_key(out_dir, "actv_grad")
-    expected_grads = {"fc2.output": out.grad, "fc2.input": a.grad, "act.output": a.grad,
-                      "fc1.output": h.grad}
+    expected_grads = {"fc2.output": out.grad, "fc2.input": a.grad, "act.output": a.grad, "fc1.output": h.grad}
     for name, tensor in expected_grads.items():
         assert_row_matches(grads[(0, 0, name)], reference_stats(tensor))
     # the model input does not require grad: no gradient row, never a NaN row
@@ -84,8 +76,11 @@ class Consumer(torch.nn.Module):
 
 def test_tuple_specs_select_the_named_element(write_config, output_dir):
     model = Consumer()
-    mon, optimizer = monitored(write_config, model, {
-        "targets": {"pair": {"output": "tuple[2]:1", "output_grad": "tuple[2]:0", "input": "tensor"}}})
+    mon, optimizer = monitored(
+        write_config,
+        model,
+        {"targets": {"pair": {"output": "tuple[2]:1", "output_grad": "tuple[2]:0", "input": "tensor"}}},
+    )
     x = torch.randn(3, 4)
     y = model.lin(x).detach()
     model(x).backward()
@@ -143,7 +138,8 @@ def test_with_xy_each_call_a_module_called_twice_gets_name_and_name_1(write_conf
     mon.close()
     actv = rows_by_key(rank_dir(output_dir), "actv")
     assert {k for k in actv if k[2].startswith("block")} == {
-        (0, m, n) for m in (0, 1) for n in ("block.input", "block.output", "block_1.input", "block_1.output")}
+        (0, m, n) for m in (0, 1) for n in ("block.input", "block.output", "block_1.input", "block_1.output")
+    }
     grads = rows_by_key(rank_dir(output_dir), "actv_grad")
     assert (0, 1, "block_1.output") in grads and (0, 1, "block.output") in grads
 
@@ -235,4 +231,5 @@ def test_forward_only_and_backward_only(write_config, output_dir):
         mon.close()
         out_dir = mon.log_dir
         from pathlib import Path
+
         assert read_csv_rows(Path(out_dir), present) and not read_csv_rows(Path(out_dir), absent)

@@ -4,6 +4,7 @@ A real gloo process group of one rank is enough for wrapping, call sites, async 
 P2POp identity, failure containment and torch.compile; values across ranks are checked with
 torchrun in test_comm_e2e.py.
 """
+
 from __future__ import annotations
 
 import logging
@@ -13,14 +14,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conftest import MLP, rank_dir, read_csv_rows
 from msmon import TrainerMon
 from msmon.collectors.comm import CodelineFilter
 from msmon.hooks import torch_distributed as cc
 
-from conftest import MLP, rank_dir, read_csv_rows
-
 c10d = dist.distributed_c10d
-
 
 
 class Recorder:
@@ -113,8 +112,12 @@ def test_sync_collective_is_seen_before_and_after_with_its_result_unchanged(worl
     dist.broadcast(t, src=0)
     cc.remove_listener(recorder)
     assert t.tolist() == [0.0, 1.0, 2.0, 3.0]
-    assert recorder.events == [("launch", "all_reduce", [6.0]), ("complete", "all_reduce", [6.0]),
-                               ("launch", "broadcast", [6.0]), ("complete", "broadcast", [6.0])]
+    assert recorder.events == [
+        ("launch", "all_reduce", [6.0]),
+        ("complete", "all_reduce", [6.0]),
+        ("launch", "broadcast", [6.0]),
+        ("complete", "broadcast", [6.0]),
+    ]
 
 
 def test_async_collective_is_measured_when_its_work_is_waited_not_at_launch(world_of_one):
@@ -151,7 +154,8 @@ def test_call_site_is_the_calling_line_outside_torch_and_msmon(world_of_one):
     recorder = Recorder()
     cc.instrument()
     cc.add_listener(recorder)
-    dist.all_reduce(torch.ones(1)); line = _line()  # noqa: E702 - the call and its line number
+    dist.all_reduce(torch.ones(1))
+    line = _line()  # noqa: E702 - the call and its line number
     cc.remove_listener(recorder)
     site = recorder.sites[0]
     assert site.short == f"test_comm.py[{line}]"
@@ -215,8 +219,7 @@ def test_monitor_with_cc_on_and_distributed_not_initialised_warns_and_trains(wri
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = TrainerMon(write_config({"cc_distribution": {"enable": True}, "wg_distribution": True,
-                                   "format": "csv"}))
+    mon = TrainerMon(write_config({"cc_distribution": {"enable": True}, "wg_distribution": True, "format": "csv"}))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     for _ in range(2):
         model(torch.randn(3, 8)).sum().backward()
@@ -284,18 +287,32 @@ def test_each_row_carries_the_pass_its_collective_ran_in(world_of_one, write_con
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 3)
     optimizer = SyncingSGD(model.parameters(), lr=0.1)
-    mon = TrainerMon(write_config({"cc_distribution": {"enable": True}, "format": "csv", "ops": ["norm", "nans"],
-                                   "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}))
+    mon = TrainerMon(
+        write_config(
+            {
+                "cc_distribution": {"enable": True},
+                "format": "csv",
+                "ops": ["norm", "nans"],
+                "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True},
+            }
+        )
+    )
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     AllReduceBothWays.apply(model(torch.randn(2, 3))).sum().backward()
     dist.all_reduce(_with_nan(model.weight.grad))  # line: after backward
     optimizer.step()
     mon.close()
     source = open(__file__).read().splitlines()
-    line = {tag: n for n, text in enumerate(source, 1) for tag in
-            ("forward", "backward", "optimizer", "after backward") if text.endswith(f"# line: {tag}")}
-    dumped = [json.loads(text) for text in
-              (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()]
+    line = {
+        tag: n
+        for n, text in enumerate(source, 1)
+        for tag in ("forward", "backward", "optimizer", "after backward")
+        if text.endswith(f"# line: {tag}")
+    }
+    dumped = [
+        json.loads(text)
+        for text in (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()
+    ]
     stages = {record["name"]: record["stage"] for record in dumped}
     assert stages == {
         f"all_reduce@test_comm.py[{line['forward']}]/post": "forward",

@@ -1,5 +1,6 @@
 """When weight gradients are read: at the end of backward where nothing can change them before,
 in the hooks otherwise, and never reporting a gradient that changed after it was accumulated."""
+
 from __future__ import annotations
 
 import logging
@@ -7,10 +8,9 @@ import logging
 import pytest
 import torch
 
+from conftest import MLP, reference_stats
 from msmon import TrainerMon
 from msmon.collectors.grads import GradCollector
-
-from conftest import MLP, reference_stats
 
 
 def grad_collector(mon: TrainerMon) -> GradCollector:
@@ -22,12 +22,15 @@ def norms(metrics: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def test_single_process_gradients_are_read_at_the_end_of_backward_and_equal_the_accumulated_ones(
-        write_config, output_dir):
+    write_config, output_dir
+):
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = TrainerMon(write_config({"wg_distribution": True, "format": "api", "ops": ["norm", "max", "zeros"]}),
-                     params_have_main_grad=False)
+    mon = TrainerMon(
+        write_config({"wg_distribution": True, "format": "api", "ops": ["norm", "max", "zeros"]}),
+        params_have_main_grad=False,
+    )
     mon.set_monitor(model, optimizer)
     for _ in range(3):
         model(torch.randn(5, 8)).square().mean().backward()
@@ -45,12 +48,14 @@ def test_single_process_gradients_are_read_at_the_end_of_backward_and_equal_the_
 
 
 def test_a_gradient_changed_before_backward_ends_is_left_out_once_then_read_in_the_hooks(
-        write_config, output_dir, caplog):
+    write_config, output_dir, caplog
+):
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # weights stay put: steps are comparable
-    mon = TrainerMon(write_config({"wg_distribution": True, "format": "api", "ops": ["norm"]}),
-                     params_have_main_grad=False)
+    mon = TrainerMon(
+        write_config({"wg_distribution": True, "format": "api", "ops": ["norm"]}), params_have_main_grad=False
+    )
     mon.set_monitor(model, optimizer)
     x = torch.randn(5, 8, requires_grad=True)
 
@@ -80,8 +85,9 @@ def test_a_parameter_with_another_post_accumulate_hook_is_read_in_its_hook(write
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    mon = TrainerMon(write_config({"wg_distribution": True, "format": "api", "ops": ["norm"]}),
-                     params_have_main_grad=False)
+    mon = TrainerMon(
+        write_config({"wg_distribution": True, "format": "api", "ops": ["norm"]}), params_have_main_grad=False
+    )
     mon.set_monitor(model, optimizer)
     at_accumulation = {}
 

@@ -1,6 +1,7 @@
 """L2 features end to end: `recording_l2_features` with `l2_targets` on an attention model and
 a mixture of experts, every value checked against a direct computation on the same tensors,
 in msprobe's files and tags; bad config as errors before training; training unchanged."""
+
 from __future__ import annotations
 
 import glob
@@ -63,8 +64,12 @@ def capture_inputs(modules: dict[str, torch.nn.Module], store: list) -> None:
     """The test's own hook, registered before msmon's: what each module received, copied."""
     for name, module in modules.items():
         module.register_forward_pre_hook(
-            lambda m, args, name=name: store.append((name, [a.detach().clone() for a in args]))
-            if m.training and torch.is_grad_enabled() else None)
+            lambda m, args, name=name: (
+                store.append((name, [a.detach().clone() for a in args]))
+                if m.training and torch.is_grad_enabled()
+                else None
+            )
+        )
 
 
 def config(**l2) -> dict:
@@ -73,8 +78,7 @@ def config(**l2) -> dict:
 
 # -- values ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("order", SA_ORDERS)
-def test_attention_entropy_and_softmax_max_equal_the_direct_computation_on_every_head(order, write_config,
-                                                                                      output_dir):
+def test_attention_entropy_and_softmax_max_equal_the_direct_computation_on_every_head(order, write_config, output_dir):
     torch.manual_seed(0)
     model = AttentionLM(order=order)
     seen: list = []
@@ -88,8 +92,12 @@ def test_attention_entropy_and_softmax_max_equal_the_direct_computation_on_every
         model(idx)
         model.train()
 
-    train(model, write_config(config(sa_order=order, l2_targets={"attention_hook": CORES})), lm_step,
-          between=eval_and_no_grad_forwards)
+    train(
+        model,
+        write_config(config(sa_order=order, l2_targets={"attention_hook": CORES})),
+        lm_step,
+        between=eval_and_no_grad_forwards,
+    )
     rows = read_csv_rows(rank_dir(output_dir), "attention_hook")
     assert list(rows[0]) == ["vpp_stage", "name", "step", "micro_step", "entropy", "softmax_max"]
     assert len(rows) == 3 * 2 * 2 == len(seen)  # steps x micro-steps x modules
@@ -104,12 +112,18 @@ def test_attention_entropy_and_softmax_max_equal_the_direct_computation_on_every
 def test_long_sequences_use_a_fixed_row_sample_of_every_head(write_config, tmp_path, monkeypatch):
     """seq 40, batch 2: 16 of 40 query rows per head and batch element, the same rows every
     step and every run (the sample's generator is seeded from the module's name)."""
+
     def run(out):
         monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(out))
         torch.manual_seed(0)
         model = AttentionLM()
-        train(model, write_config(config(l2_targets={"attention_hook": CORES[:1]})),
-              lambda m, g: lm_step(m, g, seq=40), steps=2, micro=1)
+        train(
+            model,
+            write_config(config(l2_targets={"attention_hook": CORES[:1]})),
+            lambda m, g: lm_step(m, g, seq=40),
+            steps=2,
+            micro=1,
+        )
         return [(r["entropy"], r["softmax_max"]) for r in read_csv_rows(rank_dir(out), "attention_hook")]
 
     first = run(tmp_path / "first")
@@ -121,8 +135,13 @@ def test_linear_hook_with_an_empty_list_takes_every_2d_weight_but_embeddings(wri
     model = AttentionLM()
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     weights: list[dict[str, torch.Tensor]] = []
-    train(model, write_config(config(l2_targets={"linear_hook": []})), lm_step, steps=4,
-          between=lambda step: weights.append({n: m.weight.detach().clone() for n, m in linears.items()}))
+    train(
+        model,
+        write_config(config(l2_targets={"linear_hook": []})),
+        lm_step,
+        steps=4,
+        between=lambda step: weights.append({n: m.weight.detach().clone() for n, m in linears.items()}),
+    )
     rows = read_csv_rows(rank_dir(output_dir), "linear_hook")
     assert list(rows[0]) == ["vpp_stage", "name", "step", "sr", "kernel_norm"]
     assert {r["name"] for r in rows} == {f"{n}.linear" for n in linears}  # no embed, no norms
@@ -132,8 +151,9 @@ def test_linear_hook_with_an_empty_list_takes_every_2d_weight_but_embeddings(wri
         sigma, stable_rank = direct.spectral(w)
         assert float(row["kernel_norm"]) == pytest.approx(sigma, rel=1e-4)
         assert float(row["sr"]) == pytest.approx(stable_rank, rel=2e-4)
-        assert float(row["sr"]) == pytest.approx(float(w.double().norm()) ** 2 / float(row["kernel_norm"]) ** 2,
-                                                 rel=1e-6)
+        assert float(row["sr"]) == pytest.approx(
+            float(w.double().norm()) ** 2 / float(row["kernel_norm"]) ** 2, rel=1e-6
+        )
 
 
 def test_moe_router_weight_similarity_and_logit_entropy_equal_the_explicit_computation(write_config, output_dir):
@@ -143,8 +163,12 @@ def test_moe_router_weight_similarity_and_logit_entropy_equal_the_explicit_compu
     model.moe.router.register_forward_hook(lambda m, a, out: logits.append(out.detach().clone()))
     router_weights: list[torch.Tensor] = []
     cfg = config(l2_targets={"moe_router_weight_hook": ["moe.router"], "moe_router_logit_hook": ["moe.router"]})
-    train(model, write_config(cfg), moe_step,
-          between=lambda step: router_weights.append(model.moe.router.weight.detach().clone()))
+    train(
+        model,
+        write_config(cfg),
+        moe_step,
+        between=lambda step: router_weights.append(model.moe.router.weight.detach().clone()),
+    )
     out = rank_dir(output_dir)
     weight_rows = read_csv_rows(out, "moe_router_weight_hook")
     assert list(weight_rows[0]) == ["vpp_stage", "name", "step", "router_weight_similarity"]
@@ -152,7 +176,8 @@ def test_moe_router_weight_similarity_and_logit_entropy_equal_the_explicit_compu
     for row in weight_rows:
         # nn.Linear(16, 6).weight is [6 experts, 16]: rows are the experts
         assert float(row["router_weight_similarity"]) == pytest.approx(
-            direct.mean_cosine(router_weights[int(row["step"])]), rel=1e-6, abs=1e-9)
+            direct.mean_cosine(router_weights[int(row["step"])]), rel=1e-6, abs=1e-9
+        )
     logit_rows = read_csv_rows(out, "moe_router_logit_hook")
     assert list(logit_rows[0]) == ["vpp_stage", "name", "step", "micro_step", "per_token_expert_entropy"]
     assert len(logit_rows) == len(logits) == 6
@@ -165,12 +190,29 @@ def test_tensorboard_tags_are_msprobes(write_config, output_dir):
 
     torch.manual_seed(0)
     model = AttentionLM()
-    train(model, write_config({**config(l2_targets={"attention_hook": CORES[:1], "linear_hook": ["head"]}),
-                               "format": ["tensorboard"]}), lm_step, steps=2)
+    train(
+        model,
+        write_config(
+            {**config(l2_targets={"attention_hook": CORES[:1], "linear_hook": ["head"]}), "format": ["tensorboard"]}
+        ),
+        lm_step,
+        steps=2,
+    )
     moe = MoEModel()
-    train(moe, write_config({**config(l2_targets={"moe_router_weight_hook": ["moe.router"],
-                                                  "moe_router_logit_hook": ["moe.router"]}),
-                             "format": ["tensorboard"]}, "moe.json"), moe_step, steps=2)
+    train(
+        moe,
+        write_config(
+            {
+                **config(
+                    l2_targets={"moe_router_weight_hook": ["moe.router"], "moe_router_logit_hook": ["moe.router"]}
+                ),
+                "format": ["tensorboard"],
+            },
+            "moe.json",
+        ),
+        moe_step,
+        steps=2,
+    )
     tags = set()
     for path in output_dir.iterdir():
         acc = EventAccumulator(str(path), size_guidance={"scalars": 0})
@@ -179,12 +221,16 @@ def test_tensorboard_tags_are_msprobes(write_config, output_dir):
         if "0:head.linear/rank0/sr_kernel_norm" in acc.Tags()["scalars"]:
             assert [e.step for e in acc.Scalars("0:head.linear/rank0/sr_kernel_norm")] == [0, 1]
     assert tags == {
-        "0:layers.0.core.attention:0/rank0/qkt_entropy", "0:layers.0.core.attention:0/rank0/qkt_softmax_max",
-        "0:layers.0.core.attention:1/rank0/qkt_entropy", "0:layers.0.core.attention:1/rank0/qkt_softmax_max",
-        "0:head.linear/rank0/sr_sr", "0:head.linear/rank0/sr_kernel_norm",
+        "0:layers.0.core.attention:0/rank0/qkt_entropy",
+        "0:layers.0.core.attention:0/rank0/qkt_softmax_max",
+        "0:layers.0.core.attention:1/rank0/qkt_entropy",
+        "0:layers.0.core.attention:1/rank0/qkt_softmax_max",
+        "0:head.linear/rank0/sr_sr",
+        "0:head.linear/rank0/sr_kernel_norm",
         "0:moe.router.moe_router/rank0/router_weight_router_weight_similarity",
         "0:moe.router.moe_router:0/rank0/router_logit_per_token_expert_entropy",
-        "0:moe.router.moe_router:1/rank0/router_logit_per_token_expert_entropy"}
+        "0:moe.router.moe_router:1/rank0/router_logit_per_token_expert_entropy",
+    }
 
 
 def test_features_leave_the_statistics_files_as_they_were(write_config, output_dir):
@@ -192,8 +238,19 @@ def test_features_leave_the_statistics_files_as_they_were(write_config, output_d
     one copy per step; each category gets its own file with its own columns."""
     torch.manual_seed(0)
     model = AttentionLM(layers=1)
-    train(model, write_config({**config(l2_targets={"attention_hook": CORES[:1], "linear_hook": ["head"]}),
-                               "xy_distribution": True, "targets": {"head": {}}, "ops": ["norm"]}), lm_step, steps=1)
+    train(
+        model,
+        write_config(
+            {
+                **config(l2_targets={"attention_hook": CORES[:1], "linear_hook": ["head"]}),
+                "xy_distribution": True,
+                "targets": {"head": {}},
+                "ops": ["norm"],
+            }
+        ),
+        lm_step,
+        steps=1,
+    )
     out = rank_dir(output_dir)
     actv = read_csv_rows(out, "actv")
     assert list(actv[0]) == ["vpp_stage", "name", "step", "micro_step", "norm"]
@@ -210,8 +267,13 @@ def test_losses_and_weights_are_bit_identical_with_and_without_every_feature(wri
         return losses, model.state_dict()
 
     lm_cfg = config(l2_targets={"attention_hook": CORES, "linear_hook": []})
-    moe_cfg = config(l2_targets={"linear_hook": [], "moe_router_weight_hook": ["moe.router"],
-                                 "moe_router_logit_hook": ["moe.router"]})
+    moe_cfg = config(
+        l2_targets={
+            "linear_hook": [],
+            "moe_router_weight_hook": ["moe.router"],
+            "moe_router_logit_hook": ["moe.router"],
+        }
+    )
     for model_cls, step_fn, cfg in ((AttentionLM, lm_step, lm_cfg), (MoEModel, moe_step, moe_cfg)):
         plain_losses, plain = run(model_cls, step_fn, None)
         losses, monitored = run(model_cls, step_fn, cfg)
@@ -238,8 +300,9 @@ class GatedLM(torch.nn.Module):
         return self.gate(logits, logits)
 
 
-def test_an_attention_target_without_q_and_k_is_named_once_and_the_others_keep_recording(write_config, output_dir,
-                                                                                           caplog):
+def test_an_attention_target_without_q_and_k_is_named_once_and_the_others_keep_recording(
+    write_config, output_dir, caplog
+):
     logging.getLogger("msmon").propagate = True
     torch.manual_seed(0)
     model = GatedLM()
@@ -256,17 +319,25 @@ def test_an_attention_target_without_q_and_k_is_named_once_and_the_others_keep_r
 
 
 # -- config -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("cfg, message", [
-    ({"l2_targets": {"atention_hook": []}},
-     "l2_targets: unknown hook 'atention_hook'; expected ['attention_hook', 'linear_hook', 'moe_router_weight_hook', "
-     "'moe_router_logit_hook'] (did you mean 'attention_hook', 'linear_hook'?)"),
-    ({"l2_targets": {"linear_hook": "fc1"}}, "l2_targets['linear_hook']: expected a list of module names, got 'fc1'"),
-    ({"l2_targets": {"linear_hook": [1]}}, "l2_targets['linear_hook']: expected a list of module names, got [1]"),
-    ({"l2_targets": ["linear_hook"]}, "l2_targets: expected an object {hook: [module names]}"),
-    ({"sa_order": "b,h,d,s"}, "sa_order: expected one of ['s,b,h,d', 'b,s,h,d', 'b,h,s,d']"),
-    ({"sa_order": 3}, "sa_order: expected one of"),
-    ({"recording_l2_features": "yes"}, "recording_l2_features: expected true or false, got 'yes' (str)"),
-])
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (
+            {"l2_targets": {"atention_hook": []}},
+            "l2_targets: unknown hook 'atention_hook'; expected ['attention_hook', 'linear_hook', 'moe_router_weight_hook', "  # noqa: E501
+            "'moe_router_logit_hook'] (did you mean 'attention_hook', 'linear_hook'?)",
+        ),
+        (
+            {"l2_targets": {"linear_hook": "fc1"}},
+            "l2_targets['linear_hook']: expected a list of module names, got 'fc1'",
+        ),
+        ({"l2_targets": {"linear_hook": [1]}}, "l2_targets['linear_hook']: expected a list of module names, got [1]"),
+        ({"l2_targets": ["linear_hook"]}, "l2_targets: expected an object {hook: [module names]}"),
+        ({"sa_order": "b,h,d,s"}, "sa_order: expected one of ['s,b,h,d', 'b,s,h,d', 'b,h,s,d']"),
+        ({"sa_order": 3}, "sa_order: expected one of"),
+        ({"recording_l2_features": "yes"}, "recording_l2_features: expected true or false, got 'yes' (str)"),
+    ],
+)
 def test_bad_l2_keys_are_config_errors(cfg, message):
     with pytest.raises(ConfigError) as err:
         parse_config(cfg)
@@ -274,8 +345,13 @@ def test_bad_l2_keys_are_config_errors(cfg, message):
 
 
 def test_l2_keys_parse_and_sa_order_may_have_spaces(caplog):
-    cfg = parse_config({"recording_l2_features": True, "sa_order": "b, s, h, d",
-                        "l2_targets": {"linear_hook": [], "attention_hook": ["a", "a", "b"]}})
+    cfg = parse_config(
+        {
+            "recording_l2_features": True,
+            "sa_order": "b, s, h, d",
+            "l2_targets": {"linear_hook": [], "attention_hook": ["a", "a", "b"]},
+        }
+    )
     assert cfg.sa_order == "b,s,h,d" and cfg.l2_targets == {"linear_hook": [], "attention_hook": ["a", "b"]}
     assert parse_config({}).sa_order == "s,b,h,d"
     logging.getLogger("msmon").propagate = True
@@ -284,20 +360,31 @@ def test_l2_keys_parse_and_sa_order_may_have_spaces(caplog):
         parse_config({"l2_targets": {"linear_hook": []}})
     assert [r.getMessage() for r in caplog.records] == [
         "msmon: recording_l2_features is true but l2_targets names no hook; no L2 feature is recorded",
-        "msmon: l2_targets is set but recording_l2_features is not true; no L2 feature is recorded"]
+        "msmon: l2_targets is set but recording_l2_features is not true; no L2 feature is recorded",
+    ]
 
 
-@pytest.mark.parametrize("targets, message", [
-    ({"attention_hook": ["layers.0.cor"]},
-     "l2_targets['attention_hook']: 'layers.0.cor' names no module of the model; closest names: layers.0.core"),
-    ({"linear_hook": ["1:head"]}, "l2_targets['linear_hook']: '1:head' names no module of the model"),
-    ({"linear_hook": ["norms.0"]},
-     "l2_targets['linear_hook']: 'norms.0' (LayerNorm) has no 2-D `weight` or `wg` to compute its features from"),
-    ({"moe_router_weight_hook": ["layers.0.core"]},
-     "l2_targets['moe_router_weight_hook']: 'layers.0.core' (CoreAttention) has no 2-D `weight`"),
-])
-def test_a_target_that_names_no_fitting_module_is_a_config_error_at_set_monitor(targets, message, write_config,
-                                                                              output_dir):
+@pytest.mark.parametrize(
+    "targets, message",
+    [
+        (
+            {"attention_hook": ["layers.0.cor"]},
+            "l2_targets['attention_hook']: 'layers.0.cor' names no module of the model; closest names: layers.0.core",
+        ),
+        ({"linear_hook": ["1:head"]}, "l2_targets['linear_hook']: '1:head' names no module of the model"),
+        (
+            {"linear_hook": ["norms.0"]},
+            "l2_targets['linear_hook']: 'norms.0' (LayerNorm) has no 2-D `weight` or `wg` to compute its features from",
+        ),
+        (
+            {"moe_router_weight_hook": ["layers.0.core"]},
+            "l2_targets['moe_router_weight_hook']: 'layers.0.core' (CoreAttention) has no 2-D `weight`",
+        ),
+    ],
+)
+def test_a_target_that_names_no_fitting_module_is_a_config_error_at_set_monitor(
+    targets, message, write_config, output_dir
+):
     model = AttentionLM()
     mon = TrainerMon(write_config(config(l2_targets=targets)))
     with pytest.raises(ConfigError) as err:
@@ -319,7 +406,10 @@ def test_a_vpp_prefixed_target_names_one_chunk(write_config, output_dir):
     mon.close()
     rows = read_csv_rows(rank_dir(output_dir), "linear_hook")
     assert sorted((r["vpp_stage"], r["name"]) for r in rows) == [
-        ("0", "layers.0.q_proj.linear"), ("1", "head.linear"), ("1", "layers.0.q_proj.linear")]
+        ("0", "layers.0.q_proj.linear"),
+        ("1", "head.linear"),
+        ("1", "layers.0.q_proj.linear"),
+    ]
 
 
 class LoopedLM(torch.nn.Module):
@@ -345,8 +435,9 @@ def test_a_module_called_twice_in_a_micro_step_gives_one_row_the_mean_of_its_cal
     rows = read_csv_rows(rank_dir(output_dir), "attention_hook")
     assert [r["micro_step"] for r in rows] == ["0", "1"]
     for row, calls in zip(rows, (seen[0:2], seen[2:4])):
-        values = [direct.attention(direct.to_bhsd(q, "s,b,h,d"), direct.to_bhsd(k, "s,b,h,d"))
-                  for _, (q, k, _v) in calls]
+        values = [
+            direct.attention(direct.to_bhsd(q, "s,b,h,d"), direct.to_bhsd(k, "s,b,h,d")) for _, (q, k, _v) in calls
+        ]
         assert float(row["entropy"]) == pytest.approx(sum(v[0] for v in values) / 2, rel=1e-5)
         assert float(row["softmax_max"]) == pytest.approx(sum(v[1] for v in values) / 2, rel=1e-5)
 
@@ -360,8 +451,9 @@ def test_an_l2_target_naming_no_module_stops_an_unmodified_job_before_training(w
         model = GatedLM()
         with pytest.raises(StopBeforeTraining):
             torch.optim.AdamW(model.parameters(), lr=0.1)
-        assert session.error.startswith("l2_targets['linear_hook']: 'lm.haed' names no module of the model; "
-                                        "closest names: lm.head")
+        assert session.error.startswith(
+            "l2_targets['linear_hook']: 'lm.haed' names no module of the model; closest names: lm.head"
+        )
     finally:
         torch_optim.uninstrument()
         for monitor in list(session.monitors):
@@ -435,11 +527,34 @@ def test_an_unmodified_ddp_job_under_msmon_run_records_the_features_on_every_ran
     cfg = write_config(config(sa_order="b,s,h,d", l2_targets={"attention_hook": CORES, "linear_hook": []}))
     out, monitored, plain = tmp_path / "out", tmp_path / "monitored", tmp_path / "plain"
     monitored.mkdir(), plain.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "msmon.launcher", "run", "--config", cfg, "--output-dir", str(out),
-                           *two, "--", script, str(monitored)], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "msmon.launcher",
+            "run",
+            "--config",
+            cfg,
+            "--output-dir",
+            str(out),
+            *two,
+            "--",
+            script,
+            str(monitored),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *two, script, str(plain)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", *two, script, str(plain)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     for rank in (0, 1):
         losses = (monitored / f"rank{rank}.txt").read_text()

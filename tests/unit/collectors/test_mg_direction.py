@@ -1,5 +1,6 @@
 """mg_direction: the share of each parameter's elements whose gradient has the sign of Adam's
 momentum before the update, checked against a direct plain-torch computation."""
+
 from __future__ import annotations
 
 import logging
@@ -8,11 +9,10 @@ import math
 import pytest
 import torch
 
+from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows
 from msmon import TrainerMon
 from msmon.config import ConfigError, parse_config
 from msmon.stats import sign_matches
-
-from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows
 
 
 def direct_share(grad: torch.Tensor, exp_avg: torch.Tensor) -> float:
@@ -45,8 +45,10 @@ def test_mg_direction_equals_the_direct_share_of_matching_signs_in_other_csv(wri
     torch.manual_seed(0)
     model = MLP()  # ReLU leaves dead units: exact-zero gradients, equal to a zero momentum
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    mon = TrainerMon(write_config({"mg_direction": True, "format": "csv", "ops": ALL_OPS, "ndigits": 15}),
-                     params_have_main_grad=False)
+    mon = TrainerMon(
+        write_config({"mg_direction": True, "format": "csv", "ops": ALL_OPS, "ndigits": 15}),
+        params_have_main_grad=False,
+    )
     mon.set_monitor(model, optimizer)
     expected = train_capturing(model, optimizer, 5)
     mon.close()
@@ -77,8 +79,10 @@ def test_mg_direction_tags_follow_msprobe_in_tensorboard(write_config, output_di
     torch.manual_seed(1)
     model = MLP()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    mon = TrainerMon(write_config({"mg_direction": True, "format": "tensorboard", "ops": ["norm", "mean"]}),
-                     params_have_main_grad=False)
+    mon = TrainerMon(
+        write_config({"mg_direction": True, "format": "tensorboard", "ops": ["norm", "mean"]}),
+        params_have_main_grad=False,
+    )
     mon.set_monitor(model, optimizer)
     expected = train_capturing(model, optimizer, 3)
     mon.close()
@@ -86,9 +90,11 @@ def test_mg_direction_tags_follow_msprobe_in_tensorboard(write_config, output_di
     acc.Reload()
     tag = "0:fc1.weight/rank0/mg_direction_mean"
     assert {t for t in acc.Tags()["scalars"] if "mg_direction" in t} == {
-        f"0:{n}/rank0/mg_direction_{op}" for n in expected[1] for op in ("norm", "mean")}
+        f"0:{n}/rank0/mg_direction_{op}" for n in expected[1] for op in ("norm", "mean")
+    }
     assert [(e.step, e.value) for e in acc.Scalars(tag)] == [
-        (s, pytest.approx(expected[s]["fc1.weight"], rel=1e-6)) for s in (1, 2)]
+        (s, pytest.approx(expected[s]["fc1.weight"], rel=1e-6)) for s in (1, 2)
+    ]
 
 
 def test_a_nan_gradient_makes_its_share_nan(write_config, output_dir):

@@ -1,15 +1,15 @@
 """The first non-finite origin: the module where NaN/Inf first appears, found once per step."""
+
 from __future__ import annotations
 
 import json
 
 import torch
 
+from conftest import MLP
 from msmon import TrainerMon
 from msmon.origin import find_origin
 from msmon.records import RowKey
-
-from conftest import MLP
 
 
 class Poisoned(torch.nn.Module):
@@ -32,10 +32,12 @@ class Poisoned(torch.nn.Module):
 
 def poison_output(module, step_holder, step):
     """The user's fault: a forward hook of their own that makes the module's output inf."""
+
     def hook(mod, args, output):
         if step_holder.step == step:
             return torch.where(output > 0, float("inf"), output)
         return None
+
     return module.register_forward_hook(hook)
 
 
@@ -43,8 +45,11 @@ def test_forward_origin_names_the_module_step_and_micro_step(write_config, outpu
     model = Poisoned()
     poison_output(model.body.fc2, model, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    mon = TrainerMon(write_config({"wg_distribution": True, "format": "csv",
-                                   "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}))
+    mon = TrainerMon(
+        write_config(
+            {"wg_distribution": True, "format": "csv", "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}
+        )
+    )
     mon.set_monitor(model, optimizer, grad_acc_steps=2)
     for step in range(5):
         model.step = step
@@ -54,9 +59,19 @@ def test_forward_origin_names_the_module_step_and_micro_step(write_config, outpu
         optimizer.zero_grad()
     mon.close()
     origin = mon.summary()["first_nonfinite"]
-    assert origin == {"step": 3, "rank": 0, "stage": "forward", "module": "body.fc2", "tensor": "body.fc2.output",
-                      "micro_step": 0, "vpp_stage": 0}
-    records = [json.loads(l) for l in (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()]
+    assert origin == {
+        "step": 3,
+        "rank": 0,
+        "stage": "forward",
+        "module": "body.fc2",
+        "tensor": "body.fc2.output",
+        "micro_step": 0,
+        "vpp_stage": 0,
+    }
+    records = [
+        json.loads(l)
+        for l in (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").read_text().splitlines()  # noqa: E741
+    ]
     nan_origin = [r for r in records if r["rule"] == "NanOrigin"]
     assert (nan_origin[0]["step"], nan_origin[0]["micro_step"], nan_origin[0]["name"]) == (3, 0, "body.fc2.output")
 
@@ -144,8 +159,12 @@ def test_backward_origin_is_the_module_whose_input_grad_turns_non_finite(write_c
 
 
 def test_find_origin_requires_finite_inputs():
-    keys = [RowKey("actv", "a.input", 0, 0), RowKey("actv", "a.output", 0, 0),
-            RowKey("actv", "b.input", 0, 0), RowKey("actv", "b.output", 0, 0)]
+    keys = [
+        RowKey("actv", "a.input", 0, 0),
+        RowKey("actv", "a.output", 0, 0),
+        RowKey("actv", "b.input", 0, 0),
+        RowKey("actv", "b.output", 0, 0),
+    ]
     assert find_origin(keys, [True, True, True, True]) is None
     origin = find_origin(keys, [True, False, False, False])
     assert origin.module == "a" and origin.stage == "forward"

@@ -1,5 +1,6 @@
 """stack_info: each module's first forward call stack, written once to stack_info.csv; after
 the first step no stack is walked and no hook is left."""
+
 from __future__ import annotations
 
 import csv
@@ -8,10 +9,9 @@ import os
 import torch
 
 import msmon
+from conftest import MLP, rank_dir
 from msmon import TrainerMon
 from msmon.collectors import stack_info
-
-from conftest import MLP, rank_dir
 
 HERE = os.path.abspath(__file__)
 

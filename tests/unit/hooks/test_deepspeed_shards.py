@@ -1,5 +1,6 @@
 """Statistics of a tensor split across ranks, combined from its pieces' statistics, equal the
 statistics of the whole tensor; and the DeepSpeed instrumentor wraps `deepspeed.initialize`."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,9 @@ def split(t: torch.Tensor, cuts: list[int]) -> list[torch.Tensor]:
     return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-@pytest.mark.parametrize("cuts", [[30], [0, 17], [17, 17, 64], [64]], ids=["halves", "empty-first", "empty-middle",
-                                                                           "empty-last"])
+@pytest.mark.parametrize(
+    "cuts", [[30], [0, 17], [17, 17, 64], [64]], ids=["halves", "empty-first", "empty-middle", "empty-last"]
+)
 def test_pieces_combine_exactly_into_the_whole_tensors_statistics(cuts):
     torch.manual_seed(0)
     tensors = [torch.randn(8, 8), torch.randn(64) * 1e-3, torch.zeros(64)]

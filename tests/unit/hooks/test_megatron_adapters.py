@@ -2,6 +2,7 @@
 tests/scripts/megatron_cpu.py builds them) get their adapter from the class alone; msprobe's
 opt_ty is checked against it; the Megatron instrumentor attaches to what its wrapped functions
 return, with the model chunks as virtual-pipeline stages."""
+
 from __future__ import annotations
 
 import logging
@@ -104,7 +105,8 @@ def test_the_wrapped_builder_attaches_with_the_model_chunks_as_vpp_stages(write_
     try:
         assert monitor.models == chunks
         assert {(mp.vpp_stage, mp.name) for mp in monitor.params} == {
-            (c, n) for c in (0, 1) for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")}
+            (c, n) for c in (0, 1) for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+        }
         for p in optimizer.get_parameters():
             p.main_grad = torch.zeros(p.shape)
         optimizer.step()

@@ -1,5 +1,6 @@
 """The `msmon` command line: mistakes refused before a job starts, `--no-torchrun` jobs, exit
 codes and tracebacks passed through, the summary printed at the end."""
+
 from __future__ import annotations
 
 import glob
@@ -14,9 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from msmon.launcher.cli import analyse, main
-
 from conftest import ROOT, read_csv_rows
+from msmon.launcher.cli import analyse, main
 
 SCRIPTS = ROOT / "tests" / "scripts"
 MSMON = [sys.executable, "-m", "msmon.launcher"]
@@ -26,8 +26,14 @@ _KEPT = ("MSMON_NATIVE_STATS", "MSMON_CACHE_DIR")  # conftest's: torch reduction
 
 
 def msmon(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 240):
-    proc = subprocess.run([*MSMON, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={k: v for k, v in (env or os.environ).items() if not k.startswith("MSMON_") or k in _KEPT})
+    proc = subprocess.run(
+        [*MSMON, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={k: v for k, v in (env or os.environ).items() if not k.startswith("MSMON_") or k in _KEPT},
+    )
     return proc
 
 
@@ -49,18 +55,32 @@ def test_an_invalid_config_is_refused_before_the_job_starts(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("name, data, message", [
-    ("monitor.json", '{"wg_distribution": true,\n "ops": ["norm"\uff0c "max"]}'.encode("gbk"),
-     "is not UTF-8: line 2, column 16: byte 0xA3 (in GBK, '\uff0c' U+FF0C FULLWIDTH COMMA); save the file as UTF-8"),
-    ("monitor.json", '{"wg_distribution": true\uff0c "ops": ["norm"]}'.encode(),
-     ": line 1, column 25: '\uff0c' U+FF0C FULLWIDTH COMMA is not ASCII; write ',' instead"),
-    ("monitor.yaml", "# \u914d\u7f6e\uff0c\u68af\u5ea6\nwg_distribution\uff1a true\n".encode(),
-     ": line 2, column 16: '\uff1a' U+FF1A FULLWIDTH COLON is not ASCII; write ':' instead"),
-    ("monitor.json", b'{"alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": NaN}}]}}',
-     ": alert.rules[0].args.threshold: expected a positive number, got nan (not a finite number)"),
-])
-def test_a_config_not_utf8_full_width_or_non_finite_is_one_line_before_any_worker_starts(tmp_path, name, data,
-                                                                                         message):
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        (
+            "monitor.json",
+            '{"wg_distribution": true,\n "ops": ["norm"\uff0c "max"]}'.encode("gbk"),
+            "is not UTF-8: line 2, column 16: byte 0xA3 (in GBK, '\uff0c' U+FF0C FULLWIDTH COMMA); save the file as UTF-8",  # noqa: E501
+        ),
+        (
+            "monitor.json",
+            '{"wg_distribution": true\uff0c "ops": ["norm"]}'.encode(),
+            ": line 1, column 25: '\uff0c' U+FF0C FULLWIDTH COMMA is not ASCII; write ',' instead",
+        ),
+        (
+            "monitor.yaml",
+            "# \u914d\u7f6e\uff0c\u68af\u5ea6\nwg_distribution\uff1a true\n".encode(),
+            ": line 2, column 16: '\uff1a' U+FF1A FULLWIDTH COLON is not ASCII; write ':' instead",
+        ),
+        (
+            "monitor.json",
+            b'{"alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": NaN}}]}}',
+            ": alert.rules[0].args.threshold: expected a positive number, got nan (not a finite number)",
+        ),
+    ],
+)
+def test_a_config_not_utf8_full_width_or_non_finite_is_one_line_before_any_worker_starts(tmp_path, name, data, message):
     config = tmp_path / name
     config.write_bytes(data)
     marker = tmp_path / "ran"
@@ -77,14 +97,17 @@ def test_a_config_not_utf8_full_width_or_non_finite_is_one_line_before_any_worke
 def test_an_unwritable_output_directory_is_refused_before_the_job_starts(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    result = CliRunner().invoke(main, ["run", "--output-dir", str(blocker / "out"), "--no-torchrun", "--",
-                                       str(SCRIPTS / "launcher_single.py")])
+    result = CliRunner().invoke(
+        main, ["run", "--output-dir", str(blocker / "out"), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py")]
+    )
     assert result.exit_code == 1
     assert "is not writable" in result.output
 
 
 def test_torchrun_options_cannot_be_mixed_with_no_torchrun():
-    result = CliRunner().invoke(main, ["run", "--no-torchrun", "--nnodes", "2", "--", str(SCRIPTS / "launcher_single.py")])
+    result = CliRunner().invoke(
+        main, ["run", "--no-torchrun", "--nnodes", "2", "--", str(SCRIPTS / "launcher_single.py")]
+    )
     assert result.exit_code == 2
     assert "--nnodes 2 cannot be used with --no-torchrun" in result.output
 
@@ -111,20 +134,23 @@ def test_no_torchrun_runs_one_process_with_the_default_config(tmp_path):
     assert (Path(rank_dir) / "config.json").exists()
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("msmon: rank 0: 3 steps recorded, 0 alerts raised, monitor cost ") and last.endswith(
-        Path(rank_dir).name)
+        Path(rank_dir).name
+    )
     assert "% of step time" in last and "steps recorded; monitor cost" not in proc.stderr  # the launcher's line only
 
 
 @pytest.mark.e2e
 def test_a_crash_keeps_its_traceback_and_exit_code_and_what_was_recorded(tmp_path):
     out = tmp_path / "out"
-    crash = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"),
-                  "--crash-at", "1")
+    crash = msmon(
+        "run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"), "--crash-at", "1"
+    )
     assert crash.returncode == 1
     assert "Traceback (most recent call last)" in crash.stderr and "ValueError: crash at step 1" in crash.stderr
     assert "msmon: rank 0: 1 steps recorded" in crash.stderr  # step 0 was written before the crash
-    code = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"),
-                 "--exit-code", "3")
+    code = msmon(
+        "run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"), "--exit-code", "3"
+    )
     assert code.returncode == 3, code.stderr
 
 
@@ -137,15 +163,24 @@ def test_a_script_without_an_optimizer_runs_and_its_summary_says_nothing_was_mon
     (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
     summary = json.loads((Path(rank_dir) / "summary.json").read_text())
     assert summary["steps_recorded"] == 0 and summary["note"] == "no torch.optim optimizer was created"
-    assert (f"msmon: rank 0: nothing was monitored (no torch.optim optimizer was created) -> {rank_dir}"
-            in proc.stderr)
+    assert f"msmon: rank 0: nothing was monitored (no torch.optim optimizer was created) -> {rank_dir}" in proc.stderr
 
 
 @pytest.mark.e2e
 def test_python_E_is_detected_and_import_msmon_auto_still_monitors(tmp_path):
     out = tmp_path / "out"
-    proc = msmon("run", "--output-dir", str(out), "--nproc-per-node", "1", "--no-python", "--",
-                 sys.executable, "-E", str(SCRIPTS / "launcher_auto_fallback.py"))
+    proc = msmon(
+        "run",
+        "--output-dir",
+        str(out),
+        "--nproc-per-node",
+        "1",
+        "--no-python",
+        "--",
+        sys.executable,
+        "-E",
+        str(SCRIPTS / "launcher_auto_fallback.py"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "skips sitecustomize, so msmon cannot load by itself" in proc.stderr and "import msmon.auto" in proc.stderr
     assert "trained" in proc.stdout
@@ -165,9 +200,13 @@ def _start_sleeping_job(tmp: Path, name: str) -> tuple[subprocess.Popen, Path]:
     marker = tmp.parent / f"{name}.running"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MSMON_")}
     env["TMPDIR"] = str(tmp)
-    proc = subprocess.Popen([*MSMON, "run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(marker),
-                             "300"], env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*MSMON, "run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(marker), "300"],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while not marker.exists():
         assert proc.poll() is None and time.time() < deadline, "the sleeping job did not start"
@@ -194,14 +233,14 @@ def test_bootstrap_dirs_left_by_kill_9_are_removed_by_the_next_run_and_live_jobs
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("MSMON_")}
         env["TMPDIR"] = str(tmp)
-        proc = msmon("run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(tmp_path / "next"), "0",
-                     env=env)
+        proc = msmon(
+            "run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(tmp_path / "next"), "0", env=env
+        )
         assert proc.returncode == 0, proc.stderr
         assert _job_dirs(tmp) == {orphaned_dir}  # the dead job's removed, the live job's kept, the new one's cleaned
     finally:
         os.killpg(orphaned.pid, signal.SIGKILL)  # its job, still in the launcher's session
     time.sleep(STALE_AFTER_S + 0.5)
-    proc = msmon("run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(tmp_path / "last"), "0",
-                 env=env)
+    proc = msmon("run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(tmp_path / "last"), "0", env=env)
     assert proc.returncode == 0, proc.stderr
     assert _job_dirs(tmp) == set()  # its job ended too: now it is stale

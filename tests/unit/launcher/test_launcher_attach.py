@@ -1,5 +1,6 @@
 """The torch.optim instrumentor, in-process: it finds the model and attaches on its own, and
 what it records is what the TrainerMon API records for the same training."""
+
 from __future__ import annotations
 
 import filecmp
@@ -14,15 +15,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import MLP, ROOT, read_csv_rows
 from msmon import TrainerMon
-from msmon.hooks import Session
-from msmon.hooks import framework_attach, torch_optim
+from msmon.hooks import Session, framework_attach, torch_optim
 from msmon.optimizers import OptimizerGone
 
-from conftest import MLP, ROOT, read_csv_rows
-
-CONFIG = {"wg_distribution": True, "param_distribution": True, "mv_distribution": True, "xy_distribution": True,
-          "all_xy": True, "format": ["csv"], "ops": ["norm", "min", "max", "mean"]}
+CONFIG = {
+    "wg_distribution": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "xy_distribution": True,
+    "all_xy": True,
+    "format": ["csv"],
+    "ops": ["norm", "min", "max", "mean"],
+}
 
 
 @pytest.fixture
@@ -268,7 +274,7 @@ def test_a_dropped_optimizer_is_collected_and_its_monitor_closed(session, caplog
     assert session.monitors == []  # released, and with it the Adam state
     assert monitor.optimizer is None
     with pytest.raises(OptimizerGone, match="the Adam this monitor was attached to has been garbage-collected"):
-        monitor.adapter.optimizer
+        monitor.adapter.optimizer  # noqa: B018
     assert not model.fc1._forward_pre_hooks and not model._forward_hooks  # detached from the model
     summary = json.loads((Path(monitor.log_dir) / "summary.json").read_text())
     assert summary["steps_recorded"] == 2
@@ -360,15 +366,24 @@ def test_manual_sgd_without_an_optimizer_runs_unharmed_and_attaches_nothing(sess
     assert rank_dirs(output_dir) == []
 
 
-@pytest.mark.parametrize("attach, steps, start_step, note", [
-    (False, 0, 0, "set_monitor was never called: no optimizer was monitored"),
-    (True, 0, 0, "no optimizer step ran"),
-    (True, 3, 5, "3 optimizer steps ran, none of them in the steps the config records (start_step, step_interval, "
-                 "collect_times, dynamic_on)"),
-    (True, 1, 0, None),
-])
-def test_a_monitor_that_recorded_no_step_says_why_in_its_summary(write_config, output_dir, attach, steps,
-                                                                 start_step, note):
+@pytest.mark.parametrize(
+    "attach, steps, start_step, note",
+    [
+        (False, 0, 0, "set_monitor was never called: no optimizer was monitored"),
+        (True, 0, 0, "no optimizer step ran"),
+        (
+            True,
+            3,
+            5,
+            "3 optimizer steps ran, none of them in the steps the config records (start_step, step_interval, "
+            "collect_times, dynamic_on)",
+        ),
+        (True, 1, 0, None),
+    ],
+)
+def test_a_monitor_that_recorded_no_step_says_why_in_its_summary(
+    write_config, output_dir, attach, steps, start_step, note
+):
     model = MLP()
     optimizer = torch.optim.Adam(model.parameters())
     monitor = TrainerMon(write_config({**CONFIG, "start_step": start_step}))

@@ -1,5 +1,6 @@
 """The bootstrap: role detection, the sitecustomize chain, the job command line. Real Python
 processes started with the job's environment; none of them imports torch."""
+
 from __future__ import annotations
 
 import json
@@ -38,19 +39,22 @@ def job(tmp_path):
 
     user_site = tmp_path / "user_site"
     user_site.mkdir()
-    (user_site / "sitecustomize.py").write_text(textwrap.dedent("""
+    (user_site / "sitecustomize.py").write_text(
+        textwrap.dedent("""
         import os
         with open(os.environ["USER_SITE_LOG"], "a") as fh:
             fh.write(f"{os.getpid()}\\n")
-    """))
+    """)
+    )
     yield make, user_site
     for directory in directories:
         bootstrap.remove(directory)
 
 
 def probe(env, *extra_args):
-    proc = subprocess.run([sys.executable, *extra_args, "-c", PROBE], env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, *extra_args, "-c", PROBE], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -142,12 +146,15 @@ def test_the_job_command_passes_torchrun_options_through_in_order(tmp_path):
     assert module.argv(False) == [sys.executable, "-m", "pkg.train", "--x"]
 
 
-@pytest.mark.parametrize("torchrun_args, target, use_torchrun, message", [
-    ([], None, True, "missing the training script"),
-    ([], ["missing.py"], True, "training script 'missing.py' not found"),
-    (["--nproc-per-node", "2"], ["-m", "pkg"], False, "cannot be used with --no-torchrun"),
-    ([], ["-m"], True, "-m needs a module name"),
-])
+@pytest.mark.parametrize(
+    "torchrun_args, target, use_torchrun, message",
+    [
+        ([], None, True, "missing the training script"),
+        ([], ["missing.py"], True, "training script 'missing.py' not found"),
+        (["--nproc-per-node", "2"], ["-m", "pkg"], False, "cannot be used with --no-torchrun"),
+        ([], ["-m"], True, "-m needs a module name"),
+    ],
+)
 def test_command_line_mistakes_are_reported_before_starting(torchrun_args, target, use_torchrun, message):
     with pytest.raises(UsageError, match=message):
         parse(torchrun_args, target, use_torchrun)
@@ -159,8 +166,12 @@ def test_the_summary_names_what_each_worker_did(tmp_path):
     (log_dir / "summary.json").write_text(json.dumps({"steps_recorded": 7, "alerts": 2}))
     records = [
         {"rank": 1, "monitors": [], "skipped": []},
-        {"rank": 0, "monitors": [{"rank": 0, "log_dir": str(log_dir), "output_base": str(tmp_path / "out"),
-                                  "optimizer": "AdamW"}]},
+        {
+            "rank": 0,
+            "monitors": [
+                {"rank": 0, "log_dir": str(log_dir), "output_base": str(tmp_path / "out"), "optimizer": "AdamW"}
+            ],
+        },
     ]
     records.sort(key=lambda r: r["rank"])
     lines = report.summary_lines(records, "run")

@@ -1,6 +1,7 @@
 """The native one-pass statistics give the torch path's values; they are built once per
 machine on first use (at attach, under a file lock), and without a compiler the torch path is
 used after one log line."""
+
 from __future__ import annotations
 
 import fcntl
@@ -16,11 +17,10 @@ import time
 import pytest
 import torch
 
+from conftest import ALL_OPS, MLP, ROOT, rank_dir, read_csv_rows, reference_stats, train_steps
 from msmon import TrainerMon, native
 from msmon.native import build
 from msmon.stats import CHUNK, batch_stats, tensor_stats, zero_threshold
-
-from conftest import ALL_OPS, MLP, ROOT, rank_dir, read_csv_rows, reference_stats, train_steps
 
 
 def _reset():
@@ -65,8 +65,16 @@ def tensors() -> list[torch.Tensor]:
     with_inf[5], with_inf[6] = math.inf, -math.inf
     sparse = torch.randn(3 * CHUNK + 17, generator=gen)  # larger than a CPU chunk
     sparse[::3] = 0
-    return [plain, edges, with_nan, with_inf, sparse, torch.randn(64, 64, generator=gen).double(),
-            torch.tensor([7.0]), 1e30 * torch.randn(100, generator=gen)]
+    return [
+        plain,
+        edges,
+        with_nan,
+        with_inf,
+        sparse,
+        torch.randn(64, 64, generator=gen).double(),
+        torch.tensor([7.0]),
+        1e30 * torch.randn(100, generator=gen),
+    ]
 
 
 def assert_rows_equal(got: torch.Tensor, want: torch.Tensor) -> None:
@@ -93,8 +101,15 @@ def test_native_rows_equal_the_torch_rows(use_native, monkeypatch):
 def test_one_kernel_call_gives_finished_rows_in_any_op_order(use_native):
     ts = tensors()[:-1]  # not the 1e30 one: its float32 norm overflows where the float64 reference does not
     ops = ["zeros", "max", "nans", "mean", "norm", "infs", "min"]
-    rows = native.stats_rows()([t.float() for t in ts], zero_threshold(1e-8, torch.float32), [4, 2, 5, 3, 0, 6, 1], [True, False, False, True,
-                                                                                   False, False, False], False, 1, 0)
+    rows = native.stats_rows()(
+        [t.float() for t in ts],
+        zero_threshold(1e-8, torch.float32),
+        [4, 2, 5, 3, 0, 6, 1],
+        [True, False, False, True, False, False, False],
+        False,
+        1,
+        0,
+    )
     assert rows.shape == (len(ts), len(ops))
     for t, row in zip(ts, rows):
         want = torch.tensor([reference_stats(t.float(), ops)[op] for op in ops], dtype=torch.float64)
@@ -147,8 +162,18 @@ def test_a_monitored_run_records_the_same_values_with_the_native_kernel(write_co
         torch.manual_seed(0)
         model = MLP()
         optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-        mon = TrainerMon(write_config({"wg_distribution": True, "mv_distribution": True, "xy_distribution": True,
-                                       "format": "csv", "ops": ALL_OPS}), params_have_main_grad=False)
+        mon = TrainerMon(
+            write_config(
+                {
+                    "wg_distribution": True,
+                    "mv_distribution": True,
+                    "xy_distribution": True,
+                    "format": "csv",
+                    "ops": ALL_OPS,
+                }
+            ),
+            params_have_main_grad=False,
+        )
         mon.set_monitor(model, optimizer)
         losses = []
         for _ in range(3):
@@ -158,8 +183,11 @@ def test_a_monitored_run_records_the_same_values_with_the_native_kernel(write_co
             optimizer.step()
             optimizer.zero_grad()
         mon.close()
-        rows = {(c, r["name"], r["step"], r.get("micro_step", "")): r for c in ("grad_reduced", "exp_avg", "actv")
-                for r in read_csv_rows(rank_dir(output_dir), c)}
+        rows = {
+            (c, r["name"], r["step"], r.get("micro_step", "")): r
+            for c in ("grad_reduced", "exp_avg", "actv")
+            for r in read_csv_rows(rank_dir(output_dir), c)
+        }
         assert native.stats_rows() is not None if flag == "1" else native.stats_rows() is None
         shutil.rmtree(output_dir)
         return {"losses": losses, "rows": rows}
@@ -191,8 +219,9 @@ def test_a_view_is_read_from_its_own_first_element(use_native):
     assert native.stats_rows()([view], 0.0, [1, 2, 3], [False, False, True], True, 1, 0).tolist() == [37.0, 40.0, 38.5]
 
 
-def test_by_default_the_kernel_is_built_at_attach_and_never_in_a_hook(monkeypatch, empty_cache, write_config,
-                                                                       output_dir, caplog):
+def test_by_default_the_kernel_is_built_at_attach_and_never_in_a_hook(
+    monkeypatch, empty_cache, write_config, output_dir, caplog
+):
     monkeypatch.delenv(native.ENV)
     _reset()
     with caplog.at_level(logging.INFO, logger="msmon"):
@@ -224,7 +253,8 @@ def test_by_default_a_built_kernel_is_used_and_nothing_is_compiled(use_native, m
 
 
 def test_without_a_compiler_training_goes_on_with_torch_reductions_after_one_log_line(
-        monkeypatch, empty_cache, tmp_path, write_config, output_dir, caplog):
+    monkeypatch, empty_cache, tmp_path, write_config, output_dir, caplog
+):
     monkeypatch.delenv(native.ENV)
     monkeypatch.setenv("CXX", "/nonexistent")
     no_compiler = tmp_path / "bin"
@@ -264,8 +294,17 @@ def test_two_ranks_attaching_together_on_an_empty_cache_compile_once_and_both_us
     cache = tmp_path / "cache"
     env = {k: v for k, v in os.environ.items() if k != native.ENV}  # the default: auto
     env.update(MONITOR_OUTPUT_DIR=str(tmp_path / "out"), OMP_NUM_THREADS="1", MSMON_CACHE_DIR=str(cache))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone",
-           str(ROOT / "tests" / "scripts" / "native_first_use.py"), str(config), str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--standalone",
+        str(ROOT / "tests" / "scripts" / "native_first_use.py"),
+        str(config),
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -285,8 +324,10 @@ def test_a_rank_finding_the_build_lock_taken_waits_and_loads_what_the_holder_bui
     path = build.expected_path()
     os.makedirs(empty_cache)
     env = {k: v for k, v in os.environ.items() if k != native.ENV}
-    script = ("import json; from msmon import native; print('ready', flush=True); native.prepare(); "
-              "print(json.dumps({'compiled': native.compiled_here, 'loaded': native.stats_rows() is not None}))")
+    script = (
+        "import json; from msmon import native; print('ready', flush=True); native.prepare(); "
+        "print(json.dumps({'compiled': native.compiled_here, 'loaded': native.stats_rows() is not None}))"
+    )
     with open(path + ".lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         waiter = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, text=True)
@@ -355,8 +396,9 @@ def test_msmon_build_native_builds_and_reports_the_kernel(monkeypatch, empty_cac
 
 @pytest.mark.parametrize("flag, level", [("1", logging.ERROR), ("", logging.WARNING)])
 @pytest.mark.parametrize("broken", ["missing", "not C++"])
-def test_a_failed_build_is_logged_once_and_the_torch_path_is_used(monkeypatch, caplog, tmp_path, empty_cache,
-                                                                   flag, level, broken):
+def test_a_failed_build_is_logged_once_and_the_torch_path_is_used(
+    monkeypatch, caplog, tmp_path, empty_cache, flag, level, broken
+):
     source = tmp_path / "fused_stats.cpp"
     if broken == "not C++":
         source.write_text("this is not C++\n")

@@ -1,6 +1,7 @@
 """`msmon db`: every rank's CSV, TensorBoard, anomaly dumps, summaries and configs in one DuckDB
 database, checked against Python's own csv module and tensorboard's EventAccumulator; a re-run
 adds only what is new."""
+
 from __future__ import annotations
 
 import csv
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 
 duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
+from conftest import MLP, ROOT, rank_dir  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
 from msmon.anomaly import dump as anomaly_dump  # noqa: E402
 from msmon.anomaly.analyse import order_events, read_dumps  # noqa: E402
@@ -27,17 +29,34 @@ from msmon.sinks.csv_sink import CsvSink  # noqa: E402
 from msmon.sinks.tensorboard_sink import TensorBoardSink  # noqa: E402
 from msmon.stats import OPS  # noqa: E402
 
-from conftest import MLP, ROOT, rank_dir  # noqa: E402
-
 GENERATOR = ROOT / "benchmarks" / "synthetic_output.py"
 
 
 def make_synthetic(out: Path, ranks: int = 4, steps: int = 6, tensors: int = 20, window: int = 1) -> Path:
     """The benchmark's generator at test size: msmon's CSV layout, summaries, configs, dumps."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    subprocess.run([sys.executable, str(GENERATOR), "-o", str(out), "--ranks", str(ranks), "--steps", str(steps),
-                    "--tensors", str(tensors), "--window", str(window), "--processes", "1"],
-                   check=True, env=env, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            str(GENERATOR),
+            "-o",
+            str(out),
+            "--ranks",
+            str(ranks),
+            "--steps",
+            str(steps),
+            "--tensors",
+            str(tensors),
+            "--window",
+            str(window),
+            "--processes",
+            "1",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
     return out
 
 
@@ -60,7 +79,9 @@ def csv_values(root: Path) -> dict[tuple, float]:
 def db_values(database: str) -> dict[tuple, float]:
     con = duckdb.connect(database, read_only=True)
     try:
-        rows = con.execute("SELECT rank, vpp_stage, category, name, step, micro_step, op, value FROM metrics").fetchall()
+        rows = con.execute(
+            "SELECT rank, vpp_stage, category, name, step, micro_step, op, value FROM metrics"
+        ).fetchall()
     finally:
         con.close()
     out = {tuple(r[:7]): r[7] for r in rows}
@@ -108,10 +129,16 @@ def test_a_rerun_with_nothing_new_adds_nothing_and_a_grown_csv_adds_only_its_new
     same(db_values(database), csv_values(out))
     con = duckdb.connect(database, read_only=True)
     path, size, mtime, loaded, records = con.execute(
-        "SELECT path, size, mtime_ns, loaded_bytes, records FROM files WHERE path = ?", [str(grown)]).fetchone()
+        "SELECT path, size, mtime_ns, loaded_bytes, records FROM files WHERE path = ?", [str(grown)]
+    ).fetchone()
     con.close()
     st = os.stat(grown)
-    assert (size, mtime, loaded, records) == (st.st_size, st.st_mtime_ns, st.st_size, 2 + 2)  # 10 tensors over 5 categories, 2 lines added
+    assert (size, mtime, loaded, records) == (
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_size,
+        2 + 2,
+    )  # 10 tensors over 5 categories, 2 lines added
 
 
 def test_a_rewritten_csv_is_loaded_again_in_place_of_its_old_rows(tmp_path):
@@ -139,8 +166,15 @@ def test_a_malformed_line_is_skipped_and_counted_and_a_foreign_csv_reported(tmp_
 
 
 def _record(step: int, keys: list[RowKey], values: list[list[float]], histograms=()) -> StepRecord:
-    return StepRecord(step=step, rank=3, ops=list(OPS), keys=keys, values=values, histograms=list(histograms),
-                      table=torch.tensor(values, dtype=torch.float64))
+    return StepRecord(
+        step=step,
+        rank=3,
+        ops=list(OPS),
+        keys=keys,
+        values=values,
+        histograms=list(histograms),
+        table=torch.tensor(values, dtype=torch.float64),
+    )
 
 
 def test_tensorboard_scalars_and_histograms_load_as_tensorboard_reads_them(tmp_path):
@@ -151,12 +185,18 @@ def test_tensorboard_scalars_and_histograms_load_as_tensorboard_reads_them(tmp_p
     rank = tmp_path / "out" / "Dec03_10-00-00-rank3-0000abcd"
     rank.mkdir(parents=True)
     sink = TensorBoardSink(str(rank))
-    keys = [RowKey("actv", "fc1.output", 0, 0), RowKey("actv", "fc1.output", 0, 1), RowKey("grad_reduced", "fc1.weight", 1)]
+    keys = [
+        RowKey("actv", "fc1.output", 0, 0),
+        RowKey("actv", "fc1.output", 0, 1),
+        RowKey("grad_reduced", "fc1.weight", 1),
+    ]
     edges = [-1.0, -0.5, 0.0, 0.5, 1.0]
     for step in range(3):
         values = [[(i + 1) * 0.1 + step + j * 0.01 for j in range(len(OPS))] for i in range(len(keys))]
         values[0][0] = math.inf if step == 2 else values[0][0]
-        sink.write(_record(step, keys, values, [("1:fc1.weight/rank3/update_hist", edges, [1.0, 2.0, 3.0, float(step)])]))
+        sink.write(
+            _record(step, keys, values, [("1:fc1.weight/rank3/update_hist", edges, [1.0, 2.0, 3.0, float(step)])])
+        )
     sink.close()
     database = str(tmp_path / "run.duckdb")
     report = db.load([str(tmp_path / "out")], database, progress=False)
@@ -164,8 +204,12 @@ def test_tensorboard_scalars_and_histograms_load_as_tensorboard_reads_them(tmp_p
     acc = EventAccumulator(str(rank), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
     con = duckdb.connect(database, read_only=True)
-    got = {(r[0], r[1], r[2], r[3], r[4], r[5], r[6]): r[7] for r in con.execute(
-        "SELECT rank, vpp_stage, category, name, step, micro_step, op, value FROM metrics").fetchall()}
+    got = {
+        (r[0], r[1], r[2], r[3], r[4], r[5], r[6]): r[7]
+        for r in con.execute(
+            "SELECT rank, vpp_stage, category, name, step, micro_step, op, value FROM metrics"
+        ).fetchall()
+    }
     want = {}
     for tag in acc.Tags()["scalars"]:
         head, _, task = tag.rpartition("/rank3/")
@@ -176,8 +220,13 @@ def test_tensorboard_scalars_and_histograms_load_as_tensorboard_reads_them(tmp_p
             want[(3, int(vpp), category, name, event.step, int(micro) if micro else None, op)] = event.value
     assert got == want
     assert con.execute("SELECT category, vpp_stage, name, position FROM tensors ORDER BY ALL").fetchall() == [
-        ("actv", 0, "fc1.output", 0), ("grad_reduced", 1, "fc1.weight", 0), ("update", 1, "fc1.weight", 0)]
-    hist = con.execute("SELECT rank, vpp_stage, category, name, step, edges, counts FROM histograms ORDER BY step").fetchall()
+        ("actv", 0, "fc1.output", 0),
+        ("grad_reduced", 1, "fc1.weight", 0),
+        ("update", 1, "fc1.weight", 0),
+    ]
+    hist = con.execute(
+        "SELECT rank, vpp_stage, category, name, step, edges, counts FROM histograms ORDER BY step"
+    ).fetchall()
     events = acc.Histograms("1:fc1.weight/rank3/update_hist")
     assert [(h[0], h[1], h[2], h[3], h[4]) for h in hist] == [(3, 1, "update", "fc1.weight", s) for s in range(3)]
     for row, event in zip(hist, events):
@@ -190,9 +239,19 @@ def test_a_real_run_loads_csv_once_and_leaves_out_its_tensorboard_duplicates(wri
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    mon = TrainerMon(write_config({"wg_distribution": True, "xy_distribution": True, "mv_distribution": True,
-                                   "ur_distribution": True, "format": ["csv", "tensorboard"], "ops": list(OPS)}),
-                     params_have_main_grad=False)
+    mon = TrainerMon(
+        write_config(
+            {
+                "wg_distribution": True,
+                "xy_distribution": True,
+                "mv_distribution": True,
+                "ur_distribution": True,
+                "format": ["csv", "tensorboard"],
+                "ops": list(OPS),
+            }
+        ),
+        params_have_main_grad=False,
+    )
     mon.set_monitor(model, optimizer)
     for _ in range(3):
         model(torch.randn(4, 8)).square().mean().backward()
@@ -221,13 +280,28 @@ def test_anomalies_are_in_msmon_analyse_training_order(tmp_path):
     ordered = order_events(read_dumps(str(out / anomaly_dump.DUMP_DIR)).events)
     assert report.anomalies == len(ordered) > 0
     con = duckdb.connect(database, read_only=True)
-    rows = con.execute("SELECT rank, step, micro_step, stage, call_id, name, category, rule FROM anomaly_timeline").fetchall()
+    rows = con.execute(
+        "SELECT rank, step, micro_step, stage, call_id, name, category, rule FROM anomaly_timeline"
+    ).fetchall()
     con.close()
     assert rows == [(e.rank, e.step, e.micro_step, e.stage, e.call_id, e.name, e.category, e.rule) for e in ordered]
     # a dump that grows rebuilds the table, still in training order
     writer = anomaly_dump.AnomalyDumpWriter(str(out), 0, 0, [0, 1, 2, 3])
-    writer.append([{"step": 0, "stage": "forward", "name": "layers.0.attn.qkv.output", "category": "actv",
-                    "micro_step": 0, "op": "norm", "value": 1e9, "rule": "AnomalyTurbulence", "call_id": 0}])
+    writer.append(
+        [
+            {
+                "step": 0,
+                "stage": "forward",
+                "name": "layers.0.attn.qkv.output",
+                "category": "actv",
+                "micro_step": 0,
+                "op": "norm",
+                "value": 1e9,
+                "rule": "AnomalyTurbulence",
+                "call_id": 0,
+            }
+        ]
+    )
     again = db.load([str(out)], database, progress=False)
     assert again.anomalies == len(ordered) + 1
     con = duckdb.connect(database, read_only=True)
@@ -250,7 +324,8 @@ def test_the_documented_python_query_works(tmp_path):
         "AND op = 'norm' AND name = 'layers.0.attn.qkv.weight' ORDER BY rank, step\").fetchall()))\n"
         "print(con.sql('SELECT count(*) FROM metrics_wide').fetchall()[0][0])\n"
         "print(con.sql('SELECT count(*) FROM rank_spread').fetchall()[0][0] > 0)\n"
-        "print(json.dumps(con.sql('SELECT rank, monitor_cost_pct FROM monitor_cost').fetchall()))\n")
+        "print(json.dumps(con.sql('SELECT rank, monitor_cost_pct FROM monitor_cost').fetchall()))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     lines = proc.stdout.splitlines()
     assert len(json.loads(lines[0])) == 2 * 4 and int(lines[1]) == 2 * 4 * 10 and lines[2] == "True"
@@ -274,8 +349,13 @@ def test_one_database_holds_several_windows_and_a_csv_written_by_msmon_sink(tmp_
     sink = CsvSink(str(rank), ndigits=6, step_count_per_record=10)
     keys = [RowKey("actv", "blocks.0, odd", 1, 0), RowKey("actv", "blocks.1", 0, None)]
     for step in (8, 9, 10):
-        sink.write(_record(step, keys, [[1.0 * step, math.nan, math.inf, -math.inf, 0.0, 0.5, 2.0],
-                                        [0.25, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]))
+        sink.write(
+            _record(
+                step,
+                keys,
+                [[1.0 * step, math.nan, math.inf, -math.inf, 0.0, 0.5, 2.0], [0.25, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],
+            )
+        )
     sink.close()
     database = str(tmp_path / "run.duckdb")
     db.load([str(tmp_path / "out")], database, progress=False)

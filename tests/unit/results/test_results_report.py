@@ -1,29 +1,28 @@
 """`msmon report`: the numbers on the page, checked against the CSV files and the dumps read
 independently, the page's bounds, and the page itself opened in headless Chromium."""
+
 from __future__ import annotations
 
 import base64
 import json
 import math
-import os
 import re
 import shutil
 import statistics
 import struct
 import subprocess
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
+from test_results_db import csv_values, make_synthetic  # noqa: E402
+
+from conftest import ROOT  # noqa: E402
 from msmon.anomaly.analyse import order_events, read_dumps, verdict  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
 from msmon.results import db, queries, report_html  # noqa: E402
-
-from conftest import ROOT  # noqa: E402
-from test_results_db import csv_values, make_synthetic  # noqa: E402
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
@@ -55,8 +54,9 @@ def test_a_heatmap_cell_is_the_largest_value_over_ranks_and_non_finite_shows_as_
     out, _, data = run
     reference = csv_values(out)
     heat = {(h["category"], h["op"]): h for h in data["heatmaps"]}
-    assert set(heat) == {(c, op) for c in ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq")
-                         for op in queries.OPS}
+    assert set(heat) == {
+        (c, op) for c in ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq") for op in queries.OPS
+    }
     norm = heat[("grad_unreduced", "norm")]
     codes = decode(norm)
     columns = data["steps"]["columns"]
@@ -64,8 +64,11 @@ def test_a_heatmap_cell_is_the_largest_value_over_ranks_and_non_finite_shows_as_
     assert len(codes) == len(norm["rows"]) * columns and len(norm["rows"]) == 8
     for row, name in enumerate(norm["rows"]):
         for step in range(20):
-            want = max(abs(v) for k, v in reference.items()
-                       if k[2] == "grad_unreduced" and k[3] == name and k[4] == step and k[6] == "norm")
+            want = max(
+                abs(v)
+                for k, v in reference.items()
+                if k[2] == "grad_unreduced" and k[3] == name and k[4] == step and k[6] == "norm"
+            )
             got = cell_value(codes[row * columns + step], norm)
             assert got == pytest.approx(want, rel=1e-3), (name, step)
     actv = heat[("actv", "norm")]
@@ -75,8 +78,11 @@ def test_a_heatmap_cell_is_the_largest_value_over_ranks_and_non_finite_shows_as_
     codes = decode(actv)
     for row, name in enumerate(actv["rows"]):
         for step in range(20):
-            bad = any(math.isnan(v) for k, v in reference.items()
-                      if k[2] == "actv" and k[3] == name and k[4] == step and k[6] == "norm")
+            bad = any(
+                math.isnan(v)
+                for k, v in reference.items()
+                if k[2] == "actv" and k[3] == name and k[4] == step and k[6] == "norm"
+            )
             assert (codes[row * columns + step] == queries.NONFINITE) == bad, (name, step)
     assert queries.NONFINITE in codes, "the synthetic run's NaN shows"
 
@@ -94,8 +100,11 @@ def test_the_injected_spike_is_the_top_mover_and_the_desynchronised_rank_tops_th
     assert 1 in (first["min_rank"], first["max_rank"]) and first["ranks"] == 4
     assert all(t["step"] >= 10 for t in spread["top"])
     reference = csv_values(out)
-    values = [v for k, v in reference.items() if k[2:5] == (first["category"], first["name"], first["step"])
-              and k[6] == first["op"]]
+    values = [
+        v
+        for k, v in reference.items()
+        if k[2:5] == (first["category"], first["name"], first["step"]) and k[6] == first["op"]
+    ]
     assert first["spread"] == pytest.approx(max(values) - min(values))
 
 
@@ -115,7 +124,8 @@ def test_the_cost_section_is_each_ranks_summary(run):
     cost = data["cost"]
     assert cost["ranks"] == 4
     assert cost["stats"]["monitor_cost_pct"]["median"] == pytest.approx(
-        statistics.median(s["monitor_cost_pct"] for s in summaries))
+        statistics.median(s["monitor_cost_pct"] for s in summaries)
+    )
     assert cost["top"][0]["rank"] == max(summaries, key=lambda s: s["monitor_cost_pct"])["rank"]
 
 
@@ -163,8 +173,10 @@ def test_msmon_report_loads_a_directory_itself_and_wants_a_source(run, tmp_path)
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if not found:
-        pytest.fail("headless Chromium is needed for this test and was not found: apt-get install -y chromium "
-                    "(.ci/run installs it)")
+        pytest.fail(
+            "headless Chromium is needed for this test and was not found: apt-get install -y chromium "
+            "(.ci/run installs it)"
+        )
     return found
 
 
@@ -176,9 +188,18 @@ def test_the_page_renders_in_headless_chromium_without_errors(run, tmp_path):
     con = duckdb.connect(database, read_only=True)
     report_html.build(con, str(page), database)
     con.close()
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
-             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
-             "--virtual-time-budget=5000"]
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-extensions",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+    ]
     dom = subprocess.run(flags + ["--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
     body = re.search(r"<body[^>]*>", dom.stdout)
     assert body, f"no page came back: {dom.stderr[-2000:]}"
@@ -188,8 +209,12 @@ def test_the_page_renders_in_headless_chromium_without_errors(run, tmp_path):
     assert f'data-heatmaps="{len(data["heatmaps"])}"' in body[0]
     assert dom.stdout.count("<canvas") >= 5 + 1 + 1, "heatmaps, timeline and cost chart are drawn"
     shot = tmp_path / "report.png"
-    subprocess.run(flags + ["--hide-scrollbars", "--window-size=1400,2400", f"--screenshot={shot}", page.as_uri()],
-                   capture_output=True, text=True, timeout=120)
+    subprocess.run(
+        flags + ["--hide-scrollbars", "--window-size=1400,2400", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shot.is_file() and shot.stat().st_size > 20_000, "a screenshot of the drawn page"
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(shot, ARTIFACTS / "report.png")
@@ -203,7 +228,8 @@ def test_the_page_renders_in_headless_chromium_without_errors(run, tmp_path):
     con = duckdb.connect(empty_db, read_only=True)
     report_html.build(con, str(tmp_path / "empty.html"), empty_db)
     con.close()
-    dom = subprocess.run(flags + ["--dump-dom", (tmp_path / "empty.html").as_uri()], capture_output=True, text=True,
-                         timeout=120)
+    dom = subprocess.run(
+        flags + ["--dump-dom", (tmp_path / "empty.html").as_uri()], capture_output=True, text=True, timeout=120
+    )
     assert 'data-rendered="ok"' in dom.stdout and "No statistics in the database" in dom.stdout, dom.stderr[-2000:]
     assert not [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]

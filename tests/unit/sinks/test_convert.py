@@ -1,9 +1,9 @@
 """`msmon convert`: a real monitored run's CSV -> TensorBoard -> CSV gives back its files, the
 TensorBoard side read with tensorboard's own reader and tagged as the live sink tags."""
+
 from __future__ import annotations
 
 import csv
-import json
 import os
 import subprocess
 import sys
@@ -12,14 +12,24 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import ALL_OPS, MLP, ROOT, rank_dir
 from msmon import TrainerMon
 from msmon.sinks import convert as conv
 
-from conftest import ALL_OPS, MLP, ROOT, rank_dir
-
-FULL = {"wg_distribution": True, "monitor_mbs_grad": True, "param_distribution": True, "mv_distribution": True,
-        "ur_distribution": True, "mg_direction": True, "xy_distribution": True, "all_xy": True,
-        "format": ["csv", "tensorboard"], "ops": ALL_OPS, "ndigits": 8, "step_count_per_record": 2}
+FULL = {
+    "wg_distribution": True,
+    "monitor_mbs_grad": True,
+    "param_distribution": True,
+    "mv_distribution": True,
+    "ur_distribution": True,
+    "mg_direction": True,
+    "xy_distribution": True,
+    "all_xy": True,
+    "format": ["csv", "tensorboard"],
+    "ops": ALL_OPS,
+    "ndigits": 8,
+    "step_count_per_record": 2,
+}
 
 
 def monitored_run(write_config, steps: int = 3) -> None:
@@ -52,22 +62,30 @@ def tb_values(directory: Path) -> dict[tuple[str, int], float]:
     acc = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     values = {(t, e.step): e.value for t in acc.Tags()["scalars"] for e in acc.Scalars(t)}
-    values.update({(t, e.step): tensor_util.make_ndarray(e.tensor_proto).item()
-                   for t in acc.Tags()["tensors"] for e in acc.Tensors(t)})
+    values.update(
+        {
+            (t, e.step): tensor_util.make_ndarray(e.tensor_proto).item()
+            for t in acc.Tags()["tensors"]
+            for e in acc.Tensors(t)
+        }
+    )
     return values
 
 
 def msmon_cli(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    return subprocess.run([sys.executable, "-m", "msmon.launcher", "convert", *args], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "msmon.launcher", "convert", *args], capture_output=True, text=True, timeout=300, env=env
+    )
 
 
 def test_csv_to_tensorboard_to_csv_gives_back_a_real_runs_files(write_config, output_dir, tmp_path):
     monitored_run(write_config)
     source = rank_dir(output_dir)
     original = csv_files(source)
-    assert {"other_2-3.csv", "actv_0-1.csv", "actv_grad_2-3.csv", "ratio_0-1.csv", "grad_unreduced_0-1.csv"} <= set(original)
+    assert {"other_2-3.csv", "actv_0-1.csv", "actv_grad_2-3.csv", "ratio_0-1.csv", "grad_unreduced_0-1.csv"} <= set(
+        original
+    )
 
     proc = msmon_cli("csv2tb", "-d", str(output_dir), "-o", str(tmp_path / "tb"))
     assert proc.returncode == 0, proc.stderr
@@ -99,16 +117,18 @@ def test_live_tensorboard_converts_to_the_live_csv_up_to_float32(write_config, o
     for name, lines in original.items():
         assert [r[:3] for r in back[name]] == [r[:3] for r in lines], name
         for got, want in zip(back[name][1:], lines[1:]):
-            assert [float(x) for x in got[-len(ALL_OPS):]] == pytest.approx(
-                [float(x) for x in want[-len(ALL_OPS):]], rel=1e-6, abs=1e-7, nan_ok=True), (name, got, want)
+            assert [float(x) for x in got[-len(ALL_OPS) :]] == pytest.approx(
+                [float(x) for x in want[-len(ALL_OPS) :]], rel=1e-6, abs=1e-7, nan_ok=True
+            ), (name, got, want)
 
 
 def test_msprobe_tag_layout_round_trips(write_config, output_dir, tmp_path):
     monitored_run(write_config, steps=2)
     source = rank_dir(output_dir)
     out = tmp_path / "tb"
-    conv.csv_to_tensorboard(conv.RankSource(0, str(source), source.name), str(out), layout="msprobe",
-                            categories=["grad_reduced", "actv"])
+    conv.csv_to_tensorboard(
+        conv.RankSource(0, str(source), source.name), str(out), layout="msprobe", categories=["grad_reduced", "actv"]
+    )
     assert sorted(p.name for p in (out / "rank0").iterdir()) == ["actv", "grad_reduced"]
     values = tb_values(out / "rank0" / "grad_reduced")
     assert ("vp0:fc1.weight/norm", 1) in values
@@ -140,10 +160,23 @@ def test_time_range_selects_rank_directories_converted_in_parallel_and_an_empty_
         (base / name).mkdir(parents=True)
         (base / name / "grad_reduced_0-0.csv").write_text("vpp_stage,name,step,norm\n0,w,0,1.5\n")
     chosen = conv.find_ranks(str(base), "Dec01_00-00-00", "Dec01_23-59-59")
-    assert [(s.rank, s.name) for s in chosen] == [(0, "Dec01_10-00-00-rank0-aaaaaaaa"),
-                                                 (1, "Dec01_10-00-00-rank1-bbbbbbbb")]
-    proc = msmon_cli("csv2tb", "-d", str(base), "--time-start", "Dec01_00-00-00", "--time-end", "Dec01_23-59-59",
-                     "-o", str(tmp_path / "tb"), "-j", "2")
+    assert [(s.rank, s.name) for s in chosen] == [
+        (0, "Dec01_10-00-00-rank0-aaaaaaaa"),
+        (1, "Dec01_10-00-00-rank1-bbbbbbbb"),
+    ]
+    proc = msmon_cli(
+        "csv2tb",
+        "-d",
+        str(base),
+        "--time-start",
+        "Dec01_00-00-00",
+        "--time-end",
+        "Dec01_23-59-59",
+        "-o",
+        str(tmp_path / "tb"),
+        "-j",
+        "2",
+    )
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in (tmp_path / "tb").iterdir()) == [s.name for s in chosen]
     proc = msmon_cli("csv2tb", "-d", str(base), "--time-start", "Jan01_00-00-00", "--time-end", "Jan01_00-00-01")
@@ -161,5 +194,7 @@ def test_collective_rows_map_to_the_live_collective_tags_and_back():
 
     assert CollectiveKey("other", row.name).tag(1) == tag
     assert conv.parse_msmon_tag("0:layers.0.mlp/rank0/exp_avg_sq_mean") == (
-        conv.Row("exp_avg_sq", "0", "layers.0.mlp", ""), "mean")
+        conv.Row("exp_avg_sq", "0", "layers.0.mlp", ""),
+        "mean",
+    )
     assert conv.parse_msmon_tag("1:fc.input:3/rank0/actv_nans") == (conv.Row("actv", "1", "fc.input", "3"), "nans")

@@ -1,5 +1,6 @@
 """heatmap_visualize: TensorBoard images of the update/ratio histograms over steps, as msprobe's
 HeatmapVisualizer draws them, checked against histograms recomputed in plain torch."""
+
 from __future__ import annotations
 
 import logging
@@ -9,11 +10,10 @@ import zlib
 import pytest
 import torch
 
+from conftest import MLP, rank_dir
 from msmon import TrainerMon
 from msmon.collectors.optimizer_state import HIST_EDGES
 from msmon.config import parse_config
-
-from conftest import MLP, rank_dir
 
 STEPS = 5
 
@@ -23,9 +23,11 @@ def decode_png(data: bytes) -> torch.Tensor:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     pos, idat, header = 8, b"", None
     while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        assert zlib.crc32(kind + body) & 0xFFFFFFFF == struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0]
+        length, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + length]
+        assert (
+            zlib.crc32(kind + body) & 0xFFFFFFFF == struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])[0]
+        )
         if kind == b"IHDR":
             header = struct.unpack(">IIBBBBB", body)
         elif kind == b"IDAT":
@@ -44,11 +46,13 @@ def independent_histograms(model, optimizer) -> dict[str, dict[str, torch.Tensor
     for name, p in model.named_parameters():
         state, group = optimizer.state[p], optimizer.param_groups[0]
         (beta1, beta2), eps, t = group["betas"], group["eps"], float(state["step"])
-        m_hat = state["exp_avg"] / (1 - beta1 ** t)
-        root_v = (state["exp_avg_sq"] / (1 - beta2 ** t)).sqrt()
+        m_hat = state["exp_avg"] / (1 - beta1**t)
+        root_v = (state["exp_avg_sq"] / (1 - beta2**t)).sqrt()
         ratio = torch.where(root_v > 0, m_hat / root_v, torch.zeros_like(m_hat))
-        out[name] = {kind: torch.histc(t_.clamp(-1, 1), bins=len(HIST_EDGES) - 1, min=-1, max=1)
-                     for kind, t_ in (("adam_update", m_hat / (root_v + eps)), ("adam_ratio", ratio))}
+        out[name] = {
+            kind: torch.histc(t_.clamp(-1, 1), bins=len(HIST_EDGES) - 1, min=-1, max=1)
+            for kind, t_ in (("adam_update", m_hat / (root_v + eps)), ("adam_ratio", ratio))
+        }
     return out
 
 
@@ -72,8 +76,9 @@ def test_heatmap_images_are_buckets_by_steps_and_brightest_where_counts_peak(wri
     acc.Reload()
     buckets = len(HIST_EDGES) - 1
     names = [n for n, _ in model.named_parameters()]
-    assert sorted(acc.Tags()["images"]) == sorted(f"0:{n}/rank0/{k}" for n in names
-                                                  for k in ("adam_update", "adam_ratio"))
+    assert sorted(acc.Tags()["images"]) == sorted(
+        f"0:{n}/rank0/{k}" for n in names for k in ("adam_update", "adam_ratio")
+    )
     for name in names:
         for kind in ("adam_update", "adam_ratio"):
             events = acc.Images(f"0:{name}/rank0/{kind}")
@@ -109,10 +114,13 @@ def test_heatmap_without_the_key_writes_no_image(write_config, output_dir):
     assert acc.Tags()["images"] == [] and acc.Tags()["histograms"]
 
 
-@pytest.mark.parametrize("cfg, why", [
-    ({"heatmap_visualize": True}, "ur_distribution is not true"),
-    ({"heatmap_visualize": True, "ur_distribution": True, "format": "csv"}, "format has no 'tensorboard'"),
-])
+@pytest.mark.parametrize(
+    "cfg, why",
+    [
+        ({"heatmap_visualize": True}, "ur_distribution is not true"),
+        ({"heatmap_visualize": True, "ur_distribution": True, "format": "csv"}, "format has no 'tensorboard'"),
+    ],
+)
 def test_heatmap_without_its_inputs_warns_in_one_line(caplog, cfg, why):
     caplog.set_level(logging.WARNING, logger="msmon")
     logging.getLogger("msmon").propagate = True

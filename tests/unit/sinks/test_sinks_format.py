@@ -2,6 +2,7 @@
 ndigits) for magnitudes of 1 or more, ndigits significant digits below 1 (no non-zero value
 reads 0), however the step's values are formatted; the step buffer keeps rows in the order
 they were added."""
+
 from __future__ import annotations
 
 import csv
@@ -10,16 +11,29 @@ import math
 import pytest
 import torch
 
+from conftest import MLP, rank_dir, read_csv_rows, reference_stats
 from msmon import TrainerMon
 from msmon.records import RowKey, StepBuffer, StepRecord
 from msmon.sinks.api_sink import ApiSink
 from msmon.sinks.csv_sink import CsvSink
 from msmon.sinks.numbers import csv_value, csv_values
 
-from conftest import MLP, rank_dir, read_csv_rows, reference_stats
-
-EDGE_VALUES = [0.0, -0.0, math.nan, math.inf, -math.inf, 1e-300, 5e-324, 1.5e300, 0.1234565, 2.5e-7,
-               -46.9906395, 123456789.123456789, 1e-05, 0.3]
+EDGE_VALUES = [
+    0.0,
+    -0.0,
+    math.nan,
+    math.inf,
+    -math.inf,
+    1e-300,
+    5e-324,
+    1.5e300,
+    0.1234565,
+    2.5e-7,
+    -46.9906395,
+    123456789.123456789,
+    1e-05,
+    0.3,
+]
 
 
 def _record(values: list[list[float]], keys: list[RowKey], with_table: bool) -> StepRecord:
@@ -32,23 +46,40 @@ def _read(path) -> list[list[str]]:
         return list(csv.reader(fh))
 
 
-@pytest.mark.parametrize("value, cell", [
-    (1e-12, "1e-12"), (3.2e-7, "3.2e-07"), (0.000123456, "0.000123456"), (0.0001234567, "0.000123457"),
-    (0.5, "0.5"), (0.1234565, repr(round(0.1234565, 6))), (12.345678, "12.345678"), (12.3456789, "12.345679"),
-    (0.0, "0.0"), (-0.0, "-0.0"), (-1e-9, "-1e-09"), (math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf"),
-    (5e-324, "5e-324"), (0.9999996, "1.0"), (-46.9906395, "-46.99064"),
-])
+@pytest.mark.parametrize(
+    "value, cell",
+    [
+        (1e-12, "1e-12"),
+        (3.2e-7, "3.2e-07"),
+        (0.000123456, "0.000123456"),
+        (0.0001234567, "0.000123457"),
+        (0.5, "0.5"),
+        (0.1234565, repr(round(0.1234565, 6))),
+        (12.345678, "12.345678"),
+        (12.3456789, "12.345679"),
+        (0.0, "0.0"),
+        (-0.0, "-0.0"),
+        (-1e-9, "-1e-09"),
+        (math.nan, "nan"),
+        (math.inf, "inf"),
+        (-math.inf, "-inf"),
+        (5e-324, "5e-324"),
+        (0.9999996, "1.0"),
+        (-46.9906395, "-46.99064"),
+    ],
+)
 def test_csv_value_keeps_significant_digits_below_one_and_msprobe_rounding_above(value, cell):
     assert repr(csv_value(value, 6)) == cell
 
 
 def test_csv_cells_are_python_rounded_at_one_and_above_and_never_zero_below(tmp_path):
     gen = torch.Generator().manual_seed(3)
-    randoms = (torch.randn(4000, generator=gen, dtype=torch.float64)
-               * 10.0 ** torch.randint(-15, 9, (4000,), generator=gen)).tolist()
+    randoms = (
+        torch.randn(4000, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-15, 9, (4000,), generator=gen)
+    ).tolist()
     flat = EDGE_VALUES + randoms
     flat += [0.0] * (len(flat) % 2)
-    values = [flat[i:i + 2] for i in range(0, len(flat), 2)]
+    values = [flat[i : i + 2] for i in range(0, len(flat), 2)]
     keys = [RowKey("grad_reduced", f"layer{i}.weight") for i in range(len(values))]
     for with_table, sub in ((True, "table"), (False, "lists")):
         directory = tmp_path / sub
@@ -73,14 +104,24 @@ def test_csv_micro_step_column_and_quoted_names(tmp_path):
     keys = [RowKey("actv", "blocks.0, odd", 1, 2), RowKey("actv", "blocks.1", 0, None)]
     sink = CsvSink(str(tmp_path), ndigits=3, step_count_per_record=10)
     sink.write(_record([[1.23456, 2.0], [3.0, math.nan]], keys, True))
-    sink.write(StepRecord(step=8, rank=0, ops=["a", "b"], keys=keys[:1], values=[[0.5, 0.25]],
-                          table=torch.tensor([[0.5, 0.25]], dtype=torch.float64)))
+    sink.write(
+        StepRecord(
+            step=8,
+            rank=0,
+            ops=["a", "b"],
+            keys=keys[:1],
+            values=[[0.5, 0.25]],
+            table=torch.tensor([[0.5, 0.25]], dtype=torch.float64),
+        )
+    )
     sink.close()
     rows = _read(tmp_path / "actv_0-9.csv")
-    assert rows == [["vpp_stage", "name", "step", "micro_step", "a", "b"],
-                    ["1", "blocks.0, odd", "7", "2", "1.235", "2.0"],
-                    ["0", "blocks.1", "7", "", "3.0", "nan"],
-                    ["1", "blocks.0, odd", "8", "2", "0.5", "0.25"]]
+    assert rows == [
+        ["vpp_stage", "name", "step", "micro_step", "a", "b"],
+        ["1", "blocks.0, odd", "7", "2", "1.235", "2.0"],
+        ["0", "blocks.1", "7", "", "3.0", "nan"],
+        ["1", "blocks.0, odd", "8", "2", "0.5", "0.25"],
+    ]
 
 
 def test_api_sink_gives_each_category_of_the_latest_record_holding_it():
@@ -110,15 +151,25 @@ def test_step_buffer_keeps_single_and_batched_rows_in_the_order_added():
 def test_vectorised_formatting_equals_csv_value_near_ties_and_at_every_scale():
     gen = torch.Generator().manual_seed(11)
     table = torch.randn(5000, 4, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(
-        -30, 18, (5000, 4), generator=gen)
+        -30, 18, (5000, 4), generator=gen
+    )
     ties = torch.tensor([k / 128 for k in range(-256, 256)], dtype=torch.float64)  # exact decimal ties at 6 digits
     near = torch.nextafter(ties, torch.full_like(ties, math.inf))
-    powers = torch.tensor([10.0 ** -k for k in range(1, 40)] + [-(10.0 ** -k) for k in range(1, 40)],
-                          dtype=torch.float64)  # where log10 may misjudge the first digit
-    powers = torch.cat([powers, torch.nextafter(powers, torch.zeros_like(powers)),
-                        torch.nextafter(powers, powers * 2)])
-    table = torch.cat([table.flatten(), ties, ties / 1000, near, near / 1000, powers,
-                       torch.tensor([math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 0.9999996, 0.99999949999])])
+    powers = torch.tensor(
+        [10.0**-k for k in range(1, 40)] + [-(10.0**-k) for k in range(1, 40)], dtype=torch.float64
+    )  # where log10 may misjudge the first digit
+    powers = torch.cat([powers, torch.nextafter(powers, torch.zeros_like(powers)), torch.nextafter(powers, powers * 2)])
+    table = torch.cat(
+        [
+            table.flatten(),
+            ties,
+            ties / 1000,
+            near,
+            near / 1000,
+            powers,
+            torch.tensor([math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, 0.9999996, 0.99999949999]),
+        ]
+    )
     table = table.view(-1, 1)
     for ndigits in (0, 1, 2, 6, 9, 15, 17, 25):
         got = [repr(row[0]) for row in csv_values(table, ndigits)]
@@ -169,8 +220,8 @@ def test_tensorboard_records_carry_the_checksums_tensorboard_computes_and_read_b
     import os
     import struct
 
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
     from msmon.records import RowKey, StepRecord
     from msmon.sinks.tensorboard_sink import TensorBoardSink
@@ -183,17 +234,24 @@ def test_tensorboard_records_carry_the_checksums_tensorboard_computes_and_read_b
     sink = TensorBoardSink(str(tmp_path))
     keys = [RowKey("grad_reduced", f"layer{i}.weight") for i in range(300)]
     for step in range(3):
-        sink.write(StepRecord(step=step, rank=0, ops=["norm", "max"], keys=keys,
-                              values=[[i + step * 0.5, -i * 1e-7] for i in range(300)]))
+        sink.write(
+            StepRecord(
+                step=step,
+                rank=0,
+                ops=["norm", "max"],
+                keys=keys,
+                values=[[i + step * 0.5, -i * 1e-7] for i in range(300)],
+            )
+        )
     sink.close()
     raw = open(sink.path, "rb").read()
     offset, records = 0, 0
     while offset < len(raw):  # every record's two checksums, recomputed by tensorboard's function
-        header = raw[offset:offset + 8]
+        header = raw[offset : offset + 8]
         (length,) = struct.unpack("<Q", header)
-        assert struct.unpack("<I", raw[offset + 8:offset + 12])[0] == masked_crc32c(header)
-        data = raw[offset + 12:offset + 12 + length]
-        assert struct.unpack("<I", raw[offset + 12 + length:offset + 16 + length])[0] == masked_crc32c(data)
+        assert struct.unpack("<I", raw[offset + 8 : offset + 12])[0] == masked_crc32c(header)
+        data = raw[offset + 12 : offset + 12 + length]
+        assert struct.unpack("<I", raw[offset + 12 + length : offset + 16 + length])[0] == masked_crc32c(data)
         offset += 16 + length
         records += 1
     assert records == 4  # the file header and three steps
