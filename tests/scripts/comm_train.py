@@ -89,9 +89,8 @@ def main() -> None:
         log.add("irecv", [], [incoming])
 
         mine, theirs = torch.full((2,), rank + 0.5), torch.empty(2)
-        works = dist.batch_isend_irecv(
-            [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]
-        )  # site:batch
+        ops = [dist.P2POp(dist.isend, mine, peer), dist.P2POp(dist.irecv, theirs, peer)]
+        works = dist.batch_isend_irecv(ops)  # site:batch
         for work in works:
             work.wait()
         log.add("batch", [mine], [mine, theirs])
