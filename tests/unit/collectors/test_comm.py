@@ -154,8 +154,8 @@ def test_call_site_is_the_calling_line_outside_torch_and_msmon(world_of_one):
     recorder = Recorder()
     cc.instrument()
     cc.add_listener(recorder)
+    line = _line() + 1  # the next line's number: the call's
     dist.all_reduce(torch.ones(1))
-    line = _line()  # noqa: E702 - the call and its line number
     cc.remove_listener(recorder)
     site = recorder.sites[0]
     assert site.short == f"test_comm.py[{line}]"

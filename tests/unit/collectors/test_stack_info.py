@@ -9,7 +9,7 @@ import os
 import torch
 
 import msmon
-from conftest import MLP, rank_dir
+from conftest import MLP, ROOT, rank_dir
 from msmon import TrainerMon
 from msmon.collectors import stack_info
 
@@ -62,7 +62,7 @@ def test_stack_info_csv_holds_each_modules_first_call_stack_without_torch_or_msm
         for package in (torch, msmon):
             assert os.path.dirname(package.__file__) not in stack
     conftest_forward = "return self.fc2(self.act(self.fc1(x)))"
-    assert stacks["0:fc1"].startswith(f"File {os.path.join(os.path.dirname(HERE), 'conftest.py')}, line ")
+    assert stacks["0:fc1"].startswith(f"File {ROOT / 'tests' / 'conftest.py'}, line ")
     assert f"in forward, \n {conftest_forward} \n" in stacks["0:fc1"]  # innermost frame first
     assert stacks["0:"].startswith(loop)
 
