@@ -18,9 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ops import OPS
+
 logger = logging.getLogger("msmon")
 
-OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 FORMATS = ("tensorboard", "csv", "api")
 ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")

@@ -38,21 +38,18 @@ import struct
 import threading
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from . import native
+from .ops import BY_NAME, FIELDS, OPS, unknown  # noqa: F401 (OPS: msmon.stats.OPS, as before)
 
 RESULT_DTYPE = torch.float64
-OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 CHUNK = 1 << 18  # elements per CPU pass: 1 MiB of float32, read once, then reduced in cache
 SMALL = 1 << 12  # tensors up to this size are reduced together, as segments of one buffer
 _MIN_SEGMENTS = 4  # fewer small tensors than this are cheaper one by one
-# CPU threads for the reductions (0: torch's own setting); see _cpu_threads
-STAT_THREADS = int(os.environ.get("MSMON_STAT_THREADS", "1") or 0)
 _EXACT_F32_COUNT = 1 << 24  # counts up to this are exact in float32
-_SCALED_OPS = ("mean", "zeros")  # the sum and the zero count are divided by numel
-_FIELD_OF = {"norm": "norm", "min": "min", "max": "max", "mean": "sum", "zeros": "zeros"}
 CPU_SHORTCUTS = True  # read CPU scalars to skip provably-zero counts (see the module docstring)
 
 
@@ -119,16 +116,18 @@ class _Plan:
 
     def __init__(self, ops: tuple[str, ...]) -> None:
         for op in ops:
-            if op not in OPS:
-                raise ValueError(f"unknown op {op!r}; valid ops are {list(OPS)}")
+            if op not in BY_NAME:
+                raise ValueError(unknown(op))
         self.ops = ops
+        self.op_fields = [BY_NAME[op].field for op in ops]  # the field each op is read from
         self.norm = "norm" in ops
         self.minmax = "min" in ops or "max" in ops
         self.zeros = "zeros" in ops
         self.flags = "nans" in ops or "infs" in ops
         # the sum gives the mean, and is the NaN/Inf witness when min/max are not computed
         self.total = "mean" in ops or (self.flags and not self.minmax)
-        self.scaled = any(op in _SCALED_OPS for op in ops)
+        self.per_element = [BY_NAME[op].per_element for op in ops]
+        self.scaled = any(self.per_element)
         self.fields = [
             name
             for name, wanted in (
@@ -141,10 +140,8 @@ class _Plan:
             if wanted
         ]
 
-        # the native kernel's field of each op, and whether it is divided by the element count
-        self.native_columns = [_NATIVE_FIELDS.index(_FIELD_OF.get(op, op)) for op in ops]
-        self.native_per_element = [op in _SCALED_OPS for op in ops]
-        self.native_unscaled = [False] * len(ops)
+        self.native_columns = [FIELDS.index(field) for field in self.op_fields]  # the kernel's field indices
+        self.unscaled = [False] * len(ops)
 
     @functools.cached_property
     def without_norm(self) -> _Plan:
@@ -223,9 +220,6 @@ def _chunked(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -
     return out
 
 
-_NATIVE_FIELDS = ("norm", "min", "max", "sum", "zeros", "nans", "infs")
-
-
 def _one(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
     """All reductions of one tensor, as 0-d tensors by field."""
     if t.device.type == "cpu" and t.numel() > CHUNK and t.is_contiguous():
@@ -260,7 +254,7 @@ def _segmented(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch
     (a few KiB; for small tensors the per-kernel cost, not the data, is what counts) and
     reduced per segment, so a batch costs about a dozen kernels instead of six per tensor."""
     flat = torch._utils._flatten_dense_tensors(ts)
-    lengths, segment_ids = _layouts.get(tuple(t.numel() for t in ts), flat.device)
+    lengths, segment_ids = _layout(tuple(t.numel() for t in ts), flat.device)
     count = len(ts)
     wide = flat if flat.dtype == acc else flat.to(acc)
     out = {}
@@ -280,27 +274,16 @@ def _segmented(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch
     return out
 
 
-class _Layouts:
-    """Cached segment lengths and per-element segment ids, per sequence of sizes and device."""
-
-    def __init__(self, size: int = 64) -> None:
-        self._cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._size = size
-
-    def get(self, numels: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (numels, device)
-        found = self._cache.get(key)
-        if found is None:
-            if len(self._cache) >= self._size:
-                self._cache.clear()
-            lengths = torch.tensor(numels, dtype=torch.long)
-            ids = torch.repeat_interleave(torch.arange(len(numels)), lengths)
-            found = (_to_device(lengths, device), _to_device(ids, device))
-            self._cache[key] = found
-        return found
+# The small tensors built on the host for a batch's layout are cached per layout (and device), so
+# a step neither builds them again nor copies them to an accelerator: a step's batches repeat.
 
 
-_layouts = _Layouts()
+@functools.lru_cache(maxsize=64)
+def _layout(numels: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Segment lengths and per-element segment ids of a flat copy of tensors of these sizes."""
+    lengths = torch.tensor(numels, dtype=torch.long)
+    ids = torch.repeat_interleave(torch.arange(len(numels)), lengths)
+    return _to_device(lengths, device), _to_device(ids, device)
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -357,16 +340,10 @@ def _count_columns(ts: list[torch.Tensor], columns: dict[str, torch.Tensor], pla
             columns[op] = torch.stack([_ZERO if ok else test(t).sum().to(RESULT_DTYPE) for t, ok in zip(ts, flags)])
 
 
-_zero_columns: dict[int, torch.Tensor] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _zeros(n: int) -> torch.Tensor:
-    found = _zero_columns.get(n)
-    if found is None:
-        if len(_zero_columns) > 64:
-            _zero_columns.clear()
-        found = _zero_columns[n] = torch.zeros(n, dtype=torch.float32)
-    return found
+    """A CPU column of n zero counts (never written to: shared)."""
+    return torch.zeros(n, dtype=torch.float32)
 
 
 _ZERO = torch.zeros((), dtype=RESULT_DTYPE)
@@ -396,15 +373,15 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     # a zero of the other values' dtype: stacking one dtype costs a fifth of promoting a mix
     zero = _zero_like(values) if clean else _ZERO
     row = []
-    for op in plan.ops:
-        if op in ("nans", "infs"):
+    for field in plan.op_fields:
+        if field in ("nans", "infs"):
             if clean:
                 row.append(zero)
             else:
-                row.append((torch.isnan(t) if op == "nans" else torch.isinf(t)).sum().to(RESULT_DTYPE))
+                row.append((torch.isnan(t) if field == "nans" else torch.isinf(t)).sum().to(RESULT_DTYPE))
         else:
-            value = values[_FIELD_OF[op]]
-            row.append(value.to(RESULT_DTYPE) if big and op == "zeros" else value)
+            value = values[field]
+            row.append(value.to(RESULT_DTYPE) if big and field == "zeros" else value)
     return row
 
 
@@ -418,28 +395,44 @@ def _native_rows(
     rows_of = native.readable_rows()  # checks every tensor (native.eligible) while packing the call
     if rows_of is None:
         return None
-    per_element = plan.native_per_element if scaled else plan.native_unscaled
     return rows_of(
         ts,
         zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0,
         plan.native_columns,
-        per_element,
+        plan.per_element if scaled else plan.unscaled,
         flat,
-        _native_threads(),
+        (_threads or configure_threads()).native or torch.get_num_threads(),
         NATIVE_SHARE,
     )
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-# Threads that may share one native call (0, the default: torch's setting), each reading at
-# least NATIVE_SHARE elements. Measured on two cores (docs/performance.md): sharing batches of a
-# few MB brought nothing in training, the 233 MB of a larger model's gradients took a fifth less.
-NATIVE_THREADS = int(os.environ.get("MSMON_NATIVE_THREADS", "0") or 0)
+# Each thread sharing one native call reads at least this many elements. Measured on two cores
+# (docs/performance.md): sharing batches of a few MB brought nothing in training, the 233 MB of a
+# larger model's gradients took a fifth less.
 NATIVE_SHARE = 1 << 22  # elements: 16 MiB of float32 per thread
 
 
-def _native_threads() -> int:
-    return NATIVE_THREADS or torch.get_num_threads()
+@dataclass(frozen=True)
+class Threads:
+    """How many threads the statistics use on the CPU (0: torch's own setting)."""
+
+    stats: int  # MSMON_STAT_THREADS (default 1): the torch reductions; see _cpu_threads
+    native: int  # MSMON_NATIVE_THREADS (default 0): the threads that may share one native call
+
+
+_threads: Threads | None = None
+
+
+def configure_threads() -> Threads:
+    """Read MSMON_STAT_THREADS and MSMON_NATIVE_THREADS from the environment now (the monitor
+    does at attach; statistics asked for before that read them at their first call)."""
+    global _threads
+    _threads = Threads(
+        stats=int(os.environ.get("MSMON_STAT_THREADS", "1") or 0),
+        native=int(os.environ.get("MSMON_NATIVE_THREADS", "0") or 0),
+    )
+    return _threads
 
 
 def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor:
@@ -453,77 +446,55 @@ def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor
         _count_columns(ts if positions is None else [ts[i] for i in positions], columns, plan)
     if plan.zeros and any(t.numel() > _EXACT_F32_COUNT for t in ts):
         columns["zeros"] = columns["zeros"].to(RESULT_DTYPE)
-    rows = torch.stack([columns[_FIELD_OF.get(op, op)] for op in plan.ops], dim=1)
+    rows = torch.stack([columns[field] for field in plan.op_fields], dim=1)
     if positions is not None:
         rows = rows.index_select(0, _inverse(tuple(positions), rows.device))
     return rows
 
 
-_inverses: dict[tuple, torch.Tensor] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _inverse(positions: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The permutation that puts rows computed in `positions` order back in input order."""
-    key = (positions, device)
-    found = _inverses.get(key)
-    if found is None:
-        inverse = [0] * len(positions)
-        for row, position in enumerate(positions):
-            inverse[position] = row
-        if len(_inverses) > 64:
-            _inverses.clear()
-        found = _inverses[key] = _to_device(torch.tensor(inverse, dtype=torch.long), device)
-    return found
+    inverse = [0] * len(positions)
+    for row, position in enumerate(positions):
+        inverse[position] = row
+    return _to_device(torch.tensor(inverse, dtype=torch.long), device)
 
 
-class _Divisors:
-    """Cached float64 divisors (numel for mean and zeros, 1 elsewhere) shaped [rows, ops],
-    so a step neither builds them again nor copies them to an accelerator."""
-
-    def __init__(self, size: int = 512) -> None:
-        self._cache: dict[tuple, torch.Tensor] = {}
-        self._size = size
-
-    def get(self, numels: tuple[int, ...], ops: tuple[str, ...], device: torch.device) -> torch.Tensor:
-        key = (numels, ops, device)
-        found = self._cache.get(key)
-        if found is None:
-            values = [[float(n) if op in _SCALED_OPS else 1.0 for op in ops] for n in numels]
-            if len(self._cache) >= self._size:
-                self._cache.clear()
-            found = self._cache[key] = _to_device(torch.tensor(values, dtype=RESULT_DTYPE), device)
-        return found
-
-
-_divisors = _Divisors()
+@functools.lru_cache(maxsize=512)
+def _divisors(numels: tuple[int, ...], ops: tuple[str, ...], device: torch.device) -> torch.Tensor:
+    """[rows, ops] float64 divisors: the element count for per-element ops, 1 elsewhere."""
+    values = [[float(n) if BY_NAME[op].per_element else 1.0 for op in ops] for n in numels]
+    return _to_device(torch.tensor(values, dtype=RESULT_DTYPE), device)
 
 
 def _scaled(rows: torch.Tensor, numels: list[int], plan: _Plan) -> torch.Tensor:
     """[n, ops] unscaled rows to the float64 result: means and zero fractions divided by numel."""
     rows = rows.to(RESULT_DTYPE)
     if plan.scaled:
-        rows = rows / _divisors.get(tuple(numels), plan.ops, rows.device)
+        rows = rows / _divisors(tuple(numels), plan.ops, rows.device)
     return rows
 
 
 class _cpu_threads:
-    """Run the CPU reductions on STAT_THREADS threads. Every parallel region costs a fork and
+    """Run the CPU reductions on Threads.stats threads. Every parallel region costs a fork and
     a join of torch's thread pool; on a machine whose cores the training already keeps busy
     (and whose writer thread, data loader or neighbours take a core now and then) each join
     can wait for a preempted thread. The statistics are many short reductions, so they pay
     that far more often than the training does. Restored on exit (set_num_threads: 0.3 us)."""
 
-    __slots__ = ("before",)
+    __slots__ = ("before", "threads")
 
     def __init__(self, device: torch.device) -> None:
-        self.before = torch.get_num_threads() if device.type == "cpu" and STAT_THREADS else 0
+        self.threads = (_threads or configure_threads()).stats
+        self.before = torch.get_num_threads() if device.type == "cpu" and self.threads else 0
 
     def __enter__(self) -> None:
-        if self.before and self.before != STAT_THREADS:
-            torch.set_num_threads(STAT_THREADS)
+        if self.before and self.before != self.threads:
+            torch.set_num_threads(self.threads)
 
     def __exit__(self, *exc) -> None:
-        if self.before and self.before != STAT_THREADS:
+        if self.before and self.before != self.threads:
             torch.set_num_threads(self.before)
 
 
@@ -571,34 +542,55 @@ def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.
         return _scaled(torch.stack(_row_values(t, plan, eps)).view(1, -1), [t.numel()], plan).view(-1)
 
 
+class _OverAll:
+    """Reductions over every element: the pieces of one tensor, a [pieces] column."""
+
+    sum = staticmethod(torch.Tensor.sum)
+    min = staticmethod(torch.Tensor.min)
+    max = staticmethod(torch.Tensor.max)
+
+
+class _OverRanks:
+    """Reductions along dim 0: the ranks' pieces of many tensors, a [ranks, tensors] column."""
+
+    @staticmethod
+    def sum(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(0)
+
+    @staticmethod
+    def min(x: torch.Tensor) -> torch.Tensor:
+        return x.amin(0)
+
+    @staticmethod
+    def max(x: torch.Tensor) -> torch.Tensor:
+        return x.amax(0)
+
+
 def combine_rows(rows: torch.Tensor, counts: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
     """Exact statistics of a tensor from the statistics of its disjoint pieces.
 
-    rows: [pieces, ops] statistics of each piece; counts: [pieces] element counts. Norms add
-    in squares, min of mins, max of maxes, means weighted by count, zero counts recovered
-    from each fraction (so the combined fraction is exactly the directly computed one), nan
-    and inf counts add up. Empty pieces (count 0, NaN rows) are left out; if every piece is
-    empty the result is a NaN row, like the statistics of an empty tensor. No host sync.
+    rows: [pieces, ops] statistics of each piece; counts: [pieces] element counts. Each op
+    combines by its rule (msmon.ops): norms add in squares, min of mins, max of maxes, means
+    weighted by count, zero counts recovered from each fraction (so the combined fraction is
+    exactly the directly computed one), nan and inf counts add up. Empty pieces (count 0, NaN
+    rows) are left out; if every piece is empty the result is a NaN row, like the statistics of
+    an empty tensor. No host sync.
     """
     counts = counts.to(device=rows.device, dtype=rows.dtype)
     keep = counts > 0
     total = counts.sum()
-    columns = []
-    for j, op in enumerate(ops):
-        col = rows[:, j]
-        if op == "norm":
-            columns.append(torch.where(keep, col, 0.0).square().sum().sqrt())
-        elif op == "min":
-            columns.append(torch.where(keep, col, math.inf).min())
-        elif op == "max":
-            columns.append(torch.where(keep, col, -math.inf).max())
-        elif op == "mean":
-            columns.append(torch.where(keep, col * counts, 0.0).sum() / total)
-        elif op == "zeros":
-            columns.append(torch.where(keep, torch.round(col * counts), 0.0).sum() / total)
-        else:
-            columns.append(torch.where(keep, col, 0.0).sum())
+    columns = [BY_NAME[op].combine(_OverAll, rows[:, j], counts, keep, total) for j, op in enumerate(ops)]
     return torch.where(total > 0, torch.stack(columns), math.nan)
+
+
+def combine_gathered(rows: torch.Tensor, counts: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
+    """combine_rows for many tensors at once: [ranks, tensors, ops] piece statistics with
+    [ranks, tensors] element counts give [tensors, ops] statistics of the whole tensors."""
+    counts = counts.to(rows.dtype)
+    keep = counts > 0
+    total = counts.sum(0)
+    columns = [BY_NAME[op].combine(_OverRanks, rows[..., j], counts, keep, total) for j, op in enumerate(ops)]
+    return torch.where((total > 0).unsqueeze(-1), torch.stack(columns, dim=-1), math.nan)
 
 
 # -- mg_direction: how many elements of a gradient point the way of its momentum ----------------
@@ -654,7 +646,7 @@ def sign_matches(grads: Sequence[torch.Tensor], moments: Sequence[torch.Tensor])
             flat_g = torch.cat([pairs[i][0] for i in indices])
             flat_m = torch.cat([pairs[i][1] for i in indices])
             numels = tuple(pairs[i][0].numel() for i in indices)
-            lengths, _ = _layouts.get(numels, dev)
+            lengths, _ = _layout(numels, dev)
             d = torch.sign(flat_g)
             d.sub_(torch.sign(flat_m)).abs_().clamp_(max=1)
             mismatch = torch.segment_reduce(d.to(torch.float32), "sum", lengths=lengths)
@@ -685,5 +677,5 @@ def scalar_rows(values: torch.Tensor, ops: Sequence[str], eps: float) -> torch.T
         elif op == "infs":
             columns.append(torch.isinf(x).to(RESULT_DTYPE))
         else:
-            raise ValueError(f"unknown op {op!r}; valid ops are {list(OPS)}")
+            raise ValueError(unknown(op))
     return torch.stack(columns, dim=1) if columns else x.new_empty((x.numel(), 0))

@@ -251,3 +251,25 @@ def test_cpu_statistics_leave_torchs_thread_count_as_it_was():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_thread_settings_are_read_from_the_environment_when_configured(monkeypatch):
+    from msmon import stats
+
+    monkeypatch.setattr(stats, "_threads", None)  # restored after the test
+    monkeypatch.setenv("MSMON_STAT_THREADS", "2")
+    monkeypatch.setenv("MSMON_NATIVE_THREADS", "")
+    assert stats.configure_threads() == stats.Threads(stats=2, native=0)
+    monkeypatch.delenv("MSMON_STAT_THREADS")
+    monkeypatch.setenv("MSMON_NATIVE_THREADS", "3")
+    assert stats.configure_threads() == stats.Threads(stats=1, native=3)
+    assert batch_stats([torch.ones(3)], ["norm"], 1e-8)[0, 0].item() == pytest.approx(math.sqrt(3), rel=1e-6)
+
+
+def test_the_op_table_names_a_field_and_a_combine_rule_for_every_op():
+    from msmon import config, ops
+
+    assert config.OPS == ops.OPS == tuple(op.name for op in ops.TABLE)
+    for op in ops.TABLE:
+        assert op.field in ops.FIELDS and callable(op.combine) and op.column == op.name
+    assert ops.PER_ELEMENT_OPS == ("mean", "zeros")

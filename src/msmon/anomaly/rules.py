@@ -45,12 +45,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from ..config import AlertRuleConfig
+from ..ops import COUNT_OPS, MAGNITUDE_OPS
 from ..records import RowKey
 
 EMA_ALPHA = 0.3
 WARMUP = 5
-MAGNITUDE_OPS = ("norm", "min", "max")
-COUNT_OPS = ("nans", "infs")
 UNWATCHED_CATEGORIES = frozenset({"exp_avg", "exp_avg_sq"})
 NAN_ORIGIN_RULE = "NanOrigin"  # records written by the first-non-finite-origin detector
 REPLICA_RULE = "ReplicaMismatch"  # records of the replica check (collectors/replica_check.py)

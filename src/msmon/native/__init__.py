@@ -65,11 +65,6 @@ def mode() -> str:
     return "auto"
 
 
-def requested() -> bool:
-    """Whether the kernel is required (MSMON_NATIVE_STATS=1): a failure is then an error."""
-    return mode() == "build"
-
-
 def reset() -> None:
     """Forget the loaded kernel, so that the next use decides again (tests)."""
     global _loaded, _tried, compiled_here, build_seconds
@@ -150,7 +145,7 @@ def load() -> Any:
                 )
         except Exception as exc:  # a missing compiler must never stop training
             reason = str(exc) if isinstance(exc, build.BuildError) else f"{type(exc).__name__}: {exc}"
-            if requested():
+            if mode() == "build":  # required (MSMON_NATIVE_STATS=1): a failure is an error
                 logger.error(
                     "msmon[rank %d]: %s=1 but the native statistics could not be built or loaded (%s); using torch "
                     "reductions, about twice the CPU cost",

@@ -3,14 +3,16 @@
 // torch computes each statistic in its own pass (norm, aminmax, sum, and three kernels for
 // the zero count); this reads each tensor once. Results match msmon.stats to rounding:
 // min/max are exact and propagate NaN like torch.aminmax, counts are exact, the norm and the
-// sum accumulate in float32 within blocks of 1024 elements and in float64 across blocks.
+// sum accumulate within blocks of 1024 elements in the input's precision (float32 for float32,
+// float64 for float64) and in float64 across blocks.
 //
 // Plain C++ behind a C ABI, no torch or Python header: it compiles in a second or two with
 // the system compiler and msmon.native loads it with ctypes (which releases the GIL for the
 // call, so the writer thread is not held up by the statistics). Three things keep it cheap
 // on a busy training host:
 // - a whole batch of tensors is one call, so Python pays one call and one result per batch,
-//   and the result comes back in the caller's columns, scaled, so no further kernels follow;
+//   and the result comes back in the caller's columns, divided by the element count where the
+//   caller asks (tensor_stats does; batch_stats takes sums and counts and divides them itself);
 // - the loop is compiled twice, for baseline x86-64 and for AVX2+FMA, and the CPU picks at run
 //   time: the build cache stays portable across nodes and AVX2 machines get 8-wide vectors;
 // - large batches can be shared by a few threads, cut at block boundaries.
@@ -48,7 +50,7 @@ struct Partial {
   void write(double* o) const {
     const double nan = std::numeric_limits<double>::quiet_NaN();
     o[0] = std::sqrt(sumsq);
-    o[1] = nans ? nan : lo;  // NaN never wins a comparison below: propagated here, like aminmax
+    o[1] = nans ? nan : lo;  // NaN never wins stats_of's comparisons: propagated here, like aminmax
     o[2] = nans ? nan : hi;
     o[3] = sum;
     o[4] = static_cast<double>(zeros);
@@ -145,10 +147,9 @@ void read_best(const std::vector<Input>& inputs, const Piece* pieces, size_t cou
 }
 
 // Every input's fields into out[i * 7 ...]. With threads > 1 and at least min_share elements
-// per thread, the elements are
-// cut into equal shares (at block boundaries, whole inputs where they fit) and read by that
-// many threads, this one included; the result does not depend on how the work was shared
-// beyond the order of float64 additions.
+// per thread, the elements are cut into equal shares (at block boundaries, whole inputs where
+// they fit) and read by that many threads, this one included; the result does not depend on
+// how the work was shared beyond the order of float64 additions.
 void fill(const std::vector<Input>& inputs, double threshold, int threads, int64_t min_share, double* out) {
   int64_t total = 0;
   for (const Input& in : inputs) {
@@ -262,7 +263,8 @@ int msmon_stats_rows(const void* packed) {
   }
 }
 
-// Which instruction set the reading loop runs with on this CPU (for the benchmark's record).
+// Which instruction set the reading loop runs with on this CPU (logged at build, shown by
+// `msmon build-native`, recorded by the benchmarks).
 const char* msmon_stats_isa(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {

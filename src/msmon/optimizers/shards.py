@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -26,38 +25,13 @@ import torch
 import torch.distributed as dist
 
 from ..records import Histogram, RowKey
-from ..stats import batch_stats, scalar_rows
+from ..stats import batch_stats, combine_gathered, scalar_rows
 from .base import Shard
 
 if TYPE_CHECKING:
     from ..monitor import TrainerMon
 
 logger = logging.getLogger("msmon")
-
-
-def combine_gathered(rows: torch.Tensor, counts: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
-    """Combine [ranks, tensors, ops] piece statistics with [ranks, tensors] element counts into
-    [tensors, ops] statistics of the whole tensors. Empty pieces (count 0) are left out; a
-    tensor empty everywhere gets a NaN row. No host sync."""
-    counts = counts.to(rows.dtype)
-    keep = counts > 0
-    total = counts.sum(0)
-    columns = []
-    for j, op in enumerate(ops):
-        col = rows[..., j]
-        if op == "norm":
-            columns.append(torch.where(keep, col, 0.0).square().sum(0).sqrt())
-        elif op == "min":
-            columns.append(torch.where(keep, col, math.inf).amin(0))
-        elif op == "max":
-            columns.append(torch.where(keep, col, -math.inf).amax(0))
-        elif op == "mean":
-            columns.append(torch.where(keep, col * counts, 0.0).sum(0) / total)
-        elif op == "zeros":
-            columns.append(torch.where(keep, torch.round(col * counts), 0.0).sum(0) / total)
-        else:  # nans, infs: counts add up
-            columns.append(torch.where(keep, col, 0.0).sum(0))
-    return torch.where((total > 0).unsqueeze(-1), torch.stack(columns, dim=-1), math.nan)
 
 
 @dataclass
@@ -180,9 +154,6 @@ class ShardCombiner:
                     exc,
                 )
                 return
-
-    def clear(self) -> None:
-        self.pending = {}
 
     def take_stamped(self) -> dict[int, torch.Tensor]:
         """Every rank's number from this step's gathers, by id(group); cleared for the next."""

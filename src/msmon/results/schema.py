@@ -9,9 +9,9 @@ config, and the files loaded (what makes a re-run incremental).
 
 from __future__ import annotations
 
+from ..ops import OPS, TABLE  # noqa: F401 (OPS: tb_loader and queries import it from here)
+
 SCHEMA_VERSION = "1"
-# msmon.stats.OPS (a test keeps them equal); not imported from there, which would import torch
-OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 
 TABLES = {
     "meta": "key VARCHAR, value VARCHAR",
@@ -46,7 +46,7 @@ TABLES = {
     "configs": "rank INTEGER, rank_dir VARCHAR, format VARCHAR, ops VARCHAR, config VARCHAR, file_id INTEGER",
 }
 
-_WIDE_OPS = ",\n  ".join(f"max(value) FILTER (WHERE op = '{op}') AS {op}" for op in OPS)
+_WIDE_OPS = ",\n  ".join(f"max(value) FILTER (WHERE op = '{op.column}') AS {op.column}" for op in TABLE)
 
 VIEWS = {
     # micro-steps of a step combined: min of mins, mean of means, the largest of the rest
