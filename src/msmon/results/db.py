@@ -243,7 +243,9 @@ class Loader:
                 csv_work.append((f, self._csv_work(f, old)))
             elif f.kind == TENSORBOARD:
                 append = old is not None and f.size >= old.size
-                others[f.kind].append((f, old is not None and not append, old.records if append else 0))
+                others[f.kind].append(
+                    (f, old is not None and not append, old.records if append and old is not None else 0)
+                )
                 self._count(old, append)
             else:
                 others[f.kind].append((f, old is not None, 0))

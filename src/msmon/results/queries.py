@@ -161,7 +161,9 @@ def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict
         "ORDER BY p.category, o NULLS LAST, p.vpp_stage, p.name"
     ).fetchall():
         tensors.setdefault(category, []).append((vpp, name))
-    rows, labels, per_row = [], {}, {}
+    rows: list[tuple[str, int, str, int]] = []
+    labels: dict[str, list[str]] = {}
+    per_row: dict[str, int] = {}
     for category, names in tensors.items():
         several_vpp = len({vpp for vpp, _ in names}) > 1
         group = max(1, math.ceil(len(names) / limits.max_rows))

@@ -31,7 +31,7 @@ window.addEventListener("error", function (e) { window.__msmonError(e.message ||
 
 
 def _static(name: str) -> str:
-    return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath("static").joinpath(name).read_text(encoding="utf-8")
 
 
 def _script_json(data: dict[str, Any]) -> str:
