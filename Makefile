@@ -5,7 +5,7 @@ BIN     = $(VENV)/bin
 TORCH   = torch==2.13.0
 OUT    ?= monitor_output
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint typecheck bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ test: $(VENV)/.test
 lint: $(VENV)/.lint
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+
+# mypy (settings in pyproject.toml). Not part of `lint`, and so not of CI, until the whole package passes
+typecheck: $(VENV)/.lint
+	$(BIN)/mypy
 
 bench: $(VENV)/.base
 	$(BIN)/python benchmarks/overhead.py

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, SupportsIndex
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -81,7 +81,7 @@ def _without_ours(state: Any) -> Any:
     return state if changed is None else changed
 
 
-def _module_reduce_ex(self: torch.nn.Module, protocol: int) -> Any:
+def _module_reduce_ex(self: torch.nn.Module, protocol: SupportsIndex) -> str | tuple[Any, ...]:
     reduced = object.__reduce_ex__(self, protocol)
     if not _ours or not isinstance(reduced, tuple) or len(reduced) < 3:
         return reduced
@@ -99,7 +99,8 @@ def _module_reduce_ex(self: torch.nn.Module, protocol: int) -> Any:
 
 def _install() -> None:
     if torch.nn.Module.__dict__.get("__reduce_ex__") is None:
-        torch.nn.Module.__reduce_ex__ = _module_reduce_ex  # type: ignore[method-assign]
+        # patched on purpose; typeshed types object.__reduce_ex__'s self as any object, this one is for modules
+        torch.nn.Module.__reduce_ex__ = _module_reduce_ex  # type: ignore[method-assign, assignment]
 
 
 def _uninstall() -> None:

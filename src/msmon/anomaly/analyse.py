@@ -270,14 +270,25 @@ def _read_msprobe_json(path: str, result: DumpSet) -> Iterable[AnomalyEvent]:
         yield event
 
 
-def _int(record: dict, key: str, default: int | None = None, required: bool = False) -> int | None:
-    value = record.get(key, default)
+def _optional_int(record: dict, key: str) -> int | None:
+    """An integer field, or None when absent or null; anything else makes the record malformed."""
+    value = record.get(key)
     if value is None:
-        if required:
-            raise ValueError(f"missing {key!r}")
-        return default
+        return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{key!r} must be an integer, got {value!r}")
+    return value
+
+
+def _int(record: dict, key: str, default: int) -> int:
+    value = _optional_int(record, key)
+    return default if value is None else value
+
+
+def _required_int(record: dict, key: str) -> int:
+    value = _optional_int(record, key)
+    if value is None:
+        raise ValueError(f"missing {key!r}")
     return value
 
 
@@ -325,8 +336,8 @@ def event_from_record(record: Any, path: str = "") -> AnomalyEvent:
         _text(record, key)
     tag = record.get("tag") or ""
     name, category = record.get("name"), record.get("category")
-    vpp = _int(record, "vpp_stage", None)
-    micro = _int(record, "micro_step", None)
+    vpp = _optional_int(record, "vpp_stage")
+    micro = _optional_int(record, "micro_step")
     if (name is None or category is None) and tag:
         tag_vpp, tag_name, tag_micro, tag_category = parse_tag(tag)
         name, category = name or tag_name, category or tag_category
@@ -339,8 +350,8 @@ def event_from_record(record: Any, path: str = "") -> AnomalyEvent:
         raise ValueError(f"'stage' must be one of {list(STAGE_ORDER)}, got {stage!r}")
     mates = record.get("group_mates") or []
     return AnomalyEvent(
-        rank=_int(record, "rank", required=True),
-        step=_int(record, "step", required=True),
+        rank=_required_int(record, "rank"),
+        step=_required_int(record, "step"),
         micro_step=micro,
         pp_stage=_int(record, "pp_stage", 0),
         vpp_stage=vpp or 0,
@@ -384,8 +395,8 @@ def event_from_msprobe(record: Any, path: str = "") -> AnomalyEvent:
     micro = tag_micro if tag_micro is not None else None
     mates = record.get("group_mates") or []
     return AnomalyEvent(
-        rank=_int(record, "rank", required=True),
-        step=_int(record, "step", required=True),
+        rank=_required_int(record, "rank"),
+        step=_required_int(record, "step"),
         micro_step=micro,
         pp_stage=_int(record, "pp_stage", 0),
         vpp_stage=_int(record, "vpp_stage", vpp),

@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
+from types import ModuleType
 
 ENV_ACTIVE_PID = "MSMON_ACTIVE_PID"
 ENV_BOOTSTRAP_DIR = "MSMON_BOOTSTRAP_DIR"
@@ -87,8 +88,8 @@ def main(bootstrap_dir: str) -> None:
         sys.stderr.write(f"msmon: start-up failed in pid {os.getpid()}; this process is not monitored: {exc!r}\n")
 
 
-def _on_torch_imported(bootstrap_dir: str):
-    def hook(_torch_module) -> None:
+def _on_torch_imported(bootstrap_dir: str) -> Callable[[ModuleType], None]:
+    def hook(_torch_module: ModuleType) -> None:
         if not is_active_here():
             return
         try:

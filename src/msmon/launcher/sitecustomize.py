@@ -42,7 +42,7 @@ def _msmon_start() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     if not _msmon_is_bootstrap_dir(here) or getattr(sys, "_msmon_sitecustomize_ran", False):
         return  # the template inside the msmon package, or a second run in this process
-    sys._msmon_sitecustomize_ran = True
+    setattr(sys, "_msmon_sitecustomize_ran", True)  # noqa: B010 (sys has no such attribute to type-check)
     try:
         import _msmon_boot
 

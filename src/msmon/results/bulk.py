@@ -11,7 +11,10 @@ import csv
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
+    from duckdb import DuckDBPyConnection
 
 NULL = "\\N"
 
@@ -50,7 +53,11 @@ def _quoted(path: str) -> str:
 
 
 def insert_rows(
-    con, table: str, columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[Any]], tmp_dir: str | None = None
+    con: DuckDBPyConnection,
+    table: str,
+    columns: Sequence[tuple[str, str]],
+    rows: Iterable[Sequence[Any]],
+    tmp_dir: str | None = None,
 ) -> int:
     """Append `rows` (tuples in `columns` order) to `table`; returns how many were written."""
     fd, path = tempfile.mkstemp(prefix="msmon-rows-", suffix=".csv", dir=tmp_dir)

@@ -14,8 +14,13 @@ from __future__ import annotations
 import os
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .bulk import _quoted, insert_rows
+from .sql import one_row
+
+if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
+    from duckdb import DuckDBPyConnection
 
 TAIL_CHECK = 64  # bytes before the end of what was loaded, compared before appending to it
 KEY_COLUMNS = {"vpp_stage": "INTEGER", "name": "VARCHAR", "step": "BIGINT", "micro_step": "INTEGER"}
@@ -115,7 +120,7 @@ class CsvBatch:
             self.parts.setdefault(work.header, []).append(body)
             self.size += len(body)
 
-    def flush(self, con) -> tuple[int, int]:
+    def flush(self, con: DuckDBPyConnection) -> tuple[int, int]:
         """Insert everything; returns (values inserted, lines skipped as malformed)."""
         values = skipped = 0
         insert_rows(
@@ -143,7 +148,7 @@ class CsvBatch:
         return values, skipped
 
 
-def compact_tensors(con) -> None:
+def compact_tensors(con: DuckDBPyConnection) -> None:
     """One row per tensor in `tensors`, at the first position it was seen."""
     con.execute(
         "CREATE OR REPLACE TEMP TABLE tensors_min AS SELECT category, vpp_stage, name, min(position) AS position "
@@ -154,7 +159,7 @@ def compact_tensors(con) -> None:
     con.execute("DROP TABLE tensors_min")
 
 
-def _insert_layout(con, header: str, parts: list[bytes], tmp_dir: str | None) -> tuple[int, int]:
+def _insert_layout(con: DuckDBPyConnection, header: str, parts: list[bytes], tmp_dir: str | None) -> tuple[int, int]:
     columns = layout(header) or []
     fd, path = tempfile.mkstemp(prefix="msmon-csv-", suffix=".csv", dir=tmp_dir)
     try:
@@ -168,14 +173,16 @@ def _insert_layout(con, header: str, parts: list[bytes], tmp_dir: str | None) ->
         )
     finally:
         os.unlink(path)
-    read = con.execute("SELECT count(*) FROM batch_wide").fetchone()[0]
+    read = one_row(con.execute("SELECT count(*) FROM batch_wide"))[0]
     ops = [c for c in columns if c not in KEY_COLUMNS]
     micro = "w.micro_step" if "micro_step" in columns else "NULL::INTEGER"
-    added = con.execute(f"""
+    added = one_row(
+        con.execute(f"""
         INSERT INTO metrics (rank, vpp_stage, category, name, step, micro_step, op, value, file_id)
         SELECT b.rank, w.vpp_stage, b.category, w.name, w.step, {micro}, w.op, w.value, w.file_id
         FROM (UNPIVOT batch_wide ON {", ".join(f'"{op}"' for op in ops)} INTO NAME op VALUE value) w
-        JOIN batch_files b ON b.id = w.file_id""").fetchone()[0]
+        JOIN batch_files b ON b.id = w.file_id""")
+    )[0]
     # a table made from one CSV read keeps the file's order (preserve_insertion_order), so a
     # row's rowid says where it was in its file
     con.execute("""

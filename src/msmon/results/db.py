@@ -17,12 +17,16 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import schema
 from .bulk import insert_rows
 from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, compact_tensors, read_header, tail_of
 from .scan import ANOMALIES, CONFIG, CSV, SUMMARY, TENSORBOARD, FoundFile, scan
+from .sql import one_row
+
+if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
+    from duckdb import DuckDBPyConnection
 
 FILE_COLUMNS = [
     ("id", "INTEGER"),
@@ -100,7 +104,7 @@ class DatabaseError(Exception):
     """The database cannot be opened or written (a clear message for the command line)."""
 
 
-def connect(path: str, read_only: bool = False):
+def connect(path: str, read_only: bool = False) -> DuckDBPyConnection:
     """A DuckDB connection to `path`, or a DatabaseError that says what to do."""
     try:
         import duckdb
@@ -165,7 +169,7 @@ class LoadReport:
         return out
 
 
-def _progress(total: int, enabled: bool | None):
+def _progress(total: int, enabled: bool | None) -> Any:  # a tqdm bar, or _NoProgress
     try:
         from tqdm import tqdm
     except ImportError:
@@ -193,7 +197,7 @@ class _NoProgress:
 class Loader:
     """One `msmon db` run over a database connection."""
 
-    def __init__(self, con, database: str, tmp_dir: str | None = None) -> None:
+    def __init__(self, con: DuckDBPyConnection, database: str, tmp_dir: str | None = None) -> None:
         self.started = time.perf_counter()
         self.con = con
         self.tmp_dir = tmp_dir
@@ -205,7 +209,7 @@ class Loader:
         ).fetchall()
         self.known = {r[0]: Known(*r[1:8]) for r in rows}
         self.kinds = {r[0]: r[8] for r in rows}
-        self.next_id = (con.execute("SELECT coalesce(max(id), -1) FROM files").fetchone()[0]) + 1
+        self.next_id = (one_row(con.execute("SELECT coalesce(max(id), -1) FROM files"))[0]) + 1
         self.new_ids: dict[str, int] = {}
         self.loaded_at = datetime.now()
 
@@ -243,7 +247,9 @@ class Loader:
                 csv_work.append((f, self._csv_work(f, old)))
             elif f.kind == TENSORBOARD:
                 append = old is not None and f.size >= old.size
-                others[f.kind].append((f, old is not None and not append, old.records if append else 0))
+                others[f.kind].append(
+                    (f, old is not None and not append, old.records if append and old is not None else 0)
+                )
                 self._count(old, append)
             else:
                 others[f.kind].append((f, old is not None, 0))
@@ -307,7 +313,7 @@ class Loader:
         return out
 
     # -- loading ----------------------------------------------------------------------------------
-    def _load_csv(self, work: list[tuple[FoundFile, CsvWork]], bar) -> None:
+    def _load_csv(self, work: list[tuple[FoundFile, CsvWork]], bar: Any) -> None:
         batch = CsvBatch(self.tmp_dir)
         pending: list[tuple[FoundFile, CsvWork]] = []
         for f, w in work:

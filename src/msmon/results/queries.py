@@ -17,11 +17,15 @@ import math
 import statistics
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..anomaly.analyse import NAN_ORIGIN_RULE, AnomalyEvent, first_per_rank, verdict
 from .bulk import insert_rows
 from .schema import OPS
+from .sql import one_row
+
+if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
+    from duckdb import DuckDBPyConnection
 
 # tensors that are the same on every data-parallel rank, so that a spread across ranks is news
 REPLICATED = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
@@ -53,17 +57,17 @@ class Limits:
     cost_bars: int = 1024
 
 
-def _categories(con) -> list[str]:
+def _categories(con: DuckDBPyConnection) -> list[str]:
     found = [r[0] for r in con.execute("SELECT DISTINCT category FROM per_step").fetchall()]
     return sorted(found, key=lambda c: (CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else len(CATEGORY_ORDER), c))
 
 
-def _ops(con, category: str) -> list[str]:
+def _ops(con: DuckDBPyConnection, category: str) -> list[str]:
     found = [r[0] for r in con.execute("SELECT DISTINCT op FROM per_step WHERE category = ?", [category]).fetchall()]
     return sorted(found, key=lambda o: (OPS.index(o) if o in OPS else len(OPS), o))
 
 
-def build_per_step(con) -> None:
+def build_per_step(con: DuckDBPyConnection) -> None:
     con.execute("""
         CREATE OR REPLACE TEMP TABLE per_step AS
         SELECT category, op, vpp_stage, name, step, micro_step,
@@ -77,10 +81,10 @@ def build_per_step(con) -> None:
         FROM metrics GROUP BY category, op, vpp_stage, name, step, micro_step""")
 
 
-def overview(con) -> dict[str, Any]:
-    steps = con.execute("SELECT min(step), max(step), count(DISTINCT step) FROM per_step").fetchone()
-    ranks = con.execute("SELECT count(DISTINCT rank) FROM files WHERE kind IN ('csv', 'tensorboard')").fetchone()[0]
-    dirs = con.execute("SELECT count(DISTINCT rank_dir) FROM files WHERE kind IN ('csv', 'tensorboard')").fetchone()[0]
+def overview(con: DuckDBPyConnection) -> dict[str, Any]:
+    steps = one_row(con.execute("SELECT min(step), max(step), count(DISTINCT step) FROM per_step"))
+    ranks = one_row(con.execute("SELECT count(DISTINCT rank) FROM files WHERE kind IN ('csv', 'tensorboard')"))[0]
+    dirs = one_row(con.execute("SELECT count(DISTINCT rank_dir) FROM files WHERE kind IN ('csv', 'tensorboard')"))[0]
     doubled = [
         r[0]
         for r in con.execute(
@@ -88,9 +92,7 @@ def overview(con) -> dict[str, Any]:
             "HAVING count(DISTINCT rank_dir) > 1 ORDER BY rank"
         ).fetchall()
     ]
-    tensors = con.execute("SELECT count(*) FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step)").fetchone()[
-        0
-    ]
+    tensors = one_row(con.execute("SELECT count(*) FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step)"))[0]
     roots = con.execute("SELECT value FROM meta WHERE key = 'roots'").fetchone()
     return {
         "ranks": ranks,
@@ -101,18 +103,18 @@ def overview(con) -> dict[str, Any]:
         "last_step": steps[1],
         "steps": steps[2],
         "tensors": tensors,
-        "values": con.execute("SELECT count(*) FROM metrics").fetchone()[0],
-        "files": con.execute("SELECT count(*) FROM files").fetchone()[0],
-        "anomalies": con.execute("SELECT count(*) FROM anomalies").fetchone()[0],
-        "histograms": con.execute("SELECT count(*) FROM histograms").fetchone()[0],
+        "values": one_row(con.execute("SELECT count(*) FROM metrics"))[0],
+        "files": one_row(con.execute("SELECT count(*) FROM files"))[0],
+        "anomalies": one_row(con.execute("SELECT count(*) FROM anomalies"))[0],
+        "histograms": one_row(con.execute("SELECT count(*) FROM histograms"))[0],
         "roots": json.loads(roots[0]) if roots else [],
         "categories": _categories(con),
     }
 
 
-def _step_buckets(con, limits: Limits) -> tuple[int, int, int]:
+def _step_buckets(con: DuckDBPyConnection, limits: Limits) -> tuple[int, int, int]:
     """(first step, steps per column, columns)."""
-    first, last = con.execute("SELECT min(step), max(step) FROM per_step").fetchone()
+    first, last = one_row(con.execute("SELECT min(step), max(step) FROM per_step"))
     if first is None:
         return 0, 1, 0
     span = last - first + 1
@@ -145,7 +147,9 @@ def _label(vpp: int, name: str, several_vpp: bool) -> str:
     return f"{vpp}:{name}" if several_vpp else name
 
 
-def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def heatmaps(
+    con: DuckDBPyConnection, limits: Limits, tmp_dir: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One heatmap per category and op: tensors (rows, in the order the monitor wrote them) x
     steps (columns); a cell is the largest finite |value| over ranks, micro-steps and the
     tensors and steps merged into it, or non-finite when any of them was."""
@@ -161,7 +165,9 @@ def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict
         "ORDER BY p.category, o NULLS LAST, p.vpp_stage, p.name"
     ).fetchall():
         tensors.setdefault(category, []).append((vpp, name))
-    rows, labels, per_row = [], {}, {}
+    rows: list[tuple[str, int, str, int]] = []
+    labels: dict[str, list[str]] = {}
+    per_row: dict[str, int] = {}
     for category, names in tensors.items():
         several_vpp = len({vpp for vpp, _ in names}) > 1
         group = max(1, math.ceil(len(names) / limits.max_rows))
@@ -207,7 +213,7 @@ def heatmaps(con, limits: Limits, tmp_dir: str | None = None) -> tuple[list[dict
     return out, {"first_step": first, "step_width": width, "columns": columns}
 
 
-def movers(con, limits: Limits) -> dict[str, dict[str, list[dict[str, Any]]]]:
+def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """The largest step-to-step changes of max |value| over ranks, per category and op."""
     rows = con.execute(f"""
         WITH s AS (
@@ -238,15 +244,15 @@ def movers(con, limits: Limits) -> dict[str, dict[str, list[dict[str, Any]]]]:
     return out
 
 
-def rank_spread(con, limits: Limits, first: int, width: int) -> dict[str, Any]:
+def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int) -> dict[str, Any]:
     """Replicated tensors across ranks: max - min of each statistic at the same (micro-)step."""
     replicated = ", ".join(f"'{c}'" for c in REPLICATED)
     base = f"""
         SELECT *, hi - lo AS spread, (hi - lo) / greatest(abs(hi), abs(lo), 1e-30) AS rel FROM per_step
         WHERE n > 1 AND category IN ({replicated}) AND lo IS NOT NULL"""
-    compared = con.execute(
-        f"SELECT count(*), count(DISTINCT (category, vpp_stage, name)), max(n) FROM ({base})"
-    ).fetchone()
+    compared = one_row(
+        con.execute(f"SELECT count(*), count(DISTINCT (category, vpp_stage, name)), max(n) FROM ({base})")
+    )
     top = con.execute(f"""
         SELECT category, op, vpp_stage, name, max(rel) AS rel, arg_max(step, rel), arg_max(spread, rel),
           arg_max(lo, rel), arg_max(hi, rel), arg_max(lo_rank, rel), arg_max(hi_rank, rel), max(n)
@@ -305,7 +311,7 @@ _EVENT_FIELDS = (
 )
 
 
-def anomaly_events(con) -> list[AnomalyEvent]:
+def anomaly_events(con: DuckDBPyConnection) -> list[AnomalyEvent]:
     """The anomalies table as msmon analyse's events, in training order."""
     rows = con.execute(f"SELECT {', '.join(_EVENT_FIELDS)} FROM anomalies ORDER BY seq").fetchall()
     events = []
@@ -320,7 +326,7 @@ def anomaly_events(con) -> list[AnomalyEvent]:
     return events
 
 
-def anomalies(con, limits: Limits) -> dict[str, Any]:
+def anomalies(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
     """The verdict of `msmon analyse`, the first anomalies, and a bounded timeline across ranks."""
     ordered = anomaly_events(con)
     if not ordered:
@@ -399,7 +405,7 @@ def _event_json(seq: int, e: AnomalyEvent) -> dict[str, Any]:
     }
 
 
-def first_nonfinite(con) -> list[dict[str, Any]]:
+def first_nonfinite(con: DuckDBPyConnection) -> list[dict[str, Any]]:
     """Each monitor's own first non-finite origin (summary.json), earliest first."""
     rows = con.execute(
         "SELECT rank, first_nonfinite FROM summaries WHERE first_nonfinite IS NOT NULL "
@@ -415,7 +421,7 @@ def first_nonfinite(con) -> list[dict[str, Any]]:
     return out
 
 
-def cost(con, limits: Limits) -> dict[str, Any]:
+def cost(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
     """The monitor's own cost per rank (summary.json), with the spread over ranks."""
     rows = con.execute(
         "SELECT rank, step_ms, monitor_ms_per_step, monitor_cost_pct, writer_cpu_ms_per_step, "
@@ -453,7 +459,7 @@ def cost(con, limits: Limits) -> dict[str, Any]:
     }
 
 
-def report_data(con, limits: Limits | None = None, tmp_dir: str | None = None) -> dict[str, Any]:
+def report_data(con: DuckDBPyConnection, limits: Limits | None = None, tmp_dir: str | None = None) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready dict."""
     limits = limits or Limits()
     build_per_step(con)

@@ -13,10 +13,13 @@ import json
 import os
 from datetime import datetime
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from .queries import Limits, report_data
+
+if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
+    from duckdb import DuckDBPyConnection
 
 _ERROR_CAPTURE = """
 window.__msmonErrors = [];
@@ -31,7 +34,7 @@ window.addEventListener("error", function (e) { window.__msmonError(e.message ||
 
 
 def _static(name: str) -> str:
-    return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath("static").joinpath(name).read_text(encoding="utf-8")
 
 
 def _script_json(data: dict[str, Any]) -> str:
@@ -87,7 +90,12 @@ def _subtitle(data: dict[str, Any]) -> str:
 
 
 def build(
-    con, output: str, database: str, limits: Limits | None = None, title: str | None = None, tmp_dir: str | None = None
+    con: DuckDBPyConnection,
+    output: str,
+    database: str,
+    limits: Limits | None = None,
+    title: str | None = None,
+    tmp_dir: str | None = None,
 ) -> dict[str, Any]:
     """Write the report page of an open database to `output`; returns its data."""
     con.execute("SET enable_progress_bar = false")

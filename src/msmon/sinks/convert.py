@@ -205,7 +205,10 @@ def _lines(path: str, bar: Any) -> Iterator[str]:
 
 def read_csv_steps(path: str, bar: Any) -> Iterator[tuple[int, list[tuple[Row, list[tuple[str, float]]]]]]:
     """(step, [(row, [(op, value)])]) of one CSV window file, step by step in file order."""
-    category = CSV_FILE.match(os.path.basename(path))["category"]
+    match = CSV_FILE.match(os.path.basename(path))
+    if match is None:
+        raise ConvertError(f"{path} is not a monitor CSV file (<category>_<first>-<last>.csv)")
+    category = match["category"]
     reader = csv.reader(_lines(path, bar))
     header = next(reader, None)
     if not header or "step" not in header or "name" not in header:
@@ -324,7 +327,7 @@ def csv_to_tensorboard(
                 if not os.path.exists(target):
                     shutil.copyfile(config, target)
             for step, rows in read_csv_steps(path, bar):
-                values = []
+                values: list[tuple[str, float, list]] = []
                 for row, cells in rows:
                     origin = [row.category, row.vpp_stage, row.name, row.micro_step]
                     if layout == "msprobe":
@@ -459,6 +462,7 @@ def tensorboard_to_csv(
                                 ["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops)
                             )
                         current = (base, ops)
+                    assert writer is not None  # opened with the first `current`
                     cells = [row.vpp_stage, row.name, str(step)] + ([row.micro_step] if micro else [])
                     writer.writerow(cells + [repr(csv_value(v, digits)) for v in values.values()])
                     written += 1

@@ -16,6 +16,7 @@ import logging
 import os
 import socket
 import time
+from typing import IO, Any
 
 from ..records import RowKey, StepRecord
 from .base import Sink, naming
@@ -103,7 +104,7 @@ class TensorBoardSink(Sink):
             self._write(self._event(wall_time=time.time(), step=record.step, summary=self._summary(value=values)))
         self.flush()
 
-    def _write(self, event) -> None:
+    def _write(self, event: Any) -> None:  # a tensorboard Event proto
         try:
             self._writer.write(event.SerializeToString())
         except OSError as exc:
@@ -145,7 +146,7 @@ class TensorBoardSink(Sink):
             time.sleep(0.05)
         self._open_file()
 
-    def _histogram_of(self, edges: list[float], counts: list[float]):
+    def _histogram_of(self, edges: list[float], counts: list[float]) -> Any:  # a HistogramProto, or None
         """TensorBoard's histogram of bucket counts: limits are the right edges, sums from the
         bucket centres (the values themselves are not kept)."""
         total = sum(counts)
@@ -175,7 +176,7 @@ class TensorBoardSink(Sink):
             raise naming(exc, self.path)
 
 
-def _close_quietly(fh) -> None:
+def _close_quietly(fh: IO[bytes]) -> None:
     try:
         fh.close()
     except OSError:

@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, read_csv_rows
-from msmon.launcher.cli import analyse, main
+from msmon.launcher.analyse_command import analyse
+from msmon.launcher.cli import main
 
 SCRIPTS = ROOT / "tests" / "scripts"
 MSMON = [sys.executable, "-m", "msmon.launcher"]

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from msmon.launcher import boot, bootstrap, report
-from msmon.launcher.command import UsageError, parse, sitecustomize_disabled_by
+from msmon.launcher.job_command_line import UsageError, parse, sitecustomize_disabled_by
 
 PROBE = textwrap.dedent("""
     import json, os, sys

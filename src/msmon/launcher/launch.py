@@ -1,0 +1,108 @@
+"""Launching a training job under msmon, shared by `run` and `struct`: the `--` split of the
+command line, the bootstrap directory around the job, the child process and its signals, and
+the end-of-job summary."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Any
+
+import click
+
+from ..config import ConfigError
+from ..output import ensure_writable, output_base_dir
+from . import bootstrap, report
+from .job_command_line import JobCommand, UsageError, parse, sitecustomize_disabled_by
+
+ENV_KEEP_BOOTSTRAP = "MSMON_KEEP_BOOTSTRAP"
+
+
+class JobClickCommand(click.Command):
+    """Everything after the first `--` is the training command; msmon's own options come
+    before it, and every other option there is torchrun's, passed through in order."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["msmon.target"] = args[cut + 1 :]
+            args = args[:cut]
+        else:
+            ctx.meta["msmon.target"] = None
+        return super().parse_args(ctx, args)
+
+
+JOB_SETTINGS: dict[str, Any] = {
+    "ignore_unknown_options": True,
+    "allow_extra_args": True,
+    "allow_interspersed_args": True,
+}
+
+
+def job_from_context(ctx: click.Context, no_torchrun: bool) -> JobCommand:
+    """The checked job command line of a `JobClickCommand` call; a mistake is click's usage error."""
+    try:
+        return parse(list(ctx.args), ctx.meta.get("msmon.target"), use_torchrun=not no_torchrun)
+    except UsageError as exc:
+        raise click.UsageError(str(exc), ctx)
+
+
+def launch(
+    command: JobCommand,
+    config: dict[str, Any],
+    config_source: str | None,
+    output_dir: str | None,
+    use_torchrun: bool,
+    mode: str,
+) -> int:
+    """Run the job with `config` in a fresh bootstrap directory; returns the job's exit code."""
+    base = os.path.abspath(output_dir) if output_dir else output_base_dir()
+    try:
+        ensure_writable(base)
+        if config.get("append_output"):  # a range that selects no earlier directory: say so before torchrun
+            from ..resume import check_range
+
+            check_range(base, config["append_output"])
+    except ConfigError as exc:
+        raise click.ClickException(str(exc))
+    flag = sitecustomize_disabled_by(command)
+    if flag:
+        click.echo(
+            f"msmon: warning: `{os.path.basename(command.target[0])} {flag}` skips sitecustomize, so msmon "
+            "cannot load by itself in this job; add `import msmon.auto` at the top of the training script "
+            "(see docs/launcher.md)",
+            err=True,
+        )
+    directory = bootstrap.create(config, config_source, "torchrun" if use_torchrun else "python", mode, output_dir)
+    try:
+        env = bootstrap.job_environment(os.environ, directory, output_dir)
+        lock = bootstrap.lock_fd(directory)
+        code = run_child(command.argv(use_torchrun), env, () if lock is None else (lock,))
+        for line in report.summary_lines(report.worker_records(directory), mode):
+            click.echo(line, err=True)
+    finally:
+        if os.environ.get(ENV_KEEP_BOOTSTRAP):
+            bootstrap.keep(directory)
+            click.echo(f"msmon: bootstrap directory kept: {directory}", err=True)
+        else:
+            bootstrap.remove(directory)
+    return code
+
+
+def run_child(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> int:
+    """Run the job and return its exit code. Ctrl-C reaches the job from the terminal (the
+    launcher outlives it to print the summary); SIGTERM and SIGHUP are passed on. `pass_fds`:
+    the bootstrap directory's lock, held by the job's first process too."""
+    proc = subprocess.Popen(argv, env=env, pass_fds=pass_fds)
+    forwarded = (signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *forwarded)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in forwarded:
+        signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+    try:
+        code = proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - code if code < 0 else code

@@ -1,0 +1,52 @@
+"""`msmon run`: monitor an unmodified training job, started by torchrun (or one plain python)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from ..config import ConfigError, load_config, read_config_file
+from . import bootstrap
+from .launch import JOB_SETTINGS, JobClickCommand, job_from_context, launch
+
+
+@click.command("run", cls=JobClickCommand, context_settings=JOB_SETTINGS)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="Monitor config (JSON or YAML). Without it a built-in default is used and printed.",
+)
+@click.option("--output-dir", type=click.Path(file_okay=False), help="Where the ranks write (sets MONITOR_OUTPUT_DIR).")
+@click.option("--no-torchrun", is_flag=True, help="Run one plain python process instead of torchrun.")
+@click.pass_context
+def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_torchrun: bool) -> None:
+    """Monitor an unmodified training job.
+
+    \b
+    msmon run --config monitor.json [torchrun options] -- train.py [args]
+    msmon run --config monitor.json --nproc-per-node 8 -- -m package.module [args]
+
+    Every torchrun option (--nproc-per-node, --nnodes, --node-rank, --rdzv-backend,
+    --rdzv-endpoint, --master-addr, --master-port, --standalone, ...) passes through
+    unchanged. The exit code is the job's.
+    """
+    command = job_from_context(ctx, no_torchrun)
+    if config_path:
+        config = _load(config_path)
+    else:
+        config = read_config_file(bootstrap.DEFAULT_CONFIG)
+        click.echo(
+            "msmon: no --config given; using the built-in default config:\n" + json.dumps(config, indent=2), err=True
+        )
+    sys.exit(launch(command, config, config_path, output_dir, not no_torchrun, "run"))
+
+
+def _load(config_path: str) -> dict[str, Any]:
+    try:
+        return load_config(config_path).raw
+    except ConfigError as exc:
+        raise click.ClickException(f"invalid config: {exc}")
