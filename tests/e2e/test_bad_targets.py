@@ -152,7 +152,7 @@ def test_msmon_run_stops_every_rank_before_training_with_the_closest_names(tmp_p
 
 
 def test_the_end_of_job_summary_gives_the_cause_on_every_rank():
-    from msmon.launcher.report import summary_lines
+    from msmon.launcher.run_summary import summary_lines
 
     lines = summary_lines(
         [
@@ -168,7 +168,7 @@ def test_the_end_of_job_summary_gives_the_cause_on_every_rank():
 
 
 def test_a_failed_attachment_is_reported_as_such_not_as_no_optimizer_built(write_config, tmp_path, monkeypatch):
-    from msmon.launcher.report import summary_lines
+    from msmon.launcher.run_summary import summary_lines
     from msmon.launcher.worker import WorkerRecord
 
     session = Session.from_file(write_config(CONFIG))

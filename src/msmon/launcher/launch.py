@@ -13,7 +13,7 @@ import click
 
 from ..config import ConfigError
 from ..output import ensure_writable, output_base_dir
-from . import bootstrap, report
+from . import bootstrap, run_summary
 from .job_command_line import JobCommand, UsageError, parse, sitecustomize_disabled_by
 
 ENV_KEEP_BOOTSTRAP = "MSMON_KEEP_BOOTSTRAP"
@@ -79,7 +79,7 @@ def launch(
         env = bootstrap.job_environment(os.environ, directory, output_dir)
         lock = bootstrap.lock_fd(directory)
         code = run_child(command.argv(use_torchrun), env, () if lock is None else (lock,))
-        for line in report.summary_lines(report.worker_records(directory), mode):
+        for line in run_summary.summary_lines(run_summary.worker_records(directory), mode):
             click.echo(line, err=True)
     finally:
         if os.environ.get(ENV_KEEP_BOOTSTRAP):
