@@ -39,6 +39,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -245,7 +246,7 @@ def _each(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtyp
         for name, value in values.items():
             lists[name].append(value)
     if batch_norm:
-        lists["norm"] = torch._foreach_norm(ts, 2, dtype=acc)
+        lists["norm"] = list(torch._foreach_norm(ts, 2, dtype=acc))
     return {name: torch.stack(values) for name, values in lists.items()}
 
 
@@ -657,7 +658,7 @@ def sign_matches(grads: Sequence[torch.Tensor], moments: Sequence[torch.Tensor])
             counts = torch.where(nans, math.nan, sizes - mismatch.to(RESULT_DTYPE)).to(device)
             for j, i in enumerate(indices):
                 out[i] = counts[j]
-    return torch.stack([t.to(device) for t in out])
+    return torch.stack([cast(torch.Tensor, t).to(device) for t in out])  # every entry is set above
 
 
 def scalar_rows(values: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor:

@@ -224,8 +224,8 @@ class RuleEngine:
         for call_id, (key, row) in enumerate(zip(keys, values)):
             symptoms: list[_Symptom] = []
             if self._nan_rules and layout.suspicious(row, self._nan_bound):
-                for rule in self._nan_rules:
-                    found = rule.check_row(ops, row)
+                for nan_rule in self._nan_rules:
+                    found = nan_rule.check_row(ops, row)
                     if found is not None:
                         symptoms.append(found)
                         break

@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import IO, Optional
 
 try:
     import fcntl
@@ -115,7 +115,7 @@ def find_or_build(allow_build: bool = True) -> Found:
     directory = cache_dir()
     cmd = compiler()
     version = compiler_version(cmd) if cmd else None
-    if version is None:
+    if cmd is None or version is None:
         elsewhere = sorted(
             glob.glob(os.path.join(glob.escape(directory), f"fused_stats-{source_key(source)}-*.so")),
             key=os.path.getmtime,
@@ -175,23 +175,23 @@ class _file_lock:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.fh = None
+        self.fh: Optional[IO[str]] = None
 
     def __enter__(self) -> _file_lock:
         if fcntl is None:
             return self
         try:
-            self.fh = open(self.path, "a")
+            self.fh = fh = open(self.path, "a")
         except OSError as exc:
             raise BuildError(f"cannot open the lock {self.path}: {exc.strerror or exc}") from None
         deadline = time.monotonic() + LOCK_TIMEOUT_S
         while True:
             try:
-                fcntl.flock(self.fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return self
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    self.fh.close()
+                    fh.close()
                     raise BuildError(f"waited {LOCK_TIMEOUT_S:.0f} s for another process's build ({self.path})")
                 time.sleep(0.05)
             except OSError:  # a file system without locks (ENOLCK): build anyway, the rename stays atomic

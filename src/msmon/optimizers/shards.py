@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -43,7 +43,7 @@ class _Pending:
     counts: list[int] = field(default_factory=list)
     targets: list[tuple[torch.Tensor, list[int]]] = field(default_factory=list)  # (placeholder, slot per row)
     hists: list[torch.Tensor] = field(default_factory=list)
-    hist_targets: list[torch.Tensor] = field(default_factory=list)  # placeholder counts (None: not written)
+    hist_targets: list[Optional[torch.Tensor]] = field(default_factory=list)  # placeholder counts (None: not written)
     size: int = 0
     # shares (mg_direction): per-piece counts of matching elements and piece sizes, summed over ranks
     matches: list[torch.Tensor] = field(default_factory=list)
