@@ -30,7 +30,7 @@ from ..selection import xy_targets
 from ..stats import tensor_stats
 from ..step_context import StepContext
 from .base import Collector
-from .module_io import select
+from .module_io import CallCounter, call_name, select
 from .registry import register
 
 logger = logging.getLogger("msmon")
@@ -63,8 +63,8 @@ class ActivationCollector(Collector):
     def __init__(self, ctx: StepContext) -> None:
         super().__init__(ctx)
         self.targets = [_Target(*t) for t in xy_targets(ctx.config, ctx.names()[0])]
-        self._calls: dict[int, tuple[int, int]] = {}  # id(module) -> (micro_step, calls so far)
-        self._recompute_calls: dict[int, tuple[int, int]] = {}
+        self._calls = CallCounter()
+        self._recompute_calls = CallCounter()
         self._warned: set[str] = set()
         self._each_call = ctx.config.xy_each_call
         self._groups: dict[RowKey, RowGroup] = {}  # this step's rows, one group per key
@@ -150,12 +150,7 @@ class ActivationCollector(Collector):
 
     # -- naming -------------------------------------------------------------------------------
     def _call_index(self, target: _Target, micro: int, recompute: bool) -> int:
-        table = self._recompute_calls if recompute else self._calls
-        key = id(target.module)
-        last = table.get(key)
-        index = last[1] + 1 if last is not None and last[0] == micro else 0
-        table[key] = (micro, index)
-        return index
+        return (self._recompute_calls if recompute else self._calls).next(target.module, micro)
 
     @staticmethod
     def _names(base: str, slot: str, count: int) -> list[str]:
@@ -191,7 +186,7 @@ class ActivationCollector(Collector):
             if call and not recompute:
                 self._repeats[target.name] = max(self._repeats.get(target.name, 0), call + 1)
             value = (args + tuple(kwargs.values())) if kwargs else args
-            base = target.name if call == 0 or not self._each_call else f"{target.name}_{call}"
+            base = call_name(target.name, call) if self._each_call else target.name
             # remember the call so the post-hook and the gradient hooks use the same name
             self._open.setdefault(id(module), []).append((micro, base, recompute))
             if not recompute and not ctx.config.backward_only:

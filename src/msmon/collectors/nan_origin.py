@@ -16,7 +16,7 @@ from ..records import RowKey
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
-from .module_io import iter_tensors
+from .module_io import CallCounter, call_name, iter_tensors
 from .registry import register
 
 
@@ -36,7 +36,7 @@ class NanOriginCollector(Collector):
     def __init__(self, ctx: StepContext) -> None:
         super().__init__(ctx)
         self.modules = [(m, n, c, c) for c, named in enumerate(ctx.names()[0]) for n, m in named.items() if n]
-        self._calls: dict[int, tuple[int, int]] = {}
+        self._calls = CallCounter()
         self._open: dict[int, list[tuple[int, str]]] = {}
 
     def attach(self) -> None:
@@ -78,10 +78,7 @@ class NanOriginCollector(Collector):
             if not ctx.recording or not module.training or in_backward() or ctx.in_gradless_forward(chunk):
                 return None
             micro = ctx.forward_micro_step(chunk)
-            last = self._calls.get(id(module))
-            call = last[1] + 1 if last is not None and last[0] == micro else 0
-            self._calls[id(module)] = (micro, call)
-            base = name if call == 0 else f"{name}_{call}"
+            base = call_name(name, self._calls.next(module, micro))
             self._open.setdefault(id(module), []).append((micro, base))
             inputs = list(iter_tensors(args)) + list(iter_tensors(kwargs))
             self._flag("actv", f"{base}.input", vpp, micro, inputs)

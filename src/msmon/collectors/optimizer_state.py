@@ -23,7 +23,7 @@ import logging
 import torch
 
 from ..optimizers.base import Shard
-from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey
+from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey, format_tag
 from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
 from ..step_context import StepContext
 from .base import Collector
@@ -146,7 +146,7 @@ class OptimizerStateCollector(Collector):
             ratio = torch.where(root_v > 0, m_hat / root_v, torch.zeros_like(m_hat))  # 0/0: untouched rows
             for category, t, out in (("update", update, updates), ("ratio", ratio, ratios)):
                 counts = torch.histc(t.clamp(-1.0, 1.0), bins=len(HIST_EDGES) - 1, min=-1.0, max=1.0)
-                tag = f"{mp.vpp_stage}:{mp.name}/rank{ctx.rank}/{category}_hist"
+                tag = format_tag(f"{mp.vpp_stage}:{mp.name}", ctx.rank, f"{category}_hist")
                 if shard:  # a piece: its histogram is summed over the ranks holding the others
                     out[id(mp.param)] = Shard(t, shard.group, shard.write)
                     ctx.shards.add_histogram(tag, HIST_EDGES, counts, out[id(mp.param)])
