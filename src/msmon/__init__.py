@@ -1,4 +1,10 @@
-"""msmon: a lightweight training-state monitor for PyTorch, msprobe-compatible."""
+"""msmon: a lightweight training-state monitor for PyTorch, msprobe-compatible.
+
+`import msmon` imports no torch (the `msmon` launcher and the job bootstrap import it), so its
+exports are imported on first use. Type checkers read `__init__.pyi`, which declares them as
+plain re-exports; `from msmon import TrainerMon` and `from msmon.monitor import TrainerMon` are
+the same class.
+"""
 
 from __future__ import annotations
 

@@ -66,7 +66,12 @@ class RowKey:
         """The metric tag without the op: `{vpp}:{name}[:{micro}]/rank{r}/{category}` (for an L2
         feature, msprobe's word instead of the category: `.../rank0/qkt`)."""
         feature = FEATURE_CATEGORIES.get(self.category)
-        return f"{self.display_name()}/rank{rank}/{feature[0] if feature else self.category}"
+        return format_tag(self.display_name(), rank, feature[0] if feature else self.category)
+
+
+def format_tag(display: str, rank: int, what: str) -> str:
+    """A metric tag without the op, `{display}/rank{r}/{what}`: the one tag format (sinks append `_{op}`)."""
+    return f"{display}/rank{rank}/{what}"
 
 
 class DirectionKey(RowKey):
@@ -77,7 +82,7 @@ class DirectionKey(RowKey):
     TASK = "mg_direction"
 
     def tag(self, rank: int) -> str:
-        return f"{self.display_name()}/rank{rank}/{self.TASK}"
+        return format_tag(self.display_name(), rank, self.TASK)
 
 
 @dataclass

@@ -73,7 +73,6 @@ class AnomalyDumpWriter:
         self.rank = rank
         self.pp_stage = pp_stage
         self.group_mates = list(group_mates)
-        self.records_written = 0
         self._lock = threading.Lock()
         self._tail_checked = False
 
@@ -145,7 +144,6 @@ class AnomalyDumpWriter:
                 fh.write(data)
                 fh.flush()
                 os.fsync(fh.fileno())
-            self.records_written += len(lines)
 
     def _after_torn_line(self) -> str:
         """A newline when an earlier run was killed mid-line, so our first record stays whole."""

@@ -1,12 +1,19 @@
 """One collector per kind of tensor. Collectors record rows into the step buffer; they know
-nothing about files."""
+nothing about files, nor about TrainerMon (they see its StepContext only).
 
+Importing a collector's module registers it (collectors.registry); every one is imported here.
+"""
+
+from . import comm, replica_check, stack_info  # noqa: F401  (registration)
 from .activations import ActivationCollector, MicroStepTracker
 from .base import Collector, MonitoredParam
 from .grads import GradCollector
+from .l2_features import L2FeatureCollector
+from .nan_origin import NanOriginCollector
 from .optimizer_state import OptimizerStateCollector
 from .params import ParamCollector
 from .structure import StructCollector
+from .sync_grads import SyncGradCollector
 
 __all__ = [
     "Collector",
@@ -14,7 +21,10 @@ __all__ = [
     "ActivationCollector",
     "MicroStepTracker",
     "GradCollector",
+    "L2FeatureCollector",
+    "NanOriginCollector",
     "OptimizerStateCollector",
     "ParamCollector",
     "StructCollector",
+    "SyncGradCollector",
 ]

@@ -23,14 +23,19 @@ from typing import Any
 import torch
 
 from .. import guest_hooks
-from ..config import TensorSpec
+from ..config import MonitorConfig, TensorSpec
 from ..optimizers.torch_optim import in_closure_reevaluation
 from ..records import RowGroup, RowKey
+from ..selection import xy_targets
 from ..stats import tensor_stats
+from ..step_context import StepContext
 from .base import Collector
-from .module_io import select
+from .module_io import CallCounter, call_name, select
+from .registry import register
 
 logger = logging.getLogger("msmon")
+
+TRACKER = "micro_steps"  # the registry key of MicroStepTracker
 
 
 def in_backward() -> bool:
@@ -51,16 +56,17 @@ class _Target:
         self.specs = specs
 
 
+@register(key="activations", category="module", order=50, module_hooks=True, enabled=lambda cfg, ctx: cfg.xy_enabled)
 class ActivationCollector(Collector):
     name = "activations"
 
-    def __init__(self, monitor, targets: list[tuple[torch.nn.Module, str, int, int, dict[str, TensorSpec]]]) -> None:
-        super().__init__(monitor)
-        self.targets = [_Target(*t) for t in targets]
-        self._calls: dict[int, tuple[int, int]] = {}  # id(module) -> (micro_step, calls so far)
-        self._recompute_calls: dict[int, tuple[int, int]] = {}
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        self.targets = [_Target(*t) for t in xy_targets(ctx.config, ctx.names()[0])]
+        self._calls = CallCounter()
+        self._recompute_calls = CallCounter()
         self._warned: set[str] = set()
-        self._each_call = monitor.config.xy_each_call
+        self._each_call = ctx.config.xy_each_call
         self._groups: dict[RowKey, RowGroup] = {}  # this step's rows, one group per key
         self._repeats: dict[str, int] = {}  # module -> most calls in one micro-step (this step)
         self._told_repeats = False
@@ -85,7 +91,7 @@ class ActivationCollector(Collector):
         entry = self._seen.get(id(t))
         if entry is not None and entry[0]() is t and entry[1] == t._version:
             return entry[2]
-        row = tensor_stats(t, self.mon.step_ops, self.mon.config.eps)
+        row = tensor_stats(t, self.ctx.step_ops, self.ctx.config.eps)
         self._seen[id(t)] = (weakref.ref(t), t._version, row)
         return row
 
@@ -93,16 +99,16 @@ class ActivationCollector(Collector):
         """Append the statistics of `t` under `key`; repeated calls of a module join one group."""
         row = self._stats(t)
         if self._each_call:
-            self.mon.buffer.add(key, row)
+            self.ctx.buffer.add(key, row)
             return
         group = self._groups.get(key)
         if group is None:
-            group = self._groups[key] = RowGroup(self.mon.step_ops)
-            self.mon.buffer.add(key, group)
+            group = self._groups[key] = RowGroup(self.ctx.step_ops)
+            self.ctx.buffer.add(key, group)
         group.add(row, t.numel())
 
     def end_step(self) -> None:
-        if self.mon.recording:
+        if self.ctx.recording:
             self._tell_once()
         self._seen.clear()
         self._calls.clear()
@@ -114,7 +120,7 @@ class ActivationCollector(Collector):
 
     def _tell_once(self) -> None:
         """One line the first time modules ran repeatedly, and the first time none ran eagerly."""
-        mon = self.mon
+        ctx = self.ctx
         if self._repeats and not self._told_repeats:
             self._told_repeats = True
             top = sorted(self._repeats.items(), key=lambda item: -item[1])
@@ -127,29 +133,24 @@ class ActivationCollector(Collector):
             )
             logger.warning(
                 "msmon[rank %d]: %d module(s) ran more than once in a micro-step (%s): %s",
-                mon.rank,
+                ctx.rank,
                 len(top),
                 listed,
                 how,
             )
-        if not self._hooks_ran and not self._told_compiled and any(mp.param.grad is not None for mp in mon.params):
+        if not self._hooks_ran and not self._told_compiled and any(mp.param.grad is not None for mp in ctx.params):
             self._told_compiled = True
             logger.warning(
                 "msmon[rank %d]: step %d trained without running any monitored module's forward "
                 "eagerly: modules run by torch.compile execute compiled graphs, from which msmon's hooks "
                 "are left out so as not to break them; their activations are not recorded",
-                mon.rank,
-                mon.step,
+                ctx.rank,
+                ctx.step,
             )
 
     # -- naming -------------------------------------------------------------------------------
     def _call_index(self, target: _Target, micro: int, recompute: bool) -> int:
-        table = self._recompute_calls if recompute else self._calls
-        key = id(target.module)
-        last = table.get(key)
-        index = last[1] + 1 if last is not None and last[0] == micro else 0
-        table[key] = (micro, index)
-        return index
+        return (self._recompute_calls if recompute else self._calls).next(target.module, micro)
 
     @staticmethod
     def _names(base: str, slot: str, count: int) -> list[str]:
@@ -162,7 +163,7 @@ class ActivationCollector(Collector):
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(
-                "msmon[rank %d]: target %s %s: %s; nothing recorded for it", self.mon.rank, target.name, slot, message
+                "msmon[rank %d]: target %s %s: %s; nothing recorded for it", self.ctx.rank, target.name, slot, message
             )
 
     def _tensors(self, target: _Target, slot: str, value: Any) -> list[torch.Tensor]:
@@ -173,22 +174,22 @@ class ActivationCollector(Collector):
 
     # -- hooks --------------------------------------------------------------------------------
     def _make_pre_hook(self, target: _Target):
-        mon = self.mon
+        ctx = self.ctx
 
         def pre_hook(module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
             self._hooks_ran += 1
-            if not mon.recording or not module.training or mon.in_gradless_forward(target.chunk):
+            if not ctx.recording or not module.training or ctx.in_gradless_forward(target.chunk):
                 return None
             recompute = in_backward()
-            micro = mon.backward_micro_step if recompute else mon.forward_micro_step(target.chunk)
+            micro = ctx.backward_micro_step if recompute else ctx.forward_micro_step(target.chunk)
             call = self._call_index(target, micro, recompute)
             if call and not recompute:
                 self._repeats[target.name] = max(self._repeats.get(target.name, 0), call + 1)
             value = (args + tuple(kwargs.values())) if kwargs else args
-            base = target.name if call == 0 or not self._each_call else f"{target.name}_{call}"
+            base = call_name(target.name, call) if self._each_call else target.name
             # remember the call so the post-hook and the gradient hooks use the same name
             self._open.setdefault(id(module), []).append((micro, base, recompute))
-            if not recompute and not mon.config.backward_only:
+            if not recompute and not ctx.config.backward_only:
                 self._record_forward(target, "input", value, micro, base)
             self._grad_hooks(target, "input", value, micro, base)
             return None
@@ -196,16 +197,16 @@ class ActivationCollector(Collector):
         return pre_hook
 
     def _make_post_hook(self, target: _Target):
-        mon = self.mon
+        ctx = self.ctx
 
         def post_hook(module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             in_flight = self._open.get(id(module))
             if not in_flight:
                 return None
             micro, base, recompute = in_flight.pop()
-            if not mon.recording:
+            if not ctx.recording:
                 return None
-            if not recompute and not mon.config.backward_only:
+            if not recompute and not ctx.config.backward_only:
                 self._record_forward(target, "output", output, micro, base)
             self._grad_hooks(target, "output", output, micro, base)
             return None
@@ -220,8 +221,8 @@ class ActivationCollector(Collector):
 
     def _grad_hooks(self, target: _Target, slot: str, value: Any, micro: int, base: str) -> None:
         """Register gradient hooks on the tensors the `{slot}_grad` spec selects."""
-        mon = self.mon
-        if mon.config.forward_only or not torch.is_grad_enabled():
+        ctx = self.ctx
+        if ctx.config.forward_only or not torch.is_grad_enabled():
             return
         tensors = self._tensors(target, f"{slot}_grad", value)
         names = self._names(base, slot, len(tensors))
@@ -232,16 +233,23 @@ class ActivationCollector(Collector):
             t.register_hook(self.guard(self._make_grad_hook(key)))
 
     def _make_grad_hook(self, key: RowKey):
-        mon = self.mon
+        ctx = self.ctx
 
         def grad_hook(grad: torch.Tensor) -> None:
-            if grad is not None and mon.recording and grad.numel():
+            if grad is not None and ctx.recording and grad.numel():
                 self._add(key, grad)
             return None
 
         return grad_hook
 
 
+def _tracker_enabled(cfg: MonitorConfig, ctx: StepContext) -> bool:
+    from .l2_features import l2_enabled
+
+    return cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled or l2_enabled(cfg, ctx)
+
+
+@register(key=TRACKER, category="module", order=10, module_hooks=True, enabled=_tracker_enabled)
 class MicroStepTracker(Collector):
     """Counts forward passes of each model chunk within a step (the micro-step of a
     forward), and which micro-batch's backward is running (for recomputed modules).
@@ -253,9 +261,9 @@ class MicroStepTracker(Collector):
 
     name = "micro-step tracking"
 
-    def __init__(self, monitor, chunks: list[torch.nn.Module]) -> None:
-        super().__init__(monitor)
-        self.chunks = chunks
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        chunks = self.chunks = list(ctx.models)
         self.forward_counts = [0] * len(chunks)
         self.backward_micro = 0
         self._gradless = [0] * len(chunks)  # chunk forwards in flight with gradients off

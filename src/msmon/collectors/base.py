@@ -3,35 +3,31 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from ..selection import MonitoredParam
+
 if TYPE_CHECKING:
-    from ..monitor import TrainerMon
+    from ..step_context import StepContext
 
 _compiler = getattr(torch, "compiler", None)
 _is_compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
 
 
-@dataclass
-class MonitoredParam:
-    """A parameter the monitor watches, with the name it is reported under."""
-
-    name: str
-    vpp_stage: int
-    param: torch.nn.Parameter
-
-
 class Collector:
     """Registers hooks on attach, removes them on detach. Any exception inside a hook or a
-    step callback switches this collector off (logged once by the monitor); training goes on."""
+    step callback switches this collector off (logged once, ctx.report_failure); training goes on.
+
+    A collector sees the monitor's StepContext only (`self.ctx`); it registers itself with
+    collectors.registry."""
 
     name = "collector"
+    key = ""  # set by collectors.registry.register
 
-    def __init__(self, monitor: TrainerMon) -> None:
-        self.mon = monitor
+    def __init__(self, ctx: StepContext) -> None:
+        self.ctx = ctx
         self.handles: list[Any] = []
         self.enabled = True
 
@@ -56,7 +52,7 @@ class Collector:
         """Wrap a hook so a failure disables this collector instead of breaking training."""
 
         clock = time.perf_counter
-        mon = self.mon
+        ctx = self.ctx
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             # inside a torch.compile trace the hook is a no-op the tracer folds away, so it
@@ -67,10 +63,10 @@ class Collector:
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:  # contained: monitoring must never break training
-                mon._contain_failure(self, exc)
+                ctx.report_failure(self, exc)
                 return None
             finally:
-                mon.cost.seconds += clock() - started
+                ctx.cost.seconds += clock() - started
 
         # the name only (functools.wraps costs more than the hook itself: one is made per
         # activation gradient per step)
@@ -79,3 +75,6 @@ class Collector:
         # activation from warning about msmon's (torch.utils.hooks.unserializable_hook)
         guarded.__torch_unserializable__ = True  # type: ignore[attr-defined]
         return guarded
+
+
+__all__ = ["Collector", "MonitoredParam"]

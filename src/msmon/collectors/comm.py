@@ -28,9 +28,11 @@ from .. import guest_hooks
 from ..hooks import torch_distributed as cc
 from ..records import BACKWARD, FORWARD, OPTIMIZER, RowKey
 from ..stats import batch_stats, combine_rows, local_tensor
+from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
 from .module_io import iter_tensors
+from .registry import register
 
 logger = logging.getLogger("msmon")
 
@@ -81,14 +83,15 @@ class _Series:
     counts: list[int] = field(default_factory=list)
 
 
+@register(key="comm", category="comm", order=110, enabled=lambda cfg, ctx: cfg.cc_distribution.enable)
 class CommCollector(Collector):
     """Listens to the torch.distributed instrumentor; see the module docstring."""
 
     name = "collective communication"
 
-    def __init__(self, monitor) -> None:
-        super().__init__(monitor)
-        config = monitor.config.cc_distribution
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config.cc_distribution
         self.selects = CodelineFilter(config.cc_codeline)
         self.pre_hook = config.cc_pre_hook
         self.log_only = config.cc_log_only
@@ -104,7 +107,7 @@ class CommCollector(Collector):
 
     # -- attach / detach ----------------------------------------------------------------------
     def attach(self) -> None:
-        rank = self.mon.rank
+        rank = self.ctx.rank
         if not dist.is_available():
             logger.warning(
                 "msmon[rank %d]: cc_distribution is on but this torch has no torch.distributed; "
@@ -121,7 +124,7 @@ class CommCollector(Collector):
         self._instrumented = cc.acquire()
         cc.add_listener(self)
         if not self.log_only:
-            for chunk in self.mon.models:
+            for chunk in self.ctx.models:
                 self.handles.append(guest_hooks.forward_pre_hook(chunk, self.guard(self._forward_starts)))
                 self.handles.append(guest_hooks.forward_hook(chunk, self.guard(self._forward_ends)))
 
@@ -157,7 +160,7 @@ class CommCollector(Collector):
 
     # -- listener -----------------------------------------------------------------------------
     def wants(self) -> bool:
-        return self.enabled and (self.log_only or self.mon.recording)
+        return self.enabled and (self.log_only or self.ctx.recording)
 
     def _on_launch(self, call: cc.CollectiveCall) -> bool:
         if self.log_only:
@@ -172,15 +175,15 @@ class CommCollector(Collector):
         return True
 
     def _on_complete(self, call: cc.CollectiveCall) -> None:
-        if self.mon.recording:
+        if self.ctx.recording:
             self._record(call, "post", call.outputs, call.extra.get(id(self), FORWARD))
 
     def _record(self, call: cc.CollectiveCall, phase: str, tensors: list[torch.Tensor], stage: str) -> None:
         tensors = [t for t in (local_tensor(x) for x in tensors) if t.numel()]
         if not tensors:
             return
-        mon = self.mon
-        rows = batch_stats(tensors, mon.step_ops, mon.config.eps)
+        ctx = self.ctx
+        rows = batch_stats(tensors, ctx.step_ops, ctx.config.eps)
         group = (call.op, call.site.short, phase)
         series = self._series.get(group)
         if series is None:
@@ -197,9 +200,9 @@ class CommCollector(Collector):
         self._in_update = False
         cc.deliver_completed()
         series, self._series = self._series, {}
-        if not series or not self.mon.recording:
+        if not series or not self.ctx.recording:
             return
-        ops = self.mon.step_ops
+        ops = self.ctx.step_ops
         keys, rows = [], []
         for s in series.values():
             device = s.rows[0].device
@@ -211,22 +214,22 @@ class CommCollector(Collector):
                 rows.append(combine_rows(pieces, counts, ops))
             keys.append(s.key)
         device = rows[0].device
-        self.mon.buffer.add_many(keys, torch.stack([r.to(device, non_blocking=True) for r in rows]))
+        self.ctx.buffer.add_many(keys, torch.stack([r.to(device, non_blocking=True) for r in rows]))
 
     def end_step(self) -> None:
         self._series.clear()
         self._in_update = False
         self._pass = FORWARD
         if self.log_only and self.enabled:
-            mon = self.mon
+            ctx = self.ctx
             logger.info(
                 "msmon[rank %d]: cc_log_only: %d distinct collectives logged in step %d; stopping as "
                 "cc_log_only asks (put the sites to record in cc_codeline, then turn cc_log_only off)",
-                mon.rank,
+                ctx.rank,
                 len(self._logged),
-                mon.step,
+                ctx.step,
             )
-            mon.close()
+            ctx.stop()
             raise StopAfterCommLog(0)
 
     # -- cc_log_only --------------------------------------------------------------------------
@@ -251,7 +254,7 @@ class CommCollector(Collector):
         self._logged.add(signature)
         logger.info(
             "msmon[rank %d] collective: %s at %s in %s() dtype=%s shape=%s group ranks=%s (%s)",
-            self.mon.rank,
+            self.ctx.rank,
             call.op,
             call.site.short,
             call.site.function,

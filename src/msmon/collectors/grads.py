@@ -40,8 +40,10 @@ import torch.distributed as dist
 
 from ..records import RowKey
 from ..stats import batch_stats, tensor_stats
+from ..step_context import StepContext
 from .base import Collector
 from .ddp_sync import DdpSync
+from .registry import register
 
 logger = logging.getLogger("msmon")
 
@@ -61,11 +63,12 @@ def _unserializable(hook):
     return hook
 
 
+@register(key="grads", category="param", order=80, enabled=lambda cfg, ctx: cfg.wg_distribution)
 class GradCollector(Collector):
     name = "weight gradients"
 
-    def __init__(self, monitor) -> None:
-        super().__init__(monitor)
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
         self.counts: dict[int, int] = {}
         self.last_rows: dict[int, torch.Tensor] = {}
         self.last_identity: dict[int, tuple[int, int, int]] = {}
@@ -81,10 +84,10 @@ class GradCollector(Collector):
         self._consumed = False  # the step's gradients were taken (later closure evaluations are not counted)
 
     def attach(self) -> None:
-        mon = self.mon
-        if _data_parallel() and not mon.adapter.hooks_unreduced:
-            self._sync = DdpSync(mon.models, {id(mp.param) for mp in mon.params})
-        for index, mp in enumerate(mon.params):
+        ctx = self.ctx
+        if _data_parallel() and not ctx.adapter.hooks_unreduced:
+            self._sync = DdpSync(ctx.models, {id(mp.param) for mp in ctx.params})
+        for index, mp in enumerate(ctx.params):
             if mp.param.requires_grad:
                 hook = self.guard(self._make_hook(index))
                 self.handles.append(mp.param.register_post_accumulate_grad_hook(hook))
@@ -119,23 +122,23 @@ class GradCollector(Collector):
                 return
             count = self.counts.get(index, 0) + 1
             self.counts[index] = count
-            mon = self.mon
-            if not mon.recording or mon.adapter.hooks_unreduced:  # that family reports them at its grad sync
+            ctx = self.ctx
+            if not ctx.recording or ctx.adapter.hooks_unreduced:  # that family reports them at its grad sync
                 return
-            grad = mon.grad_of(param)
+            grad = ctx.grad_of(param)
             if grad is None:
                 return
-            acc = mon.grad_acc_steps
+            acc = ctx.grad_acc_steps
             if self._sync is not None:
                 grad = self._rank_local(index, param, grad, acc is not None and count >= acc)
                 if grad is None:
                     return
-            if not mon.config.monitor_mbs_grad and acc is not None and count < acc:
+            if not ctx.config.monitor_mbs_grad and acc is not None and count < acc:
                 return
             if self._can_wait(param):
                 self._note(index, grad, count)
                 return
-            self._record(index, grad, count, tensor_stats(grad, mon.step_ops, mon.config.eps))
+            self._record(index, grad, count, tensor_stats(grad, ctx.step_ops, ctx.config.eps))
 
         return on_grad_accumulated
 
@@ -147,7 +150,7 @@ class GradCollector(Collector):
             self._reduced.add(index)
             self._left_out(
                 index,
-                f"the gradient of {self.mon.params[index].name} was rewritten in place between "
+                f"the gradient of {self.ctx.params[index].name} was rewritten in place between "
                 "micro-batches by something other than DDP's reduction of a forward (a manual "
                 "all-reduce?)",
             )
@@ -162,8 +165,8 @@ class GradCollector(Collector):
         if reduced_before:
             self._left_out(
                 index,
-                f"step {self.mon.step} ran more micro-batches than grad_acc_steps="
-                f"{self.mon.grad_acc_steps}, all-reduced by DDP (no no_sync()); set grad_acc_steps "
+                f"step {self.ctx.step} ran more micro-batches than grad_acc_steps="
+                f"{self.ctx.grad_acc_steps}, all-reduced by DDP (no no_sync()); set grad_acc_steps "
                 "to the real count",
             )
             return None
@@ -183,15 +186,15 @@ class GradCollector(Collector):
             logger.warning(
                 "msmon[rank %d]: %s: the rank-local gradient of the step is no longer known, so its "
                 "grad_unreduced rows are left out (said once)",
-                self.mon.rank,
+                self.ctx.rank,
                 why,
             )
 
     def _record(self, index: int, grad: torch.Tensor, count: int, row: torch.Tensor) -> None:
-        mon = self.mon
-        if mon.config.monitor_mbs_grad:
-            mp = mon.params[index]
-            mon.buffer.add(RowKey("grad_unreduced", mp.name, mp.vpp_stage, count - 1), row)
+        ctx = self.ctx
+        if ctx.config.monitor_mbs_grad:
+            mp = ctx.params[index]
+            ctx.buffer.add(RowKey("grad_unreduced", mp.name, mp.vpp_stage, count - 1), row)
         self.last_rows.pop(index, None)  # keep hook-firing order for the accumulated rows
         self.last_rows[index] = row
         self.last_identity[index] = _identity(grad)
@@ -200,7 +203,7 @@ class GradCollector(Collector):
         """Whether this gradient may be read at the end of backward rather than now."""
         return (
             self.batched
-            and not self.mon.config.monitor_mbs_grad
+            and not self.ctx.config.monitor_mbs_grad
             and not _data_parallel()
             and len(getattr(param, "_post_accumulate_grad_hooks", None) or ()) <= 1
         )
@@ -216,22 +219,22 @@ class GradCollector(Collector):
     def _read_noted(self) -> None:
         """End of backward: the noted gradients' statistics in one batch."""
         noted, self._noted, self._flush_task = self._noted, {}, None
-        mon = self.mon
+        ctx = self.ctx
         unchanged = {i: entry for i, entry in noted.items() if _identity(entry[0]) == entry[1]}
         if len(unchanged) < len(noted):
             self.batched = False
-            names = [mon.params[i].name for i in noted if i not in unchanged]
+            names = [ctx.params[i].name for i in noted if i not in unchanged]
             logger.warning(
                 "msmon[rank %d]: gradients changed between their accumulation and the end of backward "
                 "(%s); their unreduced rows of step %d are left out, and gradients are read in the hooks "
                 "from now on",
-                mon.rank,
+                ctx.rank,
                 ", ".join(names[:3]) + (" ..." if len(names) > 3 else ""),
-                mon.step,
+                ctx.step,
             )
-        if not unchanged or not mon.recording:
+        if not unchanged or not ctx.recording:
             return
-        rows = batch_stats([grad for grad, _, _ in unchanged.values()], mon.step_ops, mon.config.eps)
+        rows = batch_stats([grad for grad, _, _ in unchanged.values()], ctx.step_ops, ctx.config.eps)
         for j, (index, (grad, _, count)) in enumerate(unchanged.items()):
             self._record(index, grad, count, rows[j])
 
@@ -241,18 +244,18 @@ class GradCollector(Collector):
     def before_update(self) -> None:
         self._consumed = True
         self._drop_local()  # their rows are taken: the copies' memory goes back now, not at the step's end
-        mon = self.mon
-        if not mon.recording:
+        ctx = self.ctx
+        if not ctx.recording:
             return
-        if not mon.config.monitor_mbs_grad and self.last_rows:
+        if not ctx.config.monitor_mbs_grad and self.last_rows:
             indices = list(self.last_rows)
-            keys = [RowKey("grad_unreduced", mon.params[i].name, mon.params[i].vpp_stage) for i in indices]
-            mon.buffer.add_many(keys, torch.stack([self.last_rows[i] for i in indices]))
+            keys = [RowKey("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
+            ctx.buffer.add_many(keys, torch.stack([self.last_rows[i] for i in indices]))
         reused: dict[int, torch.Tensor] = {}
         fresh: list[int] = []
         grads: list[torch.Tensor] = []
-        consumed = mon.shards.take("grad_reduced", mon.adapter.grads([mp.param for mp in mon.params], mon.grad_of))
-        for index, mp in enumerate(mon.params):
+        consumed = ctx.shards.take("grad_reduced", ctx.adapter.grads([mp.param for mp in ctx.params], ctx.grad_of))
+        for index, mp in enumerate(ctx.params):
             grad = consumed.get(id(mp.param))
             if grad is None:
                 continue
@@ -261,14 +264,14 @@ class GradCollector(Collector):
             else:
                 fresh.append(index)
                 grads.append(grad)
-        fresh_rows = batch_stats(grads, mon.step_ops, mon.config.eps) if grads else None
+        fresh_rows = batch_stats(grads, ctx.step_ops, ctx.config.eps) if grads else None
         order = sorted(list(reused) + fresh)
         if not order:
             return
         position = {index: i for i, index in enumerate(fresh)}
         rows = [reused[i] if i in reused else fresh_rows[position[i]] for i in order]
-        keys = [RowKey("grad_reduced", mon.params[i].name, mon.params[i].vpp_stage) for i in order]
-        mon.buffer.add_many(keys, torch.stack([r.to(rows[0].device) for r in rows]))
+        keys = [RowKey("grad_reduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in order]
+        ctx.buffer.add_many(keys, torch.stack([r.to(rows[0].device) for r in rows]))
 
     def end_step(self) -> None:
         self._consumed = False

@@ -33,9 +33,11 @@ from ..config import ConfigError, MonitorConfig
 from ..naming import split_vpp
 from ..records import RowKey
 from ..stats import local_tensor
+from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
 from .module_io import iter_tensors
+from .registry import register
 
 logger = logging.getLogger("msmon")
 
@@ -138,13 +140,19 @@ def _first_two(args: tuple, kwargs: dict) -> tuple[Any, Any]:
     return q, k
 
 
+def l2_enabled(cfg: MonitorConfig, ctx: StepContext) -> bool:
+    """Whether l2_targets name any module (a name that matches none is a ConfigError)."""
+    return cfg.recording_l2_features and bool(resolve_targets(cfg, ctx.names()[0]))
+
+
+@register(key="l2_features", category="module", order=60, module_hooks=True, enabled=l2_enabled)
 class L2FeatureCollector(Collector):
     name = "L2 features"
 
-    def __init__(self, monitor, targets: list[tuple[str, torch.nn.Module, str, int]]) -> None:
-        super().__init__(monitor)
-        self.targets = targets
-        self.order = monitor.config.sa_order
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        self.targets = resolve_targets(ctx.config, ctx.names()[0])
+        self.order = ctx.config.sa_order
         self._done: set[tuple[str, int]] = set()  # (hook, id(module)) weight features taken this step
         self._positions: dict[tuple, torch.Tensor | None] = {}
         self._generators: dict[tuple[str, str], torch.Generator] = {}
@@ -169,20 +177,20 @@ class L2FeatureCollector(Collector):
 
     # -- helpers ------------------------------------------------------------------------------
     def _active(self, module: torch.nn.Module, chunk: int) -> bool:
-        mon = self.mon
-        return mon.recording and module.training and not in_backward() and not mon.in_gradless_forward(chunk)
+        ctx = self.ctx
+        return ctx.recording and module.training and not in_backward() and not ctx.in_gradless_forward(chunk)
 
     def _add(self, category: str, name: str, chunk: int, micro: int | None, values: dict[str, torch.Tensor]) -> None:
-        width = len(self.mon.step_ops)
+        width = len(self.ctx.step_ops)
         for op, value in values.items():
             row = value.detach().to(torch.float64).reshape(1).expand(width)
-            self.mon.buffer.add(RowKey(category, name, chunk, micro, op=op), row)
+            self.ctx.buffer.add(RowKey(category, name, chunk, micro, op=op), row)
 
     def _warn_once(self, hook: str, name: str, problem: str) -> None:
         if (hook, name) not in self._warned:
             self._warned.add((hook, name))
             logger.warning(
-                "msmon[rank %d]: l2_targets[%r] %s: %s; nothing recorded for it", self.mon.rank, hook, name, problem
+                "msmon[rank %d]: l2_targets[%r] %s: %s; nothing recorded for it", self.ctx.rank, hook, name, problem
             )
 
     def _generator(self, name: str, device: torch.device) -> torch.Generator:
@@ -215,7 +223,7 @@ class L2FeatureCollector(Collector):
                 "attention_hook",
                 f"{name}.attention",
                 chunk,
-                self.mon.forward_micro_step(chunk),
+                self.ctx.forward_micro_step(chunk),
                 {"entropy": entropy, "softmax_max": top},
             )
             return None
@@ -309,7 +317,7 @@ class L2FeatureCollector(Collector):
                 "moe_router_logit_hook",
                 f"{name}.moe_router",
                 chunk,
-                self.mon.forward_micro_step(chunk),
+                self.ctx.forward_micro_step(chunk),
                 {"per_token_expert_entropy": value},
             )
             return None

@@ -62,3 +62,26 @@ def select(value: Any, spec: TensorSpec | None) -> tuple[list[torch.Tensor], str
 
 def describe(t: torch.Tensor) -> str:
     return f"size={tuple(t.shape)}, dtype={t.dtype}"
+
+
+class CallCounter:
+    """Which call of a module within a micro-step this is: 0 for the first, then 1, 2, ... (the
+    one numbering of module calls, for activations and the NaN origin alike)."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[int, int]] = {}  # id(module) -> (micro_step, calls so far)
+
+    def next(self, module: object, micro: int) -> int:
+        key = id(module)
+        last = self._last.get(key)
+        index = last[1] + 1 if last is not None and last[0] == micro else 0
+        self._last[key] = (micro, index)
+        return index
+
+    def clear(self) -> None:
+        self._last.clear()
+
+
+def call_name(name: str, call: int) -> str:
+    """The row name of a module's `call`-th call in a micro-step: `name`, then `name_1`, ..."""
+    return name if call == 0 else f"{name}_{call}"

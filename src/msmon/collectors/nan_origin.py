@@ -13,9 +13,11 @@ import torch
 
 from .. import guest_hooks
 from ..records import RowKey
+from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
-from .module_io import iter_tensors
+from .module_io import CallCounter, call_name, iter_tensors
+from .registry import register
 
 
 def finite_flag(t: torch.Tensor) -> torch.Tensor:
@@ -25,13 +27,16 @@ def finite_flag(t: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(t.detach().sum(dtype=acc))
 
 
+@register(
+    key="nan_origin", category="module", order=30, module_hooks=True, enabled=lambda cfg, ctx: cfg.nan_origin_enabled
+)
 class NanOriginCollector(Collector):
     name = "nan origin"
 
-    def __init__(self, monitor, modules: list[tuple[torch.nn.Module, str, int, int]]) -> None:
-        super().__init__(monitor)
-        self.modules = modules
-        self._calls: dict[int, tuple[int, int]] = {}
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        self.modules = [(m, n, c, c) for c, named in enumerate(ctx.names()[0]) for n, m in named.items() if n]
+        self._calls = CallCounter()
         self._open: dict[int, list[tuple[int, str]]] = {}
 
     def attach(self) -> None:
@@ -48,7 +53,7 @@ class NanOriginCollector(Collector):
     def _flag(self, category: str, name: str, vpp: int, micro: int, tensors) -> None:
         for t in tensors:
             if t.is_floating_point() and t.numel():
-                self.mon.buffer.add_flag(RowKey(category, name, vpp, micro), finite_flag(t))
+                self.ctx.buffer.add_flag(RowKey(category, name, vpp, micro), finite_flag(t))
 
     def _grad_hooks(self, name: str, vpp: int, micro: int, tensors) -> None:
         if not torch.is_grad_enabled():
@@ -60,23 +65,20 @@ class NanOriginCollector(Collector):
 
     def _grad_hook(self, key: RowKey):
         def hook(grad):
-            if grad is not None and grad.numel() and self.mon.recording:
-                self.mon.buffer.add_flag(key, finite_flag(grad))
+            if grad is not None and grad.numel() and self.ctx.recording:
+                self.ctx.buffer.add_flag(key, finite_flag(grad))
             return None
 
         return hook
 
     def _pre(self, name: str, vpp: int, chunk: int):
-        mon = self.mon
+        ctx = self.ctx
 
         def pre_hook(module, args, kwargs):
-            if not mon.recording or not module.training or in_backward() or mon.in_gradless_forward(chunk):
+            if not ctx.recording or not module.training or in_backward() or ctx.in_gradless_forward(chunk):
                 return None
-            micro = mon.forward_micro_step(chunk)
-            last = self._calls.get(id(module))
-            call = last[1] + 1 if last is not None and last[0] == micro else 0
-            self._calls[id(module)] = (micro, call)
-            base = name if call == 0 else f"{name}_{call}"
+            micro = ctx.forward_micro_step(chunk)
+            base = call_name(name, self._calls.next(module, micro))
             self._open.setdefault(id(module), []).append((micro, base))
             inputs = list(iter_tensors(args)) + list(iter_tensors(kwargs))
             self._flag("actv", f"{base}.input", vpp, micro, inputs)

@@ -23,9 +23,11 @@ import logging
 import torch
 
 from ..optimizers.base import Shard
-from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey
+from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey, format_tag
 from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
+from ..step_context import StepContext
 from .base import Collector
+from .registry import register
 
 logger = logging.getLogger("msmon")
 
@@ -38,25 +40,31 @@ def _bias_correction(beta: float, step) -> torch.Tensor | float:
     return 1 - beta ** float(step)
 
 
+@register(
+    key="optimizer_state",
+    category="optimizer",
+    order=100,
+    enabled=lambda cfg, ctx: cfg.mv_distribution or cfg.ur_distribution or cfg.mg_direction,
+)
 class OptimizerStateCollector(Collector):
     name = "optimizer state"
 
-    def __init__(self, monitor) -> None:
-        super().__init__(monitor)
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
         self._said_none = False
         self._size_cache: dict[tuple, torch.Tensor] = {}
 
     @torch.no_grad()
     def before_update(self) -> None:
-        mon = self.mon
-        if not (mon.recording and mon.config.mg_direction):
+        ctx = self.ctx
+        if not (ctx.recording and ctx.config.mg_direction):
             return
-        params = [mp.param for mp in mon.params]
-        grads = mon.adapter.grads(params, mon.grad_of)
-        moments = mon.adapter.moments(params)
+        params = [mp.param for mp in ctx.params]
+        grads = ctx.adapter.grads(params, ctx.grad_of)
+        moments = ctx.adapter.moments(params)
         plain: list[tuple[RowKey, torch.Tensor, torch.Tensor]] = []
         split: dict[int, list[tuple[RowKey, Shard, Shard]]] = {}
-        for mp in mon.params:
+        for mp in ctx.params:
             grad, m = grads.get(id(mp.param)), moments.get(id(mp.param))
             if grad is None or m is None:
                 continue
@@ -68,10 +76,10 @@ class OptimizerStateCollector(Collector):
         if plain:
             matches = sign_matches([g for _, g, _ in plain], [e for _, _, e in plain])
             shares = matches / self._sizes(tuple(local_tensor(g).numel() for _, g, _ in plain), matches.device)
-            mon.buffer.add_many([k for k, _, _ in plain], scalar_rows(shares, mon.step_ops, mon.config.eps))
+            ctx.buffer.add_many([k for k, _, _ in plain], scalar_rows(shares, ctx.step_ops, ctx.config.eps))
         for entries in split.values():  # every rank of the group takes the same pieces in the same order
             matches = sign_matches([g.local for _, g, _ in entries], [e.local for _, _, e in entries])
-            mon.shards.add_shares(
+            ctx.shards.add_shares(
                 [k for k, _, _ in entries],
                 [g for _, g, _ in entries],
                 matches,
@@ -88,23 +96,23 @@ class OptimizerStateCollector(Collector):
         return self._size_cache[key]
 
     def after_update(self) -> None:
-        mon = self.mon
-        if not mon.recording:
+        ctx = self.ctx
+        if not ctx.recording:
             return
-        cfg = mon.config
-        params = [mp.param for mp in mon.params]
-        moments = mon.adapter.moments(params)
-        present = [(i, mp, moments[id(mp.param)]) for i, mp in enumerate(mon.params) if id(mp.param) in moments]
+        cfg = ctx.config
+        params = [mp.param for mp in ctx.params]
+        moments = ctx.adapter.moments(params)
+        present = [(i, mp, moments[id(mp.param)]) for i, mp in enumerate(ctx.params) if id(mp.param) in moments]
         if not present:
-            if params and not self._said_none and not mon.adapter.holds_moments(params):
+            if params and not self._said_none and not ctx.adapter.holds_moments(params):
                 self._said_none = True
                 asked = " and ".join(
                     k for k in ("mv_distribution", "ur_distribution", "mg_direction") if getattr(cfg, k)
                 )
                 logger.warning(
                     "msmon[rank %d]: %s keeps no Adam moments (exp_avg, exp_avg_sq); %s records nothing for it",
-                    mon.rank,
-                    mon.adapter.optimizer_name,
+                    ctx.rank,
+                    ctx.adapter.optimizer_name,
                     asked,
                 )
             return
@@ -116,17 +124,17 @@ class OptimizerStateCollector(Collector):
 
     def _add(self, category: str, values: dict) -> None:
         """Rows of `values` (keyed by id(param)); Shards go to the monitor's combiner."""
-        mon = self.mon
-        values = mon.shards.take(category, values)
-        chosen = [mp for mp in mon.params if id(mp.param) in values]
+        ctx = self.ctx
+        values = ctx.shards.take(category, values)
+        chosen = [mp for mp in ctx.params if id(mp.param) in values]
         if chosen:
             keys = [RowKey(category, mp.name, mp.vpp_stage) for mp in chosen]
-            rows = batch_stats([values[id(mp.param)] for mp in chosen], mon.step_ops, mon.config.eps)
-            mon.buffer.add_many(keys, rows)
+            rows = batch_stats([values[id(mp.param)] for mp in chosen], ctx.step_ops, ctx.config.eps)
+            ctx.buffer.add_many(keys, rows)
 
     @torch.no_grad()
     def _update_ratio(self, present) -> None:
-        mon = self.mon
+        ctx = self.ctx
         updates, ratios = {}, {}
         for _, mp, m in present:
             shard = m.exp_avg if isinstance(m.exp_avg, Shard) else None
@@ -138,12 +146,12 @@ class OptimizerStateCollector(Collector):
             ratio = torch.where(root_v > 0, m_hat / root_v, torch.zeros_like(m_hat))  # 0/0: untouched rows
             for category, t, out in (("update", update, updates), ("ratio", ratio, ratios)):
                 counts = torch.histc(t.clamp(-1.0, 1.0), bins=len(HIST_EDGES) - 1, min=-1.0, max=1.0)
-                tag = f"{mp.vpp_stage}:{mp.name}/rank{mon.rank}/{category}_hist"
+                tag = format_tag(f"{mp.vpp_stage}:{mp.name}", ctx.rank, f"{category}_hist")
                 if shard:  # a piece: its histogram is summed over the ranks holding the others
                     out[id(mp.param)] = Shard(t, shard.group, shard.write)
-                    mon.shards.add_histogram(tag, HIST_EDGES, counts, out[id(mp.param)])
+                    ctx.shards.add_histogram(tag, HIST_EDGES, counts, out[id(mp.param)])
                 else:
                     out[id(mp.param)] = t
-                    mon.buffer.histograms.append(Histogram(tag, HIST_EDGES, counts))
+                    ctx.buffer.histograms.append(Histogram(tag, HIST_EDGES, counts))
         self._add("update", updates)
         self._add("ratio", ratios)

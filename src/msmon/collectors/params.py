@@ -10,49 +10,52 @@ import torch
 
 from ..records import RowKey
 from ..stats import batch_stats, local_tensor
+from ..step_context import StepContext
 from .base import Collector
+from .registry import register
 
 
+@register(key="params", category="param", order=90, enabled=lambda cfg, ctx: cfg.param_distribution)
 class ParamCollector(Collector):
     name = "weights"
 
-    def __init__(self, monitor) -> None:
-        super().__init__(monitor)
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
         self._after: dict[int, tuple[int, torch.Tensor]] = {}
         self._ops: list[str] | None = None
 
     def _record(self, category: str, reuse: bool) -> None:
-        mon = self.mon
-        weights = mon.shards.take(category, mon.adapter.weights([mp.param for mp in mon.params]))
-        tensors = {i: weights[id(mp.param)] for i, mp in enumerate(mon.params) if id(mp.param) in weights}
+        ctx = self.ctx
+        weights = ctx.shards.take(category, ctx.adapter.weights([mp.param for mp in ctx.params]))
+        tensors = {i: weights[id(mp.param)] for i, mp in enumerate(ctx.params) if id(mp.param) in weights}
         indices = [i for i, t in tensors.items() if local_tensor(t).numel() > 0]
         if not indices:
             return
         rows: dict[int, torch.Tensor] = {}
         todo = []
         for i in indices:
-            cached = self._after.get(i) if reuse and self._ops == mon.step_ops else None
+            cached = self._after.get(i) if reuse and self._ops == ctx.step_ops else None
             if cached is not None and cached[0] == local_tensor(tensors[i])._version:
                 rows[i] = cached[1]
             else:
                 todo.append(i)
         if todo:
-            computed = batch_stats([tensors[i] for i in todo], mon.step_ops, mon.config.eps)
+            computed = batch_stats([tensors[i] for i in todo], ctx.step_ops, ctx.config.eps)
             for j, i in enumerate(todo):
                 rows[i] = computed[j]
-        keys = [RowKey(category, mon.params[i].name, mon.params[i].vpp_stage) for i in indices]
+        keys = [RowKey(category, ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
         stacked = torch.stack([rows[i] for i in indices])
-        mon.buffer.add_many(keys, stacked)
+        ctx.buffer.add_many(keys, stacked)
         if category == "param_updated":
-            self._ops = list(mon.step_ops)
+            self._ops = list(ctx.step_ops)
             self._after = {i: (local_tensor(tensors[i])._version, stacked[j]) for j, i in enumerate(indices)}
 
     def before_update(self) -> None:
-        if self.mon.recording:
+        if self.ctx.recording:
             self._record("param_origin", reuse=True)
 
     def after_update(self) -> None:
-        if self.mon.recording:
+        if self.ctx.recording:
             self._record("param_updated", reuse=False)
         else:
             self._after.clear()

@@ -47,12 +47,15 @@ from ..fingerprint import Fingerprinter
 from ..optimizers.base import Shard, class_names
 from ..transfer import copy_to_host
 from .base import Collector
+from .registry import register
 
 if TYPE_CHECKING:
     from ..config import ReplicaCheckConfig
-    from ..monitor import TrainerMon
+    from ..step_context import StepContext
 
 logger = logging.getLogger("msmon")
+
+KEY = "replica_check"
 
 RULE, OP = REPLICA_RULE, REPLICA_OP  # the anomaly dump's rule and op of a replica disagreement
 CALL_ID_BASE = 1 << 30  # after every statistic row of the step: the check runs after the update
@@ -154,23 +157,23 @@ def _not_a_replica(param: torch.Tensor, lazy_gather: bool) -> str | None:
     return None
 
 
-def _lazy_param_gather(monitor: TrainerMon) -> bool:
+def _lazy_param_gather(ctx: StepContext) -> bool:
     """Megatron's distributed optimizer with overlap_param_gather updates each rank's model
     parameters only in the next forward: right after the step, replicas differ by design."""
-    if "DistributedOptimizer" not in class_names(monitor.adapter.optimizer):
+    if "DistributedOptimizer" not in class_names(ctx.adapter.optimizer):
         return False
-    return any(getattr(getattr(chunk, "ddp_config", None), "overlap_param_gather", False) for chunk in monitor.models)
+    return any(getattr(getattr(chunk, "ddp_config", None), "overlap_param_gather", False) for chunk in ctx.models)
 
 
-def _named_params(monitor: TrainerMon) -> list[tuple[str, int, torch.Tensor]]:
+def _named_params(ctx: StepContext) -> list[tuple[str, int, torch.Tensor]]:
     """(display name, model chunk, parameter) of every parameter the optimizer trains, in its order."""
-    _, params = monitor._names()
+    _, params = ctx.names()
     where: dict[int, tuple[str, int]] = {}
     for chunk, named in enumerate(params):
         for name, p in named.items():
             where.setdefault(id(p), (name, chunk))
     out = []
-    for i, p in enumerate(monitor.adapter.params()):
+    for i, p in enumerate(ctx.adapter.params()):
         name, chunk = where.get(id(p), (f"param[{i}]", 0))
         out.append((name, chunk, p))
     return out
@@ -180,12 +183,12 @@ Named = list[tuple[str, int, torch.Tensor]]
 
 
 def select_weights(
-    monitor: TrainerMon, named: Named | None = None
+    ctx: StepContext, named: Named | None = None
 ) -> tuple[list[Entry], list[torch.Tensor], list[dict[str, str]]]:
     """The replicated weights (model parameters, whole main copies), and what was skipped and why."""
-    named = _named_params(monitor) if named is None else named
-    lazy = _lazy_param_gather(monitor)
-    mains = monitor.adapter.own_weights([p for _, _, p in named])
+    named = _named_params(ctx) if named is None else named
+    lazy = _lazy_param_gather(ctx)
+    mains = ctx.adapter.own_weights([p for _, _, p in named])
     entries, tensors, skipped = [], [], []
     for name, chunk, p in named:
         why = _not_a_replica(p, lazy)
@@ -214,11 +217,11 @@ def select_weights(
 
 
 def select_grads(
-    monitor: TrainerMon, named: Named | None = None
+    ctx: StepContext, named: Named | None = None
 ) -> tuple[list[Entry], list[torch.Tensor | None], list[dict[str, str]]]:
     """The reduced gradients that are whole on every rank (None: no gradient on this rank)."""
-    named = _named_params(monitor) if named is None else named
-    grads = monitor.adapter.own_grads([p for _, _, p in named], monitor.grad_of)
+    named = _named_params(ctx) if named is None else named
+    grads = ctx.adapter.own_grads([p for _, _, p in named], ctx.grad_of)
     entries, tensors, skipped = [], [], []
     for name, chunk, p in named:
         g = grads.get(id(p))
@@ -236,23 +239,21 @@ def select_grads(
 
 
 # -- the group ------------------------------------------------------------------------------------
-def replica_group(monitor: TrainerMon) -> Any:
+def replica_group(ctx: StepContext) -> Any:
     """The data-parallel group of this rank's replicas, or None when none is known."""
-    groups = dedupe.discover(
-        monitor.models, monitor.adapter, getattr(monitor, "dp_group", None), getattr(monitor, "tp_group", None)
-    )
+    groups = dedupe.discover(ctx.models, ctx.adapter, ctx.dp_group, ctx.tp_group)
     if groups.dp is not None:
         return groups.dp
-    return _ddp_group(monitor)
+    return _ddp_group(ctx)
 
 
-def _ddp_group(monitor: TrainerMon) -> Any:
+def _ddp_group(ctx: StepContext) -> Any:
     try:
         from torch.nn.parallel import DistributedDataParallel as DDP
     except ImportError:
         return None
-    owned = {id(p) for p in monitor.adapter.params()}
-    for chunk in monitor.models:
+    owned = {id(p) for p in ctx.adapter.params()}
+    for chunk in ctx.models:
         for m in chunk.modules():
             if isinstance(m, DDP):
                 return getattr(m, "process_group", None) or dist.group.WORLD
@@ -317,29 +318,30 @@ class ReplicaState:
     warned_edit: bool = False
 
 
-def replica_collector(monitor: TrainerMon) -> ReplicaCheckCollector | None:
-    """The monitor's replica check, built with the settings it had when it attached."""
-    state: ReplicaState | None = getattr(monitor, "_replica_state", None)
-    current = monitor.config.replica_check
+def replica_state(ctx: StepContext) -> ReplicaState:
+    """The monitor's replica check state, made with the settings it had when it attached (kept in
+    ctx.kept across collector rebuilds: every rank must keep checking the same steps)."""
+    state: ReplicaState | None = ctx.kept.get(KEY)
+    current = ctx.config.replica_check
     if state is None:
-        state = ReplicaState(settings=current)
-        monitor._replica_state = state
+        state = ctx.kept[KEY] = ReplicaState(settings=current)
     elif current != state.settings and not state.warned_edit:
         state.warned_edit = True
         logger.warning(
             "msmon[rank %d]: replica_check was edited during the run; the edit takes effect in the next "
             "run (every rank must keep checking the same steps)",
-            monitor.rank,
+            ctx.rank,
         )
-    return ReplicaCheckCollector(monitor, state) if state.settings.enable else None
+    return state
 
 
+@register(key=KEY, category="check", order=120, enabled=lambda cfg, ctx: replica_state(ctx).settings.enable)
 class ReplicaCheckCollector(Collector):
     name = "replica check"
 
-    def __init__(self, monitor: TrainerMon, state: ReplicaState) -> None:
-        super().__init__(monitor)
-        self.state = state
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        self.state = replica_state(ctx)
         self.fingerprint = Fingerprinter()
         self._grads: tuple[int, list[Entry], torch.Tensor] | None = None
         self._named: Named | None = None
@@ -348,26 +350,26 @@ class ReplicaCheckCollector(Collector):
     def named(self) -> Named:
         """The optimizer's parameters with their names, found once (the names walk the whole model)."""
         if self._named is None:
-            self._named = _named_params(self.mon)
+            self._named = _named_params(self.ctx)
         return self._named
 
     # -- step callbacks (training thread) ------------------------------------------------------
     def _due(self) -> bool:
         state = self.state
-        return state.off is None and self.mon.step % state.settings.every == 0 and self._resolve()
+        return state.off is None and self.ctx.step % state.settings.every == 0 and self._resolve()
 
     def before_update(self) -> None:
         if self.state.settings.grads and self._due():
-            entries, tensors, _ = select_grads(self.mon, self.named)
-            self._grads = (self.mon.step, entries, self._fingerprints(tensors))
+            entries, tensors, _ = select_grads(self.ctx, self.named)
+            self._grads = (self.ctx.step, entries, self._fingerprints(tensors))
 
     def after_update(self) -> None:
         if not self._due():
             return
-        entries, tensors, _ = select_weights(self.mon, self.named)
+        entries, tensors, _ = select_weights(self.ctx, self.named)
         fps = self._fingerprints(tensors)
         grads, self._grads = self._grads, None
-        if grads is not None and grads[0] == self.mon.step:
+        if grads is not None and grads[0] == self.ctx.step:
             entries = grads[1] + entries
             fps = torch.cat([grads[2].to(fps.device), fps])
         self._submit(entries, fps)
@@ -383,10 +385,10 @@ class ReplicaCheckCollector(Collector):
         if state.resolved:
             return state.off is None
         state.resolved = True
-        mon = self.mon
+        ctx = self.ctx
         if not (dist.is_available() and dist.is_initialized()):
             return self._off("torch.distributed is not initialised: there are no replicas to compare", info=True)
-        group = replica_group(mon)
+        group = replica_group(ctx)
         if group is None:
             return self._off(
                 "no data-parallel group is known (no DDP module, no DeepSpeed or Megatron group, no "
@@ -394,9 +396,9 @@ class ReplicaCheckCollector(Collector):
                 info=True,
             )
         ranks = list(dist.get_process_group_ranks(group))
-        if mon.config.module_ranks:  # ranks outside module_ranks run no collector: leave them out
-            ranks = [r for r in ranks if r in set(mon.config.module_ranks)]
-        if len(ranks) < 2 or mon.rank not in ranks:
+        if ctx.config.module_ranks:  # ranks outside module_ranks run no collector: leave them out
+            ranks = [r for r in ranks if r in set(ctx.config.module_ranks)]
+        if len(ranks) < 2 or ctx.rank not in ranks:
             return self._off(
                 f"the data-parallel group has {len(ranks)} recording rank(s): nothing to compare", info=True
             )
@@ -405,16 +407,16 @@ class ReplicaCheckCollector(Collector):
         except Exception as exc:  # gloo cannot connect, say: the check is off, training goes on
             return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}")
         state.ranks = list(dist.get_process_group_ranks(state.group))
-        weights, _, skipped_w = select_weights(mon, self.named)
-        grads, _, skipped_g = select_grads(mon, self.named) if state.settings.grads else ([], [], [])
+        weights, _, skipped_w = select_weights(ctx, self.named)
+        grads, _, skipped_g = select_grads(ctx, self.named) if state.settings.grads else ([], [], [])
         state.checked = [{"name": e.name, "vpp_stage": e.vpp_stage, "category": e.category} for e in grads + weights]
         state.skipped = skipped_g + skipped_w
-        state.thread = threading.Thread(target=self._exchange_loop, name=f"msmon-replica-rank{mon.rank}", daemon=True)
+        state.thread = threading.Thread(target=self._exchange_loop, name=f"msmon-replica-rank{ctx.rank}", daemon=True)
         state.thread.start()
         logger.info(
             "msmon[rank %d]: replica check every %d steps over data-parallel ranks %s: %d tensors, %d skipped "
             "(not replicas)",
-            mon.rank,
+            ctx.rank,
             state.settings.every,
             state.ranks,
             len(state.checked),
@@ -425,7 +427,7 @@ class ReplicaCheckCollector(Collector):
 
     def _off(self, reason: str, info: bool = False) -> bool:
         self.state.off = reason
-        (logger.info if info else logger.error)("msmon[rank %d]: replica check off: %s", self.mon.rank, reason)
+        (logger.info if info else logger.error)("msmon[rank %d]: replica check off: %s", self.ctx.rank, reason)
         return False
 
     # -- on the device ---------------------------------------------------------------------------
@@ -442,8 +444,8 @@ class ReplicaCheckCollector(Collector):
     def _submit(self, entries: list[Entry], fps: torch.Tensor) -> None:
         """Start the copy to the host and hand the exchange to this rank's thread."""
         layout = hashlib.blake2b(repr([(e.name, e.category) for e in entries]).encode(), digest_size=8).digest()
-        header = torch.tensor([self.mon.step, int.from_bytes(layout, "little", signed=True)], dtype=torch.int64)
-        job = _Job(self.mon.step, entries, header, fps)
+        header = torch.tensor([self.ctx.step, int.from_bytes(layout, "little", signed=True)], dtype=torch.int64)
+        job = _Job(self.ctx.step, entries, header, fps)
         job.fingerprints, job.events = copy_to_host(fps)
         self.state.jobs.put(job)
 
@@ -459,7 +461,7 @@ class ReplicaCheckCollector(Collector):
                 state.off = f"exchanging fingerprints failed: {exc!r}"
                 logger.error(
                     "msmon[rank %d]: replica check at step %d failed and is switched off; training continues: %r",
-                    self.mon.rank,
+                    self.ctx.rank,
                     job.step,
                     exc,
                 )
@@ -476,7 +478,7 @@ class ReplicaCheckCollector(Collector):
         if bool((table[:, 0] != job.step).any()) or bool((table[:, 1] != table[0, 1]).any()):
             steps = dict(zip(state.ranks, table[:, 0].tolist()))
             raise RuntimeError(f"the ranks' checks do not line up (steps {steps}, or different sets of tensors)")
-        mine = table[state.ranks.index(self.mon.rank), 2:]
+        mine = table[state.ranks.index(self.ctx.rank), 2:]
         state.last = {"step": job.step, "fingerprints": [_hex(v) for v in mine.tolist()]}
         found = compare(table[:, 2:], state.ranks, job.entries)
         if found:
@@ -485,8 +487,8 @@ class ReplicaCheckCollector(Collector):
             self._write_report()
 
     def _report(self, job: _Job, found: list[Mismatch]) -> None:
-        mon, state = self.mon, self.state
-        rank = mon.rank
+        ctx, state = self.ctx, self.state
+        rank = ctx.rank
         mine = [m for m in found if rank in m.differing]
         listed = "; ".join(m.describe() for m in found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
         verdict = "this rank's copy differs" if mine else "this rank holds the majority copy"
@@ -516,7 +518,7 @@ class ReplicaCheckCollector(Collector):
             }
         )
         del state.mismatches[:-_MAX_MISMATCHES_KEPT]
-        dump = mon.writer.dump if mon.writer is not None else None
+        dump = ctx.anomaly_dump()
         if dump is not None and mine:
             index = {e: j for j, e in enumerate(job.entries)}
             try:
@@ -548,8 +550,8 @@ class ReplicaCheckCollector(Collector):
 
     def _write_report(self) -> None:
         """replica_check.json in the rank's output directory: coverage and outcome so far."""
-        mon, state = self.mon, self.state
-        if mon.log_dir is None:
+        ctx, state = self.ctx, self.state
+        if ctx.log_dir is None:
             return
         data = {
             "every": state.settings.every,
@@ -562,14 +564,14 @@ class ReplicaCheckCollector(Collector):
             "mismatches": state.mismatches,
             "last_check": state.last,
         }
-        path = os.path.join(mon.log_dir, REPORT_FILE)
+        path = os.path.join(ctx.log_dir, REPORT_FILE)
         try:
             with state.lock:
                 with open(path + ".tmp", "w", encoding="utf-8") as fh:
                     json.dump(data, fh, indent=1)
                 os.replace(path + ".tmp", path)
         except OSError as exc:
-            logger.warning("msmon[rank %d]: could not write %s: %s", mon.rank, path, exc)
+            logger.warning("msmon[rank %d]: could not write %s: %s", ctx.rank, path, exc)
 
     def _flush(self) -> None:
         state = self.state
@@ -582,7 +584,7 @@ class ReplicaCheckCollector(Collector):
             ):
                 logger.warning(
                     "msmon[rank %d]: %d replica check(s) still waiting for the other ranks after %.0f s; not reported",
-                    self.mon.rank,
+                    self.ctx.rank,
                     jobs.unfinished_tasks,
                     FLUSH_SECONDS,
                 )

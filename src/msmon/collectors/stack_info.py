@@ -24,7 +24,9 @@ import torch
 import msmon
 
 from .. import guest_hooks
+from ..step_context import StepContext
 from .base import Collector
+from .registry import register
 
 FILE_NAME = "stack_info.csv"
 MAX_FRAMES = 128
@@ -46,14 +48,15 @@ def capture_stack(frame: FrameType | None = None, limit: int = MAX_FRAMES) -> st
     return "".join(parts)
 
 
+@register(key="stack_info", category="module", order=40, module_hooks=True, enabled=lambda cfg, ctx: cfg.stack_info)
 class StackInfoCollector(Collector):
     name = "stack info"
 
-    def __init__(self, monitor, modules: list[tuple[torch.nn.Module, str]]) -> None:
-        super().__init__(monitor)
-        self.modules = modules
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        self.modules = [(m, f"{c}:{n}") for c, named in enumerate(ctx.names()[0]) for n, m in named.items()]
         self.stacks: dict[str, str] = {}
-        self.path = os.path.join(monitor.log_dir, FILE_NAME) if monitor.log_dir else None
+        self.path = os.path.join(ctx.log_dir, FILE_NAME) if ctx.log_dir else None
         self._hooks: dict[str, object] = {}
 
     def attach(self) -> None:

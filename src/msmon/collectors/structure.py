@@ -13,17 +13,25 @@ from typing import Any
 import torch
 
 from .. import guest_hooks
+from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
 from .module_io import describe, iter_tensors, structure_of
+from .registry import register
+
+STRUCT = "structure"  # the registry key of StructCollector
 
 
+@register(key=STRUCT, category="module", order=20, module_hooks=True, enabled=lambda cfg, ctx: cfg.print_struct)
 class StructCollector(Collector):
     name = "module structure"
 
-    def __init__(self, monitor, modules: list[tuple[torch.nn.Module, str]]) -> None:
-        super().__init__(monitor)
-        self.modules = modules
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        chunked = len(ctx.models) > 1
+        self.modules = [
+            (m, (f"{c}:{n}" if chunked else n)) for c, named in enumerate(ctx.names()[0]) for n, m in named.items() if n
+        ]
         self.struct: dict[str, dict[str, dict[str, str]]] = {}
 
     def attach(self) -> None:
@@ -81,7 +89,7 @@ class StructCollector(Collector):
         return hook
 
     def write(self, base_dir: str) -> str:
-        out_dir = os.path.join(base_dir, "module_struct", f"rank{self.mon.rank}")
+        out_dir = os.path.join(base_dir, "module_struct", f"rank{self.ctx.rank}")
         os.makedirs(out_dir, exist_ok=True)
         path = os.path.join(out_dir, "module_struct.json")
         tmp = path + ".tmp"

@@ -13,21 +13,29 @@ import torch
 
 from ..records import RowKey
 from ..stats import batch_stats
+from ..step_context import StepContext
 from .base import Collector
+from .registry import register
 
 
+@register(
+    key="sync_grads",
+    category="param",
+    order=70,  # rank-local grads at the bucket's grad sync
+    enabled=lambda cfg, ctx: cfg.wg_distribution and ctx.adapter.hooks_unreduced,
+)
 class SyncGradCollector(Collector):
     name = "rank-local gradients"
 
-    def __init__(self, monitor) -> None:
-        super().__init__(monitor)
-        self.index = {id(mp.param): i for i, mp in enumerate(monitor.params)}
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        self.index = {id(mp.param): i for i, mp in enumerate(ctx.params)}
         self.syncs: dict[int, int] = {}  # param index -> reductions seen this step
         self.last: dict[int, torch.Tensor] = {}
         self._undo = None
 
     def attach(self) -> None:
-        self._undo = self.mon.adapter.hook_unreduced(self.mon.models, self.guard(self._on_sync))
+        self._undo = self.ctx.adapter.hook_unreduced(self.ctx.models, self.guard(self._on_sync))
 
     def detach(self) -> None:
         if self._undo is not None:
@@ -36,29 +44,29 @@ class SyncGradCollector(Collector):
         super().detach()
 
     def _on_sync(self, pairs) -> None:
-        mon = self.mon
-        if not mon.recording:
+        ctx = self.ctx
+        if not ctx.recording:
             return
         chosen = [(self.index[id(p)], g) for p, g in pairs if id(p) in self.index and g is not None]
         if not chosen:
             return
-        rows = batch_stats([g for _, g in chosen], mon.step_ops, mon.config.eps)
+        rows = batch_stats([g for _, g in chosen], ctx.step_ops, ctx.config.eps)
         keys = []
         for j, (i, _) in enumerate(chosen):
             count = self.syncs.get(i, 0)
             self.syncs[i] = count + 1
-            mp = mon.params[i]
+            mp = ctx.params[i]
             keys.append(RowKey("grad_unreduced", mp.name, mp.vpp_stage, count))
             self.last.pop(i, None)  # keep reduction order
             self.last[i] = rows[j]
-        if mon.config.monitor_mbs_grad:
-            mon.buffer.add_many(keys, rows)
+        if ctx.config.monitor_mbs_grad:
+            ctx.buffer.add_many(keys, rows)
 
     def before_update(self) -> None:
-        mon = self.mon
-        if mon.recording and not mon.config.monitor_mbs_grad and self.last:
-            keys = [RowKey("grad_unreduced", mon.params[i].name, mon.params[i].vpp_stage) for i in self.last]
-            mon.buffer.add_many(keys, torch.stack(list(self.last.values())))
+        ctx = self.ctx
+        if ctx.recording and not ctx.config.monitor_mbs_grad and self.last:
+            keys = [RowKey("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in self.last]
+            ctx.buffer.add_many(keys, torch.stack(list(self.last.values())))
 
     def end_step(self) -> None:
         self.syncs.clear()

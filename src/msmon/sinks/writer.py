@@ -38,7 +38,6 @@ class BackgroundWriter:
         rules: RuleEngine | None = None,
         dump: AnomalyDumpWriter | None = None,
         alert_lines_per_step: int = 10,
-        on_alerts: Callable[[StepRecord, list[Alert]], None] | None = None,
         on_output_stopped: Callable[[dict], None] | None = None,
     ) -> None:
         self.sinks = list(sinks)
@@ -46,7 +45,6 @@ class BackgroundWriter:
         self.rules = rules
         self.dump = dump
         self.alert_lines_per_step = alert_lines_per_step
-        self.on_alerts = on_alerts
         self.on_output_stopped = on_output_stopped
         self.output_stopped: dict | None = None  # the write that stopped the output (output.stopped_output)
         self._last_step = 0
@@ -59,6 +57,12 @@ class BackgroundWriter:
         self._thread = threading.Thread(target=self._run, name=f"msmon-writer-rank{rank}", daemon=True)
         self._thread.start()
         atexit.register(self.close)
+
+    def continue_from(self, previous: BackgroundWriter) -> None:
+        """Carry on the counts of the writer this one replaces (an edit of the output settings
+        restarts the writer; summary.json counts the whole run)."""
+        self.steps_written, self.alerts_raised = previous.steps_written, previous.alerts_raised
+        self.first_origin = previous.first_origin
 
     def submit(self, step: int, ops: list[str], batch: HostBatch, meta: dict | None = None) -> None:
         if not self._closed:
@@ -214,5 +218,3 @@ class BackgroundWriter:
                 self.dump.write(record, alerts)
             except OSError as exc:
                 self.stop_output(record.step, exc, self.dump.path)
-        if self.on_alerts is not None:
-            self.on_alerts(record, alerts)

@@ -1,0 +1,98 @@
+"""StepContext: everything a collector may read or do, and nothing more.
+
+Collectors never see TrainerMon. The monitor owns one StepContext and keeps the live state of
+the step in it (which step, whether it is recorded and with which ops, the step buffer, the
+monitored parameters, the optimizer adapter, the config in force); TrainerMon's attributes of
+the same names read and write these. A collector reads them through `self.ctx`, puts its rows
+into `ctx.buffer`, and reports a failure with `ctx.report_failure(collector, exc)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from .config import MonitorConfig
+from .cost import CostMeter
+from .records import StepBuffer
+from .selection import Names, names
+
+if TYPE_CHECKING:
+    from .anomaly.dump import AnomalyDumpWriter
+    from .collectors.activations import MicroStepTracker
+    from .collectors.base import Collector, MonitoredParam
+
+logger = logging.getLogger("msmon")
+
+
+class StepContext:
+    """The state of the monitored step that collectors share (one per monitor)."""
+
+    def __init__(self, rank: int, config: MonitorConfig, output_base: str) -> None:
+        self.rank = rank
+        self.config = config  # the config in force (a reload replaces it)
+        self.output_base = output_base
+        self.log_dir: str | None = None  # this rank's output directory
+        self.step = 0
+        self.recording = False
+        self.step_ops: list[str] = list(config.ops)  # the statistics of this step's rows
+        self.buffer = StepBuffer()
+        self.models: list[torch.nn.Module] = []
+        self.params: list[MonitoredParam] = []
+        self.adapter: Any = None  # optimizers.base adapter of the monitored optimizer
+        self.shards: Any = None  # the ShardCombiner (dedupe.attach)
+        self.dp_group: Any = None
+        self.tp_group: Any = None
+        self.grad_acc_steps: int | None = config.grad_acc_steps
+        self.use_main_grad = False
+        self.tracker: MicroStepTracker | None = None  # forward/backward micro-steps, when built
+        self.cost = CostMeter()
+        self.failed: set[str] = set()  # collectors switched off by a failure (logged once each)
+        self.kept: dict[str, Any] = {}  # what a collector keeps across rebuilds (collector key -> state)
+        self.anomaly_dump: Callable[[], AnomalyDumpWriter | None] = lambda: None
+        self.stop: Callable[[], None] = lambda: None  # close the monitor (a collector ending the run)
+
+    # -- reading the model ------------------------------------------------------------------------
+    def names(self) -> Names:
+        """Per chunk: {display name: module}, {display name: parameter}."""
+        return names(self.models, self.config.squash_name)
+
+    def grad_of(self, param: torch.Tensor) -> torch.Tensor | None:
+        if self.use_main_grad:
+            return getattr(param, "main_grad", None)
+        return param.grad
+
+    # -- micro-steps ------------------------------------------------------------------------------
+    def forward_micro_step(self, chunk: int) -> int:
+        return self.tracker.forward_micro(chunk) if self.tracker is not None else 0
+
+    def in_gradless_forward(self, chunk: int) -> bool:
+        """Whether the chunk's forward now running has gradients off (it trains nothing)."""
+        return self.tracker.in_gradless_forward(chunk) if self.tracker is not None else False
+
+    @property
+    def backward_micro_step(self) -> int:
+        return self.tracker.backward_micro if self.tracker is not None else 0
+
+    # -- failures ---------------------------------------------------------------------------------
+    def report_failure(self, collector: Collector, exc: BaseException) -> None:
+        """Switch `collector` off (logged once per collector); training continues."""
+        collector.enabled = False
+        try:
+            collector.detach()
+        except Exception:
+            pass
+        if collector.name not in self.failed:
+            self.failed.add(collector.name)
+            logger.error(
+                "msmon[rank %d]: %s monitoring failed at step %d and is switched off; training continues. %s: %s\n%s",
+                self.rank,
+                collector.name,
+                self.step,
+                type(exc).__name__,
+                exc,
+                "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-3)),
+            )
