@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import dedupe, lifecycle, native, selection
+from . import dedupe, lifecycle, native, selection, stats
 from .collectors import registry
 from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
@@ -232,6 +232,7 @@ class TrainerMon:
             return
         self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
         native.prepare()  # find or build the kernel before the first step rather than inside a hook
+        stats.configure_threads()  # MSMON_STAT_THREADS / MSMON_NATIVE_THREADS as the job set them
         self._build_collectors()
         self._decide_recording()
         self.cost.attached()
