@@ -18,6 +18,7 @@ from .anomaly.rules import RuleEngine, build_rules
 from .config import MonitorConfig
 from .environment import ENV_BOOTSTRAP_DIR
 from .output import rank_dir_name, stopped_line, stopped_output
+from .output_names import CONFIG_FILE, SUMMARY_FILE
 from .sinks import ApiSink, make_sinks
 from .sinks.writer import BackgroundWriter
 
@@ -52,7 +53,7 @@ class RankOutput:
         assert self.log_dir is not None
         sinks = []
         if self.stopped is None:
-            config_path = os.path.join(self.log_dir, "config.json")
+            config_path = os.path.join(self.log_dir, CONFIG_FILE)
             try:
                 with open(config_path, "w", encoding="utf-8") as fh:
                     json.dump(config.raw, fh, indent=2)
@@ -108,7 +109,7 @@ class RankOutput:
     def write_summary(self, summary: dict[str, Any]) -> None:
         if self.log_dir is None:
             return
-        path = os.path.join(self.log_dir, "summary.json")
+        path = os.path.join(self.log_dir, SUMMARY_FILE)
         tmp = path + ".tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:

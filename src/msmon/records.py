@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from .output_names import format_tag
+
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 CATEGORY_STAGE = {
     "actv": FORWARD,
@@ -67,11 +69,6 @@ class RowKey:
         feature, msprobe's word instead of the category: `.../rank0/qkt`)."""
         feature = FEATURE_CATEGORIES.get(self.category)
         return format_tag(self.display_name(), rank, feature[0] if feature else self.category)
-
-
-def format_tag(display: str, rank: int, what: str) -> str:
-    """A metric tag without the op, `{display}/rank{r}/{what}`: the one tag format (sinks append `_{op}`)."""
-    return f"{display}/rank{rank}/{what}"
 
 
 class DirectionKey(RowKey):

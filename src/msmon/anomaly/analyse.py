@@ -32,8 +32,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..output_names import DUMP_FILE, MSPROBE_DUMP_FILE
 from ..records import BACKWARD, CATEGORY_STAGE, FORWARD, OPTIMIZER
-from .dump import DUMP_FILE, MSPROBE_DUMP_FILE, json_number
+from .dump import json_number
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 from .rules import NAN_ORIGIN_RULE, REPLICA_RULE
 

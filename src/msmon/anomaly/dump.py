@@ -18,12 +18,10 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from ..output_names import DUMP_DIR, DUMP_FILE
 from ..records import RowKey, StepRecord
 from .rules import Alert
 
-DUMP_DIR = "anomaly_detected"
-DUMP_FILE = "anomaly.jsonl"
-MSPROBE_DUMP_FILE = "anomaly.json"
 STAGES = ("forward", "backward", "optimizer")
 FIELDS = (
     "rank",

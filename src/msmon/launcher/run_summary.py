@@ -12,6 +12,7 @@ from typing import Any
 
 from ..cost import describe
 from ..output import describe_stopped
+from ..output_names import SUMMARY_FILE
 from .boot import WORKERS_DIR
 
 
@@ -34,7 +35,7 @@ def _shown(path: str) -> str:
 
 def _read_summary(log_dir: str) -> dict[str, Any] | None:
     try:
-        with open(os.path.join(log_dir, "summary.json"), encoding="utf-8") as fh:
+        with open(os.path.join(log_dir, SUMMARY_FILE), encoding="utf-8") as fh:
             return json.load(fh)
     except (OSError, ValueError):
         return None

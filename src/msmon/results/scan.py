@@ -19,9 +19,8 @@ import os
 import re
 from dataclasses import dataclass
 
-# anomaly.dump's DUMP_FILE and MSPROBE_DUMP_FILE (a test keeps them equal): importing that
-# module imports torch, which a walk over the files does not need
-DUMP_FILE, MSPROBE_DUMP_FILE = "anomaly.jsonl", "anomaly.json"
+from ..output_names import CONFIG_FILE, DUMP_FILE, MSPROBE_DUMP_FILE, SUMMARY_FILE
+
 CSV, TENSORBOARD, SUMMARY, CONFIG, ANOMALIES = "csv", "tensorboard", "summary", "config", "anomalies"
 CSV_NAME = re.compile(r"(?P<category>[A-Za-z][A-Za-z0-9_]*?)_(?P<first>\d+)-(?P<last>\d+)(?:_from(?P<start>\d+))?\.csv")
 RANK_IN_DIR = re.compile(r"(?:^|[-_])rank(\d+)(?:[-_]|$)")
@@ -48,9 +47,9 @@ def classify(name: str) -> tuple[str, str | None] | None:
         return CSV, match["category"]
     if name.startswith(TB_PREFIX):
         return TENSORBOARD, None
-    if name == "summary.json":
+    if name == SUMMARY_FILE:
         return SUMMARY, None
-    if name == "config.json":
+    if name == CONFIG_FILE:
         return CONFIG, None
     if name in (DUMP_FILE, MSPROBE_DUMP_FILE):
         return ANOMALIES, None
@@ -62,7 +61,7 @@ def rank_of_dir(directory: str) -> int | None:
     if match:
         return int(match[1])
     try:
-        with open(os.path.join(directory, "summary.json"), encoding="utf-8") as fh:
+        with open(os.path.join(directory, SUMMARY_FILE), encoding="utf-8") as fh:
             rank = json.load(fh).get("rank")
         return rank if isinstance(rank, int) else None
     except (OSError, ValueError, AttributeError):

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
+from ..output_names import CONFIG_FILE, format_tag
 from ..records import MICRO_STEP_CATEGORIES
 from ..resume import CSV_FILE, RANK_DIR, csv_windows, rank_dirs
 from .numbers import csv_value
@@ -123,7 +124,7 @@ def _fresh_dir(path: str) -> str:
 
 def _rank_config(directory: str) -> dict:
     try:
-        with open(os.path.join(directory, "config.json"), encoding="utf-8") as fh:
+        with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as fh:
             data = json.load(fh)
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
@@ -137,9 +138,9 @@ def msmon_tag(row: Row, rank: int) -> str:
         collective = COLLECTIVE.match(row.name)
         if collective:
             return f"{collective['op']}/rank{rank}/{collective['phase']}"
-        return f"{row.vpp_stage}:{row.name}/rank{rank}/mg_direction"
+        return format_tag(f"{row.vpp_stage}:{row.name}", rank, "mg_direction")
     display = f"{row.vpp_stage}:{row.name}" + (f":{row.micro_step}" if row.micro_step != "" else "")
-    return f"{display}/rank{rank}/{row.category}"
+    return format_tag(display, rank, row.category)
 
 
 def msprobe_tag(row: Row) -> str:
@@ -321,9 +322,9 @@ def csv_to_tensorboard(
     try:
         for path, match in files:
             writer = writer_for(match["category"])
-            config = os.path.join(source.path, "config.json")
+            config = os.path.join(source.path, CONFIG_FILE)
             if layout == "msmon" and os.path.isfile(config):  # ndigits and step windows, for the way back
-                target = os.path.join(output, source.name, "config.json")
+                target = os.path.join(output, source.name, CONFIG_FILE)
                 if not os.path.exists(target):
                     shutil.copyfile(config, target)
             for step, rows in read_csv_steps(path, bar):

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
 from conftest import MLP, ROOT, rank_dir  # noqa: E402
-from msmon import TrainerMon  # noqa: E402
+from msmon import TrainerMon, output_names  # noqa: E402
 from msmon.anomaly import dump as anomaly_dump  # noqa: E402
 from msmon.anomaly.analyse import order_events, read_dumps  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
@@ -337,9 +337,10 @@ def test_msmon_db_says_what_is_wrong_with_a_missing_directory(tmp_path):
     assert result.exit_code == 1 and "is not a directory" in result.output
 
 
-def test_names_copied_to_avoid_importing_torch_match_their_sources():
+def test_the_torch_free_readers_use_the_writers_names():
     assert schema.OPS == tuple(OPS)
-    assert (scan.DUMP_FILE, scan.MSPROBE_DUMP_FILE) == (anomaly_dump.DUMP_FILE, anomaly_dump.MSPROBE_DUMP_FILE)
+    assert (scan.DUMP_FILE, scan.MSPROBE_DUMP_FILE) == (output_names.DUMP_FILE, output_names.MSPROBE_DUMP_FILE)
+    assert anomaly_dump.dump_path("out", 3) == os.path.join("out", output_names.DUMP_DIR, "rank3", scan.DUMP_FILE)
 
 
 def test_one_database_holds_several_windows_and_a_csv_written_by_msmon_sink(tmp_path):
