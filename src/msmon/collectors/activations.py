@@ -24,7 +24,7 @@ import torch
 
 from .. import guest_hooks
 from ..config import TensorSpec
-from ..optimizers.torch_optim import in_closure_reevaluation
+from ..optimizers.base import in_closure_reevaluation
 from ..records import RowGroup, RowKey
 from ..stats import tensor_stats
 from .base import Collector

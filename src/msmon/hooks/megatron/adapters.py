@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import torch
 
-from .base import GradPairs, Moments, OptimizerAdapter, Shard, class_names
-from .deepspeed import wrap_method
-from .torch_optim import TorchOptimAdapter, inner_moments
+from ...optimizers.base import GradPairs, Moments, OptimizerAdapter, Shard, class_names, inner_moments
+from ..patching import wrap_method
+from ..torch_optim.adapters import TorchOptimAdapter
 
 
 def hook_bucket_grad_sync(models: list[torch.nn.Module], record: Callable[[GradPairs], None]) -> Callable[[], None]:
@@ -45,7 +45,6 @@ def hook_bucket_grad_sync(models: list[torch.nn.Module], record: Callable[[GradP
 class _MegatronAdapter(OptimizerAdapter):
     family = "megatron"
     hooks_unreduced = True
-    hook_step = TorchOptimAdapter.hook_step  # wraps the instance's bound `step`
 
     @property
     def inner(self) -> Any:
