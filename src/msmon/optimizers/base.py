@@ -147,7 +147,12 @@ def hook_optimizer_step(opt: Any, before: Callable[[], None], after: Callable[[]
 
     if isinstance(opt, torch.optim.Optimizer):
         handles = [opt.register_step_pre_hook(pre_hook), opt.register_step_post_hook(post_hook)]
-        return lambda: [h.remove() for h in handles]
+
+        def remove() -> None:
+            for handle in handles:
+                handle.remove()
+
+        return remove
     return wrap_step(opt, pre_hook, post_hook)
 
 
@@ -171,7 +176,7 @@ def inner_moments(optimizer: Any, held: dict[int, int]) -> dict[int, Moments]:
         for p in group["params"]:
             key = held.get(id(p))
             s = state.get(p) if key is not None else None
-            if s and "exp_avg" in s and "exp_avg_sq" in s:
+            if key is not None and s and "exp_avg" in s and "exp_avg_sq" in s:
                 out[key] = Moments(s["exp_avg"], s["exp_avg_sq"], s.get("step", 1), *hyper)
     return out
 

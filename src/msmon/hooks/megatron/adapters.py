@@ -39,7 +39,12 @@ def hook_bucket_grad_sync(models: list[torch.nn.Module], record: Callable[[GradP
                 record([(p, p.main_grad) for p in _group.params if getattr(p, "main_grad", None) is not None])
 
             undo.append(wrap_method(bucket_group, "start_grad_sync", before=before_sync))
-    return lambda: [u() for u in undo]
+
+    def remove() -> None:
+        for u in undo:
+            u()
+
+    return remove
 
 
 class _MegatronAdapter(OptimizerAdapter):
