@@ -10,14 +10,15 @@ tensor-parallel rule. Rank-local gradients (before the reduction) differ and sta
 
 The groups come from what the job says, in this order: the `dp_group` / `tp_group` given to
 set_monitor, the optimizer itself (DeepSpeed's dp_process_group, Megatron's distributed
-optimizer), a DeepSpeed engine among the models, Megatron's `parallel_state`. Plain DDP without
-a `dp_group` is not deduplicated (msprobe's behaviour: every rank writes).
+optimizer), what the models handed over say (a DeepSpeed engine), what the process's parallel
+state says (Megatron's `parallel_state`). The last two are each framework's own knowledge, asked
+of its package (`hooks/<framework>/groups.py`: `groups_of_models`, then `groups_of_process`).
+Plain DDP without a `dp_group` is not deduplicated (msprobe's behaviour: every rank writes).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -54,27 +55,14 @@ def discover(models: list[torch.nn.Module], adapter: Any, dp_group: Any = None, 
         return found
     if found.dp is None and adapter is not None and adapter.data_parallel_group() is not None:
         found.dp, found.source = adapter.data_parallel_group(), "the optimizer"
-    engine = next((m for m in models if type(m).__name__ in ("DeepSpeedEngine", "PipelineEngine")), None)
-    if engine is not None:
-        if adapter is not None:
-            adapter.reduced_through_data = True  # the stage-0 engine all-reduces `param.grad.data`
-        if found.dp is None:
-            found.dp = getattr(engine, "seq_data_parallel_group", None) or getattr(engine, "data_parallel_group", None)
-            found.source = "the DeepSpeed engine"
-        mpu = getattr(engine, "mpu", None)
-        if found.tp is None and mpu is not None:
-            getter = getattr(mpu, "get_tensor_model_parallel_group", None) or getattr(
-                mpu, "get_model_parallel_group", None
-            )
-            found.tp = _call(getter)
-    megatron = _megatron_parallel_state()
-    if megatron is not None:
-        if found.dp is None:
-            found.dp = _call(megatron.get_data_parallel_group, with_context_parallel=True)
-            found.source = "Megatron parallel_state"
-        if found.tp is None:
-            found.tp = _call(megatron.get_tensor_model_parallel_group)
-        found.pp = _call(megatron.get_pipeline_model_parallel_group)
+    from .hooks import frameworks
+
+    for package in frameworks():  # what the models say, before the process's state
+        if hasattr(package, "groups_of_models"):
+            package.groups_of_models(found, models, adapter)
+    for package in frameworks():
+        if hasattr(package, "groups_of_process"):
+            package.groups_of_process(found)
     return found
 
 
@@ -131,7 +119,9 @@ def _size(group: Any) -> int:
         return 1
 
 
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+def call_quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """fn(*args, **kwargs), else fn(*args) (an older signature), else None: a framework's group
+    getter asked before its state is set up."""
     if fn is None:
         return None
     try:
@@ -141,18 +131,6 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
             return fn(*args)
         except Exception:
             return None
-
-
-def _megatron_parallel_state() -> Any:
-    """Megatron-core's parallel_state when the job uses it (never imported by us) and it is set up."""
-    if "megatron.core" not in sys.modules:
-        return None
-    try:
-        from megatron.core import parallel_state  # type: ignore
-
-        return parallel_state if parallel_state.model_parallel_is_initialized() else None
-    except Exception:
-        return None
 
 
 def attach(monitor: Any, dp_group: Any = None, tp_group: Any = None) -> Any:

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from conftest import MLP, ROOT
-from msmon.hooks import Session, StopBeforeTraining, framework_attach, torch_optim
+from msmon.hooks import Session, StopBeforeTraining, torch_optim
+from msmon.hooks import attach as framework_attach
 
 SCRIPTS = ROOT / "tests" / "scripts"
 CONFIG = {"wg_distribution": True, "format": ["csv"]}

@@ -24,7 +24,7 @@ import torch
 
 from .. import guest_hooks
 from ..config import MonitorConfig, TensorSpec
-from ..optimizers.torch_optim import in_closure_reevaluation
+from ..optimizers.base import in_closure_reevaluation
 from ..records import RowGroup, RowKey
 from ..selection import xy_targets
 from ..stats import tensor_stats

@@ -1,20 +1,38 @@
-"""Instrumentors: one per framework, each attaching msmon to code that never mentions it.
+"""Instrumentors: one package per instrumented library, each attaching msmon to code that never
+mentions it, and holding everything msmon knows about that library.
 
-An instrumentor is a module with `instrument(session: Session) -> None` and
-`uninstrument() -> None` (the opentelemetry shape). `enable(session)` registers a post-import
-hook (wrapt) on the module that names each framework, so an instrumentor is imported and
-switched on only when the training script imports its framework, right away if it already
-did. An instrumentor module that does not exist (yet) is skipped; one that fails is
-reported once and the others go on. To add a framework, write `hooks/<name>.py` and add one
-line to INSTRUMENTORS.
+A package `hooks/<name>/` provides, in its light `__init__.py` (it never imports its library;
+heavy parts are imported when first used):
+- `instrument(session: Session) -> None`, `uninstrument() -> None` (the opentelemetry shape);
+- `DISTRIBUTION` and `SUPPORTED` (e.g. "deepspeed", ">=0.17,<0.20"): checked when it switches
+  on, one warning when the installed version is outside (monitoring goes on);
+and, where the library has them:
+- `adapter_for(optimizer) -> OptimizerAdapter | None`: the adapter of its optimizer classes;
+- `OPTIMIZER_CLASSES`: names of its optimizer classes that drive an inner torch optimizer
+  through `.optimizer` (not wrappers to see through);
+- `OPT_TY`: msprobe's opt_ty names -> the adapter class names that fit them;
+- `groups_of_models(found, models, adapter)` / `groups_of_process(found)`: its data-, tensor- and
+  pipeline-parallel groups, from the models handed over / from the process's parallel state
+  (dedupe.py asks every package's first, then every package's second);
+- `pipeline_position() -> (stage, group ranks) | None` (distributed.py).
+
+`enable(session)` registers a post-import hook (wrapt) on the module that names each library, so
+an instrumentor is switched on only when the training script imports its library, right away if
+it already did. One that fails is reported once and the others go on.
+
+To add a framework: write the folder `hooks/<name>/` and add its line to INSTRUMENTORS. The
+order of the lines is the order the packages are asked: most specific first, so torch_optim,
+whose adapter fits any optimizer, comes after the frameworks built on torch.optim.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Callable, NoReturn
 
 from ..config import MonitorConfig, load_config
@@ -23,11 +41,11 @@ from ..distributed import current_rank
 logger = logging.getLogger("msmon")
 
 INSTRUMENTORS: dict[str, str] = {
-    # instrumentor module            the import that switches it on
-    "msmon.hooks.torch_optim": "torch",
-    "msmon.hooks.torch_distributed": "torch",
-    "msmon.hooks.deepspeed": "deepspeed",
-    "msmon.hooks.megatron": "megatron.core",
+    # package (folder of hooks/)   the import that switches it on
+    "megatron": "megatron.core",
+    "deepspeed": "deepspeed",
+    "torch_optim": "torch",
+    "torch_distributed": "torch",
 }
 
 Listener = Callable[[str, dict], None]
@@ -82,7 +100,14 @@ class Session:
                 logger.warning("msmon[rank %d]: a %s listener failed: %r", current_rank(), event, exc)
 
 
-_enabled: dict[str, Any] = {}  # instrumentor module name -> the module, once instrumented
+_enabled: dict[str, Any] = {}  # INSTRUMENTORS key -> its package, once instrumented
+
+
+@functools.cache
+def frameworks() -> tuple[ModuleType, ...]:
+    """The instrumentor packages, in INSTRUMENTORS order, for what they declare (adapters,
+    opt_ty names, parallel groups). Importing one never imports its library."""
+    return tuple(importlib.import_module(f"{__name__}.{name}") for name in INSTRUMENTORS)
 
 
 def enable(session: Session) -> None:
@@ -105,33 +130,30 @@ def _on_import(trigger: str, session: Session) -> Callable[[Any], None]:
 
 
 def instrument(name: str, session: Session) -> bool:
-    """Import instrumentor `name` and switch it on; False when it is absent or failed."""
+    """Import instrumentor package `name` (a key of INSTRUMENTORS) and switch it on; False when
+    it is absent or failed."""
     if name in _enabled:
         return True
+    package = f"{__name__}.{name}"
     try:
-        module = importlib.import_module(name)
+        module = importlib.import_module(package)
     except ModuleNotFoundError as exc:
-        if exc.name == name:  # not written yet: nothing to switch on
+        if exc.name == package:  # not written yet: nothing to switch on
             return False
-        logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), name, exc)
+        logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), package, exc)
         return False
     except Exception as exc:
-        logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), name, exc)
+        logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), package, exc)
         return False
+    from .versions import warn_if_unsupported
+
+    warn_if_unsupported(module.DISTRIBUTION, module.SUPPORTED, INSTRUMENTORS.get(name))
     try:
         module.instrument(session)
     except Exception as exc:  # one framework's failure leaves the others on, and training untouched
-        logger.error("msmon[rank %d]: instrumentor %s failed to switch on and stays off: %r", current_rank(), name, exc)
+        logger.error(
+            "msmon[rank %d]: instrumentor %s failed to switch on and stays off: %r", current_rank(), package, exc
+        )
         return False
     _enabled[name] = module
     return True
-
-
-def uninstrument_all() -> None:
-    """Switch every instrumentor off (tests; `msmon.auto` never needs it)."""
-    for name, module in reversed(list(_enabled.items())):
-        try:
-            module.uninstrument()
-        except Exception as exc:
-            logger.warning("msmon: uninstrumenting %s failed: %r", name, exc)
-        del _enabled[name]

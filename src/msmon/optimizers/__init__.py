@@ -1,5 +1,10 @@
 """One adapter per optimizer family, chosen from the optimizer's class; each yields named fp32
-weights, the consumed gradients and Adam moments (Shards where the family splits them)."""
+weights, the consumed gradients and Adam moments (Shards where the family splits them).
+
+The adapters live with their framework (`hooks/<framework>/adapters.py`); here the framework
+packages are asked in the registry's order (hooks.INSTRUMENTORS: Megatron, DeepSpeed, then
+torch.optim, which fits any optimizer), and msprobe's opt_ty names are the union of theirs.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,17 @@ import logging
 from typing import Any
 
 from ..config import ConfigError
-from .base import Moments, OptimizerAdapter, OptimizerGone, Shard, class_names, resolve_optimizer
-from .deepspeed import ADAPTERS as DEEPSPEED_ADAPTERS
-from .megatron import megatron_adapter
-from .torch_optim import TorchOptimAdapter
+from ..hooks import frameworks
+from .base import Moments, OptimizerAdapter, OptimizerGone, Shard, in_closure_reevaluation, resolve_optimizer
 
 __all__ = [
     "Moments",
     "OptimizerAdapter",
     "OptimizerGone",
     "Shard",
-    "TorchOptimAdapter",
     "adapter_for",
+    "check_opt_ty",
+    "in_closure_reevaluation",
     "resolve_optimizer",
     "OPT_TY",
 ]
@@ -27,14 +31,7 @@ logger = logging.getLogger("msmon")
 
 # msprobe's opt_ty names -> the adapters that fit them (opt_ty is optional: the class decides)
 OPT_TY: dict[str, tuple[str, ...]] = {
-    "Megatron_FP32Optimizer": ("FP32Adapter",),
-    "Megatron_Float16OptimizerWithFloat16Params": ("Float16Adapter",),
-    "Megatron_DistributedOptimizer": ("DistributedAdapter",),
-    "Megatron_ChainedFloat16OptimizerWithFloat16Params": ("Float16Adapter",),
-    "Megatron_ChainedDistributedOptimizer": ("DistributedAdapter",),
-    "DeepSpeedZeroOptimizer_Stage0": ("BF16Adapter", "FP16UnfusedAdapter", "TorchOptimAdapter"),
-    "DeepSpeedZeroOptimizer_Stage1_or_2": ("Zero12Adapter",),
-    "DeepSpeedZeroOptimizer_Stage3": ("Zero3Adapter",),
+    name: fits for package in frameworks() for name, fits in getattr(package, "OPT_TY", {}).items()
 }
 
 
@@ -47,15 +44,22 @@ def check_opt_ty(opt_ty: str | None) -> None:
         )
 
 
+def _family_adapter(inner: Any) -> OptimizerAdapter:
+    """The first framework package's answer for `inner` (torch_optim, last, always answers)."""
+    for package in frameworks():
+        choose = getattr(package, "adapter_for", None)
+        adapter = choose(inner) if choose is not None else None
+        if adapter is not None:
+            return adapter
+    raise TypeError(f"msmon: no adapter for {type(inner).__name__}")  # unreachable: torch_optim answers
+
+
 def adapter_for(optimizer: Any, opt_ty: str | None = None) -> OptimizerAdapter:
     """The adapter for an optimizer, chosen from its class (wrappers are unwrapped first).
     A given msprobe `opt_ty` is checked against what was detected; the class wins."""
     check_opt_ty(opt_ty)
     inner = resolve_optimizer(optimizer)
-    adapter = megatron_adapter(inner)
-    if adapter is None:
-        family = next((DEEPSPEED_ADAPTERS[n] for n in class_names(inner) if n in DEEPSPEED_ADAPTERS), None)
-        adapter = family(inner) if family is not None else TorchOptimAdapter(inner)
+    adapter = _family_adapter(inner)
     if opt_ty is not None:
         parts = getattr(adapter, "parts", None) or [adapter]
         detected = {type(part).__name__ for part in parts}

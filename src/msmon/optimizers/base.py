@@ -9,15 +9,21 @@ with the other ranks' pieces at the end of the step (optimizers/shards.py).
 Which rank writes a replicated tensor is decided once, at attach time (dedupe.py), and handed
 to the adapter as `writer`: the public methods leave out what this rank does not write, so the
 collectors never need to know about data or tensor parallelism.
+
+Nothing here knows a framework: the adapters of each live in its package, `hooks/<framework>/`
+(torch.optim's in `hooks/torch_optim/`), and `msmon.optimizers.adapter_for` asks them in turn.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+
+from ..hooks.patching import wrap_step
 
 _WRAPPER_ATTRS = ("optimizer", "_optimizer")
 
@@ -27,8 +33,9 @@ GradPairs = list[tuple[torch.Tensor, torch.Tensor]]  # (model parameter, its gra
 def resolve_optimizer(optimizer: Any) -> Any:
     """The real optimizer under wrappers (accelerate's AcceleratedOptimizer, Lightning's
     LightningOptimizer, HF's wrappers): follow `.optimizer` / `._optimizer` while they lead to
-    another object with `step` and `param_groups`. Framework optimizers (DeepSpeed, Megatron)
-    are not wrappers: they are what is monitored, with the adapter of their family."""
+    another object with `step` and `param_groups`. Framework optimizers (DeepSpeed, Megatron:
+    each package's OPTIMIZER_CLASSES) are not wrappers: they are what is monitored, with the
+    adapter of their family."""
     seen = set()
     current = optimizer
     while id(current) not in seen and not _is_framework_optimizer(current):
@@ -43,18 +50,13 @@ def resolve_optimizer(optimizer: Any) -> Any:
     return current
 
 
-# Classes whose `.optimizer` is an inner torch optimizer they drive, not a wrapper to see through.
-FRAMEWORK_OPTIMIZERS = frozenset(
-    {
-        "DeepSpeedZeroOptimizer",
-        "DeepSpeedZeroOptimizer_Stage3",
-        "BF16_Optimizer",
-        "FP16_UnfusedOptimizer",
-        "FP16_Optimizer",
-        "MegatronOptimizer",
-        "ChainedOptimizer",
-    }
-)
+@functools.cache
+def framework_optimizer_classes() -> frozenset[str]:
+    """Class names whose `.optimizer` is an inner torch optimizer they drive, not a wrapper to
+    see through: what the framework packages declare."""
+    from ..hooks import frameworks
+
+    return frozenset(name for package in frameworks() for name in getattr(package, "OPTIMIZER_CLASSES", ()))
 
 
 def class_names(obj: Any) -> list[str]:
@@ -64,7 +66,7 @@ def class_names(obj: Any) -> list[str]:
 
 
 def _is_framework_optimizer(optimizer: Any) -> bool:
-    return not FRAMEWORK_OPTIMIZERS.isdisjoint(class_names(optimizer))
+    return not framework_optimizer_classes().isdisjoint(class_names(optimizer))
 
 
 @dataclass
@@ -92,6 +94,93 @@ class Moments:
     eps: float
 
 
+_reevaluations = [0]  # closures of a step now running again (LBFGS's line search), all optimizers
+
+
+def in_closure_reevaluation() -> bool:
+    """Whether a step closure is running for the second time or later: its forwards probe
+    weights inside the update and are no micro-batch of the step."""
+    return _reevaluations[0] > 0
+
+
+class _ClosureOnce:
+    """Wraps a step closure so the monitor sees the gradients right after it first runs
+    (LBFGS and Lightning run forward/backward inside `step(closure)`); later runs are marked
+    as re-evaluations so their forwards are not recorded as micro-steps."""
+
+    def __init__(self, closure: Callable[[], Any], before: Callable[[], None]) -> None:
+        self.closure = closure
+        self.before = before
+        self.fired = False
+
+    def __call__(self) -> Any:
+        if self.fired:
+            _reevaluations[0] += 1
+            try:
+                return self.closure()
+            finally:
+                _reevaluations[0] -= 1
+        result = self.closure()
+        self.fired = True
+        self.before()
+        return result
+
+
+def hook_optimizer_step(opt: Any, before: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
+    """`before` once the gradients are final (after a step closure first ran), `after` once the
+    update is applied: torch's step hooks on a torch.optim.Optimizer, a wrapped bound `step` on
+    anything else (a framework's optimizer). Returns the undo."""
+
+    def pre_hook(_opt: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        # torch passes the optimizer itself as args[0]; a closure is a later callable
+        if callable(kwargs.get("closure")):
+            kwargs = dict(kwargs, closure=_ClosureOnce(kwargs["closure"], before))
+            return args, kwargs
+        for i, arg in enumerate(args):
+            if arg is not _opt and callable(arg) and not hasattr(arg, "param_groups"):
+                return args[:i] + (_ClosureOnce(arg, before),) + args[i + 1 :], kwargs
+        before()
+        return None
+
+    def post_hook(_opt: Any, _args: tuple, _kwargs: dict) -> None:
+        after()
+
+    if isinstance(opt, torch.optim.Optimizer):
+        handles = [opt.register_step_pre_hook(pre_hook), opt.register_step_post_hook(post_hook)]
+
+        def remove() -> None:
+            for handle in handles:
+                handle.remove()
+
+        return remove
+    return wrap_step(opt, pre_hook, post_hook)
+
+
+def adam_hyper(group: dict) -> tuple[float, float, float] | None:
+    """(beta1, beta2, eps) of an Adam-like param group; None for optimizers without betas."""
+    betas = group.get("betas")
+    if betas is None:
+        return None
+    return float(betas[0]), float(betas[1]), float(group.get("eps", 1e-8))
+
+
+def inner_moments(optimizer: Any, held: dict[int, int]) -> dict[int, Moments]:
+    """Adam moments of a torch optimizer's params, keyed as `held` maps them: {id(param the
+    optimizer holds): key}. Master-weight families map their fp32 copies to model params."""
+    out: dict[int, Moments] = {}
+    state = getattr(optimizer, "state", {})
+    for group in optimizer.param_groups:
+        hyper = adam_hyper(group)
+        if hyper is None:
+            continue
+        for p in group["params"]:
+            key = held.get(id(p))
+            s = state.get(p) if key is not None else None
+            if key is not None and s and "exp_avg" in s and "exp_avg_sq" in s:
+                out[key] = Moments(s["exp_avg"], s["exp_avg_sq"], s.get("step", 1), *hyper)
+    return out
+
+
 class OptimizerGone(RuntimeError):
     """The optimizer a monitor was attached to has been garbage-collected."""
 
@@ -111,9 +200,10 @@ class OptimizerAdapter:
     The optimizer is held weakly, so a monitor never keeps a script's optimizer (and its state)
     alive; `optimizer` raises OptimizerGone once it has been collected.
 
-    Subclasses implement `params`, `_weights`, `_grads`, `_moments` and `hook_step`; sharded
-    families also `shard_groups`, and families whose gradients are taken away before autograd's
-    hooks could read them also `hook_unreduced`."""
+    Subclasses implement `params`, `_weights`, `_grads` and `_moments`; sharded families also
+    `shard_groups`, and families whose gradients are taken away before autograd's hooks could
+    read them also `hook_unreduced`. `hook_step` hooks the optimizer's own `step` (every family
+    so far)."""
 
     family = "base"
     #: True when `hook_unreduced` reports the rank-local gradients before the data-parallel
@@ -181,7 +271,7 @@ class OptimizerAdapter:
     def hook_step(self, before: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
         """Call `before` once the gradients are final (after a closure ran) and `after` once the
         update is applied. Returns a function that removes the hooks."""
-        raise NotImplementedError
+        return hook_optimizer_step(self.optimizer, before, after)
 
     def hook_unreduced(
         self, models: list[torch.nn.Module], record: Callable[[GradPairs], None]

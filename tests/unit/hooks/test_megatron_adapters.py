@@ -77,7 +77,7 @@ def test_megatron_functions_are_wrapped_on_import_and_restored_after(write_confi
     import megatron.core.optimizer as core_optimizer
 
     from msmon.hooks import Session
-    from msmon.hooks import megatron as meg_hook
+    from msmon.hooks.megatron import instrumentor as meg_hook
 
     original = core_optimizer.get_megatron_optimizer
     meg_hook.instrument(Session.from_file(write_config({})))
@@ -90,7 +90,7 @@ def test_megatron_functions_are_wrapped_on_import_and_restored_after(write_confi
 
 def test_the_wrapped_builder_attaches_with_the_model_chunks_as_vpp_stages(write_config, output_dir):
     from msmon.hooks import Session
-    from msmon.hooks import megatron as meg_hook
+    from msmon.hooks.megatron import instrumentor as meg_hook
 
     session = Session.from_file(write_config({"param_distribution": True, "format": "csv"}))
     chunks = [MLP(), MLP()]

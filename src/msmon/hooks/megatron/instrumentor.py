@@ -13,9 +13,9 @@ import functools
 import logging
 from typing import Any, Callable
 
-from ..distributed import current_rank
-from . import Session, torch_optim
-from .framework_attach import attach
+from ...distributed import current_rank
+from .. import Session, torch_optim
+from ..attach import attach
 
 logger = logging.getLogger("msmon")
 

@@ -143,7 +143,7 @@ class CollectiveListener(Protocol):
 
 # -- call sites -----------------------------------------------------------------------------------
 def _skipped_dirs() -> tuple[str, ...]:
-    msmon_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    msmon_dir = os.path.dirname(os.path.abspath(sys.modules["msmon"].__file__ or ""))
     return (os.path.dirname(torch.__file__) + os.sep, msmon_dir + os.sep)
 
 

@@ -20,52 +20,22 @@ Gradients are read before `step()` unscales or clips them.
 
 from __future__ import annotations
 
-import functools
-import weakref
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from .base import GradPairs, Moments, OptimizerAdapter, Shard, hold_weakly
-from .torch_optim import TorchOptimAdapter, adam_hyper, inner_moments
+from ...optimizers.base import GradPairs, Moments, OptimizerAdapter, Shard, adam_hyper, class_names, inner_moments
+from ..patching import wrap_method
 
 _STAGE3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
 _STAGE3_GRAD_PARTITIONS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"
-
-
-def wrap_method(
-    obj: Any, name: str, before: Callable[..., None] | None = None, after: Callable[..., None] | None = None
-) -> Callable[[], None]:
-    """Replace obj.<name> on this instance only: `before(*args)` runs first, `after(result,
-    *args)` last. Returns the undo. The class and other instances are untouched."""
-    original = getattr(obj, name)
-
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if before is not None:
-            before(*args, **kwargs)
-        result = original(*args, **kwargs)
-        if after is not None:
-            after(result, *args, **kwargs)
-        return result
-
-    setattr(obj, name, wrapper)
-    held, ours = hold_weakly(obj), weakref.ref(wrapper)  # the undo keeps neither alive (the monitor holds it)
-
-    def undo() -> None:
-        current, mine = held(), ours()
-        if current is not None and mine is not None and current.__dict__.get(name) is mine:
-            delattr(current, name)
-
-    return undo
 
 
 class _DeepSpeedAdapter(OptimizerAdapter):
     """What every DeepSpeed wrapper shares: the inner torch optimizer, a wrapped `step`."""
 
     family = "deepspeed"
-    hook_step = TorchOptimAdapter.hook_step  # wraps the instance's bound `step`
 
     @property
     def inner(self) -> Any:
@@ -324,9 +294,15 @@ class Zero3Adapter(_DeepSpeedAdapter):
         return wrap_method(opt, _STAGE3_REDUCE, before=before_reduce)
 
 
-ADAPTERS: dict[str, Callable[[Any], OptimizerAdapter]] = {
+ADAPTERS: dict[str, Callable[[Any], OptimizerAdapter]] = {  # by class name: DeepSpeed is never imported
     "DeepSpeedZeroOptimizer_Stage3": Zero3Adapter,
     "DeepSpeedZeroOptimizer": Zero12Adapter,
     "BF16_Optimizer": BF16Adapter,
     "FP16_UnfusedOptimizer": FP16UnfusedAdapter,
 }
+
+
+def deepspeed_adapter(optimizer: Any) -> OptimizerAdapter | None:
+    """The adapter for a DeepSpeed optimizer, by the names of its class and bases; None for others."""
+    family = next((ADAPTERS[n] for n in class_names(optimizer) if n in ADAPTERS), None)
+    return family(optimizer) if family is not None else None

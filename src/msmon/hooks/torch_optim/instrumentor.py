@@ -34,14 +34,14 @@ from typing import Any, Callable
 import torch
 from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
 
-from ..collectors.l2_features import l2_targets_error, l2_targets_nowhere
-from ..config import ConfigError
-from ..distributed import current_rank, pipeline_position
-from ..monitor import TrainerMon
-from ..naming import check_targets, display
-from ..optimizers.base import resolve_optimizer
-from . import Session
-from .modules import ModuleTracker, roots_in_memory
+from ...collectors.l2_features import l2_targets_error, l2_targets_nowhere
+from ...config import ConfigError
+from ...distributed import current_rank, pipeline_position
+from ...monitor import TrainerMon
+from ...optimizers.base import resolve_optimizer
+from .. import Session
+from ..attach import module_monitor, on_optimizer_collected, start_monitor, targets_error
+from ..module_registry import ModuleTracker, roots_in_memory
 
 logger = logging.getLogger("msmon")
 
@@ -259,7 +259,7 @@ class _Instrumentation:
             for ref, monitor in self._attached:
                 if ref() is opt:
                     self._attached.remove((ref, monitor))
-                    _on_optimizer_collected(self.session, monitor)
+                    on_optimizer_collected(self.session, monitor)
                     return True
         return False
 
@@ -288,49 +288,15 @@ class _Instrumentation:
                 self.session.stop(str(nowhere))
             self._skip(opt, f"the config's l2_targets are not in its model ({error})")
             return
-        monitor = TrainerMon(self.session.config_path)
-        hooking = _module_monitor(self.session, roots)
-        monitor.records_modules = hooking is None
-        try:
-            monitor.set_monitor(roots[0] if len(roots) == 1 else roots, opt)
-        except BaseException:
-            monitor.close()
-            raise
-        self.session.monitors.append(monitor)
-        self._attached = [(ref, m) for ref, m in self._attached if ref() is not None] + [(weakref.ref(opt), monitor)]
-        close_when_collected(opt, self.session, monitor)
-        models = [type(root).__name__ for root in roots]
-        shared = (
-            ""
-            if hooking is None
-            else (
-                f"; its model's activations are recorded once, by the monitor of "
-                f"{hooking.adapter.optimizer_name} ({hooking.log_dir})"
-            )
-        )
-        logger.info(
-            "msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s%s",
-            current_rank(),
-            type(opt).__name__,
-            " + ".join(models),
+        monitor = start_monitor(
+            self.session,
+            roots[0] if len(roots) == 1 else roots,
+            opt,
             when,
-            monitor.log_dir or "no output on this rank",
-            shared,
+            [type(root).__name__ for root in roots],
+            shares_modules_with=module_monitor(self.session, roots),
         )
-        self.session.emit("attached", monitor=monitor, optimizer=type(opt).__name__, models=models, when=when)
-
-
-def targets_error(targets: Any, chunks: list[torch.nn.Module], squash: bool) -> ConfigError | None:
-    """Why `targets` are not all in the model made of `chunks` (None: they are)."""
-    try:
-        check_targets(
-            targets,
-            [{display(n, squash) for n, _ in chunk.named_modules()} for chunk in chunks],
-            [{display(n, squash) for n, _ in chunk.named_parameters()} for chunk in chunks],
-        )
-    except ConfigError as exc:
-        return exc
-    return None
+        self._attached = [(ref, m) for ref, m in self._attached if ref() is not None] + [(weakref.ref(opt), monitor)]
 
 
 def _models_built(tracker: ModuleTracker) -> list[torch.nn.Module]:
@@ -348,55 +314,3 @@ def _with_subclasses(cls: type) -> list[type]:
             out.append(current)
             todo.extend(current.__subclasses__())
     return out
-
-
-def _module_monitor(session: Session, roots: list[torch.nn.Module]) -> TrainerMon | None:
-    """The live monitor that already hooks the modules of all of `roots` (two optimizers over
-    parts of one model: its activations are recorded once), or None."""
-    for monitor in session.monitors:
-        if monitor.records_modules and all(any(root is m for m in monitor.models) for root in roots):
-            return monitor
-    return None
-
-
-def _hand_modules_over(session: Session, gone: TrainerMon) -> None:
-    """`gone` hooked its models' modules for the other optimizers over them too: the first of
-    those still monitored takes the modules over from its next forward."""
-    if not gone.records_modules:
-        return
-    for monitor in session.monitors:
-        if (
-            monitor is not gone
-            and not monitor.records_modules
-            and any(m is g for m in monitor.models for g in gone.models)
-        ):
-            monitor.records_modules = True
-            if monitor.attached and monitor.active:
-                monitor._rebuild_collectors()
-            return
-
-
-def close_when_collected(optimizer: Any, session: Session, monitor: TrainerMon) -> None:
-    """Once the script drops `optimizer`, close its monitor and release it (also for the
-    framework instrumentors' monitors)."""
-    weakref.finalize(optimizer, _on_optimizer_collected, session, monitor)
-
-
-def _on_optimizer_collected(session: Session, monitor: TrainerMon) -> None:
-    """The script dropped the optimizer: write what is pending and let the monitor go."""
-    if threading.current_thread().name.startswith("msmon-writer"):
-        threading.Thread(target=_on_optimizer_collected, args=(session, monitor), daemon=False).start()
-        return
-    try:
-        monitor.close()
-    except Exception as exc:
-        logger.warning("msmon[rank %d]: closing the monitor of a collected optimizer failed: %r", monitor.rank, exc)
-    if monitor in session.monitors:
-        session.monitors.remove(monitor)
-        try:
-            _hand_modules_over(session, monitor)
-        except Exception as exc:
-            logger.warning(
-                "msmon[rank %d]: handing the model's activations over to another monitor failed: %r", monitor.rank, exc
-            )
-    session.emit("closed", monitor=monitor)

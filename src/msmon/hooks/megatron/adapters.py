@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import torch
 
-from .base import GradPairs, Moments, OptimizerAdapter, Shard, class_names
-from .deepspeed import wrap_method
-from .torch_optim import TorchOptimAdapter, inner_moments
+from ...optimizers.base import GradPairs, Moments, OptimizerAdapter, Shard, class_names, inner_moments
+from ..patching import wrap_method
+from ..torch_optim.adapters import TorchOptimAdapter
 
 
 def hook_bucket_grad_sync(models: list[torch.nn.Module], record: Callable[[GradPairs], None]) -> Callable[[], None]:
@@ -39,13 +39,17 @@ def hook_bucket_grad_sync(models: list[torch.nn.Module], record: Callable[[GradP
                 record([(p, p.main_grad) for p in _group.params if getattr(p, "main_grad", None) is not None])
 
             undo.append(wrap_method(bucket_group, "start_grad_sync", before=before_sync))
-    return lambda: [u() for u in undo]
+
+    def remove() -> None:
+        for u in undo:
+            u()
+
+    return remove
 
 
 class _MegatronAdapter(OptimizerAdapter):
     family = "megatron"
     hooks_unreduced = True
-    hook_step = TorchOptimAdapter.hook_step  # wraps the instance's bound `step`
 
     @property
     def inner(self) -> Any:

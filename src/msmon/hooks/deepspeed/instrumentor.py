@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ..distributed import current_rank
-from . import Session, torch_optim
-from .framework_attach import attach
+from ...distributed import current_rank
+from .. import Session, torch_optim
+from ..attach import attach
 
 logger = logging.getLogger("msmon")
 

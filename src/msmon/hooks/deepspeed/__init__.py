@@ -1,0 +1,71 @@
+"""DeepSpeed: everything msmon knows about it.
+
+- instrumentor.py: attach to the optimizer every `deepspeed.initialize` builds;
+- adapters.py: read the weights, gradients and moments of its optimizers (stage 0, ZeRO-1/2/3);
+- groups.py: its data-, tensor- and pipeline-parallel groups, for the write-once rule.
+
+Light on import (never imports DeepSpeed, nor the monitor): msmon.optimizers, dedupe.py and
+distributed.py ask it what it declares.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .groups import groups_of_models, pipeline_position
+
+if TYPE_CHECKING:
+    from ...optimizers.base import OptimizerAdapter
+    from .. import Session
+
+__all__ = [
+    "DISTRIBUTION",
+    "OPTIMIZER_CLASSES",
+    "OPT_TY",
+    "SUPPORTED",
+    "adapter_for",
+    "groups_of_models",
+    "instrument",
+    "pipeline_position",
+    "uninstrument",
+]
+
+DISTRIBUTION = "deepspeed"
+SUPPORTED = ">=0.17,<0.20"  # the layout of adapters.py; tested on 0.19.8
+
+# DeepSpeed's optimizer classes drive an inner torch optimizer (`.optimizer`): not wrappers
+OPTIMIZER_CLASSES = frozenset(
+    {
+        "DeepSpeedZeroOptimizer",
+        "DeepSpeedZeroOptimizer_Stage3",
+        "BF16_Optimizer",
+        "FP16_UnfusedOptimizer",
+        "FP16_Optimizer",
+    }
+)
+
+# msprobe's opt_ty names -> the adapters that fit them
+OPT_TY: dict[str, tuple[str, ...]] = {
+    "DeepSpeedZeroOptimizer_Stage0": ("BF16Adapter", "FP16UnfusedAdapter", "TorchOptimAdapter"),
+    "DeepSpeedZeroOptimizer_Stage1_or_2": ("Zero12Adapter",),
+    "DeepSpeedZeroOptimizer_Stage3": ("Zero3Adapter",),
+}
+
+
+def instrument(session: Session) -> None:
+    from . import instrumentor
+
+    instrumentor.instrument(session)
+
+
+def uninstrument() -> None:
+    from . import instrumentor
+
+    instrumentor.uninstrument()
+
+
+def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
+    """The adapter of a DeepSpeed optimizer (chosen by class name), None for any other."""
+    from .adapters import deepspeed_adapter
+
+    return deepspeed_adapter(optimizer)

@@ -1,0 +1,51 @@
+"""torch.distributed: listeners see the tensors that go through its collectives
+(instrumentor.py; the comm collector is the listener).
+
+Everything the collector and the tests use is re-exported here, so `hooks.torch_distributed` is
+the one name to import.
+"""
+
+from __future__ import annotations
+
+from .instrumentor import (
+    ALWAYS_ASYNC,
+    COLLECTIVES,
+    UNKNOWN_SITE,
+    CallSite,
+    CollectiveCall,
+    CollectiveListener,
+    acquire,
+    add_listener,
+    deliver_completed,
+    find_call_site,
+    instrument,
+    is_instrumented,
+    release,
+    remove_listener,
+    tensors_of,
+    uninstrument,
+)
+
+__all__ = [
+    "ALWAYS_ASYNC",
+    "COLLECTIVES",
+    "DISTRIBUTION",
+    "SUPPORTED",
+    "UNKNOWN_SITE",
+    "CallSite",
+    "CollectiveCall",
+    "CollectiveListener",
+    "acquire",
+    "add_listener",
+    "deliver_completed",
+    "find_call_site",
+    "instrument",
+    "is_instrumented",
+    "release",
+    "remove_listener",
+    "tensors_of",
+    "uninstrument",
+]
+
+DISTRIBUTION = "torch"
+SUPPORTED = ">=2.1,<2.14"  # pyproject's floor; tested on 2.13

@@ -1,0 +1,64 @@
+"""torch.optim: attach a TrainerMon to every optimizer a script builds (instrumentor.py), and
+read any torch.optim optimizer (adapters.py), the fallback for optimizers no framework claims.
+
+Light on import (msmon.optimizers asks it for its adapter): the instrumentor, which needs the
+monitor, is imported when first switched on or asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ...optimizers.base import OptimizerAdapter
+    from .. import Session
+
+DISTRIBUTION = "torch"
+SUPPORTED = ">=2.1,<2.14"  # pyproject's floor; tested on 2.13
+
+
+def instrument(session: Session) -> None:
+    from . import instrumentor
+
+    instrumentor.instrument(session)
+
+
+def uninstrument() -> None:
+    from . import instrumentor
+
+    instrumentor.uninstrument()
+
+
+def adapter_for(optimizer: Any) -> OptimizerAdapter:
+    """Any optimizer with `param_groups`: the last package asked, so it always answers."""
+    from .adapters import TorchOptimAdapter
+
+    return TorchOptimAdapter(optimizer)
+
+
+def release(optimizer: Any) -> bool:
+    """Close and forget the monitor attached to `optimizer`: for framework instrumentors that
+    take over an optimizer the script built first (`deepspeed.initialize(optimizer=...)`).
+    Returns whether there was one."""
+    from . import instrumentor
+
+    return instrumentor.release(optimizer)
+
+
+def claim(optimizer: Any) -> None:
+    """Mark `optimizer` as handled by someone else (a framework's monitor): never attach to it."""
+    from . import instrumentor
+
+    instrumentor.claim(optimizer)
+
+
+@contextmanager
+def suppressed() -> Iterator[None]:
+    """Optimizers built inside this block are left alone: for framework instrumentors
+    (DeepSpeed, Megatron) that attach to the optimizers they build themselves."""
+    from . import instrumentor
+
+    with instrumentor.suppressed():
+        yield
