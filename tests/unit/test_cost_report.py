@@ -16,7 +16,7 @@ import torch
 from conftest import MLP, rank_dir
 from msmon import TrainerMon
 from msmon.cost import CostMeter, describe
-from msmon.launcher import run_summary as report
+from msmon.launcher import run_summary
 
 
 def test_cost_is_relative_to_the_steps_after_the_first():
@@ -123,7 +123,7 @@ def test_the_launcher_line_carries_each_rank_cost(tmp_path):
             ],
         }
     ]
-    (line,) = report.summary_lines(records, "run")
+    (line,) = run_summary.summary_lines(records, "run")
     assert line.startswith(
         "msmon: rank 0: 7 steps recorded, 0 alerts raised, monitor cost 2.5 % of step time "
         "(1.5 ms of 60.0 ms per step on the training thread; writer thread 0.7 ms CPU per step) -> "

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from msmon.launcher import boot, bootstrap, report
+from msmon.launcher import boot, bootstrap, run_summary
 from msmon.launcher.job_command_line import UsageError, parse, sitecustomize_disabled_by
 
 PROBE = textwrap.dedent("""
@@ -174,8 +174,8 @@ def test_the_summary_names_what_each_worker_did(tmp_path):
         },
     ]
     records.sort(key=lambda r: r["rank"])
-    lines = report.summary_lines(records, "run")
+    lines = run_summary.summary_lines(records, "run")
     assert lines[0].startswith("msmon: rank 0: 7 steps recorded, 2 alerts raised -> ")
     assert lines[0].endswith("Dec02-rank0-x")
     assert lines[1] == "msmon: rank 1: nothing was monitored (no torch.optim optimizer was created)"
-    assert "import msmon.auto" in report.summary_lines([], "run")[0]
+    assert "import msmon.auto" in run_summary.summary_lines([], "run")[0]
