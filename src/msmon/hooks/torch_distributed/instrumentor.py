@@ -127,7 +127,7 @@ class CollectiveCall:
     outputs: list[torch.Tensor]
     group: Any
     async_op: bool
-    extra: dict[str, Any] = field(default_factory=dict)  # listeners' own per-call state
+    extra: dict[int, Any] = field(default_factory=dict)  # listeners' own per-call state, keyed by id(listener)
 
 
 class CollectiveListener(Protocol):
