@@ -34,12 +34,13 @@ demo: $(VENV)/.base
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -q -ra
 
-# ruff (lint and format; settings in pyproject.toml)
+# ruff (lint and format) and mypy (types); settings in pyproject.toml
 lint: $(VENV)/.lint
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
 
-# mypy (settings in pyproject.toml). Not part of `lint`, and so not of CI, until the whole package passes
+# mypy alone
 typecheck: $(VENV)/.lint
 	$(BIN)/mypy
 

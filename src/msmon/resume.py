@@ -218,8 +218,8 @@ def supersede_csv_rows(directory: str, step: int) -> int:
         if "step" not in header:
             continue
         column = header.index("step")
-        keep = [r for r in rows if _int(r[column]) is not None and _int(r[column]) < step]
-        gone = [r for r in rows if not (_int(r[column]) is not None and _int(r[column]) < step)]
+        keep = [r for r in rows if _is_before(r[column], step)]
+        gone = [r for r in rows if not _is_before(r[column], step)]
         if not gone:
             continue
         os.makedirs(aside, exist_ok=True)
@@ -239,6 +239,12 @@ def _int(text: str) -> int | None:
         return int(text)
     except ValueError:
         return None
+
+
+def _is_before(text: str, step: int) -> bool:
+    """Whether a CSV cell holds a step number below `step` (a blank or malformed cell does not)."""
+    value = _int(text)
+    return value is not None and value < step
 
 
 def last_step(directory: str) -> int | None:

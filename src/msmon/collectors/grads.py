@@ -34,6 +34,7 @@ says so once, and the hooks read gradients themselves from then on.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,9 @@ from ..step_context import StepContext
 from .base import Collector
 from .ddp_sync import DdpSync
 from .registry import register
+
+if TYPE_CHECKING:
+    from torch.utils.hooks import RemovableHandle
 
 logger = logging.getLogger("msmon")
 
@@ -77,7 +81,7 @@ class GradCollector(Collector):
         self._flush_task: int | None = None  # the backward pass whose end reads the noted gradients
         self._sync: DdpSync | None = None  # under data parallelism: which backward passes DDP reduces
         self.local: dict[int, torch.Tensor] = {}  # rank-local sums kept apart from a reduced `.grad`
-        self._adding: dict[int, object] = {}  # the tensor hooks that add to them
+        self._adding: dict[int, RemovableHandle] = {}  # the tensor hooks that add to them
         self._reduced: set[int] = set()  # params whose `.grad` DDP reduced in an earlier micro-batch
         self._versions: dict[int, tuple[int, int]] = {}  # (id, version) of `.grad` as the last micro-batch left it
         self._lost_said = False
@@ -129,8 +133,9 @@ class GradCollector(Collector):
             if grad is None:
                 return
             acc = ctx.grad_acc_steps
-            if self._sync is not None:
-                grad = self._rank_local(index, param, grad, acc is not None and count >= acc)
+            sync = self._sync
+            if sync is not None:
+                grad = self._rank_local(sync, index, param, grad, acc is not None and count >= acc)
                 if grad is None:
                     return
             if not ctx.config.monitor_mbs_grad and acc is not None and count < acc:
@@ -142,7 +147,9 @@ class GradCollector(Collector):
 
         return on_grad_accumulated
 
-    def _rank_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, last: bool) -> torch.Tensor | None:
+    def _rank_local(
+        self, sync: DdpSync, index: int, param: torch.Tensor, grad: torch.Tensor, last: bool
+    ) -> torch.Tensor | None:
         """The rank-local gradient accumulated so far, where `.grad` may hold a reduced sum;
         None when that is no longer known (it was reduced and no copy was kept)."""
         reduced_before = index in self._reduced
@@ -155,7 +162,7 @@ class GradCollector(Collector):
                 "all-reduce?)",
             )
             return None
-        if self._sync.reduces(param):
+        if sync.reduces(param):
             self._reduced.add(index)
             if not reduced_before and not last:  # about to be reduced, and more micro-batches follow
                 self._keep_local(index, param, grad)
@@ -269,7 +276,8 @@ class GradCollector(Collector):
         if not order:
             return
         position = {index: i for i, index in enumerate(fresh)}
-        rows = [reused[i] if i in reused else fresh_rows[position[i]] for i in order]
+        # the ignore: fresh_rows is None only when nothing is fresh, and then it is never indexed
+        rows = [reused[i] if i in reused else fresh_rows[position[i]] for i in order]  # type: ignore[index]
         keys = [RowKey("grad_reduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in order]
         ctx.buffer.add_many(keys, torch.stack([r.to(rows[0].device) for r in rows]))
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import weakref
 import zlib
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -285,7 +285,7 @@ class L2FeatureCollector(Collector):
         def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
             if not self._once_per_step("moe_router_weight_hook", module, chunk):
                 return None
-            w = weight_2d(module)
+            w = cast(torch.Tensor, weight_2d(module))  # resolve_targets refused modules without a 2-D weight
             out = next((t for t in iter_tensors(output) if t.is_floating_point() and t.dim() >= 1), None)
             axis = l2_math.expert_axis(w.shape, out.shape[-1] if out is not None else None)
             if w.shape[axis] < 2:

@@ -135,7 +135,8 @@ class OptimizerStateCollector(Collector):
     @torch.no_grad()
     def _update_ratio(self, present) -> None:
         ctx = self.ctx
-        updates, ratios = {}, {}
+        updates: dict[int, torch.Tensor | Shard] = {}  # id(param) -> its update (a Shard: a piece of it)
+        ratios: dict[int, torch.Tensor | Shard] = {}
         for _, mp, m in present:
             shard = m.exp_avg if isinstance(m.exp_avg, Shard) else None
             exp_avg = (shard.local if shard else local_tensor(m.exp_avg)).float()

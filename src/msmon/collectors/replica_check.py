@@ -34,9 +34,10 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import torch
 import torch.distributed as dist
@@ -81,6 +82,20 @@ class Entry:
     def label(self) -> str:
         """The name, with its model chunk when that is not the first (`1:fc1.weight`)."""
         return f"{self.vpp_stage}:{self.name}" if self.vpp_stage else self.name
+
+
+class CheckedTensor(TypedDict):
+    """A tensor the check fingerprints, as replica_check.json lists it."""
+
+    name: str
+    vpp_stage: int
+    category: str
+
+
+class SkippedTensor(CheckedTensor):
+    """A tensor left out, and why it is not a replica."""
+
+    why: str
 
 
 @dataclass
@@ -184,12 +199,14 @@ Named = list[tuple[str, int, torch.Tensor]]
 
 def select_weights(
     ctx: StepContext, named: Named | None = None
-) -> tuple[list[Entry], list[torch.Tensor], list[dict[str, str]]]:
+) -> tuple[list[Entry], list[torch.Tensor], list[SkippedTensor]]:
     """The replicated weights (model parameters, whole main copies), and what was skipped and why."""
     named = _named_params(ctx) if named is None else named
     lazy = _lazy_param_gather(ctx)
     mains = ctx.adapter.own_weights([p for _, _, p in named])
-    entries, tensors, skipped = [], [], []
+    entries: list[Entry] = []
+    tensors: list[torch.Tensor] = []
+    skipped: list[SkippedTensor] = []
     for name, chunk, p in named:
         why = _not_a_replica(p, lazy)
         if why is None:
@@ -218,11 +235,13 @@ def select_weights(
 
 def select_grads(
     ctx: StepContext, named: Named | None = None
-) -> tuple[list[Entry], list[torch.Tensor | None], list[dict[str, str]]]:
+) -> tuple[list[Entry], list[torch.Tensor | None], list[SkippedTensor]]:
     """The reduced gradients that are whole on every rank (None: no gradient on this rank)."""
     named = _named_params(ctx) if named is None else named
     grads = ctx.adapter.own_grads([p for _, _, p in named], ctx.grad_of)
-    entries, tensors, skipped = [], [], []
+    entries: list[Entry] = []
+    tensors: list[torch.Tensor | None] = []
+    skipped: list[SkippedTensor] = []
     for name, chunk, p in named:
         g = grads.get(id(p))
         why = _not_a_replica(p, lazy_gather=False)
@@ -310,8 +329,8 @@ class ReplicaState:
     checks: int = 0
     last: dict[str, Any] | None = None  # this rank's fingerprints at the last check, as hex
     mismatches: list[dict[str, Any]] = field(default_factory=list)
-    checked: list[dict[str, str]] = field(default_factory=list)
-    skipped: list[dict[str, str]] = field(default_factory=list)
+    checked: list[CheckedTensor] = field(default_factory=list)
+    skipped: list[SkippedTensor] = field(default_factory=list)
     jobs: queue.Queue[_Job] = field(default_factory=queue.Queue)
     thread: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # the report file, written from both threads
@@ -431,11 +450,11 @@ class ReplicaCheckCollector(Collector):
         return False
 
     # -- on the device ---------------------------------------------------------------------------
-    def _fingerprints(self, tensors: list[torch.Tensor | None]) -> torch.Tensor:
+    def _fingerprints(self, tensors: Sequence[torch.Tensor | None]) -> torch.Tensor:
         present = [i for i, t in enumerate(tensors) if t is not None]
         if not present:
             return torch.full((len(tensors),), NO_GRAD, dtype=torch.int64)
-        fps = self.fingerprint([tensors[i] for i in present])
+        fps = self.fingerprint(cast("list[torch.Tensor]", [tensors[i] for i in present]))  # `present`: not None
         if len(present) == len(tensors):
             return fps
         full = torch.full((len(tensors),), NO_GRAD, dtype=torch.int64, device=fps.device)

@@ -18,6 +18,7 @@ import linecache
 import os
 import sys
 from types import FrameType
+from typing import cast
 
 import torch
 
@@ -30,7 +31,8 @@ from .registry import register
 
 FILE_NAME = "stack_info.csv"
 MAX_FRAMES = 128
-_SKIPPED = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, msmon))
+# both are packages imported from files: their __file__ is set
+_SKIPPED = tuple(os.path.dirname(os.path.abspath(cast(str, m.__file__))) + os.sep for m in (torch, msmon))
 
 
 def capture_stack(frame: FrameType | None = None, limit: int = MAX_FRAMES) -> str:
@@ -57,7 +59,7 @@ class StackInfoCollector(Collector):
         self.modules = [(m, f"{c}:{n}") for c, named in enumerate(ctx.names()[0]) for n, m in named.items()]
         self.stacks: dict[str, str] = {}
         self.path = os.path.join(ctx.log_dir, FILE_NAME) if ctx.log_dir else None
-        self._hooks: dict[str, object] = {}
+        self._hooks: dict[str, guest_hooks.GuestHandle] = {}
 
     def attach(self) -> None:
         if self.path is None or os.path.exists(self.path):

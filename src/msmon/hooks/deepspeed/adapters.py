@@ -101,7 +101,8 @@ class HpMappingAdapter(_DeepSpeedAdapter):
         if mapping is None:
             return None
         try:
-            grad = mapping.get_lp_grad_fragment(param._index_in_param_group)
+            # the ignore: DeepSpeed sets _index_in_param_group on the parameter at runtime
+            grad = mapping.get_lp_grad_fragment(param._index_in_param_group)  # type: ignore[attr-defined]
         except (ValueError, KeyError, IndexError):  # no gradients between steps
             return None
         grad = grad.reshape(-1)
@@ -223,7 +224,8 @@ class Zero3Adapter(_DeepSpeedAdapter):
         for p in self.params():
             group_index, offset, partition_numel = optimizer.grad_position[optimizer.get_param_id(p)]
             rank = dist.get_rank(group=self.shard_group(p)) if dist.is_initialized() else 0
-            real = max(0, min(partition_numel, p.ds_numel - rank * partition_numel))
+            # the ignore: ZeRO-3 sets ds_numel on each parameter at runtime
+            real = max(0, min(partition_numel, p.ds_numel - rank * partition_numel))  # type: ignore[attr-defined]
             self.position[id(p)] = (group_index, offset, real)
 
     def params(self) -> list[torch.Tensor]:
@@ -252,7 +254,7 @@ class Zero3Adapter(_DeepSpeedAdapter):
                 grad = getattr(opt.fp32_partitioned_groups_flat[group_index], "grad", None)
                 grad = grad.narrow(0, offset, real) if grad is not None else None
             else:
-                grad = partitions.get(p.ds_id)
+                grad = partitions.get(p.ds_id)  # type: ignore[attr-defined]  # ZeRO-3 sets ds_id at runtime
                 grad = grad.reshape(-1).narrow(0, 0, real) if grad is not None else None
             if grad is None:
                 grad = opt.fp32_partitioned_groups_flat[group_index].new_empty(0)

@@ -127,7 +127,7 @@ class CollectiveCall:
     outputs: list[torch.Tensor]
     group: Any
     async_op: bool
-    extra: dict[str, Any] = field(default_factory=dict)  # listeners' own per-call state
+    extra: dict[int, Any] = field(default_factory=dict)  # listeners' own per-call state, keyed by id(listener)
 
 
 class CollectiveListener(Protocol):
@@ -386,8 +386,9 @@ def _install_p2p_shim() -> None:
         self.__dict__["op"] = value
 
     c10d._check_op = _check_op
-    c10d.P2POp.op = property(get_op, set_op, doc="isend or irecv (the current version)")
-    c10d.P2POp.__msmon_shim__ = True
+    # monkeypatching torch's class: its `op` becomes a property, and it carries the marker
+    c10d.P2POp.op = property(get_op, set_op, doc="isend or irecv (the current version)")  # type: ignore[assignment]
+    c10d.P2POp.__msmon_shim__ = True  # type: ignore[attr-defined]
 
 
 # -- instrument / uninstrument ------------------------------------------------------------------
@@ -438,7 +439,7 @@ def acquire() -> bool:
         _install_p2p_shim()
         if dist.Work.wait is not _wait:
             _original_wait = dist.Work.wait  # kept after release: a copied _wait still works
-        dist.Work.wait = _wait
+        dist.Work.wait = _wait  # type: ignore[method-assign]  # monkeypatching torch's Work.wait
     return True
 
 
@@ -458,7 +459,7 @@ def release() -> None:
                     setattr(module, name, _originals[name])
         _wrappers.clear()
         if _original_wait is not None and dist.Work.wait is _wait:
-            dist.Work.wait = _original_wait
+            dist.Work.wait = _original_wait  # type: ignore[method-assign]  # undoing the monkeypatch
         _pending.clear()
 
 

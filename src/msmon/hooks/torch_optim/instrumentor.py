@@ -79,11 +79,16 @@ def claim(optimizer: Any) -> None:
         _instrumentation._decide(optimizer)
 
 
+def _suppression_depth() -> int:
+    """How many `suppressed()` blocks this thread is inside (0: none)."""
+    return getattr(_local, "suppressed", 0)
+
+
 @contextmanager
 def suppressed() -> Iterator[None]:
     """Optimizers built inside this block are left alone: for framework instrumentors
     (DeepSpeed, Megatron) that attach to the optimizers they build themselves."""
-    _local.suppressed = getattr(_local, "suppressed", 0) + 1
+    _local.suppressed = _suppression_depth() + 1
     try:
         yield
     finally:
@@ -115,7 +120,7 @@ class _Instrumentation:
             self._wrap_init(cls)
         instrumentation = self
 
-        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+        def __init_subclass__(cls: type[Optimizer], **kwargs: Any) -> None:
             super(Optimizer, cls).__init_subclass__(**kwargs)
             instrumentation._wrap_init(cls)
 
@@ -163,13 +168,13 @@ class _Instrumentation:
     def _on_built(self, opt: Any, inside_another: bool) -> None:
         if not self.session.in_owner_process():
             return
-        if inside_another or getattr(_local, "suppressed", 0):
+        if inside_another or _suppression_depth():
             self._decide(opt)  # another optimizer's part, or a framework's own: never ours
             return
         self._guarded(opt, CONSTRUCTION)
 
     def _on_step(self, opt: Any, _args: tuple, _kwargs: dict) -> None:
-        if not self._is_decided(opt) and self.session.in_owner_process() and not getattr(_local, "suppressed", 0):
+        if not self._is_decided(opt) and self.session.in_owner_process() and not _suppression_depth():
             self._guarded(opt, FIRST_STEP)
         return None
 
