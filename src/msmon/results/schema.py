@@ -9,7 +9,13 @@ config, and the files loaded (what makes a re-run incremental).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..ops import OPS, TABLE  # noqa: F401 (OPS: tb_loader and queries import it from here)
+from .sql import one_row
+
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
 SCHEMA_VERSION = "1"
 
@@ -84,7 +90,7 @@ FROM files WHERE kind IN ('csv', 'tensorboard', 'summary', 'config') GROUP BY ra
 }
 
 
-def create(con) -> None:
+def create(con: DuckDBPyConnection) -> None:
     """Create what is missing; an existing database of another schema version is refused."""
     existing = {
         row[0]
@@ -103,7 +109,7 @@ def create(con) -> None:
         con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
     for name, query in VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {query}")
-    if con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'").fetchone()[0] == 0:
+    if one_row(con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'"))[0] == 0:
         con.execute("INSERT INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])
 
 

@@ -17,7 +17,7 @@ def parallel_state() -> Any:
     if "megatron.core" not in sys.modules:
         return None
     try:
-        from megatron.core import parallel_state as state  # type: ignore
+        from megatron.core import parallel_state as state
 
         return state if state.model_parallel_is_initialized() else None
     except Exception:
