@@ -107,6 +107,35 @@ def _is_first(group: Any) -> bool:
         return True
 
 
+def replica_exclusion(
+    models: list[torch.nn.Module], optimizer: Any, weights: bool
+) -> Callable[[torch.Tensor], str | None]:
+    """Why a model parameter's weight (`weights`) or reduced gradient is not the same tensor on
+    every rank of its data-parallel group (None: it is a replica), for the replica check. A
+    DTensor is each rank's own shard; the framework packages add what their frameworks split or
+    update late (their `replica_exclusion`)."""
+    from .hooks import frameworks
+
+    rules = [
+        rule
+        for package in frameworks()
+        if hasattr(package, "replica_exclusion")
+        for rule in [package.replica_exclusion(models, optimizer, weights)]
+        if rule is not None
+    ]
+
+    def why(param: torch.Tensor) -> str | None:
+        if _is_dtensor(param):
+            return "a DTensor (FSDP2): each rank holds its own shard"
+        for rule in rules:
+            reason = rule(param)
+            if reason is not None:
+                return reason
+        return None
+
+    return why
+
+
 def _is_dtensor(param: torch.Tensor) -> bool:
     """FSDP2 parameters: each rank holds a different shard, never a replica."""
     return callable(getattr(param, "to_local", None))

@@ -45,7 +45,7 @@ import torch.distributed as dist
 from .. import dedupe
 from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
 from ..fingerprint import Fingerprinter
-from ..optimizers.base import Shard, class_names
+from ..optimizers.base import Shard
 from ..transfer import copy_to_host
 from .base import Collector
 from .registry import register
@@ -159,27 +159,6 @@ def _ranks(ranks: list[int]) -> str:
 
 
 # -- which tensors are replicas ------------------------------------------------------------------
-def _not_a_replica(param: torch.Tensor, lazy_gather: bool) -> str | None:
-    """Why a model parameter is not the same tensor on every rank of the group, or None."""
-    if callable(getattr(param, "to_local", None)):
-        return "a DTensor (FSDP2): each rank holds its own shard"
-    if hasattr(param, "ds_tensor"):
-        return "partitioned by ZeRO-3: each rank holds its own partition"
-    if getattr(param, "allreduce", True) is False:
-        return "an expert parameter (allreduce=False): replicated over its expert-data-parallel group only"
-    if lazy_gather:
-        return "gathered in the next forward (Megatron overlap_param_gather), not after the step"
-    return None
-
-
-def _lazy_param_gather(ctx: StepContext) -> bool:
-    """Megatron's distributed optimizer with overlap_param_gather updates each rank's model
-    parameters only in the next forward: right after the step, replicas differ by design."""
-    if "DistributedOptimizer" not in class_names(ctx.adapter.optimizer):
-        return False
-    return any(getattr(getattr(chunk, "ddp_config", None), "overlap_param_gather", False) for chunk in ctx.models)
-
-
 def _named_params(ctx: StepContext) -> list[tuple[str, int, torch.Tensor]]:
     """(display name, model chunk, parameter) of every parameter the optimizer trains, in its order."""
     _, params = ctx.names()
@@ -202,13 +181,13 @@ def select_weights(
 ) -> tuple[list[Entry], list[torch.Tensor], list[SkippedTensor]]:
     """The replicated weights (model parameters, whole main copies), and what was skipped and why."""
     named = _named_params(ctx) if named is None else named
-    lazy = _lazy_param_gather(ctx)
+    not_a_replica = dedupe.replica_exclusion(ctx.models, ctx.adapter.optimizer, weights=True)
     mains = ctx.adapter.own_weights([p for _, _, p in named])
     entries: list[Entry] = []
     tensors: list[torch.Tensor] = []
     skipped: list[SkippedTensor] = []
     for name, chunk, p in named:
-        why = _not_a_replica(p, lazy)
+        why = not_a_replica(p)
         if why is None:
             entries.append(Entry(name, chunk, WEIGHT))
             tensors.append(p)
@@ -239,12 +218,13 @@ def select_grads(
     """The reduced gradients that are whole on every rank (None: no gradient on this rank)."""
     named = _named_params(ctx) if named is None else named
     grads = ctx.adapter.own_grads([p for _, _, p in named], ctx.grad_of)
+    not_a_replica = dedupe.replica_exclusion(ctx.models, ctx.adapter.optimizer, weights=False)
     entries: list[Entry] = []
     tensors: list[torch.Tensor | None] = []
     skipped: list[SkippedTensor] = []
     for name, chunk, p in named:
         g = grads.get(id(p))
-        why = _not_a_replica(p, lazy_gather=False)
+        why = not_a_replica(p)
         if why is None and isinstance(g, Shard):
             why = "this rank's piece of the reduced gradient, split across the data-parallel ranks"
         if why is None and g is not None and callable(getattr(g, "to_local", None)):

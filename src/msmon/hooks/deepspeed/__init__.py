@@ -10,7 +10,7 @@ distributed.py ask it what it declares.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .groups import groups_of_models, pipeline_position
 
@@ -27,6 +27,7 @@ __all__ = [
     "groups_of_models",
     "instrument",
     "pipeline_position",
+    "replica_exclusion",
     "uninstrument",
 ]
 
@@ -43,6 +44,8 @@ OPTIMIZER_CLASSES = frozenset(
         "FP16_Optimizer",
     }
 )
+
+EXPERT_PARAMETER = "an expert parameter (allreduce=False): replicated over its expert-data-parallel group only"
 
 # msprobe's opt_ty names -> the adapters that fit them
 OPT_TY: dict[str, tuple[str, ...]] = {
@@ -62,6 +65,21 @@ def uninstrument() -> None:
     from . import instrumentor
 
     instrumentor.uninstrument()
+
+
+def replica_exclusion(models: list[Any], optimizer: Any, weights: bool) -> Callable[[Any], str | None]:
+    """The replica check's exceptions: ZeRO-3 parameters are each rank's own partition; MoE
+    expert parameters (`allreduce=False`, as DeepSpeed and Megatron mark them) are replicated
+    over their expert-data-parallel group only. Attribute checks only: any optimizer."""
+
+    def why(param: Any) -> str | None:
+        if hasattr(param, "ds_tensor"):
+            return "partitioned by ZeRO-3: each rank holds its own partition"
+        if getattr(param, "allreduce", True) is False:
+            return EXPERT_PARAMETER
+        return None
+
+    return why
 
 
 def adapter_for(optimizer: Any) -> OptimizerAdapter | None:

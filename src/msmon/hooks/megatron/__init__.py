@@ -11,7 +11,7 @@ distributed.py ask it what it declares.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .groups import groups_of_process, pipeline_position
 
@@ -28,6 +28,7 @@ __all__ = [
     "groups_of_process",
     "instrument",
     "pipeline_position",
+    "replica_exclusion",
     "uninstrument",
 ]
 
@@ -57,6 +58,33 @@ def uninstrument() -> None:
     from . import instrumentor
 
     instrumentor.uninstrument()
+
+
+def replica_exclusion(models: list[Any], optimizer: Any, weights: bool) -> Callable[[Any], str | None] | None:
+    """The replica check's exceptions under a Megatron optimizer: expert parameters
+    (`allreduce=False`) are replicated over their expert-data-parallel group only; with the
+    distributed optimizer's overlap_param_gather, each rank's model weights are updated only in
+    the next forward, so right after the step they differ by design."""
+    from ...optimizers.base import class_names
+    from ..deepspeed import EXPERT_PARAMETER
+
+    names = class_names(optimizer)
+    if not OPTIMIZER_CLASSES & set(names):
+        return None
+    lazy = (
+        weights
+        and "DistributedOptimizer" in names
+        and any(getattr(getattr(chunk, "ddp_config", None), "overlap_param_gather", False) for chunk in models)
+    )
+
+    def why(param: Any) -> str | None:
+        if getattr(param, "allreduce", True) is False:
+            return EXPERT_PARAMETER
+        if lazy:
+            return "gathered in the next forward (Megatron overlap_param_gather), not after the step"
+        return None
+
+    return why
 
 
 def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
