@@ -84,9 +84,12 @@ def write_rule(groups: ParallelGroups, adapter: Any) -> Callable[[torch.Tensor],
     first_tp = _is_first(groups.tp)
     first_dp = _is_first(groups.dp)
     decided: dict[int, bool] = {}
+    replicas = getattr(adapter, "replica_group", None)  # HSDP: split across one group, copied across another
     for p in adapter.params():
         split = adapter.shard_group(p)
         first = _is_first(split) if split is not None else (first_dp or _is_dtensor(p))
+        if split is not None and replicas is not None:
+            first = first and _is_first(replicas(p))
         decided[id(p)] = first and (first_tp or bool(getattr(p, "tensor_model_parallel", False)))
     return lambda param: decided.get(id(param), True)
 

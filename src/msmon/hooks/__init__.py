@@ -28,6 +28,7 @@ INSTRUMENTORS: dict[str, str] = {
     "msmon.hooks.torch_distributed": "torch",
     "msmon.hooks.deepspeed": "deepspeed",
     "msmon.hooks.megatron": "megatron.core",
+    "msmon.hooks.fsdp": "torch.distributed.fsdp",
 }
 
 Listener = Callable[[str, dict], None]

@@ -38,6 +38,12 @@ OPT_TY: dict[str, tuple[str, ...]] = {
 }
 
 
+def _fsdp_adapter(inner: Any) -> OptimizerAdapter | None:
+    from ..hooks.fsdp import adapter_for as fsdp_adapter_for  # FSDP: told by the parameters, not the class
+
+    return fsdp_adapter_for(inner)
+
+
 def check_opt_ty(opt_ty: str | None) -> None:
     """Reject an opt_ty msprobe would not know, before training starts."""
     if opt_ty is not None and opt_ty not in OPT_TY:
@@ -55,7 +61,7 @@ def adapter_for(optimizer: Any, opt_ty: str | None = None) -> OptimizerAdapter:
     adapter = megatron_adapter(inner)
     if adapter is None:
         family = next((DEEPSPEED_ADAPTERS[n] for n in class_names(inner) if n in DEEPSPEED_ADAPTERS), None)
-        adapter = family(inner) if family is not None else TorchOptimAdapter(inner)
+        adapter = family(inner) if family is not None else _fsdp_adapter(inner) or TorchOptimAdapter(inner)
     if opt_ty is not None:
         parts = getattr(adapter, "parts", None) or [adapter]
         detected = {type(part).__name__ for part in parts}

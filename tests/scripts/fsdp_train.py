@@ -1,0 +1,176 @@
+"""An FSDP training script with no monitoring code, for `msmon run`: a small model with uneven
+shapes on 2 CPU ranks (gloo), sharded by FSDP2 (`fully_shard`) or FSDP1
+(`FullyShardedDataParallel(use_orig_params=True)`), trained by torch.optim.Adam.
+
+It saves, in the same run, the whole tensors as torch itself assembles them, as the truth:
+`full_tensor()` of the DTensor weights, gradients and moments (FSDP2),
+`summon_full_params(with_grads=True)` and the gathered optimizer state (FSDP1); and the
+rank-local gradients an unwrapped copy of the model computes on this rank's last micro-batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from conftest import reference_stats  # noqa: E402
+
+BETAS, EPS, LR = (0.9, 0.999), 1e-8, 1e-2
+
+
+class Uneven(torch.nn.Module):
+    """Dimension 0 of every weight is odd, so its two shards differ in size; `scale` has one
+    row, so rank 1 holds an empty piece of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 15)
+        self.act = torch.nn.ReLU()
+        self.fc2 = torch.nn.Linear(15, 3)
+        self.scale = torch.nn.Parameter(torch.ones(1, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x))) * self.scale
+
+
+def stats(t: torch.Tensor) -> dict:
+    return reference_stats(t.detach().double())
+
+
+def update_ratio(m: torch.Tensor, v: torch.Tensor, t: float) -> tuple[dict, dict]:
+    m_hat = m.double() / (1 - BETAS[0] ** t)
+    root_v = (v.double() / (1 - BETAS[1] ** t)).sqrt()
+    ratio = torch.where(root_v > 0, m_hat / root_v, torch.zeros_like(m_hat))
+    return stats(m_hat / (root_v + EPS)), stats(ratio)
+
+
+def mg_share(g: torch.Tensor, m: torch.Tensor) -> float:
+    return float((torch.sign(g.double()) == torch.sign(m.double())).double().mean())
+
+
+class Fsdp2:
+    def __init__(self, model: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(model.fc1)
+        fully_shard(model.fc2)
+        fully_shard(model)
+        self.model = model
+
+    def full(self, t: torch.Tensor) -> torch.Tensor:
+        return t.full_tensor()
+
+    def weights(self) -> dict:
+        return {n: self.full(p) for n, p in self.model.named_parameters()}
+
+    def grads(self) -> dict:
+        return {n: self.full(p.grad) for n, p in self.model.named_parameters()}
+
+    def state(self, optimizer, key: str) -> dict:
+        return {n: self.full(optimizer.state[p][key]) for n, p in self.model.named_parameters()}
+
+
+class Fsdp1:
+    def __init__(self, model: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+        self.fsdp = FSDP
+        self.model = FSDP(model, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
+        # original parameter -> (its unit's flat parameter, its elements' place in the flat shard)
+        self.names = [n for n, _ in self.model.named_parameters()]
+
+    def _full(self, with_grads: bool) -> dict:
+        with self.fsdp.summon_full_params(self.model, with_grads=with_grads):
+            return {n: (p.grad if with_grads else p).detach().clone() for n, p in self.model.named_parameters()}
+
+    def weights(self) -> dict:
+        return self._full(False)
+
+    def grads(self) -> dict:
+        return self._full(True)
+
+    def state(self, optimizer, key: str) -> dict:
+        """Each original parameter's moment: its local piece (a 1-D slice of the flat shard, empty
+        where this rank holds none) all-gathered and laid out as the flat parameter shards it."""
+        out = {}
+        full_shapes = {n: s for n, s in zip(self.names, self._shapes())}
+        for n, p in self.model.named_parameters():
+            s = optimizer.state.get(p, {})
+            piece = s[key].reshape(-1) if key in s else p.detach().new_empty(0)
+            pieces = [None] * dist.get_world_size()
+            dist.all_gather_object(pieces, piece)
+            out[n] = torch.cat(pieces).view(full_shapes[n])
+        return out
+
+    def _shapes(self) -> list:
+        with self.fsdp.summon_full_params(self.model):
+            return [p.shape for _, p in self.model.named_parameters()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["fsdp2", "fsdp1"], required=True)
+    parser.add_argument("--grad-acc", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = Uneven()
+    reference = Uneven()
+    reference.load_state_dict(model.state_dict())
+    wrapped = Fsdp2(model) if args.mode == "fsdp2" else Fsdp1(model)
+    optimizer = torch.optim.Adam(wrapped.model.parameters(), lr=LR, betas=BETAS, eps=EPS)
+
+    gen = torch.Generator().manual_seed(100 + rank)
+    truth: dict = {"optimizer": type(optimizer).__name__, "steps": [], "losses": []}
+    for _ in range(args.steps):
+        for _micro in range(args.grad_acc):
+            x = torch.randn(4, 8, generator=gen)
+            loss = wrapped.model(x).pow(2).mean() / args.grad_acc
+            truth["losses"].append(loss.item())
+            loss.backward()
+            reference.zero_grad()
+            (reference(x).pow(2).mean() / args.grad_acc).backward()
+        local_last = {n: stats(p.grad) for n, p in reference.named_parameters()}
+        weights, grads = wrapped.weights(), wrapped.grads()
+        moments = wrapped.state(optimizer, "exp_avg") if optimizer.state else None
+        record = {
+            "param_origin": {n: stats(w) for n, w in weights.items()},
+            "grad_reduced": {n: stats(g) for n, g in grads.items()},
+            "mg_direction": {n: mg_share(grads[n], moments[n]) for n in grads} if moments else None,
+            "local_last": local_last,
+        }
+        optimizer.step()
+        optimizer.zero_grad()
+        weights = wrapped.weights()
+        with torch.no_grad():  # the reference follows FSDP's weights: rank-local gradients stay comparable
+            for n, p in reference.named_parameters():
+                p.copy_(weights[n])
+        m, v = wrapped.state(optimizer, "exp_avg"), wrapped.state(optimizer, "exp_avg_sq")
+        t = float(next(iter(optimizer.state.values()))["step"])
+        ur = {n: update_ratio(m[n], v[n], t) for n in m}
+        record.update(
+            param_updated={n: stats(w) for n, w in weights.items()},
+            exp_avg={n: stats(x) for n, x in m.items()},
+            exp_avg_sq={n: stats(x) for n, x in v.items()},
+            update={n: u for n, (u, _) in ur.items()},
+            ratio={n: r for n, (_, r) in ur.items()},
+        )
+        truth["steps"].append(record)
+    with open(os.path.join(args.out, f"truth_rank{rank}.json"), "w") as fh:
+        json.dump(truth, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
