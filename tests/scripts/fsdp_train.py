@@ -79,16 +79,25 @@ class Fsdp2:
 class Fsdp1:
     def __init__(self, model: torch.nn.Module) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        self.shapes = {n: p.shape for n, p in model.named_parameters()}
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         self.fsdp = FSDP
-        self.model = FSDP(model, use_orig_params=True, auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
-        # original parameter -> (its unit's flat parameter, its elements' place in the flat shard)
-        self.names = [n for n, _ in self.model.named_parameters()]
+        self.model = FSDP(
+            model,
+            use_orig_params=True,
+            auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+            device_id=torch.device("cpu"),  # on CPU it must be told (else it asks for an accelerator)
+        )
+
+    def named(self):
+        """The original parameters under the user's names (FSDP's wrapper prefix removed)."""
+        return [(n.replace("_fsdp_wrapped_module.", ""), p) for n, p in self.model.named_parameters()]
 
     def _full(self, with_grads: bool) -> dict:
         with self.fsdp.summon_full_params(self.model, with_grads=with_grads):
-            return {n: (p.grad if with_grads else p).detach().clone() for n, p in self.model.named_parameters()}
+            return {n: (p.grad if with_grads else p).detach().clone() for n, p in self.named()}
 
     def weights(self) -> dict:
         return self._full(False)
@@ -100,18 +109,13 @@ class Fsdp1:
         """Each original parameter's moment: its local piece (a 1-D slice of the flat shard, empty
         where this rank holds none) all-gathered and laid out as the flat parameter shards it."""
         out = {}
-        full_shapes = {n: s for n, s in zip(self.names, self._shapes())}
-        for n, p in self.model.named_parameters():
+        for n, p in self.named():
             s = optimizer.state.get(p, {})
             piece = s[key].reshape(-1) if key in s else p.detach().new_empty(0)
             pieces = [None] * dist.get_world_size()
             dist.all_gather_object(pieces, piece)
-            out[n] = torch.cat(pieces).view(full_shapes[n])
+            out[n] = torch.cat(pieces).view(self.shapes[n])
         return out
-
-    def _shapes(self) -> list:
-        with self.fsdp.summon_full_params(self.model):
-            return [p.shape for _, p in self.model.named_parameters()]
 
 
 def main() -> None:
