@@ -388,6 +388,9 @@ class TrainerMon:
     def _monitored_params(self) -> list[MonitoredParam]:
         owned = {id(p) for p in self.adapter.params()}
         _, params = self._names()
+        expand = getattr(self.adapter, "named_params", None)  # one flat parameter, several originals (FSDP1)
+        if expand is not None:
+            params = expand(params)
         chosen: list[MonitoredParam] = []
         seen: set[int] = set()
         for chunk, named in enumerate(params):

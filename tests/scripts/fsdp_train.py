@@ -1,11 +1,13 @@
 """An FSDP training script with no monitoring code, for `msmon run`: a small model with uneven
-shapes on 2 CPU ranks (gloo), sharded by FSDP2 (`fully_shard`) or FSDP1
-(`FullyShardedDataParallel(use_orig_params=True)`), trained by torch.optim.Adam.
+shapes on 2 CPU ranks (gloo), sharded by FSDP2 (`fully_shard`, also as HSDP) or FSDP1
+(`FullyShardedDataParallel`, `use_orig_params` True or False), trained by torch.optim.Adam.
 
 It saves, in the same run, the whole tensors as torch itself assembles them, as the truth:
-`full_tensor()` of the DTensor weights, gradients and moments (FSDP2),
-`summon_full_params(with_grads=True)` and the gathered optimizer state (FSDP1); and the
-rank-local gradients an unwrapped copy of the model computes on this rank's last micro-batch.
+`full_tensor()` of the DTensor weights, gradients and moments (FSDP2);
+`summon_full_params(with_grads=True)` and the moments' pieces all-gathered (FSDP1 with
+original parameters); `summon_full_params` and FSDP's own `optim_state_dict` (flat parameters,
+whose reduced gradient is the ranks' mean of an unwrapped copy's gradients, by `all_reduce`);
+and the rank-local gradients that copy computes on this rank's last micro-batch.
 """
 
 from __future__ import annotations
@@ -55,12 +57,15 @@ def mg_share(g: torch.Tensor, m: torch.Tensor) -> float:
 
 
 class Fsdp2:
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, hybrid: bool = False) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        fully_shard(model.fc1)
-        fully_shard(model.fc2)
-        fully_shard(model)
+        # HSDP on 2 ranks: replicated across both, sharded across one (what is written once per replica group)
+        shape = (dist.get_world_size(), 1) if hybrid else (dist.get_world_size(),)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard")[-len(shape) :])
+        for module in (model.fc1, model.fc2, model):
+            fully_shard(module, mesh=mesh)
         self.model = model
 
     def full(self, t: torch.Tensor) -> torch.Tensor:
@@ -77,16 +82,17 @@ class Fsdp2:
 
 
 class Fsdp1:
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, orig_params: bool = True) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
+        self.orig_params = orig_params
         self.shapes = {n: p.shape for n, p in model.named_parameters()}
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         self.fsdp = FSDP
         self.model = FSDP(
             model,
-            use_orig_params=True,
+            use_orig_params=orig_params,
             auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
             device_id=torch.device("cpu"),  # on CPU it must be told (else it asks for an accelerator)
         )
@@ -106,6 +112,12 @@ class Fsdp1:
         return self._full(True)
 
     def state(self, optimizer, key: str) -> dict:
+        if not self.orig_params:  # flat parameters: FSDP's own full optimizer state, by original name
+            full = self.fsdp.optim_state_dict(self.model, optimizer)["state"]
+            return {n.replace("_fsdp_wrapped_module.", ""): s[key] for n, s in full.items()}
+        return self.gathered_state(optimizer, key)
+
+    def gathered_state(self, optimizer, key: str) -> dict:
         """Each original parameter's moment: its local piece (a 1-D slice of the flat shard, empty
         where this rank holds none) all-gathered and laid out as the flat parameter shards it."""
         out = {}
@@ -120,7 +132,7 @@ class Fsdp1:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["fsdp2", "fsdp1"], required=True)
+    parser.add_argument("--mode", choices=["fsdp2", "hsdp", "fsdp1", "fsdp1-flat"], required=True)
     parser.add_argument("--grad-acc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
@@ -132,12 +144,16 @@ def main() -> None:
     model = Uneven()
     reference = Uneven()
     reference.load_state_dict(model.state_dict())
-    wrapped = Fsdp2(model) if args.mode == "fsdp2" else Fsdp1(model)
+    if args.mode in ("fsdp2", "hsdp"):
+        wrapped = Fsdp2(model, hybrid=args.mode == "hsdp")
+    else:
+        wrapped = Fsdp1(model, orig_params=args.mode == "fsdp1")
     optimizer = torch.optim.Adam(wrapped.model.parameters(), lr=LR, betas=BETAS, eps=EPS)
 
     gen = torch.Generator().manual_seed(100 + rank)
     truth: dict = {"optimizer": type(optimizer).__name__, "steps": [], "losses": []}
     for _ in range(args.steps):
+        local_sum = {n: torch.zeros_like(p) for n, p in reference.named_parameters()}
         for _micro in range(args.grad_acc):
             x = torch.randn(4, 8, generator=gen)
             loss = wrapped.model(x).pow(2).mean() / args.grad_acc
@@ -145,8 +161,17 @@ def main() -> None:
             loss.backward()
             reference.zero_grad()
             (reference(x).pow(2).mean() / args.grad_acc).backward()
+            for n, p in reference.named_parameters():
+                local_sum[n] += p.grad
         local_last = {n: stats(p.grad) for n, p in reference.named_parameters()}
-        weights, grads = wrapped.weights(), wrapped.grads()
+        weights = wrapped.weights()
+        if args.mode == "fsdp1-flat":  # summon_full_params has no gradients without use_orig_params
+            grads = {}
+            for n, g in local_sum.items():  # the data-parallel mean of the ranks' gradients, by plain torch
+                dist.all_reduce(g)
+                grads[n] = g / dist.get_world_size()
+        else:
+            grads = wrapped.grads()
         moments = wrapped.state(optimizer, "exp_avg") if optimizer.state else None
         record = {
             "param_origin": {n: stats(w) for n, w in weights.items()},

@@ -1,5 +1,5 @@
 """Optimizer adapters for PyTorch's own sharding: FSDP2 (`fully_shard`) and FSDP1
-(`FullyShardedDataParallel(use_orig_params=True)`).
+(`FullyShardedDataParallel`, `use_orig_params` True or False).
 
 Both train a plain torch.optim optimizer, so they are recognised from its parameters, not its
 class. Every parameter is split across the ranks of its shard group: the adapters answer
@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from ...naming import clean_name
 from ...optimizers.base import GradPairs, Moments, Shard
 from ...optimizers.torch_optim import TorchOptimAdapter, adam_hyper
 from . import seams
@@ -150,7 +151,111 @@ class Fsdp1Adapter(_ShardedTorchAdapter):
         return t
 
     def hook_unreduced(self, models: list[torch.nn.Module], record: Callable[[GradPairs], None]):
-        return seams.on_fsdp1_reduce(self.units, set(self.placement), record)
+        flats = []
+        for unit in self.units:
+            flat = unit._handle.flat_param
+            flats.append((flat, [p if id(p) in self.placement else None for p in flat._params or []]))
+        return seams.on_fsdp1_reduce(flats, record)
+
+
+class _Original:
+    """Where one original parameter lies in its unit's flat parameter (use_orig_params=False)."""
+
+    def __init__(self, flat: torch.Tensor, index: int, fqn: str) -> None:
+        self.flat = flat
+        self.info = flat._shard_param_infos[index]
+        self.fqn = fqn
+        # the key it is monitored under: the original tensor no longer exists between steps
+        self.key = torch.empty(0, device=flat.device)
+
+    def piece(self, flat_tensor: torch.Tensor | None) -> torch.Tensor:
+        """Its elements in this rank's shard of `flat_tensor` (the flat weight, gradient or a moment)."""
+        if flat_tensor is None or not self.info.in_shard:
+            return self.key.new_empty(0)
+        return flat_tensor.detach().reshape(-1).narrow(0, self.info.offset_in_shard, self.info.numel_in_shard)
+
+
+class Fsdp1FlatAdapter(_ShardedTorchAdapter):
+    """FullyShardedDataParallel(use_orig_params=False): the optimizer trains each unit's
+    FlatParameter; every original parameter is reported under its own name, as its elements
+    of the flat shard (the flat parameter's `_shard_param_infos`; padding is no element)."""
+
+    family = "fsdp1"
+
+    def __init__(self, optimizer: Any, units: list[Any]) -> None:
+        self.units = units
+        self.originals: dict[int, list[_Original]] = {}  # id(flat parameter) -> its originals
+        placement = {}
+        for unit in units:
+            flat = unit._handle.flat_param
+            if not unit._handle.uses_sharded_strategy:
+                continue
+            found = unit_placement(unit)
+            originals = [_Original(flat, i, fqn) for i, fqn in enumerate(flat._fqns)]
+            self.originals[id(flat)] = originals
+            placement.update({id(o.key): found for o in originals})
+        self.by_key = {id(o.key): o for originals in self.originals.values() for o in originals}
+        super().__init__(optimizer, placement)
+
+    def params(self) -> list[torch.Tensor]:
+        out = []
+        for p in super().params():
+            out.extend([o.key for o in self.originals[id(p)]] if id(p) in self.originals else [p])
+        return out
+
+    def named_params(self, chunks: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """The model's named parameters with each flat parameter replaced by its originals,
+        named as the user's module names them (`fc1._flat_param` -> `fc1.weight`, `fc1.bias`)."""
+        out = []
+        for named in chunks:
+            expanded: dict[str, torch.Tensor] = {}
+            for name, p in named.items():
+                if id(p) not in self.originals:
+                    expanded[name] = p
+                    continue
+                prefix = name.rsplit("_flat_param", 1)[0]
+                for o in self.originals[id(p)]:
+                    expanded[clean_name(prefix + o.fqn)] = o.key
+            out.append(expanded)
+        return out
+
+    def _weights(self, params: list[torch.Tensor]) -> dict[int, Any]:
+        return self._by_flat(params, lambda o: o.flat)
+
+    def _grads(self, params: list[torch.Tensor], grad_of: Callable) -> dict[int, Any]:
+        return self._by_flat(params, lambda o: o.flat.grad)
+
+    def _by_flat(self, params: list[torch.Tensor], source: Callable[[_Original], Any]) -> dict[int, Any]:
+        out = {}
+        for p in params:
+            o = self.by_key.get(id(p))
+            if o is not None:
+                out[id(p)] = Shard(o.piece(source(o)), self.placement[id(p)].shard)
+        return out
+
+    def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
+        opt = self.optimizer
+        state = getattr(opt, "state", {})
+        hyper_of = {id(p): adam_hyper(g) for g in opt.param_groups for p in g["params"]}
+        out: dict[int, Moments] = {}
+        for p in params:
+            o = self.by_key.get(id(p))
+            s = state.get(o.flat) if o is not None else None
+            hyper = hyper_of.get(id(o.flat)) if o is not None else None
+            if not s or hyper is None or "exp_avg" not in s or "exp_avg_sq" not in s:
+                continue  # every rank holds a shard of every flat parameter: the same on all ranks
+            group = self.placement[id(p)].shard
+            out[id(p)] = Moments(
+                Shard(o.piece(s["exp_avg"]), group), Shard(o.piece(s["exp_avg_sq"]), group), s.get("step", 1), *hyper
+            )
+        return out
+
+    def hook_unreduced(self, models: list[torch.nn.Module], record: Callable[[GradPairs], None]):
+        flats = [(unit._handle.flat_param, unit._handle.flat_param) for unit in self.units]
+        return seams.on_fsdp1_reduce(
+            [(flat, [o.key for o in self.originals[id(flat)]]) for flat, _ in flats if id(flat) in self.originals],
+            record,
+        )
 
 
 def adapter_for(inner: Any) -> Any:
@@ -162,7 +267,11 @@ def adapter_for(inner: Any) -> Any:
         return Fsdp2Adapter(inner)
     if any(getattr(p, "_fsdp_flattened", False) for p in params):
         ids = {id(p) for p in params}
-        units = [u for u in fsdp1_units() if any(id(q) in ids for q in u._handle.flat_param._params or [])]
-        if units:
-            return Fsdp1Adapter(inner, units)
+        units = fsdp1_units()
+        originals = [u for u in units if any(id(q) in ids for q in u._handle.flat_param._params or [])]
+        if originals:
+            return Fsdp1Adapter(inner, originals)
+        flats = [u for u in units if id(u._handle.flat_param) in ids]
+        if flats:
+            return Fsdp1FlatAdapter(inner, flats)
     return None

@@ -113,22 +113,22 @@ def unsharded_views(flat_param: torch.Tensor, grad: torch.Tensor) -> list[torch.
 
 
 def on_fsdp1_reduce(
-    units: list[Any], param_ids: set[int], record: Callable[[GradPairs], None]
+    flats: list[tuple[Any, list[Any]]], record: Callable[[GradPairs], None]
 ) -> Callable[[], None] | None:
-    """Call `record` with (original parameter, its rank-local gradient) each time a unit's
-    unsharded flat gradient is complete, right before FSDP1 reduce-scatters it."""
+    """Call `record` with (key of an original parameter, its rank-local gradient) each time a
+    flat parameter's unsharded gradient is complete, right before FSDP1 reduce-scatters it.
+    `flats`: each FlatParameter with the keys its originals are monitored under, in `_params`
+    order (None for one not monitored)."""
     handles = []
-    for unit in units:
-        flat_param = unit._handle.flat_param
-        originals = list(flat_param._params or [])
-        if not originals or not any(id(p) in param_ids for p in originals):
+    for flat_param, keys in flats:
+        if not any(k is not None for k in keys):
             continue
 
-        def on_accumulated(flat: torch.Tensor, originals: list = originals) -> None:
+        def on_accumulated(flat: torch.Tensor, keys: list = keys) -> None:
             grad = flat.grad
-            if grad is None or grad.numel() < sum(p_numel for p_numel in flat._numels):
+            if grad is None or grad.numel() < sum(flat._numels):
                 return  # a sharded gradient (no reduction follows): nothing rank-local to read
-            pairs = [(p, g) for p, g in zip(originals, unsharded_views(flat, grad)) if id(p) in param_ids]
+            pairs = [(k, g) for k, g in zip(keys, unsharded_views(flat, grad)) if k is not None]
             if pairs:
                 record(pairs)
 
