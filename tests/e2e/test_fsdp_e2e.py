@@ -167,3 +167,37 @@ def test_losses_are_bit_identical_with_and_without_monitoring(job, tmp_path):
     run(plain, mode, monitored=False)
     for rank in (0, 1):
         assert truth(work, rank)["losses"] == truth(plain, rank)["losses"]
+
+
+def test_accelerate_prepare_moving_the_optimizer_onto_fsdp2_parameters_is_followed(tmp_path):
+    """accelerate builds nothing itself: the optimizer the script built over the plain model is
+    pointed at the sharded parameters by `prepare`; its monitor is released there and a new one
+    records the FSDP2 weights (on CPU the script switches accelerate's state to FSDP itself)."""
+    work = tmp_path / "accelerate"
+    work.mkdir()
+    (work / "monitor.json").write_text(json.dumps(dict(CONFIG, xy_distribution=False)))
+    argv = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(work / "monitor.json")]
+    argv += ["--output-dir", str(work / "out"), "--standalone", "--nproc-per-node", "2", "--"]
+    argv += [str(ROOT / "tests" / "scripts" / "fsdp_accelerate.py"), "--out", str(work)]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env(), cwd=work)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for rank in (0, 1):
+        assert f"msmon[rank {rank}]: monitoring Adam of FSDPSequential (attached at accelerate prepare (FSDP))" in (
+            proc.stderr
+        )
+    recorded = {}
+    for rank in (0, 1):
+        dirs = [
+            Path(d)
+            for d in glob.glob(str(work / "out" / f"*-rank{rank}-*"))
+            if json.loads((Path(d) / "summary.json").read_text())["steps_recorded"] > 0
+        ]
+        assert len(dirs) == 1, dirs
+        recorded[rank] = dirs[0]
+    steps = json.loads((work / "truth_rank0.json").read_text())["param_updated"]
+    rows = read_csv_rows(recorded[0], "param_updated")
+    assert sorted((int(r["step"]), r["name"]) for r in rows) == sorted((s, n) for s in range(3) for n in steps[0])
+    for row in rows:
+        assert_close(row, steps[int(row["step"])][row["name"]], row["name"])
+    assert not read_csv_rows(recorded[1], "param_updated")
+    assert read_csv_rows(recorded[1], "grad_unreduced")

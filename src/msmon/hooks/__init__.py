@@ -29,6 +29,7 @@ INSTRUMENTORS: dict[str, str] = {
     "msmon.hooks.deepspeed": "deepspeed",
     "msmon.hooks.megatron": "megatron.core",
     "msmon.hooks.fsdp": "torch.distributed.fsdp",
+    "msmon.hooks.fsdp.accelerate_prepare": "accelerate",
 }
 
 Listener = Callable[[str, dict], None]

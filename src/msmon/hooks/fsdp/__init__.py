@@ -22,7 +22,9 @@ SUPPORTED = "torch>=2.13,<2.14"
 
 def instrument(session: Any) -> None:
     """Nothing to wrap: the optimizer is a torch.optim one, attached by the torch.optim
-    instrumentor; its adapter comes from `adapter_for`."""
+    instrumentor, its adapter from `adapter_for`. accelerate's `prepare`, which swaps the
+    optimizer's parameters for sharded ones after it was built, has its own instrumentor
+    (accelerate_prepare.py, switched on by the import of accelerate)."""
 
 
 def uninstrument() -> None:
