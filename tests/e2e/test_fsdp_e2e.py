@@ -1,5 +1,5 @@
-"""PyTorch FSDP under `msmon run`, for real: 2 CPU ranks on gloo, no monitoring code in the
-script: FSDP2 (`fully_shard`, and HSDP replicated across the two ranks), FSDP1 with original
+"""PyTorch FSDP under `msmon run`, for real: 2 CPU ranks on gloo (4 for HSDP), no monitoring code in the
+script: FSDP2 (`fully_shard`, and HSDP: 4 ranks, 2 replica groups of 2 shards), FSDP1 with original
 parameters and with flat parameters, on a model with uneven shards (and a parameter whose
 piece on rank 1 is empty).
 
@@ -45,6 +45,7 @@ MODULES = {"fc1", "act", "fc2"}
 STEPS = 3
 MODES = ("fsdp2", "hsdp", "fsdp1", "fsdp1-flat")
 LOSS_MODES = ("fsdp2", "fsdp1", "fsdp1-flat")
+WORLD = {"hsdp": 4}  # 2 replica groups of 2 shards; the others run on 2 ranks
 
 
 def env() -> dict[str, str]:
@@ -56,12 +57,13 @@ def env() -> dict[str, str]:
 def run(work: Path, mode: str, monitored: bool) -> subprocess.CompletedProcess:
     work.mkdir(parents=True, exist_ok=True)
     script = [str(SCRIPT), "--mode", mode, "--steps", str(STEPS), "--out", str(work)]
+    ranks = str(WORLD.get(mode, 2))
     if monitored:
         (work / "monitor.json").write_text(json.dumps(CONFIG))
         launcher = ["-m", "msmon.launcher", "run", "--config", str(work / "monitor.json")]
-        launcher += ["--output-dir", str(work / "out"), "--standalone", "--nproc-per-node", "2", "--"]
+        launcher += ["--output-dir", str(work / "out"), "--standalone", "--nproc-per-node", ranks, "--"]
     else:
-        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", ranks]
     proc = subprocess.run(
         [sys.executable, *launcher, *script], capture_output=True, text=True, timeout=300, env=env(), cwd=work
     )
@@ -131,10 +133,12 @@ def test_mg_direction_is_the_share_of_the_whole_gradient_and_momentum(job):
 
 
 def test_whole_tensors_are_written_once_by_the_first_rank(job):
-    _, work, _ = job
-    directory = output_of(work, 1)
-    for category in (*WHOLE, "other"):
-        assert not read_csv_rows(directory, category), category
+    mode, work, _ = job
+    for rank in range(1, WORLD.get(mode, 2)):  # HSDP: neither the other shard nor the other replica group
+        directory = output_of(work, rank)
+        for category in (*WHOLE, "other"):
+            assert not read_csv_rows(directory, category), (rank, category)
+        assert read_csv_rows(directory, "grad_unreduced"), rank
 
 
 def test_rank_local_gradients_are_those_before_the_reduce_scatter(job):

@@ -61,8 +61,9 @@ class Fsdp2:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        # HSDP on 2 ranks: replicated across both, sharded across one (what is written once per replica group)
-        shape = (dist.get_world_size(), 1) if hybrid else (dist.get_world_size(),)
+        # HSDP: two replica groups, each sharded across half the ranks (what is written once per replica group)
+        world = dist.get_world_size()
+        shape = (2, world // 2) if hybrid else (world,)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=("replicate", "shard")[-len(shape) :])
         for module in (model.fc1, model.fc2, model):
             fully_shard(module, mesh=mesh)
