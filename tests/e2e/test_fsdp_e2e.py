@@ -45,6 +45,8 @@ MODULES = {"fc1", "act", "fc2"}
 STEPS = 3
 MODES = ("fsdp2", "hsdp", "fsdp1", "fsdp1-flat")
 LOSS_MODES = ("fsdp2", "fsdp1", "fsdp1-flat")
+# accumulation without reducing but the step's last micro-batch (set_requires_gradient_sync, no_sync())
+NO_SYNC = ("hsdp", "fsdp1-flat")
 WORLD = {"hsdp": 4}  # 2 replica groups of 2 shards; the others run on 2 ranks
 
 
@@ -57,6 +59,7 @@ def env() -> dict[str, str]:
 def run(work: Path, mode: str, monitored: bool) -> subprocess.CompletedProcess:
     work.mkdir(parents=True, exist_ok=True)
     script = [str(SCRIPT), "--mode", mode, "--steps", str(STEPS), "--out", str(work)]
+    script += ["--no-sync"] if mode in NO_SYNC else []
     ranks = str(WORLD.get(mode, 2))
     if monitored:
         (work / "monitor.json").write_text(json.dumps(CONFIG))
@@ -142,15 +145,17 @@ def test_whole_tensors_are_written_once_by_the_first_rank(job):
 
 
 def test_rank_local_gradients_are_those_before_the_reduce_scatter(job):
-    """Without no_sync FSDP reduce-scatters every micro-batch: the last one's gradient is reported."""
-    _, work, _ = job
+    """Without no_sync FSDP reduce-scatters every micro-batch: the last one's gradient is reported;
+    with it, the gradient accumulated over the step's micro-batches."""
+    mode, work, _ = job
+    local = "local_acc" if mode in NO_SYNC else "local_last"
     norms = {}
     for rank in (0, 1):
         steps = truth(work, rank)["steps"]
         rows = read_csv_rows(output_of(work, rank), "grad_unreduced")
         assert sorted((int(r["step"]), r["name"]) for r in rows) == sorted((s, n) for s in range(STEPS) for n in PARAMS)
         for row in rows:
-            assert_close(row, steps[int(row["step"])]["local_last"][row["name"]], f"rank {rank} {row['name']}")
+            assert_close(row, steps[int(row["step"])][local][row["name"]], f"rank {rank} {row['name']}")
         norms[rank] = {(r["step"], r["name"]): r["norm"] for r in rows}
     assert norms[0] != norms[1]  # different batches on the two ranks
 

@@ -13,6 +13,7 @@ and the rank-local gradients that copy computes on this rank's last micro-batch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -69,6 +70,11 @@ class Fsdp2:
             fully_shard(module, mesh=mesh)
         self.model = model
 
+    @contextlib.contextmanager
+    def syncing(self, sync: bool):
+        self.model.set_requires_gradient_sync(sync)
+        yield
+
     def full(self, t: torch.Tensor) -> torch.Tensor:
         return t.full_tensor()
 
@@ -97,6 +103,9 @@ class Fsdp1:
             auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
             device_id=torch.device("cpu"),  # on CPU it must be told (else it asks for an accelerator)
         )
+
+    def syncing(self, sync: bool):
+        return contextlib.nullcontext() if sync else self.model.no_sync()
 
     def named(self):
         """The original parameters under the user's names (FSDP's wrapper prefix removed)."""
@@ -136,6 +145,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=["fsdp2", "hsdp", "fsdp1", "fsdp1-flat"], required=True)
     parser.add_argument("--grad-acc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-sync", action="store_true", help="reduce only the last micro-batch of a step")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -155,16 +165,18 @@ def main() -> None:
     truth: dict = {"optimizer": type(optimizer).__name__, "steps": [], "losses": []}
     for _ in range(args.steps):
         local_sum = {n: torch.zeros_like(p) for n, p in reference.named_parameters()}
-        for _micro in range(args.grad_acc):
+        for micro in range(args.grad_acc):
             x = torch.randn(4, 8, generator=gen)
-            loss = wrapped.model(x).pow(2).mean() / args.grad_acc
-            truth["losses"].append(loss.item())
-            loss.backward()
+            with wrapped.syncing(not args.no_sync or micro == args.grad_acc - 1):
+                loss = wrapped.model(x).pow(2).mean() / args.grad_acc
+                truth["losses"].append(loss.item())
+                loss.backward()
             reference.zero_grad()
             (reference(x).pow(2).mean() / args.grad_acc).backward()
             for n, p in reference.named_parameters():
                 local_sum[n] += p.grad
         local_last = {n: stats(p.grad) for n, p in reference.named_parameters()}
+        local_acc = {n: stats(g) for n, g in local_sum.items()}
         weights = wrapped.weights()
         if args.mode == "fsdp1-flat":  # summon_full_params has no gradients without use_orig_params
             grads = {}
@@ -179,6 +191,7 @@ def main() -> None:
             "grad_reduced": {n: stats(g) for n, g in grads.items()},
             "mg_direction": {n: mg_share(grads[n], moments[n]) for n in grads} if moments else None,
             "local_last": local_last,
+            "local_acc": local_acc,
         }
         optimizer.step()
         optimizer.zero_grad()
