@@ -34,6 +34,14 @@ class _ShardedTorchAdapter(TorchOptimAdapter):
     def __init__(self, optimizer: Any, placement: dict[int, Placement]) -> None:
         super().__init__(optimizer)
         self.placement = placement
+        self.steps_done = 0  # the same on every rank, unlike which parameters have state here
+
+    def hook_step(self, before: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
+        def counted() -> None:
+            self.steps_done += 1
+            after()
+
+        return super().hook_step(before, counted)
 
     # -- groups ------------------------------------------------------------------------------------
     def shard_group(self, param: torch.Tensor) -> Any:
@@ -86,8 +94,8 @@ class _ShardedTorchAdapter(TorchOptimAdapter):
     def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
         opt = self.optimizer
         state = getattr(opt, "state", {})
-        if not state:  # before the first step no rank has moments: nothing to line up
-            return {}
+        if not self.steps_done and not state:
+            return {}  # before the first step no rank has moments: nothing to line up
         any_step = next((s["step"] for s in state.values() if "step" in s), 1)
         wanted = {id(p) for p in params}
         out: dict[int, Moments] = {}
