@@ -29,7 +29,7 @@ _original: Any = None
 
 def instrument(session: Session) -> None:
     global _original
-    import accelerate
+    import accelerate  # type: ignore[import-untyped]
 
     if _original is not None:
         return
@@ -54,7 +54,7 @@ def instrument(session: Session) -> None:
 def uninstrument() -> None:
     global _original
     if _original is not None:
-        import accelerate
+        import accelerate  # type: ignore[import-untyped]
 
         accelerate.Accelerator.prepare = _original
         _original = None

@@ -131,7 +131,7 @@ class Fsdp2Adapter(_ShardedTorchAdapter):
                 placement[id(p)] = found
         super().__init__(optimizer, placement)
 
-    def _local(self, t: torch.Tensor) -> torch.Tensor:
+    def _local(self, t: Any) -> torch.Tensor:
         return t.to_local() if is_dtensor(t) else t
 
     def hook_unreduced(self, models: list[torch.nn.Module], record: Callable[[GradPairs], None]):
@@ -169,7 +169,7 @@ class Fsdp1Adapter(_ShardedTorchAdapter):
 class _Original:
     """Where one original parameter lies in its unit's flat parameter (use_orig_params=False)."""
 
-    def __init__(self, flat: torch.Tensor, index: int, fqn: str) -> None:
+    def __init__(self, flat: Any, index: int, fqn: str) -> None:
         self.flat = flat
         self.info = flat._shard_param_infos[index]
         self.fqn = fqn
@@ -248,8 +248,10 @@ class Fsdp1FlatAdapter(_ShardedTorchAdapter):
         out: dict[int, Moments] = {}
         for p in params:
             o = self.by_key.get(id(p))
-            s = state.get(o.flat) if o is not None else None
-            hyper = hyper_of.get(id(o.flat)) if o is not None else None
+            if o is None:
+                continue
+            s = state.get(o.flat)
+            hyper = hyper_of.get(id(o.flat))
             if not s or hyper is None or "exp_avg" not in s or "exp_avg_sq" not in s:
                 continue  # every rank holds a shard of every flat parameter: the same on all ranks
             group = self.placement[id(p)].shard
@@ -259,10 +261,9 @@ class Fsdp1FlatAdapter(_ShardedTorchAdapter):
         return out
 
     def hook_unreduced(self, models: list[torch.nn.Module], record: Callable[[GradPairs], None]):
-        flats = [(unit._handle.flat_param, unit._handle.flat_param) for unit in self.units]
+        flats = [unit._handle.flat_param for unit in self.units]
         return seams.on_fsdp1_reduce(
-            [(flat, [o.key for o in self.originals[id(flat)]]) for flat, _ in flats if id(flat) in self.originals],
-            record,
+            [(flat, [o.key for o in self.originals[id(flat)]]) for flat in flats if id(flat) in self.originals], record
         )
 
 

@@ -13,8 +13,6 @@ import gc
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -28,7 +26,7 @@ def is_dtensor(t: Any) -> bool:
     return callable(getattr(t, "to_local", None)) and hasattr(t, "placements")
 
 
-def dtensor_placement(param: torch.Tensor) -> Placement | None:
+def dtensor_placement(param: Any) -> Placement | None:
     """The shard and replicate groups of an FSDP2 parameter; None when it is not split (all
     placements Replicate: nothing to combine)."""
     from torch.distributed.tensor import Replicate, Shard

@@ -100,7 +100,7 @@ def on_fsdp2_reduce(param_ids: set[int], record: Callable[[GradPairs], None]) ->
     return undo
 
 
-def unsharded_views(flat_param: torch.Tensor, grad: torch.Tensor) -> list[torch.Tensor]:
+def unsharded_views(flat_param: Any, grad: torch.Tensor) -> list[torch.Tensor]:
     """The original parameters' pieces of an unsharded flat tensor, in `_params` order (padding skipped)."""
     flat = grad.reshape(-1)
     shapes = iter(flat_param._shapes)
@@ -124,7 +124,7 @@ def on_fsdp1_reduce(
         if not any(k is not None for k in keys):
             continue
 
-        def on_accumulated(flat: torch.Tensor, keys: list = keys) -> None:
+        def on_accumulated(flat: Any, keys: list = keys) -> None:
             grad = flat.grad
             if grad is None or grad.numel() < sum(flat._numels):
                 return  # a sharded gradient (no reduction follows): nothing rank-local to read
@@ -135,4 +135,9 @@ def on_fsdp1_reduce(
         handles.append(flat_param.register_post_accumulate_grad_hook(on_accumulated))
     if not handles:
         return None
-    return lambda: [h.remove() for h in handles]
+
+    def undo() -> None:
+        for handle in handles:
+            handle.remove()
+
+    return undo
