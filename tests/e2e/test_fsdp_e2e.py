@@ -178,22 +178,20 @@ def test_losses_are_bit_identical_with_and_without_monitoring(job, tmp_path):
         assert truth(work, rank)["losses"] == truth(plain, rank)["losses"]
 
 
-def test_accelerate_prepare_moving_the_optimizer_onto_fsdp2_parameters_is_followed(tmp_path):
-    """accelerate builds nothing itself: the optimizer the script built over the plain model is
-    pointed at the sharded parameters by `prepare`; its monitor is released there and a new one
-    records the FSDP2 weights (on CPU the script switches accelerate's state to FSDP itself)."""
-    work = tmp_path / "accelerate"
+def run_script(work: Path, script: str) -> subprocess.CompletedProcess:
+    """`msmon run` of another unmodified FSDP script on 2 ranks (its truth in `work`)."""
     work.mkdir()
     (work / "monitor.json").write_text(json.dumps(dict(CONFIG, xy_distribution=False)))
     argv = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(work / "monitor.json")]
     argv += ["--output-dir", str(work / "out"), "--standalone", "--nproc-per-node", "2", "--"]
-    argv += [str(ROOT / "tests" / "scripts" / "fsdp_accelerate.py"), "--out", str(work)]
+    argv += [str(ROOT / "tests" / "scripts" / script), "--out", str(work)]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env(), cwd=work)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    for rank in (0, 1):
-        assert f"msmon[rank {rank}]: monitoring Adam of FSDPSequential (attached at accelerate prepare (FSDP))" in (
-            proc.stderr
-        )
+    return proc
+
+
+def assert_whole_weights_written_once(work: Path) -> None:
+    """The recorded param_updated rows of every step equal the script's full_tensor() statistics."""
     recorded = {}
     for rank in (0, 1):
         dirs = [
@@ -210,3 +208,22 @@ def test_accelerate_prepare_moving_the_optimizer_onto_fsdp2_parameters_is_follow
         assert_close(row, steps[int(row["step"])][row["name"]], row["name"])
     assert not read_csv_rows(recorded[1], "param_updated")
     assert read_csv_rows(recorded[1], "grad_unreduced")
+
+
+def test_accelerate_prepare_moving_the_optimizer_onto_fsdp2_parameters_is_followed(tmp_path):
+    """accelerate builds nothing itself: the optimizer the script built over the plain model is
+    pointed at the sharded parameters by `prepare`; its monitor is released there and a new one
+    records the FSDP2 weights (on CPU the script switches accelerate's state to FSDP itself)."""
+    proc = run_script(tmp_path / "accelerate", "fsdp_accelerate.py")
+    for rank in (0, 1):
+        assert f"msmon[rank {rank}]: monitoring Adam of FSDPSequential (attached at accelerate prepare (FSDP))" in (
+            proc.stderr
+        )
+    assert_whole_weights_written_once(tmp_path / "accelerate")
+
+
+def test_lightning_model_parallel_strategy_with_fully_shard_is_monitored_without_code(tmp_path):
+    proc = run_script(tmp_path / "lightning", "fsdp_lightning.py")
+    for rank in (0, 1):
+        assert f"msmon[rank {rank}]: monitoring Adam of Model (attached at construction)" in proc.stderr
+    assert_whole_weights_written_once(tmp_path / "lightning")
