@@ -75,6 +75,8 @@ def write_rule(groups: ParallelGroups, adapter: Any) -> Callable[[torch.Tensor],
     for p in adapter.params():
         split = adapter.shard_group(p)
         first = _is_first(split) if split is not None else (first_dp or _is_dtensor(p))
+        if split is not None:  # HSDP: split across one group, copied across another
+            first = first and _is_first(adapter.replica_group(p))
         decided[id(p)] = first and (first_tp or bool(getattr(p, "tensor_model_parallel", False)))
     return lambda param: decided.get(id(param), True)
 

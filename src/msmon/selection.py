@@ -63,6 +63,7 @@ def monitored_params(
     """The parameters the targets cover that the optimizer owns, each once."""
     owned = {id(p) for p in adapter.params()}
     _, params = names(models, config.squash_name)
+    params = adapter.named_params(params)  # FSDP1's flat parameters: several originals each
     chosen: list[MonitoredParam] = []
     seen: set[int] = set()
     for chunk, named in enumerate(params):

@@ -44,6 +44,7 @@ INSTRUMENTORS: dict[str, str] = {
     # package (folder of hooks/)   the import that switches it on
     "megatron": "megatron.core",
     "deepspeed": "deepspeed",
+    "fsdp": "torch.distributed.fsdp",
     "torch_optim": "torch",
     "torch_distributed": "torch",
 }

@@ -288,6 +288,16 @@ class OptimizerAdapter:
         """The group `param` is split across, or None when this rank holds all of it."""
         return None
 
+    def replica_group(self, param: torch.Tensor) -> Any:
+        """The group across which `param`'s pieces are copies (HSDP: split across the shard
+        group, replicated across this one), or None."""
+        return None
+
+    def named_params(self, params: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+        """Per model chunk, {name: parameter} as the monitor reports them: the model's own,
+        unless the optimizer trains stand-ins (FSDP1's flat parameters, one for several)."""
+        return params
+
     def data_parallel_group(self) -> Any:
         """The data-parallel group the optimizer itself knows, or None."""
         return None
