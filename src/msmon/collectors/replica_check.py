@@ -12,14 +12,21 @@ Replicated means the same tensor on every rank of the data-parallel group: the m
 parameters under DDP, DeepSpeed stage 0-2 and Megatron; whole fp32 main copies where the
 optimizer keeps them (DeepSpeed's FP16_UnfusedOptimizer, Megatron's Float16Optimizer);
 reduced gradients where they are whole. Pieces of a tensor split across the group (ZeRO
-partitions, distributed-optimizer shards, ZeRO-3 parameters, FSDP2 DTensors) are not
+partitions, distributed-optimizer shards, ZeRO-3 parameters, FSDP without replication) are not
 replicas and are skipped, and so are MoE expert parameters (`allreduce=False`: replicated over
-a smaller group). `replica_check.json` in each rank's output directory lists what was checked
+a smaller group). Under HSDP a parameter is split across a shard group and each piece copied
+across a replicate group: the optimizer's adapter declares that group (`replica_group(p)`, the
+check's group then) and this rank's piece (the Shard its weight and gradient are), and the
+piece is compared across it, as "this rank's shard" of the tensor.
+`replica_check.json` in each rank's output directory lists what was checked
 and skipped, and every check's outcome.
 
 The data-parallel group is the one msmon already knows (dedupe.discover: set_monitor's
-dp_group, the optimizer's, a DeepSpeed engine's, Megatron's), else a DistributedDataParallel
-module's process group; without one there is nothing to compare and the check is off.
+dp_group, the optimizer's (HSDP's replicate group), a DeepSpeed engine's, Megatron's), else the
+group the adapter declares for a parameter's copies (FSDP1 NO_SHARD units), else a
+DistributedDataParallel module's process group; without one there is nothing to compare and the
+check is off. A parameter whose declared copies lie across another group is skipped (one group
+per check).
 `replica_check` is read when the monitor attaches; edits to it while training runs are ignored,
 so every rank keeps checking the same steps.
 """
@@ -77,19 +84,30 @@ class Entry:
     name: str
     vpp_stage: int
     category: str
+    shard: bool = False  # this rank's piece of a parameter split across ranks (HSDP), not the whole
 
     @property
     def label(self) -> str:
         """The name, with its model chunk when that is not the first (`1:fc1.weight`)."""
         return f"{self.vpp_stage}:{self.name}" if self.vpp_stage else self.name
 
+    @property
+    def what(self) -> str:
+        """What was compared, for the alert: `weight after the update`, `this rank's shard; ...`."""
+        return f"this rank's shard; {WHAT[self.category]}" if self.shard else WHAT[self.category]
 
-class CheckedTensor(TypedDict):
-    """A tensor the check fingerprints, as replica_check.json lists it."""
 
+class _Tensor(TypedDict):
     name: str
     vpp_stage: int
     category: str
+
+
+class CheckedTensor(_Tensor, total=False):
+    """A tensor the check fingerprints, as replica_check.json lists it (`shard`: true for this
+    rank's piece of a split parameter, compared across the ranks holding the same piece)."""
+
+    shard: bool
 
 
 class SkippedTensor(CheckedTensor):
@@ -108,7 +126,7 @@ class Mismatch:
     values: dict[int, int]  # global rank -> fingerprint
 
     def describe(self) -> str:
-        what = f"{self.entry.label} ({WHAT[self.entry.category]})"
+        what = f"{self.entry.label} ({self.entry.what})"
         if self.majority:
             verb = "differs" if len(self.differing) == 1 else "differ"
             text = f"{what}: {_ranks(self.differing)} {verb} from the majority ({_ranks(self.majority)})"
@@ -176,24 +194,79 @@ def _named_params(ctx: StepContext) -> list[tuple[str, int, torch.Tensor]]:
 Named = list[tuple[str, int, torch.Tensor]]
 
 
+class DeclaredCopies:
+    """The ranks the adapter declares hold copies of this rank's piece of a parameter (its
+    `replica_group`: HSDP's replicate group), looked up once per group; `group_ranks` are the
+    ranks of the check's group (None: not known yet, anything goes)."""
+
+    def __init__(self, adapter: Any, group_ranks: list[int] | None) -> None:
+        self.adapter = adapter
+        self.group_ranks = sorted(group_ranks) if group_ranks is not None else None
+        self._ranks: dict[int, list[int]] = {}
+
+    def of(self, param: torch.Tensor) -> list[int] | None:
+        group = self.adapter.replica_group(param)
+        if group is None:
+            return None
+        found = self._ranks.get(id(group))
+        if found is None:
+            found = self._ranks[id(group)] = sorted(dist.get_process_group_ranks(group))
+        return found
+
+    def elsewhere(self, ranks: list[int]) -> str | None:
+        """Why copies across `ranks` cannot be compared in this check (None: they can)."""
+        if self.group_ranks is None or ranks == self.group_ranks:
+            return None
+        return (
+            f"its copies lie across {_ranks(ranks)}, not the check's group ({_ranks(self.group_ranks)}): "
+            "one group per check"
+        )
+
+
+def _declared(
+    copies: DeclaredCopies, p: torch.Tensor, value: Any
+) -> tuple[str | None, bool, torch.Tensor | None] | None:
+    """What the adapter declares of `p`: (why skipped, whether a shard, the tensor to fingerprint),
+    or None when it declares nothing (the other rules apply)."""
+    held = copies.of(p)
+    if held is not None:
+        why = copies.elsewhere(held)
+        if isinstance(value, Shard):
+            return why, True, value.local
+        return why, False, value
+    why = copies.adapter.unreplicated(p)
+    return (why, False, None) if why is not None else None
+
+
 def select_weights(
-    ctx: StepContext, named: Named | None = None
+    ctx: StepContext, named: Named | None = None, group_ranks: list[int] | None = None
 ) -> tuple[list[Entry], list[torch.Tensor], list[SkippedTensor]]:
-    """The replicated weights (model parameters, whole main copies), and what was skipped and why."""
+    """The replicated weights (model parameters, whole main copies, the pieces the adapter
+    declares copied across the check's group `group_ranks`), and what was skipped and why."""
     named = _named_params(ctx) if named is None else named
     not_a_replica = dedupe.replica_exclusion(ctx.models, ctx.adapter.optimizer, weights=True)
     mains = ctx.adapter.own_weights([p for _, _, p in named])
+    copies = DeclaredCopies(ctx.adapter, group_ranks)
     entries: list[Entry] = []
     tensors: list[torch.Tensor] = []
     skipped: list[SkippedTensor] = []
     for name, chunk, p in named:
+        main = mains.get(id(p))
+        declared = _declared(copies, p, p if main is None else main)
+        if declared is not None:
+            why, shard, tensor = declared
+            if why is not None or tensor is None:
+                skipped.append({"name": name, "vpp_stage": chunk, "category": WEIGHT, "why": why or "no weight"})
+            else:
+                entries.append(Entry(name, chunk, WEIGHT, shard))
+                tensors.append(tensor)
+            continue
         why = not_a_replica(p)
         if why is None:
             entries.append(Entry(name, chunk, WEIGHT))
             tensors.append(p)
         else:
             skipped.append({"name": name, "vpp_stage": chunk, "category": WEIGHT, "why": why})
-        main = mains.get(id(p))
         if main is None or main is p:
             continue
         label = f"{name}[main]"
@@ -213,17 +286,28 @@ def select_weights(
 
 
 def select_grads(
-    ctx: StepContext, named: Named | None = None
+    ctx: StepContext, named: Named | None = None, group_ranks: list[int] | None = None
 ) -> tuple[list[Entry], list[torch.Tensor | None], list[SkippedTensor]]:
-    """The reduced gradients that are whole on every rank (None: no gradient on this rank)."""
+    """The reduced gradients that are whole on every rank, and the pieces the adapter declares
+    copied across the check's group (None: no gradient on this rank)."""
     named = _named_params(ctx) if named is None else named
     grads = ctx.adapter.own_grads([p for _, _, p in named], ctx.grad_of)
     not_a_replica = dedupe.replica_exclusion(ctx.models, ctx.adapter.optimizer, weights=False)
+    copies = DeclaredCopies(ctx.adapter, group_ranks)
     entries: list[Entry] = []
     tensors: list[torch.Tensor | None] = []
     skipped: list[SkippedTensor] = []
     for name, chunk, p in named:
         g = grads.get(id(p))
+        declared = _declared(copies, p, g)
+        if declared is not None:
+            why, shard, tensor = declared
+            if why is not None:
+                skipped.append({"name": name, "vpp_stage": chunk, "category": GRAD, "why": why})
+            else:
+                entries.append(Entry(name, chunk, GRAD, shard))
+                tensors.append(tensor)
+            continue
         why = not_a_replica(p)
         if why is None and isinstance(g, Shard):
             why = "this rank's piece of the reduced gradient, split across the data-parallel ranks"
@@ -243,6 +327,10 @@ def replica_group(ctx: StepContext) -> Any:
     groups = dedupe.discover(ctx.models, ctx.adapter, ctx.dp_group, ctx.tp_group)
     if groups.dp is not None:
         return groups.dp
+    for p in ctx.adapter.params():  # the copies an adapter declares (FSDP1 NO_SHARD units)
+        declared = ctx.adapter.replica_group(p)
+        if declared is not None:
+            return declared
     return _ddp_group(ctx)
 
 
@@ -305,6 +393,7 @@ class ReplicaState:
     off: str | None = None  # why the check is off, once it is
     group: Any = None
     ranks: list[int] = field(default_factory=list)
+    group_ranks: list[int] = field(default_factory=list)  # the data-parallel group's ranks, module_ranks or not
     resolved: bool = False
     checks: int = 0
     last: dict[str, Any] | None = None  # this rank's fingerprints at the last check, as hex
@@ -315,6 +404,13 @@ class ReplicaState:
     thread: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)  # the report file, written from both threads
     warned_edit: bool = False
+
+
+def _checked(entry: Entry) -> CheckedTensor:
+    out: CheckedTensor = {"name": entry.name, "vpp_stage": entry.vpp_stage, "category": entry.category}
+    if entry.shard:
+        out["shard"] = True
+    return out
 
 
 def replica_state(ctx: StepContext) -> ReplicaState:
@@ -359,13 +455,13 @@ class ReplicaCheckCollector(Collector):
 
     def before_update(self) -> None:
         if self.state.settings.grads and self._due():
-            entries, tensors, _ = select_grads(self.ctx, self.named)
+            entries, tensors, _ = select_grads(self.ctx, self.named, self.state.group_ranks)
             self._grads = (self.ctx.step, entries, self._fingerprints(tensors))
 
     def after_update(self) -> None:
         if not self._due():
             return
-        entries, tensors, _ = select_weights(self.ctx, self.named)
+        entries, tensors, _ = select_weights(self.ctx, self.named, self.state.group_ranks)
         fps = self._fingerprints(tensors)
         grads, self._grads = self._grads, None
         if grads is not None and grads[0] == self.ctx.step:
@@ -395,6 +491,7 @@ class ReplicaCheckCollector(Collector):
                 info=True,
             )
         ranks = list(dist.get_process_group_ranks(group))
+        state.group_ranks = list(ranks)
         if ctx.config.module_ranks:  # ranks outside module_ranks run no collector: leave them out
             ranks = [r for r in ranks if r in set(ctx.config.module_ranks)]
         if len(ranks) < 2 or ctx.rank not in ranks:
@@ -406,9 +503,9 @@ class ReplicaCheckCollector(Collector):
         except Exception as exc:  # gloo cannot connect, say: the check is off, training goes on
             return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}")
         state.ranks = list(dist.get_process_group_ranks(state.group))
-        weights, _, skipped_w = select_weights(ctx, self.named)
-        grads, _, skipped_g = select_grads(ctx, self.named) if state.settings.grads else ([], [], [])
-        state.checked = [{"name": e.name, "vpp_stage": e.vpp_stage, "category": e.category} for e in grads + weights]
+        weights, _, skipped_w = select_weights(ctx, self.named, state.group_ranks)
+        grads, _, skipped_g = select_grads(ctx, self.named, state.group_ranks) if state.settings.grads else ([], [], [])
+        state.checked = [_checked(e) for e in grads + weights]
         state.skipped = skipped_g + skipped_w
         state.thread = threading.Thread(target=self._exchange_loop, name=f"msmon-replica-rank{ctx.rank}", daemon=True)
         state.thread.start()
@@ -511,6 +608,7 @@ class ReplicaCheckCollector(Collector):
                         "category": m.entry.category,
                         "differing_ranks": m.differing,
                         "majority_ranks": m.majority,
+                        **({"shard": True} if m.entry.shard else {}),
                     }
                     for m in found
                 ],

@@ -290,7 +290,13 @@ class OptimizerAdapter:
 
     def replica_group(self, param: torch.Tensor) -> Any:
         """The group across which `param`'s pieces are copies (HSDP: split across the shard
-        group, replicated across this one), or None."""
+        group, replicated across this one), or None. The replica check compares this rank's
+        piece (the Shard its weights and gradients are) across it."""
+        return None
+
+    def unreplicated(self, param: torch.Tensor) -> str | None:
+        """Why this rank's piece of `param` has a copy on no other rank (split, and replicated
+        across no group), for the replica check; None when this adapter knows no such reason."""
         return None
 
     def named_params(self, params: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:

@@ -31,9 +31,10 @@ class _ShardedTorchAdapter(TorchOptimAdapter):
 
     hooks_unreduced = True
 
-    def __init__(self, optimizer: Any, placement: dict[int, Placement]) -> None:
+    def __init__(self, optimizer: Any, placement: dict[int, Placement], whole: dict[int, Any] | None = None) -> None:
         super().__init__(optimizer)
         self.placement = placement
+        self.whole = whole or {}  # id(param) -> the group it is whole and copied across (FSDP1 NO_SHARD)
         self.steps_done = 0  # the same on every rank, unlike which parameters have state here
 
     def hook_step(self, before: Callable[[], None], after: Callable[[], None]) -> Callable[[], None]:
@@ -49,9 +50,20 @@ class _ShardedTorchAdapter(TorchOptimAdapter):
         return found.shard if found is not None else None
 
     def replica_group(self, param: torch.Tensor) -> Any:
-        """The group the whole of `param` is copied across (HSDP's replicate dimension), or None."""
+        """The group this rank's piece of `param` is copied across (HSDP's replicate dimension,
+        FSDP1 HYBRID_SHARD's `_inter_node_pg`; a NO_SHARD unit's group for its whole
+        parameters), or None."""
         found = self.placement.get(id(param))
-        return found.replicate if found is not None else None
+        return found.replicate if found is not None else self.whole.get(id(param))
+
+    def unreplicated(self, param: torch.Tensor) -> str | None:
+        found = self.placement.get(id(param))
+        if found is None or found.replicate is not None:
+            return None
+        return (
+            f"this rank's shard: FSDP splits it across {_ranks(found.shard)} and no rank holds a copy of it "
+            "(no replicate dimension, as HSDP has)"
+        )
 
     def shard_groups(self) -> list[Any]:
         return list({id(p.shard): p.shard for p in self.placement.values()}.values())
@@ -147,13 +159,15 @@ class Fsdp1Adapter(_ShardedTorchAdapter):
     def __init__(self, optimizer: Any, units: list[Any]) -> None:
         self.units = units
         placement = {}
+        whole = {}
         for unit in units:
             if not unit._handle.uses_sharded_strategy:  # NO_SHARD: whole replicas, nothing to combine
+                whole.update({id(p): unit.process_group for p in unit._handle.flat_param._params or []})
                 continue
             found = unit_placement(unit)
             for p in unit._handle.flat_param._params or []:
                 placement[id(p)] = found
-        super().__init__(optimizer, placement)
+        super().__init__(optimizer, placement, whole)
 
     def _local(self, t: torch.Tensor) -> torch.Tensor:
         return t
@@ -194,16 +208,18 @@ class Fsdp1FlatAdapter(_ShardedTorchAdapter):
         self.units = units
         self.originals: dict[int, list[_Original]] = {}  # id(flat parameter) -> its originals
         placement = {}
+        whole = {}
         for unit in units:
             flat = unit._handle.flat_param
-            if not unit._handle.uses_sharded_strategy:
+            if not unit._handle.uses_sharded_strategy:  # NO_SHARD: the flat parameter is a whole replica
+                whole[id(flat)] = unit.process_group
                 continue
             found = unit_placement(unit)
             originals = [_Original(flat, i, fqn) for i, fqn in enumerate(flat._fqns)]
             self.originals[id(flat)] = originals
             placement.update({id(o.key): found for o in originals})
         self.by_key = {id(o.key): o for originals in self.originals.values() for o in originals}
-        super().__init__(optimizer, placement)
+        super().__init__(optimizer, placement, whole)
 
     def params(self) -> list[torch.Tensor]:
         out = []
@@ -265,6 +281,15 @@ class Fsdp1FlatAdapter(_ShardedTorchAdapter):
         return seams.on_fsdp1_reduce(
             [(flat, [o.key for o in self.originals[id(flat)]]) for flat in flats if id(flat) in self.originals], record
         )
+
+
+def _ranks(group: Any) -> str:
+    import torch.distributed as dist
+
+    try:
+        return "ranks " + ", ".join(map(str, dist.get_process_group_ranks(group)))
+    except Exception:  # not a member, or torch.distributed is gone
+        return "its shard group"
 
 
 def adapter_for(inner: Any) -> Any:
