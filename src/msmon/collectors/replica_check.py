@@ -484,6 +484,8 @@ class ReplicaCheckCollector(Collector):
         if not (dist.is_available() and dist.is_initialized()):
             return self._off("torch.distributed is not initialised: there are no replicas to compare", info=True)
         group = replica_group(ctx)
+        if group is None and self._unreplicated():
+            return False
         if group is None:
             return self._off(
                 "no data-parallel group is known (no DDP module, no DeepSpeed or Megatron group, no "
@@ -517,6 +519,25 @@ class ReplicaCheckCollector(Collector):
             state.ranks,
             len(state.checked),
             len(state.skipped),
+        )
+        self._write_report()
+        return True
+
+    def _unreplicated(self) -> bool:
+        """Whether every parameter is split with no copy of this rank's piece anywhere (FSDP
+        without replication): then the check is off, and replica_check.json says why of each."""
+        ctx, state = self.ctx, self.state
+        weights, _, skipped_w = select_weights(ctx, self.named)
+        grads, _, skipped_g = select_grads(ctx, self.named) if state.settings.grads else ([], [], [])
+        declared = [ctx.adapter.unreplicated(p) for _, _, p in self.named]
+        if weights or grads or not declared or None in declared:
+            return False
+        state.skipped = skipped_g + skipped_w
+        self._off(
+            "no tensor has a copy on another rank: every parameter is split across ranks and no rank holds a "
+            f"copy of this rank's piece (FSDP without a replicate dimension); {len(state.skipped)} tensors "
+            "skipped, each with why, in " + REPORT_FILE,
+            info=True,
         )
         self._write_report()
         return True

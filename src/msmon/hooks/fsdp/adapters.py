@@ -61,8 +61,8 @@ class _ShardedTorchAdapter(TorchOptimAdapter):
         if found is None or found.replicate is not None:
             return None
         return (
-            f"this rank's shard: FSDP splits it across {_ranks(found.shard)} and no rank holds a copy of it "
-            "(no replicate dimension, as HSDP has)"
+            f"this rank's shard: FSDP splits it across {_ranks(found.shard)} and no other rank holds a copy of "
+            "this piece (no replicate dimension, as HSDP has)"
         )
 
     def shard_groups(self) -> list[Any]:
