@@ -17,23 +17,7 @@ import os
 
 import torch
 import torch.distributed as dist
-
-
-class Net(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc1 = torch.nn.Linear(8, 32)
-        self.drop = torch.nn.Dropout(0.2)
-        self.fc2 = torch.nn.Linear(32, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(torch.relu(self.drop(self.fc1(x))))
-
-
-def flip_bit(t: torch.Tensor, index: int, bit: int) -> None:
-    with torch.no_grad():
-        word = t.view(-1).view(torch.int32)
-        word[index] ^= (1 << bit) if bit < 31 else -(1 << 31)
+from replica_flip import Net, flip_bit  # the same model and bit flip as the DDP test (this folder)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
