@@ -6,7 +6,10 @@ import csv
 import glob
 import json
 import math
+import shutil
+import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 torch.set_num_threads(1)  # tests share two cores with each other; no spinning threads
+
+# torch 2.13's gloo sometimes aborts in a process's interpreter teardown, after all its work is done
+# and written: "terminate called without an active exception" (tests/scripts/comm_train.py, run by
+# plain torchrun without msmon even imported: 4 aborts in 12 runs on this project's machine). A job
+# whose failure shows that abort is run once more, with its monitor output removed first; one that
+# aborts twice fails its test. What msmon itself breaks fails the same way every time.
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
+_run_once = subprocess.run
+
+
+def _output_of(result: subprocess.CompletedProcess) -> str:
+    parts = [result.stdout, result.stderr]
+    return "".join(p.decode(errors="replace") if isinstance(p, bytes) else (p or "") for p in parts)
+
+
+def _run_past_gloo_teardown_abort(*args, **kwargs):
+    result = _run_once(*args, **kwargs)
+    if result.returncode != 0 and GLOO_TEARDOWN_ABORT in _output_of(result):
+        warnings.warn(
+            f"gloo aborted in a process teardown; running the job once more: {result.args!r}"[:300], stacklevel=2
+        )
+        output_dir = (kwargs.get("env") or {}).get("MONITOR_OUTPUT_DIR")
+        if output_dir:
+            shutil.rmtree(output_dir, ignore_errors=True)
+        result = _run_once(*args, **kwargs)
+    return result
+
+
+subprocess.run = _run_past_gloo_teardown_abort
 
 ALL_OPS = list(OPS)  # every op, in the table's order
 
