@@ -6,6 +6,7 @@ import csv
 import glob
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -25,8 +26,8 @@ torch.set_num_threads(1)  # tests share two cores with each other; no spinning t
 # torch 2.13's gloo sometimes aborts in a process's interpreter teardown, after all its work is done
 # and written: "terminate called without an active exception" (tests/scripts/comm_train.py, run by
 # plain torchrun without msmon even imported: 4 aborts in 12 runs on this project's machine). A job
-# whose failure shows that abort is run once more, with its monitor output removed first; one that
-# aborts twice fails its test. What msmon itself breaks fails the same way every time.
+# whose failure shows that abort is run once more, what it wrote to its monitor output removed
+# first; one that aborts twice fails its test. What msmon itself breaks fails the same way every time.
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 _run_once = subprocess.run
 
@@ -36,15 +37,35 @@ def _output_of(result: subprocess.CompletedProcess) -> str:
     return "".join(p.decode(errors="replace") if isinstance(p, bytes) else (p or "") for p in parts)
 
 
+def _monitor_output_dirs(argv: object, env: dict | None) -> list[str]:
+    """Where a job's monitors write: `msmon run --output-dir`, else MONITOR_OUTPUT_DIR."""
+    dirs = []
+    if isinstance(argv, (list, tuple)) and "--output-dir" in argv[:-1]:
+        dirs.append(str(argv[list(argv).index("--output-dir") + 1]))
+    if env and env.get("MONITOR_OUTPUT_DIR"):
+        dirs.append(env["MONITOR_OUTPUT_DIR"])
+    return dirs
+
+
+def _entries(directories: list[str]) -> dict[str, set[str]]:
+    return {d: set(os.listdir(d)) if os.path.isdir(d) else set() for d in directories}
+
+
 def _run_past_gloo_teardown_abort(*args, **kwargs):
+    outputs = _monitor_output_dirs(args[0] if args else kwargs.get("args"), kwargs.get("env"))
+    before = _entries(outputs)
     result = _run_once(*args, **kwargs)
     if result.returncode != 0 and GLOO_TEARDOWN_ABORT in _output_of(result):
         warnings.warn(
             f"gloo aborted in a process teardown; running the job once more: {result.args!r}"[:300], stacklevel=2
         )
-        output_dir = (kwargs.get("env") or {}).get("MONITOR_OUTPUT_DIR")
-        if output_dir:
-            shutil.rmtree(output_dir, ignore_errors=True)
+        for directory, names in _entries(outputs).items():  # what the aborted attempt wrote, and only that
+            for name in names - before[directory]:
+                path = os.path.join(directory, name)
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.remove(path)
         result = _run_once(*args, **kwargs)
     return result
 
