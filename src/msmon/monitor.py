@@ -381,7 +381,7 @@ class TrainerMon:
         if self.recording:
             self.shards.flush()  # sharded tensors: every rank's piece statistics, combined
             keys, chunks, hists, flag_keys, flags = self.buffer.take()
-            if (keys or hists or flags) and self.writer is not None:
+            if (keys or hists or flags is not None) and self.writer is not None:
                 batch = stage_to_host(keys, chunks, len(self.step_ops), hists, flag_keys, flags)
                 self.writer.submit(
                     self.step, self.step_ops, batch, {"heatmap": True} if self.config.heatmap_visualize else None
@@ -397,6 +397,7 @@ class TrainerMon:
                 self.grad_acc_steps = seen
         for collector in self.collectors:
             collector.end_step()
+        self.ctx.rows_read.clear()
         if self._struct is not None and self._struct.enabled and self.recording:
             stop_after_struct(self._struct, self.output_base, self.rank, self.step, self.close)
         self.step += 1

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .output_names import format_tag
+from .row_finiteness import RowFiniteness
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 CATEGORY_STAGE = {
@@ -143,7 +144,7 @@ class StepBuffer:
         self._single: list[torch.Tensor | RowGroup] = []  # rows added one by one since the last chunk
         self.histograms: list[Histogram] = []
         self.flag_keys: list[RowKey] = []
-        self.flags: list[torch.Tensor] = []
+        self.flags: list[torch.Tensor | tuple[torch.Tensor, RowFiniteness]] = []
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -171,8 +172,16 @@ class StepBuffer:
         self.flag_keys.append(key)
         self.flags.append(finite)
 
-    def take(self) -> tuple[list[RowKey], list[torch.Tensor], list[Histogram], list[RowKey], list[torch.Tensor]]:
-        """Hand over everything recorded so far and start empty."""
+    def add_flag_of_row(self, key: RowKey, row: torch.Tensor, test: RowFiniteness) -> None:
+        """The flag of a tensor whose statistics row was taken already: told by the row when the
+        step's flags are taken, all such rows in one batch (msmon.row_finiteness)."""
+        self.flag_keys.append(key)
+        self.flags.append((row, test))
+
+    def take(
+        self,
+    ) -> tuple[list[RowKey], list[torch.Tensor], list[Histogram], list[RowKey], torch.Tensor | None]:
+        """Hand over everything recorded so far and start empty; the flags as one [n] bool tensor."""
         self._close_run()
         chunks: list[torch.Tensor] = []
         for chunk in self._chunks:
@@ -180,13 +189,46 @@ class StepBuffer:
                 chunks.append(chunk)
             else:
                 chunks.extend(_stacked(chunk))
-        taken = self.keys, chunks, self.histograms, self.flag_keys, self.flags
+        taken = self.keys, chunks, self.histograms, self.flag_keys, _resolved_flags(self.flags)
         self.keys, self._chunks, self.histograms, self.flag_keys, self.flags = [], [], [], [], []
         return taken
 
     def clear(self) -> None:
         """Forget everything recorded so far (nothing is computed)."""
         self.keys, self._single, self._chunks, self.histograms, self.flag_keys, self.flags = [], [], [], [], [], []
+
+
+def _resolved_flags(entries: list[torch.Tensor | tuple[torch.Tensor, RowFiniteness]]) -> torch.Tensor | None:
+    """The step's flags in order as one [n] bool tensor: a kernel per run of flags of one kind
+    (0-d flags stacked; rows stacked and tested together), not one per flag."""
+    if not entries:
+        return None
+    parts: list[torch.Tensor] = []
+    start = 0
+    while start < len(entries):
+        of_rows = isinstance(entries[start], tuple)
+        end = start + 1
+        while end < len(entries) and isinstance(entries[end], tuple) == of_rows:
+            end += 1
+        run = entries[start:end]
+        if of_rows:
+            pairs = [entry for entry in run if isinstance(entry, tuple)]
+            test = pairs[0][1]  # one step, one set of ops
+            parts.append(test.flags(_stack_on_one_device([row for row, _ in pairs])))
+        else:
+            flags = [entry for entry in run if isinstance(entry, torch.Tensor)]
+            parts.append(_stack_on_one_device(flags).to(torch.bool))
+        start = end
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([p.to(parts[0].device) for p in parts])
+
+
+def _stack_on_one_device(tensors: list[torch.Tensor]) -> torch.Tensor:
+    try:
+        return torch.stack(tensors)
+    except RuntimeError:  # on several devices
+        return torch.stack([t.to(tensors[0].device) for t in tensors])
 
 
 def _stacked(run: list[torch.Tensor | RowGroup]) -> list[torch.Tensor]:

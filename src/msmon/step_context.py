@@ -18,6 +18,7 @@ import torch
 from .config import MonitorConfig
 from .cost import CostMeter
 from .records import StepBuffer
+from .rows_read import RowsRead
 from .selection import Names, names
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class StepContext:
         self.recording = False
         self.step_ops: list[str] = list(config.ops)  # the statistics of this step's rows
         self.buffer = StepBuffer()
+        self.rows_read = RowsRead()  # rows of tensors read this step, for a collector reading one again
         self.models: list[torch.nn.Module] = []
         self.params: list[MonitoredParam] = []
         self.adapter: Any = None  # optimizers.base adapter of the monitored optimizer

@@ -63,7 +63,7 @@ def stage_to_host(
     width: int,
     histograms: list[Histogram],
     flag_keys: list[RowKey] | None = None,
-    flags: list[torch.Tensor] | None = None,
+    flags: torch.Tensor | None = None,
 ) -> HostBatch:
     """Concatenate each device's rows and start their copy to the host. Finiteness flags
     travel in the same copy as the rows of their device."""
@@ -78,13 +78,12 @@ def stage_to_host(
     for chunk in chunks:
         spans.append((start, start + chunk.shape[0]))
         start += chunk.shape[0]
-    flags = flags or []
-    flag_device = flags[0].device if flags else None
+    flag_device = flags.device if flags is not None else None
     flag_host: torch.Tensor | None = None
     for device, indices in by_device.items():
         device_rows = torch.cat([chunks[i] for i in indices]) if len(indices) > 1 else chunks[indices[0]]
-        if device == flag_device:  # pack the flags after the rows: still one copy
-            packed = torch.cat([device_rows.flatten(), torch.stack(flags).to(device_rows.dtype)])
+        if flags is not None and device == flag_device:  # pack the flags after the rows: still one copy
+            packed = torch.cat([device_rows.flatten(), flags.to(device_rows.dtype)])
             host = _to_host(packed, events)
             split = device_rows.numel()
             host_parts.append(host[:split].view(device_rows.shape))
@@ -93,8 +92,8 @@ def stage_to_host(
             host_parts.append(_to_host(device_rows, events))
         for i in indices:
             ordered_keys.extend(keys[spans[i][0] : spans[i][1]])
-    if flags and flag_host is None:
-        flag_host = _to_host(torch.stack([f.to(flag_device) for f in flags]).to(torch.float64), events)
+    if flags is not None and flag_host is None:
+        flag_host = _to_host(flags.to(torch.float64), events)
     if host_parts:
         values = host_parts[0] if len(host_parts) == 1 else torch.cat(host_parts)
     else:

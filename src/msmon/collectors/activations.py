@@ -17,7 +17,6 @@ without grad (reentrant checkpointing), so gradients are still recorded once.
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import Any
 
 import torch
@@ -73,9 +72,6 @@ class ActivationCollector(Collector):
         self._hooks_ran = 0  # forward pre-hooks that ran eagerly this step (none: compiled)
         self._told_compiled = False
         self._open: dict[int, list[tuple[int, str, bool]]] = {}  # id(module) -> calls in flight
-        # one module's output is usually the next one's input (and they share a gradient): such a
-        # tensor is read once per version; a weak reference makes a recycled id never match
-        self._seen: dict[int, tuple[Any, int, torch.Tensor]] = {}
 
     def attach(self) -> None:
         for target in self.targets:
@@ -88,11 +84,13 @@ class ActivationCollector(Collector):
             )
 
     def _stats(self, t: torch.Tensor) -> torch.Tensor:
-        entry = self._seen.get(id(t))
-        if entry is not None and entry[0]() is t and entry[1] == t._version:
-            return entry[2]
-        row = tensor_stats(t, self.ctx.step_ops, self.ctx.config.eps)
-        self._seen[id(t)] = (weakref.ref(t), t._version, row)
+        """One read per tensor and version: one module's output is usually the next one's input
+        (and they share a gradient); the non-finite origin's flags use these rows too."""
+        rows_read = self.ctx.rows_read
+        row = rows_read.get(t)
+        if row is None:
+            row = tensor_stats(t, self.ctx.step_ops, self.ctx.config.eps)
+            rows_read.put(t, row)
         return row
 
     def _add(self, key: RowKey, t: torch.Tensor) -> None:
@@ -110,7 +108,6 @@ class ActivationCollector(Collector):
     def end_step(self) -> None:
         if self.ctx.recording:
             self._tell_once()
-        self._seen.clear()
         self._calls.clear()
         self._recompute_calls.clear()
         self._open.clear()

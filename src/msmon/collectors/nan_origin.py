@@ -2,7 +2,9 @@
 
 Each flag is a 0-d bool tensor computed on the device (is the sum finite? one reduction, no
 sync) and appended to the step buffer in execution order; the writer thread resolves the
-origin once per step, after the step's single copy to the host (see msmon.origin).
+origin once per step, after the step's single copy to the host (see msmon.origin). A tensor
+the activation collector has read this step is not read again: its statistics row tells
+(msmon.row_finiteness). Hence this collector's hooks run after the activation collector's.
 Forward: flags of every module's inputs (pre-hook) and outputs (post-hook). Backward: flags of
 the gradients of those same tensors, in the order autograd produces them.
 """
@@ -13,6 +15,7 @@ import torch
 
 from .. import guest_hooks
 from ..records import RowKey
+from ..row_finiteness import row_finiteness
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
@@ -28,7 +31,7 @@ def finite_flag(t: torch.Tensor) -> torch.Tensor:
 
 
 @register(
-    key="nan_origin", category="module", order=30, module_hooks=True, enabled=lambda cfg, ctx: cfg.nan_origin_enabled
+    key="nan_origin", category="module", order=55, module_hooks=True, enabled=lambda cfg, ctx: cfg.nan_origin_enabled
 )
 class NanOriginCollector(Collector):
     name = "nan origin"
@@ -53,7 +56,16 @@ class NanOriginCollector(Collector):
     def _flag(self, category: str, name: str, vpp: int, micro: int, tensors) -> None:
         for t in tensors:
             if t.is_floating_point() and t.numel():
-                self.ctx.buffer.add_flag(RowKey(category, name, vpp, micro), finite_flag(t))
+                self._add(RowKey(category, name, vpp, micro), t)
+
+    def _add(self, key: RowKey, t: torch.Tensor) -> None:
+        ctx = self.ctx
+        test = row_finiteness(ctx.step_ops)
+        row = ctx.rows_read.get(t) if test is not None else None
+        if row is not None:
+            ctx.buffer.add_flag_of_row(key, row, test)  # type: ignore[arg-type]
+        else:
+            ctx.buffer.add_flag(key, finite_flag(t))
 
     def _grad_hooks(self, name: str, vpp: int, micro: int, tensors) -> None:
         if not torch.is_grad_enabled():
@@ -66,7 +78,7 @@ class NanOriginCollector(Collector):
     def _grad_hook(self, key: RowKey):
         def hook(grad):
             if grad is not None and grad.numel() and self.ctx.recording:
-                self.ctx.buffer.add_flag(key, finite_flag(grad))
+                self._add(key, grad)
             return None
 
         return hook

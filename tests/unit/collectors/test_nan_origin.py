@@ -4,12 +4,29 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from conftest import MLP
 from msmon import TrainerMon
+from msmon.collectors import nan_origin
 from msmon.origin import find_origin
 from msmon.records import RowKey
+
+# How the flags are told: by reading each tensor (the origin alone), or by the rows the
+# activation collector took of the same tensors (all_xy), from min/max or from NaN/Inf counts;
+# with a norm alone the rows cannot tell, and the tensors are read again.
+FLAG_SOURCES = {
+    "read": {"nan_origin": True},
+    "rows min/max": {"nan_origin": True, "all_xy": True, "ops": ["norm", "min", "max"]},
+    "rows nans/infs": {"nan_origin": True, "all_xy": True, "ops": ["mean", "nans", "infs"]},
+    "rows cannot tell": {"nan_origin": True, "all_xy": True, "ops": ["norm"]},
+}
+
+
+@pytest.fixture(params=list(FLAG_SOURCES))
+def flag_source(request):
+    return FLAG_SOURCES[request.param]
 
 
 class Poisoned(torch.nn.Module):
@@ -76,11 +93,13 @@ def test_forward_origin_names_the_module_step_and_micro_step(write_config, outpu
     assert (nan_origin[0]["step"], nan_origin[0]["micro_step"], nan_origin[0]["name"]) == (3, 0, "body.fc2.output")
 
 
-def test_non_finite_values_made_outside_any_module_name_the_first_module_they_reach(write_config, output_dir):
+def test_non_finite_values_made_outside_any_module_name_the_first_module_they_reach(
+    write_config, output_dir, flag_source
+):
     model = Poisoned()
     model.poison_step = 1
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    mon = TrainerMon(write_config({"format": "csv", "nan_origin": True}))
+    mon = TrainerMon(write_config({"format": "csv", **flag_source}))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     for step in range(2):
         model.step = step
@@ -103,10 +122,10 @@ class BadWeight(torch.nn.Module):
         return self.c(torch.relu(self.b(self.a(x)))).sum()
 
 
-def test_a_module_with_a_nan_weight_is_the_origin(write_config, output_dir):
+def test_a_module_with_a_nan_weight_is_the_origin(write_config, output_dir, flag_source):
     model = BadWeight()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    mon = TrainerMon(write_config({"format": "csv", "nan_origin": True}))
+    mon = TrainerMon(write_config({"format": "csv", **flag_source}))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     model(torch.randn(2, 4)).backward()
     optimizer.step()
@@ -146,10 +165,10 @@ class NanGradModule(torch.nn.Module):
         return NanGrad.apply(x)
 
 
-def test_backward_origin_is_the_module_whose_input_grad_turns_non_finite(write_config, output_dir):
+def test_backward_origin_is_the_module_whose_input_grad_turns_non_finite(write_config, output_dir, flag_source):
     model = BackwardFault()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    mon = TrainerMon(write_config({"format": "csv", "nan_origin": True}))
+    mon = TrainerMon(write_config({"format": "csv", **flag_source}))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     model(torch.randn(2, 4)).backward()
     optimizer.step()
@@ -171,3 +190,27 @@ def test_find_origin_requires_finite_inputs():
     # non-finite data arriving at the first module: reported where it entered
     origin = find_origin(keys, [False, False, False, False])
     assert (origin.module, origin.tensor) == ("a", "a.input")
+
+
+@pytest.mark.parametrize("source", list(FLAG_SOURCES))
+def test_tensors_the_activation_collector_read_are_not_read_again_for_their_flags(
+    write_config, output_dir, monkeypatch, source
+):
+    reads = []
+    real = nan_origin.finite_flag
+    monkeypatch.setattr(nan_origin, "finite_flag", lambda t: reads.append(t.shape) or real(t))
+    model = BackwardFault()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = TrainerMon(write_config({"format": "csv", **FLAG_SOURCES[source]}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    for _ in range(2):
+        model(torch.randn(2, 4)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    origin = mon.summary()["first_nonfinite"]
+    assert (origin["stage"], origin["module"], origin["step"]) == ("backward", "bad", 0)
+    if source.startswith("rows") and source != "rows cannot tell":
+        assert reads == []
+    else:  # per step: the input and output of a, bad and c, and the gradients of all but a's input
+        assert len(reads) == 2 * (6 + 5)
