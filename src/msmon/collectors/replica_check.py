@@ -59,7 +59,8 @@ from .registry import register
 
 if TYPE_CHECKING:
     from ..config import ReplicaCheckConfig
-    from ..step_context import StepContext
+    from ..torch_threads import torch_on_this_thread_only
+from ..step_context import StepContext
 
 logger = logging.getLogger("msmon")
 
@@ -568,6 +569,7 @@ class ReplicaCheckCollector(Collector):
 
     # -- the exchange (this rank's thread) -----------------------------------------------------------
     def _exchange_loop(self) -> None:
+        torch_on_this_thread_only()  # a team of its own would slow every parallel op of the training
         state = self.state
         while True:
             job = state.jobs.get()

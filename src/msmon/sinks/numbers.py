@@ -13,6 +13,10 @@ import torch
 
 _EXACT_POWERS = 22  # 10.0**k is exact up to here, so M / 10**k is the correctly rounded M·10⁻ᵏ
 _POW10 = torch.tensor([float(10**k) for k in range(_EXACT_POWERS + 1)], dtype=torch.float64)
+# 1e-323 ... 1e0: the decimal exponent of a magnitude below 1 by search, not by log10, which
+# MKL computes in an OpenMP team of the calling thread's own (msmon.torch_threads)
+_LOWEST = 323
+_DECADES = torch.tensor([10.0**-k for k in range(_LOWEST, -1, -1)], dtype=torch.float64)
 
 
 def csv_value(value: float, ndigits: int) -> float:
@@ -31,13 +35,14 @@ def csv_values(table: torch.Tensor, ndigits: int) -> list[list[float]]:
     Each value keeps k decimals (ndigits, or for |v| < 1 enough for ndigits significant
     digits): round(v·10ᵏ) / 10ᵏ is the double Python's formatting gives unless the scaled
     product was inexact right at a tie, the power of ten is not exact (k > 22), the product
-    is too large to round in a double, or log10 misjudged the first digit. Those values (and
+    is too large to round in a double, or the exponent search misjudged the first digit. Those values (and
     non-finite ones) are formatted by `csv_value` itself, so the result is identical.
     """
     digits = max(ndigits, 1)
     magnitude = table.abs()
     small = (magnitude < 1.0) & (magnitude > 0.0)
-    exponent = torch.floor(torch.log10(torch.where(small, magnitude, torch.ones_like(magnitude))))
+    below_one = torch.where(small, magnitude, torch.ones_like(magnitude))
+    exponent = (torch.bucketize(below_one, _DECADES, right=True) - (_LOWEST + 1)).to(table.dtype)
     decimals = torch.where(small, digits - 1 - exponent, torch.full_like(exponent, float(ndigits)))
     scale = _POW10[decimals.clamp(0, _EXACT_POWERS).long()]
     scaled = table * scale

@@ -20,6 +20,7 @@ from ..anomaly.rules import Alert, RuleEngine
 from ..origin import Origin, find_origin
 from ..output import stopped_line, stopped_output
 from ..records import RowKey, StepRecord
+from ..torch_threads import torch_on_this_thread_only
 from ..transfer import HostBatch
 from .base import Sink
 from .feature_rows import split_features
@@ -108,6 +109,7 @@ class BackgroundWriter:
                 pass  # it failed already; the files are closed all the same
 
     def _run(self) -> None:
+        torch_on_this_thread_only()  # a team of its own would slow every parallel op of the training
         while True:
             item = self._queue.get()
             try:

@@ -1,0 +1,64 @@
+"""Keep torch on one thread inside msmon's own threads (the writer, the replica exchange).
+
+torch's CPU kernels run in OpenMP teams, and every thread that runs a parallel kernel gets a
+team of its own: the first torch op of msmon's writer thread that goes parallel (a large step
+table, or an MKL vector function such as log10 whatever the size) starts one more OS thread per
+core. libgomp then manages more threads than there are CPUs and stops spinning between parallel
+regions, so every parallel region of the training wakes its workers through the kernel: on the
+reference model (2 cores, 2 torch threads) a plain step went from 57 to 84 ms in the same
+process, for 1 ms of writer CPU per step (docs/performance.md). `torch.set_num_threads(1)`
+would avoid it but also changes process-wide settings (the default of threads created later,
+the pthreadpool); the OpenMP runtime's `omp_set_num_threads` sets the calling thread's own
+count only, so that is what is called, through ctypes, after torch's per-thread set-up (which
+would otherwise overwrite it on the thread's first parallel op).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import re
+from typing import Any, Callable
+
+logger = logging.getLogger("msmon")
+
+_RUNTIME = re.compile(r"^lib(gomp|iomp5|omp)[.-]")
+
+
+@functools.lru_cache(maxsize=1)
+def _omp_set_num_threads() -> Callable[[int], Any] | None:
+    """`omp_set_num_threads` of the OpenMP runtime torch loaded, or None where none is found."""
+    candidates: list[str | None] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(" ", 1)[-1].strip()
+                if path.startswith("/") and _RUNTIME.match(os.path.basename(path)) and path not in candidates:
+                    candidates.append(path)
+    except OSError:
+        pass
+    for library in [*candidates, None]:  # None: whatever the process has loaded globally
+        try:
+            fn = ctypes.CDLL(library).omp_set_num_threads
+        except (OSError, AttributeError):
+            continue
+        fn.argtypes, fn.restype = [ctypes.c_int], None
+        return fn
+    return None
+
+
+def torch_on_this_thread_only() -> bool:
+    """Make torch's CPU kernels called from the current thread run on it alone (no OpenMP
+    team of its own); the training's threads are not affected. False where no OpenMP runtime
+    was found (then there is no team to avoid either, or msmon cannot reach it)."""
+    import torch
+
+    torch.get_num_threads()  # torch's per-thread set-up first: it would reset the count later
+    fn = _omp_set_num_threads()
+    if fn is None:
+        logger.debug("msmon: no OpenMP runtime found; torch ops on msmon's threads keep torch's setting")
+        return False
+    fn(1)
+    return True
