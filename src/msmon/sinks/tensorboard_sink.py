@@ -18,7 +18,10 @@ import socket
 import time
 from typing import IO, Any
 
+import torch
+
 from ..records import RowKey, StepRecord
+from . import summary_wire
 from .base import Sink, naming
 from .heatmap import Heatmaps
 from .tfrecord import RecordFile
@@ -44,6 +47,7 @@ class TensorBoardSink(Sink):
         self._source_metadata, self._uid = SourceMetadata, _global_uid
         self._log_dir = log_dir
         self._tag_cache: dict[tuple, list[str]] = {}
+        self._prefix_cache: dict[tuple, list[bytes]] = {}
         self._heatmaps = Heatmaps()
         self._open_file()
 
@@ -79,30 +83,50 @@ class TensorBoardSink(Sink):
             tags = self._tag_cache[cache_key] = [f"{prefix}_{op}" for op in ops]
         return tags
 
+    def _prefixes(self, key: RowKey, rank: int, ops: list[str]) -> list[bytes]:
+        """The row's scalar entries up to their values (summary_wire), kept like the tags."""
+        cache_key = (key, rank, tuple(ops))
+        prefixes = self._prefix_cache.get(cache_key)
+        if prefixes is None:
+            if len(self._prefix_cache) >= _MAX_CACHED_ROWS:
+                self._prefix_cache.clear()
+            prefixes = self._prefix_cache[cache_key] = [
+                summary_wire.scalar_prefix(tag) for tag in self._tags(key, rank, ops)
+            ]
+        return prefixes
+
     def write(self, record: StepRecord) -> None:
+        prefixes = [p for key in record.keys for p in self._prefixes(key, record.rank, record.ops)]
+        parts = [summary_wire.scalars(prefixes, summary_wire.float32_bytes(self._table_of(record)))] if prefixes else []
         value = self._summary.Value
-        values = [
-            value(tag=tag, simple_value=v)
-            for key, row in zip(record.keys, record.values)
-            for tag, v in zip(self._tags(key, record.rank, record.ops), row)
-        ]
         heatmap = record.meta.get("heatmap", False)
         for tag, edges, counts in record.histograms:
             histogram = self._histogram_of(edges, counts)
             if histogram is not None:
-                values.append(value(tag=tag, histo=histogram))
+                parts.append(summary_wire.entry(value(tag=tag, histo=histogram).SerializeToString()))
             image = self._heatmaps.add(tag, counts) if heatmap else None
             if image is not None:
                 image_tag, height, width, png = image
-                values.append(
-                    value(
-                        tag=image_tag,
-                        image=self._summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png),
-                    )
-                )
-        if values:
-            self._write(self._event(wall_time=time.time(), step=record.step, summary=self._summary(value=values)))
+                picture = self._summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
+                parts.append(summary_wire.entry(value(tag=image_tag, image=picture).SerializeToString()))
+        if parts:
+            self._write_bytes(summary_wire.event(time.time(), record.step, b"".join(parts)))
         self.flush()
+
+    @staticmethod
+    def _table_of(record: StepRecord) -> torch.Tensor:
+        """The step's values as a [rows, ops] tensor (the host table the writer got, when it
+        matches the record)."""
+        table = record.table
+        if table is not None and tuple(table.shape) == (len(record.keys), len(record.ops)):
+            return table
+        return torch.tensor(record.values, dtype=torch.float64).reshape(len(record.keys), len(record.ops))
+
+    def _write_bytes(self, event: bytes) -> None:
+        try:
+            self._writer.write(event)
+        except OSError as exc:
+            raise naming(exc, self.path)
 
     def _write(self, event: Any) -> None:  # a tensorboard Event proto
         try:
