@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
@@ -37,11 +37,13 @@ from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
 from ...collectors.l2_features import l2_targets_error, l2_targets_nowhere
 from ...config import ConfigError
 from ...distributed import current_rank, pipeline_position
-from ...monitor import TrainerMon
 from ...optimizers.base import resolve_optimizer
 from .. import Session
 from ..attach import module_monitor, on_optimizer_collected, start_monitor, targets_error
 from ..module_registry import ModuleTracker, roots_in_memory
+
+if TYPE_CHECKING:  # imported when first used: a script may import msmon.monitor, and with it torch, first
+    from ...monitor import TrainerMon
 
 logger = logging.getLogger("msmon")
 
