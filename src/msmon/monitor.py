@@ -398,6 +398,7 @@ class TrainerMon:
         for collector in self.collectors:
             collector.end_step()
         self.ctx.rows_read.clear()
+        self.ctx.grad_hooks.clear()
         if self._struct is not None and self._struct.enabled and self.recording:
             stop_after_struct(self._struct, self.output_base, self.rank, self.step, self.close)
         self.step += 1

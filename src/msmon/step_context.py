@@ -17,6 +17,7 @@ import torch
 
 from .config import MonitorConfig
 from .cost import CostMeter
+from .grad_hooks import GradHooks
 from .records import StepBuffer
 from .rows_read import RowsRead
 from .selection import Names, names
@@ -42,6 +43,7 @@ class StepContext:
         self.step_ops: list[str] = list(config.ops)  # the statistics of this step's rows
         self.buffer = StepBuffer()
         self.rows_read = RowsRead()  # rows of tensors read this step, for a collector reading one again
+        self.grad_hooks = GradHooks(self)  # one gradient hook per activation tensor and step
         self.models: list[torch.nn.Module] = []
         self.params: list[MonitoredParam] = []
         self.adapter: Any = None  # optimizers.base adapter of the monitored optimizer

@@ -226,18 +226,11 @@ class ActivationCollector(Collector):
         for name, t in zip(names, tensors):
             if not t.requires_grad or not t.is_floating_point():
                 continue
-            key = RowKey("actv_grad", name, target.vpp_stage, micro)
-            t.register_hook(self.guard(self._make_grad_hook(key)))
+            ctx.grad_hooks.add(t, self, self._on_grad, RowKey("actv_grad", name, target.vpp_stage, micro))
 
-    def _make_grad_hook(self, key: RowKey):
-        ctx = self.ctx
-
-        def grad_hook(grad: torch.Tensor) -> None:
-            if grad is not None and ctx.recording and grad.numel():
-                self._add(key, grad)
-            return None
-
-        return grad_hook
+    def _on_grad(self, key: RowKey, grad: torch.Tensor) -> None:
+        if grad is not None and self.ctx.recording and grad.numel():
+            self._add(key, grad)
 
 
 def _tracker_enabled(cfg: MonitorConfig, ctx: StepContext) -> bool:

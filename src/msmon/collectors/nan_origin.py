@@ -73,15 +73,11 @@ class NanOriginCollector(Collector):
         key = RowKey("actv_grad", name, vpp, micro)
         for t in tensors:
             if t.requires_grad and t.is_floating_point():
-                t.register_hook(self.guard(self._grad_hook(key)))
+                self.ctx.grad_hooks.add(t, self, self._on_grad, key)
 
-    def _grad_hook(self, key: RowKey):
-        def hook(grad):
-            if grad is not None and grad.numel() and self.ctx.recording:
-                self._add(key, grad)
-            return None
-
-        return hook
+    def _on_grad(self, key: RowKey, grad: torch.Tensor) -> None:
+        if grad is not None and grad.numel() and self.ctx.recording:
+            self._add(key, grad)
 
     def _pre(self, name: str, vpp: int, chunk: int):
         ctx = self.ctx

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -214,3 +215,21 @@ def test_tensors_the_activation_collector_read_are_not_read_again_for_their_flag
         assert reads == []
     else:  # per step: the input and output of a, bad and c, and the gradients of all but a's input
         assert len(reads) == 2 * (6 + 5)
+
+
+def test_a_tensor_between_two_modules_gets_one_gradient_hook_for_both_collectors(write_config, output_dir):
+    """a's output is b's input: the activation collector and the origin both want its gradient,
+    under both names; one hook serves the four (msmon.grad_hooks), and every row is written."""
+    model = BadWeight()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = TrainerMon(write_config({"format": "csv", "nan_origin": True, "all_xy": True, "ops": ["min", "max"]}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    outputs = {}
+    model.a.register_forward_hook(lambda module, args, output: outputs.setdefault("a", output))
+    model(torch.randn(2, 4)).backward()
+    optimizer.step()
+    mon.close()
+    assert len(outputs["a"]._backward_hooks) == 1
+    with open(next(output_dir.rglob("actv_grad_*.csv"))) as fh:
+        names = {row["name"] for row in csv.DictReader(fh)}
+    assert {"a.output", "b.input", "b.output", "c.input", "c.output"} <= names

@@ -1,0 +1,78 @@
+"""One gradient hook per activation tensor and step, shared by every collector that wants it.
+
+The activation collector and the non-finite origin each want the gradient of every module's
+input and output, and one module's output is usually the next one's input: four hooks per
+tensor, each a `Tensor.register_hook` (a RemovableHandle, a hook dict), two closures and a call
+from the autograd engine into Python. Here the first request registers one hook, later ones
+for the same tensor join its list, and the hook calls them in the order they were asked for,
+with the same gradient each would have received. The same tensor means the same object (a
+weak reference says) at the same version: after an in-place op (ReLU(inplace=True)) a hook
+gets the gradient of the new value, one registered before it that of the old. A
+failing callback switches its own collector off (ctx.report_failure), as its own guard did.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from .records import RowKey
+
+if TYPE_CHECKING:
+    from .collectors.base import Collector
+    from .step_context import StepContext
+
+_compiler = getattr(torch, "compiler", None)
+_is_compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
+
+GradCallback = Callable[[RowKey, torch.Tensor], None]
+
+
+class GradHooks:
+    __slots__ = ("_ctx", "_hooked")
+
+    def __init__(self, ctx: StepContext) -> None:
+        self._ctx = ctx
+        self._hooked: dict[int, tuple[Any, int, list[tuple[Collector, GradCallback, RowKey]]]] = {}
+
+    def add(self, t: torch.Tensor, collector: Collector, callback: GradCallback, key: RowKey) -> None:
+        """Call `callback(key, grad)` with the gradient of `t` in backward (if `collector` is
+        still on then)."""
+        entry = self._hooked.get(id(t))
+        if entry is not None and entry[0]() is t and entry[1] == t._version:
+            entry[2].append((collector, callback, key))
+            return
+        calls = [(collector, callback, key)]
+        t.register_hook(self._hook(calls))
+        self._hooked[id(t)] = (weakref.ref(t), t._version, calls)
+
+    def clear(self) -> None:
+        """Forget this step's tensors (their hooks stay, and still call back if they fire)."""
+        self._hooked.clear()
+
+    def _hook(self, calls: list[tuple[Collector, GradCallback, RowKey]]) -> Callable[[torch.Tensor], None]:
+        ctx = self._ctx
+        clock = time.perf_counter
+
+        def msmon_grad_hook(grad: torch.Tensor) -> None:
+            # inside a torch.compile trace the hook is a no-op the tracer folds away
+            if _is_compiling():
+                return None
+            started = clock()
+            try:
+                for collector, callback, key in calls:
+                    if collector.enabled:
+                        try:
+                            callback(key, grad)
+                        except Exception as exc:  # contained: monitoring must never break training
+                            ctx.report_failure(collector, exc)
+            finally:
+                ctx.cost.seconds += clock() - started
+            return None
+
+        # a tensor's hooks are never pickled (torch.utils.hooks.unserializable_hook)
+        msmon_grad_hook.__torch_unserializable__ = True  # type: ignore[attr-defined]
+        return msmon_grad_hook
