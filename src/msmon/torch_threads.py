@@ -28,9 +28,10 @@ _RUNTIME = re.compile(r"^lib(gomp|iomp5|omp)[.-]")
 
 
 @functools.lru_cache(maxsize=1)
-def _omp_set_num_threads() -> Callable[[int], Any] | None:
-    """`omp_set_num_threads` of the OpenMP runtime torch loaded, or None where none is found."""
-    candidates: list[str | None] = []
+def _omp_set_num_threads() -> tuple[Callable[[int], Any], ...]:
+    """`omp_set_num_threads` of every OpenMP runtime the process has loaded (torch's, and any
+    other library's: each keeps its own per-thread count), or of the global namespace."""
+    candidates: list[str] = []
     try:
         with open("/proc/self/maps") as maps:
             for line in maps:
@@ -39,14 +40,16 @@ def _omp_set_num_threads() -> Callable[[int], Any] | None:
                     candidates.append(path)
     except OSError:
         pass
-    for library in [*candidates, None]:  # None: whatever the process has loaded globally
+    found: list[Callable[[int], Any]] = []
+    libraries: list[str | None] = list(candidates) or [None]  # None: what the process loaded globally
+    for library in libraries:
         try:
             fn = ctypes.CDLL(library).omp_set_num_threads
         except (OSError, AttributeError):
             continue
         fn.argtypes, fn.restype = [ctypes.c_int], None
-        return fn
-    return None
+        found.append(fn)
+    return tuple(found)
 
 
 def torch_on_this_thread_only() -> bool:
@@ -56,9 +59,10 @@ def torch_on_this_thread_only() -> bool:
     import torch
 
     torch.get_num_threads()  # torch's per-thread set-up first: it would reset the count later
-    fn = _omp_set_num_threads()
-    if fn is None:
+    runtimes = _omp_set_num_threads()
+    if not runtimes:
         logger.debug("msmon: no OpenMP runtime found; torch ops on msmon's threads keep torch's setting")
         return False
-    fn(1)
+    for set_num_threads in runtimes:
+        set_num_threads(1)
     return True
