@@ -55,14 +55,18 @@ def _omp_set_num_threads() -> tuple[Callable[[int], Any], ...]:
 def torch_on_this_thread_only() -> bool:
     """Make torch's CPU kernels called from the current thread run on it alone (no OpenMP
     team of its own); the training's threads are not affected. False where no OpenMP runtime
-    was found (then there is no team to avoid either, or msmon cannot reach it)."""
-    import torch
+    was found (then there is no team to avoid either, or msmon cannot reach it). Never raises:
+    the thread works the same without it, only more costly for the training."""
+    try:
+        import torch
 
-    torch.get_num_threads()  # torch's per-thread set-up first: it would reset the count later
-    runtimes = _omp_set_num_threads()
+        torch.get_num_threads()  # torch's per-thread set-up first: it would reset the count later
+        runtimes = _omp_set_num_threads()
+        for set_num_threads in runtimes:
+            set_num_threads(1)
+    except Exception as exc:
+        logger.debug("msmon: could not keep torch on this thread alone: %r", exc)
+        return False
     if not runtimes:
         logger.debug("msmon: no OpenMP runtime found; torch ops on msmon's threads keep torch's setting")
-        return False
-    for set_num_threads in runtimes:
-        set_num_threads(1)
-    return True
+    return bool(runtimes)
