@@ -46,7 +46,6 @@ class TensorBoardSink(Sink):
         self._event, self._summary, self._histogram = Event, Summary, HistogramProto
         self._source_metadata, self._uid = SourceMetadata, _global_uid
         self._log_dir = log_dir
-        self._tag_cache: dict[tuple, list[str]] = {}
         self._prefix_cache: dict[tuple, list[bytes]] = {}
         self._heatmaps = Heatmaps()
         self._open_file()
@@ -72,27 +71,16 @@ class TensorBoardSink(Sink):
             _close_quietly(self._file)
             raise
 
-    def _tags(self, key: RowKey, rank: int, ops: list[str]) -> list[str]:
-        """The row's tags, one per op; the same rows come back every step, so they are kept."""
-        cache_key = (key, rank, tuple(ops))
-        tags = self._tag_cache.get(cache_key)
-        if tags is None:
-            if len(self._tag_cache) >= _MAX_CACHED_ROWS:
-                self._tag_cache.clear()
-            prefix = key.tag(rank)
-            tags = self._tag_cache[cache_key] = [f"{prefix}_{op}" for op in ops]
-        return tags
-
     def _prefixes(self, key: RowKey, rank: int, ops: list[str]) -> list[bytes]:
-        """The row's scalar entries up to their values (summary_wire), kept like the tags."""
+        """The row's scalar entries up to their values (summary_wire), one per op, tagged
+        `{key.tag(rank)}_{op}`; the same rows come back every step, so they are kept."""
         cache_key = (key, rank, tuple(ops))
         prefixes = self._prefix_cache.get(cache_key)
         if prefixes is None:
             if len(self._prefix_cache) >= _MAX_CACHED_ROWS:
                 self._prefix_cache.clear()
-            prefixes = self._prefix_cache[cache_key] = [
-                summary_wire.scalar_prefix(tag) for tag in self._tags(key, rank, ops)
-            ]
+            tag = key.tag(rank)
+            prefixes = self._prefix_cache[cache_key] = [summary_wire.scalar_prefix(f"{tag}_{op}") for op in ops]
         return prefixes
 
     def write(self, record: StepRecord) -> None:
