@@ -3,10 +3,10 @@
 torch's CPU kernels run in OpenMP teams, and every thread that runs a parallel kernel gets a
 team of its own: the first torch op of msmon's writer thread that goes parallel (a large step
 table, or an MKL vector function such as log10 whatever the size) starts one more OS thread per
-core. libgomp then manages more threads than there are CPUs and stops spinning between parallel
-regions, so every parallel region of the training wakes its workers through the kernel: on the
-reference model (2 cores, 2 torch threads) a plain step went from 57 to 84 ms in the same
-process, for 1 ms of writer CPU per step (docs/performance.md). `torch.set_num_threads(1)`
+core. With more OpenMP threads than cores, the training's parallel regions wait for their
+workers: on the reference model (2 cores, 2 torch threads) a plain step went from 57 to 84 ms in
+the same process, for 1 ms of writer CPU per step, with cores left idle
+(docs/performance.md, fifth round). `torch.set_num_threads(1)`
 would avoid it but also changes process-wide settings (the default of threads created later,
 the pthreadpool); the OpenMP runtime's `omp_set_num_threads` sets the calling thread's own
 count only, so that is what is called, through ctypes, after torch's per-thread set-up (which
