@@ -233,3 +233,25 @@ def test_a_tensor_between_two_modules_gets_one_gradient_hook_for_both_collectors
     with open(next(output_dir.rglob("actv_grad_*.csv"))) as fh:
         names = {row["name"] for row in csv.DictReader(fh)}
     assert {"a.output", "b.input", "b.output", "c.input", "c.output"} <= names
+
+
+def test_a_failing_gradient_callback_switches_off_its_own_collector_only(write_config, output_dir, monkeypatch, caplog):
+    """The shared gradient hook contains each collector's failure as its own hook did."""
+    from msmon.collectors.activations import ActivationCollector
+
+    def broken(self, key, grad):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(ActivationCollector, "_on_grad", broken)
+    model = BackwardFault()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    mon = TrainerMon(write_config({"format": "csv", **FLAG_SOURCES["rows min/max"]}))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    loss = model(torch.randn(2, 4))
+    loss.backward()  # training goes on
+    optimizer.step()
+    mon.close()
+    failures = [r for r in caplog.records if "activations monitoring failed" in r.getMessage()]
+    assert len(failures) == 1 and "boom" in failures[0].getMessage()
+    origin = mon.summary()["first_nonfinite"]  # the origin's own callbacks kept running
+    assert (origin["stage"], origin["module"]) == ("backward", "bad")
