@@ -1,6 +1,7 @@
 """Replacing a method on one object, and putting it back: the patching every instrumentor and
 adapter shares (DeepSpeed's reduce calls, Megatron's bucket grad syncs, the `step` of an
-optimizer that is no torch.optim.Optimizer).
+optimizer that is no torch.optim.Optimizer); and a library's own entry points replaced once
+per process (`Replacements`: deepspeed.initialize, Accelerator.prepare, Megatron's builders).
 
 The undo holds neither the object nor the wrapper strongly, so a monitor that keeps the undo
 never keeps a script's optimizer alive; it removes only its own wrapper (a later one stays).
@@ -70,3 +71,28 @@ def wrap_step(
 
     opt.step = step
     return _undo_of(opt, "step", step)
+
+
+class Replacements:
+    """A library's attributes (a module's function, a class's method) replaced by msmon's
+    wrappers, each at most once, and put back by `restore` (an instrumentor's uninstrument)."""
+
+    __slots__ = ("_replaced",)
+
+    def __init__(self) -> None:
+        self._replaced: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+
+    def replace(self, owner: Any, name: str, make: Callable[[Any], Any]) -> bool:
+        """`owner.<name> = make(original)` unless it was replaced already; False then, or when
+        `owner` has no such attribute."""
+        original = getattr(owner, name, None)
+        if original is None or (id(owner), name) in self._replaced:
+            return False
+        self._replaced[(id(owner), name)] = (owner, name, original)
+        setattr(owner, name, make(original))
+        return True
+
+    def restore(self) -> None:
+        for owner, name, original in self._replaced.values():
+            setattr(owner, name, original)
+        self._replaced.clear()

@@ -116,3 +116,45 @@ def test_wrap_method_undo_removes_only_its_own_wrapper():
     assert engine.reduce(1) == 2 and seen == [1, 2]
     undo()
     assert "reduce" not in engine.__dict__ and engine.reduce(1) == 2 and seen == [1, 2]
+
+
+def test_each_framework_entry_point_is_replaced_once_and_restored():
+    """deepspeed.initialize, Accelerator.prepare and Megatron's builders: a second instrument
+    (a post-import hook firing twice) must not wrap the wrapper."""
+    from msmon.hooks.patching import Replacements
+
+    library = types.SimpleNamespace(build=lambda x: x + 1)
+    original = library.build
+    replaced = Replacements()
+    assert replaced.replace(library, "build", lambda f: lambda x: f(x) * 10)
+    assert not replaced.replace(library, "build", lambda f: lambda x: f(x) * 100)
+    assert not replaced.replace(library, "absent", lambda f: f)
+    assert library.build(1) == 20
+    replaced.restore()
+    assert library.build is original
+    assert replaced.replace(library, "build", lambda f: lambda x: -f(x)) and library.build(1) == -2
+
+
+@pytest.mark.parametrize(
+    "instrumentor, library, owner, name",
+    [
+        ("msmon.hooks.deepspeed.instrumentor", "deepspeed", "deepspeed", "initialize"),
+        ("msmon.hooks.fsdp.accelerate_prepare", "accelerate", "Accelerator", "prepare"),
+    ],
+)
+def test_instrument_twice_then_uninstrument_gives_back_the_librarys_own_function(instrumentor, library, owner, name):
+    import importlib
+
+    from msmon.config import MonitorConfig
+
+    lib = pytest.importorskip(library)
+    target = lib if owner == library else getattr(lib, owner)
+    module = importlib.import_module(instrumentor)
+    before = getattr(target, name)
+    session = hooks.Session(config_path="monitor.json", config=MonitorConfig())
+    module.instrument(session)
+    wrapped = getattr(target, name)
+    module.instrument(session)
+    assert wrapped is not before and getattr(target, name) is wrapped
+    module.uninstrument()
+    assert getattr(target, name) is before

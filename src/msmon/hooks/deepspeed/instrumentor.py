@@ -11,36 +11,36 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ...distributed import current_rank
 from .. import Session, torch_optim
 from ..attach import attach
+from ..patching import Replacements
 
 logger = logging.getLogger("msmon")
 
-_original: Any = None
+_replaced = Replacements()
 
 
 def instrument(session: Session) -> None:
-    global _original
     import deepspeed
 
-    if _original is not None:
-        return
-    _original = deepspeed.initialize
+    _replaced.replace(deepspeed, "initialize", lambda original: _initialize(session, original))
 
-    @functools.wraps(_original)
+
+def _initialize(session: Session, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def initialize(*args: Any, **kwargs: Any) -> Any:
         if not session.in_owner_process():
-            return _original(*args, **kwargs)
+            return original(*args, **kwargs)
         client = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
         if isinstance(client, torch.optim.Optimizer):
             torch_optim.release(client)  # the engine drives it from now on: its monitor is this one's
         with torch_optim.suppressed():
-            result = _original(*args, **kwargs)
+            result = original(*args, **kwargs)
         try:
             engine = result[0]
             attach(session, engine, getattr(engine, "optimizer", None), "deepspeed.initialize")
@@ -50,13 +50,8 @@ def instrument(session: Session) -> None:
             )
         return result
 
-    deepspeed.initialize = initialize
+    return initialize
 
 
 def uninstrument() -> None:
-    global _original
-    if _original is not None:
-        import deepspeed
-
-        deepspeed.initialize = _original
-        _original = None
+    _replaced.restore()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,25 +20,24 @@ from ...distributed import current_rank
 from ...optimizers.base import resolve_optimizer
 from .. import Session, torch_optim
 from ..attach import attach
+from ..patching import Replacements
 from .adapters import adapter_for
 
 logger = logging.getLogger("msmon")
 
-_original: Any = None
+_replaced = Replacements()
 
 
 def instrument(session: Session) -> None:
-    global _original
     import accelerate
 
-    if _original is not None:
-        return
-    cls = accelerate.Accelerator
-    _original = cls.prepare
+    _replaced.replace(accelerate.Accelerator, "prepare", lambda original: _prepare(session, original))
 
-    @functools.wraps(_original)
+
+def _prepare(session: Session, original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
     def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = _original(self, *args, **kwargs)
+        result = original(self, *args, **kwargs)
         if session.in_owner_process():
             try:
                 _reattach(session, self, result)
@@ -48,16 +47,11 @@ def instrument(session: Session) -> None:
                 )
         return result
 
-    cls.prepare = prepare
+    return prepare
 
 
 def uninstrument() -> None:
-    global _original
-    if _original is not None:
-        import accelerate
-
-        accelerate.Accelerator.prepare = _original
-        _original = None
+    _replaced.restore()
 
 
 def _reattach(session: Session, accelerator: Any, result: Any) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 from ...distributed import current_rank
 from .. import Session, torch_optim
 from ..attach import attach
+from ..patching import Replacements
 
 logger = logging.getLogger("msmon")
 
@@ -25,7 +26,7 @@ TARGETS = (
     ("megatron.training.training", "setup_model_and_optimizer", "result"),
 )
 
-_originals: dict[tuple[str, str], tuple[Any, Any]] = {}  # (module, name) -> (module object, original)
+_replaced = Replacements()
 _session: Session | None = None
 
 
@@ -42,20 +43,15 @@ def instrument(session: Session) -> None:
 
 def uninstrument() -> None:
     global _session
-    for (module_name, function), (module, original) in list(_originals.items()):
-        setattr(module, function, original)
-        del _originals[(module_name, function)]
+    _replaced.restore()
     _session = None  # post-import hooks registered with wrapt now do nothing
 
 
 def _wrapper_installer(module_name: str, function: str, where: str) -> Callable[[Any], None]:
     def install(module: Any) -> None:
         session = _session
-        original = getattr(module, function, None)
-        if session is None or original is None or (module_name, function) in _originals:
-            return
-        _originals[(module_name, function)] = (module, original)
-        setattr(module, function, _wrap(session, original, function, where))
+        if session is not None:
+            _replaced.replace(module, function, lambda original: _wrap(session, original, function, where))
 
     return install
 
