@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from .guest_hooks import is_compiling
 from .records import RowKey
 
 if TYPE_CHECKING:
     from .collectors.base import Collector
     from .step_context import StepContext
 
-_compiler = getattr(torch, "compiler", None)
-_is_compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
 
 GradCallback = Callable[[RowKey, torch.Tensor], None]
 
@@ -59,7 +58,7 @@ class GradHooks:
 
         def msmon_grad_hook(grad: torch.Tensor) -> None:
             # inside a torch.compile trace the hook is a no-op the tracer folds away
-            if _is_compiling():
+            if is_compiling():
                 return None
             started = clock()
             try:

@@ -30,6 +30,10 @@ _HOOK_DICTS = (
     "_forward_hooks_always_called",
 )
 
+_compiler = getattr(torch, "compiler", None)
+# inside a torch.compile trace msmon's hooks do nothing (the tracer folds them away: no graph break)
+is_compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
+
 _ours: set[int] = set()
 _lock = threading.Lock()
 

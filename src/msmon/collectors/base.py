@@ -5,15 +5,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
-
+from ..guest_hooks import is_compiling
 from ..selection import MonitoredParam
 
 if TYPE_CHECKING:
     from ..step_context import StepContext
-
-_compiler = getattr(torch, "compiler", None)
-_is_compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
 
 
 class Collector:
@@ -57,7 +53,7 @@ class Collector:
         def guarded(*args: Any, **kwargs: Any) -> Any:
             # inside a torch.compile trace the hook is a no-op the tracer folds away, so it
             # causes no graph break (compiled regions are not recorded; see the monitor's note)
-            if not self.enabled or _is_compiling():
+            if not self.enabled or is_compiling():
                 return None
             started = clock()
             try:
