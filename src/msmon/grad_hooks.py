@@ -14,13 +14,13 @@ failing callback switches its own collector off (ctx.report_failure), as its own
 from __future__ import annotations
 
 import time
-import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from .guest_hooks import is_compiling
 from .records import RowKey
+from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
     from .collectors.base import Collector
@@ -35,18 +35,18 @@ class GradHooks:
 
     def __init__(self, ctx: StepContext) -> None:
         self._ctx = ctx
-        self._hooked: dict[int, tuple[Any, int, list[tuple[Collector, GradCallback, RowKey]]]] = {}
+        self._hooked: TensorMemo[list[tuple[Collector, GradCallback, RowKey]]] = TensorMemo()
 
     def add(self, t: torch.Tensor, collector: Collector, callback: GradCallback, key: RowKey) -> None:
         """Call `callback(key, grad)` with the gradient of `t` in backward (if `collector` is
         still on then)."""
-        entry = self._hooked.get(id(t))
-        if entry is not None and entry[0]() is t and entry[1] == t._version:
-            entry[2].append((collector, callback, key))
+        calls = self._hooked.get(t)
+        if calls is not None:
+            calls.append((collector, callback, key))
             return
         calls = [(collector, callback, key)]
         t.register_hook(self._hook(calls))
-        self._hooked[id(t)] = (weakref.ref(t), t._version, calls)
+        self._hooked.put(t, calls)
 
     def clear(self) -> None:
         """Forget this step's tensors (their hooks stay, and still call back if they fire)."""

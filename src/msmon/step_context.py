@@ -19,8 +19,8 @@ from .config import MonitorConfig
 from .cost import CostMeter
 from .grad_hooks import GradHooks
 from .records import StepBuffer
-from .rows_read import RowsRead
 from .selection import Names, names
+from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
     from .anomaly.dump import AnomalyDumpWriter
@@ -42,7 +42,7 @@ class StepContext:
         self.recording = False
         self.step_ops: list[str] = list(config.ops)  # the statistics of this step's rows
         self.buffer = StepBuffer()
-        self.rows_read = RowsRead()  # rows of tensors read this step, for a collector reading one again
+        self.rows_read: TensorMemo[torch.Tensor] = TensorMemo()  # rows of the tensors read this step
         self.grad_hooks = GradHooks(self)  # one gradient hook per activation tensor and step
         self.models: list[torch.nn.Module] = []
         self.params: list[MonitoredParam] = []
