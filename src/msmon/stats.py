@@ -438,13 +438,14 @@ def configure_threads() -> Threads:
 
 def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor:
     """Unscaled [n, ops] rows of tensors sharing one device and dtype."""
-    rows = _native_rows(ts, plan, eps, scaled=False)
+    rows = _native_rows(ts, plan, eps, scaled=False)  # on the training's thread count, not _cpu_threads'
     if rows is not None:
         return rows
     acc = _accumulate_dtype(ts[0].dtype)
-    columns, positions = _columns(ts, plan, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, acc)
-    if plan.flags:
-        _count_columns(ts if positions is None else [ts[i] for i in positions], columns, plan)
+    with _cpu_threads(ts[0].device):
+        columns, positions = _columns(ts, plan, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, acc)
+        if plan.flags:
+            _count_columns(ts if positions is None else [ts[i] for i in positions], columns, plan)
     if plan.zeros and any(t.numel() > _EXACT_F32_COUNT for t in ts):
         columns["zeros"] = columns["zeros"].to(RESULT_DTYPE)
     rows = torch.stack([columns[field] for field in plan.op_fields], dim=1)
@@ -519,14 +520,13 @@ def batch_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float)
     for i, t in enumerate(prepared):
         if numels[i]:
             groups[(t.device, t.dtype)].append(i)
-    with _cpu_threads(device):
-        if len(groups) == 1 and all(numels) and next(iter(groups))[0] == device:
-            return _scaled(_batch_rows(prepared, plan, eps), numels, plan)
-        out = _nan_rows(len(prepared), plan, device)
-        for (dev, _), indices in groups.items():
-            rows = _scaled(_batch_rows([prepared[i] for i in indices], plan, eps), [numels[i] for i in indices], plan)
-            out[torch.tensor(indices, device=device)] = rows.to(device, non_blocking=True)
-        return out
+    if len(groups) == 1 and all(numels) and next(iter(groups))[0] == device:
+        return _scaled(_batch_rows(prepared, plan, eps), numels, plan)
+    out = _nan_rows(len(prepared), plan, device)
+    for (dev, _), indices in groups.items():
+        rows = _scaled(_batch_rows([prepared[i] for i in indices], plan, eps), [numels[i] for i in indices], plan)
+        out[torch.tensor(indices, device=device)] = rows.to(device, non_blocking=True)
+    return out
 
 
 def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor:

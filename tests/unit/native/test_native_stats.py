@@ -130,6 +130,31 @@ def test_threads_share_the_reading_without_changing_the_rows(use_native):
         assert torch.equal(shared[:, 4:], one[:, 4:])  # counts exact
 
 
+def test_batch_stats_gives_the_kernel_the_trainings_thread_count_not_the_stat_threads(use_native, monkeypatch):
+    """MSMON_STAT_THREADS (1) is for the torch reductions; the kernel shares on the training's
+    threads (it once got 1 and never shared)."""
+    seen: list[int] = []
+    rows_of = native.readable_rows()
+
+    def spy(*args):
+        seen.append(args[5])
+        return rows_of(*args)
+
+    monkeypatch.setattr(native, "readable_rows", lambda: spy)
+    monkeypatch.setenv("MSMON_STAT_THREADS", "1")
+    monkeypatch.delenv("MSMON_NATIVE_THREADS", raising=False)
+    from msmon import stats
+
+    stats.configure_threads()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        batch_stats([torch.randn(1000), torch.randn(10)], ALL_OPS, 1e-8)
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [2]
+
+
 def test_the_native_path_reads_tensors_that_require_grad_without_recording_autograd(use_native):
     x = torch.randn(300, 7, requires_grad=True)
     y = x * 3
