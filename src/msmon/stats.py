@@ -403,15 +403,11 @@ def _native_rows(
         plan.per_element if scaled else plan.unscaled,
         flat,
         (_threads or configure_threads()).native or torch.get_num_threads(),
-        NATIVE_SHARE,
+        native.share_elements(),
     )
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
-# Each thread sharing one native call reads at least this many elements. Measured on two cores
-# (docs/performance.md): sharing batches of a few MB brought nothing in training, the 233 MB of a
-# larger model's gradients took a fifth less.
-NATIVE_SHARE = 1 << 22  # elements: 16 MiB of float32 per thread
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,9 @@ logger = logging.getLogger("msmon")
 _RUNTIME = re.compile(r"^lib(gomp|iomp5|omp)[.-]")
 
 
-@functools.lru_cache(maxsize=1)
-def _omp_set_num_threads() -> tuple[Callable[[int], Any], ...]:
-    """`omp_set_num_threads` of every OpenMP runtime the process has loaded (torch's, and any
-    other library's: each keeps its own per-thread count), or of the global namespace."""
+def _loaded_runtimes() -> list[str]:
+    """The files of the OpenMP runtimes mapped into this process (torch's, and any other
+    library's); empty where /proc cannot say."""
     candidates: list[str] = []
     try:
         with open("/proc/self/maps") as maps:
@@ -40,6 +39,14 @@ def _omp_set_num_threads() -> tuple[Callable[[int], Any], ...]:
                     candidates.append(path)
     except OSError:
         pass
+    return candidates
+
+
+@functools.lru_cache(maxsize=1)
+def _omp_set_num_threads() -> tuple[Callable[[int], Any], ...]:
+    """`omp_set_num_threads` of every OpenMP runtime the process has loaded (each keeps its
+    own per-thread count), or of the global namespace."""
+    candidates = _loaded_runtimes()
     found: list[Callable[[int], Any]] = []
     libraries: list[str | None] = list(candidates) or [None]  # None: what the process loaded globally
     for library in libraries:
@@ -70,3 +77,24 @@ def torch_on_this_thread_only() -> bool:
     if not runtimes:
         logger.debug("msmon: no OpenMP runtime found; torch ops on msmon's threads keep torch's setting")
     return bool(runtimes)
+
+
+def training_team() -> tuple[int, int, int] | None:
+    """The addresses of `GOMP_parallel`, `omp_get_thread_num` and `omp_get_num_threads` of the
+    OpenMP runtime torch runs its parallel ops on, for the native kernel to share a large read
+    with the team torch already keeps awake; None unless exactly one runtime is loaded (with
+    two, which one torch uses is not known, and a second team is what must be avoided)."""
+    import torch  # noqa: F401  (torch loads its runtime)
+
+    runtimes = _loaded_runtimes()
+    if len(runtimes) != 1:
+        return None
+    try:
+        lib = ctypes.CDLL(runtimes[0])
+        names = ("GOMP_parallel", "omp_get_thread_num", "omp_get_num_threads")
+        addresses = [ctypes.cast(getattr(lib, name), ctypes.c_void_p).value for name in names]
+    except (OSError, AttributeError):
+        return None
+    if not all(addresses):
+        return None
+    return addresses[0], addresses[1], addresses[2]  # type: ignore[return-value]

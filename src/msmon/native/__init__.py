@@ -32,12 +32,14 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from ..torch_threads import training_team
 from . import build
 
 logger = logging.getLogger("msmon")
 
 ENV = "MSMON_NATIVE_STATS"
-_ABI = 1  # fused_stats.cpp's msmon_stats_abi()
+TEAM_ENV = "MSMON_NATIVE_TEAM"  # "0": large calls are shared by threads of the kernel's own
+_ABI = 2  # fused_stats.cpp's msmon_stats_abi()
 _FIELDS = 7
 _ERRORS = {
     1: "out of memory or no thread to start",
@@ -185,6 +187,20 @@ def readable_rows() -> Optional[Callable[..., Optional[torch.Tensor]]]:
     return None if module is None else module.readable_rows
 
 
+# Elements each thread sharing one call reads at least. Torch's OpenMP team starts at once,
+# and two of its threads read a 15 MB batch in 1.0 ms where one takes 1.7 (docs/performance.md);
+# threads of the kernel's own cost a start each and compete with the team's spinning workers, so
+# they only pay on batches of hundreds of MB (a larger model's gradients took a fifth less).
+TEAM_SHARE = 1 << 18  # 1 MiB of float32 per thread
+OWN_THREADS_SHARE = 1 << 22  # 16 MiB
+
+
+def share_elements() -> int:
+    """The `min_share` for the loaded kernel: smaller when it shares with torch's team."""
+    module = _module()
+    return TEAM_SHARE if module is not None and module.team else OWN_THREADS_SHARE
+
+
 def isa() -> Optional[str]:
     """The instruction set the kernel's loop uses here ("avx2" or "baseline"); None when not loaded."""
     module = _module()
@@ -219,6 +235,10 @@ class _Kernel:
         kernel.argtypes = [ctypes.c_char_p]  # the packed call (bytes), passed without a copy
         self.path = path
         self.isa = lib.msmon_stats_isa().decode()
+        team = training_team() if os.environ.get(TEAM_ENV, "1") != "0" else None
+        lib.msmon_stats_use_team.argtypes = [ctypes.c_void_p] * 3
+        lib.msmon_stats_use_team(*(team or (None, None, None)))
+        self.team = team is not None  # shares go to torch's OpenMP team, not threads of the kernel's own
         self.readable_rows = _rows_of(kernel)
         self.stats_rows = _strict(self.readable_rows)
         self._lib = lib  # keeps the library mapped

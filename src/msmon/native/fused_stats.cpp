@@ -15,7 +15,8 @@
 //   caller asks (tensor_stats does; batch_stats takes sums and counts and divides them itself);
 // - the loop is compiled twice, for baseline x86-64 and for AVX2+FMA, and the CPU picks at run
 //   time: the build cache stays portable across nodes and AVX2 machines get 8-wide vectors;
-// - large batches can be shared by a few threads, cut at block boundaries;
+// - large batches can be shared by a few threads, cut at block boundaries: torch's own
+//   OpenMP team where msmon finds its runtime, else threads of the kernel's own;
 // - each block's successor is prefetched while the block is reduced, so a tensor coming from
 //   memory is not read at the pace of one cache miss after another.
 #include <algorithm>
@@ -155,6 +156,42 @@ void read_best(const std::vector<Input>& inputs, const Piece* pieces, size_t cou
   read_baseline(inputs, pieces, count, threshold, out);
 }
 
+// The training's own OpenMP team, when msmon found the runtime torch runs on
+// (msmon_stats_use_team): its workers are already awake, spinning after torch's last parallel
+// op, so a share handed to them starts at once. A thread of our own would instead compete with
+// a spinning worker for the same core and read nothing faster (docs/performance.md).
+struct Team {
+  void (*parallel)(void (*)(void*), void*, unsigned, unsigned) = nullptr;  // GOMP_parallel
+  int (*thread_num)() = nullptr;  // omp_get_thread_num
+  int (*num_threads)() = nullptr;  // omp_get_num_threads
+};
+Team team;
+
+// One call's shares: share t is pieces[first[t] .. first[t + 1]).
+struct Shares {
+  const std::vector<Input>* inputs;
+  const Piece* pieces;
+  const size_t* first;
+  size_t count;
+  double threshold;
+  Partial* partials;
+};
+
+void read_share(const Shares& s, size_t t) {
+  const size_t a = s.first[t], b = s.first[t + 1];
+  read_best(*s.inputs, s.pieces + a, b - a, s.threshold, s.partials + a);
+}
+
+// Run by every thread of the team; the runtime may give fewer threads than asked for, so
+// each takes every team-size-th share.
+void read_shares(void* data) {
+  const Shares& s = *static_cast<const Shares*>(data);
+  const size_t size = static_cast<size_t>(std::max(1, team.num_threads()));
+  for (size_t t = static_cast<size_t>(team.thread_num()); t < s.count; t += size) {
+    read_share(s, t);
+  }
+}
+
 // Every input's fields into out[i * 7 ...]. With threads > 1 and at least min_share elements
 // per thread, the elements are cut into equal shares (at block boundaries, whole inputs where
 // they fit) and read by that many threads, this one included; the result does not depend on
@@ -188,13 +225,15 @@ void fill(const std::vector<Input>& inputs, double threshold, int threads, int64
   }
   first_of_share.push_back(pieces.size());
   std::vector<Partial> partials(pieces.size());
-  {
+  Shares shares{&inputs, pieces.data(), first_of_share.data(), first_of_share.size() - 1, threshold, partials.data()};
+  if (shares.count > 1 && team.parallel != nullptr) {
+    team.parallel(read_shares, &shares, static_cast<unsigned>(shares.count), 0);
+  } else {
     std::vector<std::thread> helpers;
-    for (size_t t = 1; t + 1 < first_of_share.size(); ++t) {
-      const size_t a = first_of_share[t], b = first_of_share[t + 1];
-      helpers.emplace_back([&, a, b] { read_best(inputs, pieces.data() + a, b - a, threshold, partials.data() + a); });
+    for (size_t t = 1; t < shares.count; ++t) {
+      helpers.emplace_back([&shares, t] { read_share(shares, t); });
     }
-    read_best(inputs, pieces.data(), first_of_share[1], threshold, partials.data());
+    read_share(shares, 0);
     for (auto& helper : helpers) {
       helper.join();
     }
@@ -213,7 +252,20 @@ void fill(const std::vector<Input>& inputs, double threshold, int threads, int64
 extern "C" {
 
 // Bumped whenever a signature below changes; the loader checks it.
-int msmon_stats_abi(void) { return 1; }
+int msmon_stats_abi(void) { return 2; }
+
+// Share large calls with an OpenMP team from now on (the addresses of the runtime's
+// GOMP_parallel, omp_get_thread_num and omp_get_num_threads), or with threads of our own
+// again (any of them null). Set before statistics are asked for: not for concurrent calls.
+void msmon_stats_use_team(void* parallel, void* thread_num, void* num_threads) {
+  if (parallel == nullptr || thread_num == nullptr || num_threads == nullptr) {
+    team = Team{};
+    return;
+  }
+  team.parallel = reinterpret_cast<void (*)(void (*)(void*), void*, unsigned, unsigned)>(parallel);
+  team.thread_num = reinterpret_cast<int (*)()>(thread_num);
+  team.num_threads = reinterpret_cast<int (*)()>(num_threads);
+}
 
 // Statistic rows in the caller's column order, for one call described by one array of int64
 // (one argument is the cheapest call ctypes makes):

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -128,6 +129,41 @@ def test_threads_share_the_reading_without_changing_the_rows(use_native):
         assert torch.allclose(shared, one, rtol=1e-12, atol=0, equal_nan=True)
         assert torch.equal(shared[:, 1:3].nan_to_num(), one[:, 1:3].nan_to_num())  # min, max exact
         assert torch.equal(shared[:, 4:], one[:, 4:])  # counts exact
+
+
+def test_large_calls_are_shared_with_torchs_openmp_team_and_give_the_rows_of_own_threads(use_native, monkeypatch):
+    """Torch's team is awake after its last parallel op; the kernel's own threads are the fallback."""
+    gen = torch.Generator().manual_seed(6)
+    ts = [torch.randn(n, generator=gen) for n in (1 << 20, 3 * (1 << 18) + 5, 9)]
+    ts[0][11], ts[1][3] = math.nan, -math.inf
+    assert native.load().team  # torch's wheel loads one OpenMP runtime
+    assert native.share_elements() == native.TEAM_SHARE
+    team_rows = native.stats_rows()(ts, 1e-8, list(range(7)), [False] * 7, False, 4, 1 << 16)
+    monkeypatch.setenv(native.TEAM_ENV, "0")
+    _reset()
+    assert not native.load().team and native.share_elements() == native.OWN_THREADS_SHARE
+    own_rows = native.stats_rows()(ts, 1e-8, list(range(7)), [False] * 7, False, 4, 1 << 16)
+    one = native.stats_rows()(ts, 1e-8, list(range(7)), [False] * 7, False, 1, 0)
+    torch.testing.assert_close(team_rows, own_rows, rtol=0, atol=0, equal_nan=True)  # same cuts, same sums
+    assert torch.allclose(team_rows, one, rtol=1e-12, atol=0, equal_nan=True)
+    assert torch.equal(team_rows[:, 4:], one[:, 4:])
+
+
+def test_calls_from_threads_torch_never_ran_on_read_every_share(use_native):
+    """Each caller thread gets a team of its own, which may be smaller than asked for: its
+    threads then take several shares each, and none is lost."""
+    gen = torch.Generator().manual_seed(7)
+    ts = [torch.randn(1 << 19, generator=gen) for _ in range(3)]
+    rows_of = native.stats_rows()
+    one = rows_of(ts, 1e-8, list(range(7)), [False] * 7, False, 1, 0)
+
+    def shared(_: int) -> torch.Tensor:
+        return rows_of(ts, 1e-8, list(range(7)), [False] * 7, False, 3, 1 << 16)
+
+    with ThreadPoolExecutor(2) as pool:  # callers outside torch's thread each get a team of their own
+        got = list(pool.map(shared, range(4)))
+    for rows in got:
+        assert torch.allclose(rows, one, rtol=1e-12, atol=0, equal_nan=True)
 
 
 def test_batch_stats_gives_the_kernel_the_trainings_thread_count_not_the_stat_threads(use_native, monkeypatch):
