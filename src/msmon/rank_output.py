@@ -21,6 +21,7 @@ from .output import rank_dir_name, stopped_line, stopped_output
 from .output_names import CONFIG_FILE, SUMMARY_FILE
 from .sinks import ApiSink, make_sinks
 from .sinks.writer import BackgroundWriter
+from .thread_priority import writer_nice
 
 logger = logging.getLogger("msmon")
 
@@ -66,7 +67,13 @@ class RankOutput:
             sinks.append(self.api)
         rules = RuleEngine(build_rules(config.alert.rules))
         self.writer = BackgroundWriter(
-            sinks, self.rank, rules, None, config.alert.max_lines_per_step, on_output_stopped=self._stopped
+            sinks,
+            self.rank,
+            rules,
+            None,
+            config.alert.max_lines_per_step,
+            on_output_stopped=self._stopped,
+            nice=writer_nice(),
         )
 
     def restart_writer(self, config: MonitorConfig) -> None:

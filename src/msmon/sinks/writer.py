@@ -20,6 +20,7 @@ from ..anomaly.rules import Alert, RuleEngine
 from ..origin import Origin, find_origin
 from ..output import stopped_line, stopped_output
 from ..records import RowKey, StepRecord
+from ..thread_priority import lower_this_threads_priority
 from ..torch_threads import torch_on_this_thread_only
 from ..transfer import HostBatch
 from .base import Sink
@@ -27,6 +28,10 @@ from .feature_rows import split_features
 
 logger = logging.getLogger("msmon")
 _STOP = object()
+# Steps waiting to be written at most; then the training waits for the writer (it runs at the
+# lowest priority, so on a machine kept busy by someone else it could otherwise fall behind
+# without bound). Each waiting step holds its host table and histograms.
+MAX_BACKLOG = 32
 
 
 class BackgroundWriter:
@@ -40,6 +45,8 @@ class BackgroundWriter:
         dump: AnomalyDumpWriter | None = None,
         alert_lines_per_step: int = 10,
         on_output_stopped: Callable[[dict], None] | None = None,
+        nice: int = 0,
+        max_backlog: int = MAX_BACKLOG,
     ) -> None:
         self.sinks = list(sinks)
         self.rank = rank
@@ -53,7 +60,10 @@ class BackgroundWriter:
         self.alerts_raised = 0
         self.first_origin: dict | None = None
         self.cpu_seconds = 0.0  # this thread's CPU time: off the training thread, not free on few cores
-        self._queue: queue.Queue = queue.Queue()
+        self.nice = nice
+        self.max_backlog = max_backlog
+        self.waited_for = 0  # steps whose submit waited for room in the queue
+        self._queue: queue.Queue = queue.Queue(maxsize=max_backlog)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"msmon-writer-rank{rank}", daemon=True)
         self._thread.start()
@@ -66,8 +76,23 @@ class BackgroundWriter:
         self.first_origin = previous.first_origin
 
     def submit(self, step: int, ops: list[str], batch: HostBatch, meta: dict | None = None) -> None:
-        if not self._closed:
-            self._queue.put((step, list(ops), batch, meta or {}))
+        """Queue a step for writing; waits only when `max_backlog` steps are already waiting."""
+        if self._closed:
+            return
+        item = (step, list(ops), batch, meta or {})
+        if self._queue.qsize() < self.max_backlog:
+            self._queue.put_nowait(item)
+            return
+        if not self.waited_for:
+            logger.warning(
+                "msmon[rank %d]: step %d: the writer is %d steps behind (the machine's cores are busy); "
+                "training waits for it whenever it falls this far behind (said once)",
+                self.rank,
+                step,
+                self.max_backlog,
+            )
+        self.waited_for += 1
+        self._queue.put(item)
 
     def drain(self) -> None:
         if not self._closed:
@@ -77,7 +102,12 @@ class BackgroundWriter:
         if self._closed:
             return
         self._closed = True
-        self._queue.put(_STOP)
+        try:
+            self._queue.put(_STOP, timeout=60)  # after the steps still waiting
+        except queue.Full:
+            logger.error(
+                "msmon[rank %d]: the writer is stuck; %d steps are not written", self.rank, self._queue.qsize()
+            )
         self._thread.join(timeout=60)
         for sink in list(self.sinks):
             if sink not in self.sinks:
@@ -110,6 +140,7 @@ class BackgroundWriter:
 
     def _run(self) -> None:
         torch_on_this_thread_only()  # a team of its own would slow every parallel op of the training
+        lower_this_threads_priority(self.nice)  # run when the training waits, not in its place
         while True:
             item = self._queue.get()
             try:
