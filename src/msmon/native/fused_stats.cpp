@@ -78,21 +78,54 @@ __attribute__((always_inline)) inline Partial stats_of(const scalar_t* p, int64_
     for (int64_t f = e; f < std::min(end, e + kBlock); f += kLine / static_cast<int64_t>(sizeof(scalar_t))) {
       __builtin_prefetch(p + f);
     }
-    acc_t s = 0, ss = 0;
-    scalar_t l = std::numeric_limits<scalar_t>::infinity();
-    scalar_t h = -std::numeric_limits<scalar_t>::infinity();
-    int32_t z = 0, na = 0, in = 0;
-#pragma omp simd reduction(+ : s, ss, z, na, in) reduction(min : l) reduction(max : h)
-    for (int64_t i = b; i < e; ++i) {
-      const scalar_t v = p[i];
-      s += v;
-      ss += static_cast<acc_t>(v) * v;
-      l = v < l ? v : l;
-      h = v > h ? v : h;
-      const scalar_t a = std::fabs(v);
-      z += a < th;
-      na += v != v;
-      in += a == std::numeric_limits<scalar_t>::infinity();
+    // two independent chains, one per half of the block: one accumulator waits on each
+    // add's latency; more than two run out of vector registers
+    const int64_t q = (e - b) / 2;
+    const scalar_t* p0 = p + b;
+    const scalar_t* p1 = p0 + q;
+    acc_t s0 = 0, s1 = 0, ss0 = 0, ss1 = 0;
+    scalar_t l0 = std::numeric_limits<scalar_t>::infinity(), l1 = l0;
+    scalar_t h0 = -std::numeric_limits<scalar_t>::infinity(), h1 = h0;
+    int32_t z0 = 0, z1 = 0;
+#pragma omp simd reduction(+ : s0, s1, ss0, ss1, z0, z1) reduction(min : l0, l1) reduction(max : h0, h1)
+    for (int64_t j = 0; j < q; ++j) {
+      const scalar_t v0 = p0[j], v1 = p1[j];
+      s0 += v0;
+      s1 += v1;
+      ss0 += static_cast<acc_t>(v0) * v0;
+      ss1 += static_cast<acc_t>(v1) * v1;
+      l0 = v0 < l0 ? v0 : l0;
+      l1 = v1 < l1 ? v1 : l1;
+      h0 = v0 > h0 ? v0 : h0;
+      h1 = v1 > h1 ? v1 : h1;
+      z0 += std::fabs(v0) < th;
+      z1 += std::fabs(v1) < th;
+    }
+    if ((e - b) % 2) {  // the block's odd last element
+      const scalar_t v = p[e - 1];
+      s0 += v;
+      ss0 += static_cast<acc_t>(v) * v;
+      l0 = v < l0 ? v : l0;
+      h0 = v > h0 ? v : h0;
+      z0 += std::fabs(v) < th;
+    }
+    const acc_t s = s0 + s1, ss = ss0 + ss1;
+    // NaN never wins a comparison: a NaN element leaves l and h as they were; the nan count
+    // below makes min and max NaN (Partial::write)
+    const scalar_t l = std::min(l0, l1);
+    const scalar_t h = std::max(h0, h1);
+    const int32_t z = z0 + z1;
+    int32_t na = 0, in = 0;
+    // A NaN or an infinity makes the sum of squares non-finite, so only then are they
+    // counted, in a second pass over the block while it is in L1 (a finite sum of squares
+    // that overflowed is counted too, and finds none): the common block does a third less work.
+    if (!std::isfinite(ss)) {
+#pragma omp simd reduction(+ : na, in)
+      for (int64_t i = b; i < e; ++i) {
+        const scalar_t v = p[i];
+        na += v != v;
+        in += std::fabs(v) == std::numeric_limits<scalar_t>::infinity();
+      }
     }
     out.sum += s;
     out.sumsq += ss;

@@ -65,6 +65,10 @@ def tensors() -> list[torch.Tensor]:
     with_inf = torch.randn(300, generator=gen)
     with_inf[5], with_inf[6] = math.inf, -math.inf
     sparse = torch.randn(3 * CHUNK + 17, generator=gen)  # larger than a CPU chunk
+    # the kernel runs two chains per block (its halves) and an odd tail: a NaN and an
+    # infinity where only the second chain or the tail sees them
+    halves = torch.randn(2048 + 1025, generator=gen)
+    halves[1024 + 700], halves[2048 + 1024] = -math.inf, math.nan
     sparse[::3] = 0
     return [
         plain,
@@ -72,6 +76,7 @@ def tensors() -> list[torch.Tensor]:
         with_nan,
         with_inf,
         sparse,
+        halves,
         torch.randn(64, 64, generator=gen).double(),
         torch.tensor([7.0]),
         1e30 * torch.randn(100, generator=gen),
