@@ -15,6 +15,7 @@ work, no dependency. The newest MAX_COLUMNS steps are kept, so memory and image 
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 
@@ -54,9 +55,11 @@ class Heatmaps:
         return f"{prefix}/{suffix}", height, width, encode_png(hot_colormap(matrix))
 
 
+@functools.cache
 def _hot_lut() -> torch.Tensor:
     """matplotlib's "hot" map in 256 steps (black, red, yellow, white): red rises over the first
-    36.5 %, green up to 74.6 %, blue up to 100 %."""
+    36.5 %, green up to 74.6 %, blue up to 100 %. Built at the first heatmap, not at import: its
+    first torch ops map about 5 MiB of libtorch's code into every monitored process otherwise."""
     x = torch.linspace(0, 1, 256, dtype=torch.float64)
     red = (0.0416 + x * (1 - 0.0416) / 0.365079).clamp(0, 1)
     green = ((x - 0.365079) / (0.746032 - 0.365079)).clamp(0, 1)
@@ -64,15 +67,12 @@ def _hot_lut() -> torch.Tensor:
     return (torch.stack([red, green, blue], dim=-1) * 255).round().to(torch.uint8)
 
 
-_HOT = _hot_lut()
-
-
 def hot_colormap(matrix: torch.Tensor) -> torch.Tensor:
     """[H, W] values -> [H, W, 3] uint8: scaled from the smallest to the largest value, as matshow
     does, then looked up in the "hot" map."""
     low, high = matrix.min(), matrix.max()
     x = (matrix - low) / (high - low) if high > low else torch.zeros_like(matrix)
-    return _HOT[(x * 255).round().long()]
+    return _hot_lut()[(x * 255).round().long()]
 
 
 def encode_png(rgb: torch.Tensor) -> bytes:
