@@ -44,6 +44,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from ..config import AlertRuleConfig
 from ..ops import COUNT_OPS, MAGNITUDE_OPS
 from ..records import RowKey
@@ -163,28 +165,52 @@ class _Layout:
         self.counts = [index[op] for op in COUNT_OPS if op in index]
         self.magnitudes = [index[op] for op in MAGNITUDE_OPS if op in index]
 
-    def watched(self, row: Sequence[float]) -> list[tuple[str, str, float]]:
-        """(history name, reported op, value): the norm, and the peak of min/max."""
-        out: list[tuple[str, str, float]] = []
+    def suspicious_rows(self, table: torch.Tensor, bound: float | None) -> list[int]:
+        """A cheap screen before AnomalyNan looks closely, for the whole step at once: rows with
+        anything non-finite, any count, or a magnitude over the smallest threshold."""
+        bad = ~torch.isfinite(table).all(1)
+        if self.counts:
+            bad |= (table[:, self.counts] > 0).any(1)
+        if bound is not None and self.magnitudes:
+            bad |= (table[:, self.magnitudes].abs() > bound).any(1)
+        return bad.nonzero().view(-1).tolist()
+
+    def watched(self, table: torch.Tensor) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
+        """(magnitude, [n] values, which extreme each peak is) for the norm and the peak
+        max(|min|, |max|) (the first of equals, max before min). A peak whose min or max is not
+        finite is NaN: it is neither checked nor remembered (AnomalyNan's business)."""
+        out: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
         if self.norm is not None:
-            out.append(("norm", "norm", row[self.norm]))
+            out.append((NORM, table[:, self.norm], None))
         if self.extremes:
-            pairs = [(op, row[i]) for op, i in self.extremes]
-            bad = [(op, v) for op, v in pairs if not math.isfinite(v)]
-            op, value = bad[0] if bad else max(pairs, key=lambda item: abs(item[1]))
-            out.append(("peak", op, value))
+            columns = table[:, [i for _, i in self.extremes]]
+            pick: torch.Tensor | None = None
+            if len(self.extremes) == 1:
+                peak = columns[:, 0]
+            else:
+                magnitude = columns.abs()
+                pick = (magnitude[:, 1] > magnitude[:, 0]).long()
+                peak = columns.gather(1, pick.unsqueeze(1)).squeeze(1)
+            peak = torch.where(torch.isfinite(columns).all(1), peak, math.nan)
+            out.append((PEAK, peak, pick))
         return out
 
-    def suspicious(self, row: Sequence[float], bound: float | None) -> bool:
-        """A cheap screen before AnomalyNan looks closely: anything non-finite, any count,
-        or a magnitude over the smallest threshold."""
-        if not all(map(math.isfinite, row)) or any(row[i] > 0 for i in self.counts):
-            return True
-        return bound is not None and any(abs(row[i]) > bound for i in self.magnitudes)
+    def peak_op(self, pick: torch.Tensor | None, row: int) -> str:
+        return self.extremes[0 if pick is None else int(pick[row])][0]
+
+
+NORM, PEAK = 0, 1  # the two watched magnitudes of a tensor: its history slots are 2 * tensor + magnitude
+_MAGNITUDE_NAMES = ("norm", "peak")
 
 
 class RuleEngine:
-    """Keeps the per-statistic history and yields the alerts of one step."""
+    """Keeps the per-statistic history and yields the alerts of one step.
+
+    It runs on the writer thread, whose CPU time a machine with few cores takes from the
+    training, so a step is checked as one table: the screens, the turbulence test and the
+    history update are a few tensor operations over all rows, and only the rows that alert are
+    looked at one by one. The history of each (category, name, vpp stage, magnitude) lives in
+    a slot of two float64 tensors (the EMA's sum and its step count)."""
 
     def __init__(
         self, rules: list[AnomalyNan | AnomalyTurbulence], warmup: int = WARMUP, alpha: float = EMA_ALPHA
@@ -198,67 +224,133 @@ class RuleEngine:
         self._turbulence = sorted((r for r in rules if isinstance(r, AnomalyTurbulence)), key=lambda r: r.threshold)
         # the band a value is clipped to before it enters the history: the loosest rule's
         self._clip = self._turbulence[-1].factor if self._turbulence else None
-        self._sums: dict[tuple[str, str, int, str], tuple[float, int]] = {}
+        self._slots: dict[tuple[str, str, int], int] = {}  # (category, name, vpp) -> tensor index
+        self._sums = torch.zeros(0, dtype=torch.float64)  # [2 * tensors]: the EMA's s per slot
+        self._counts = torch.zeros(0, dtype=torch.float64)  # [2 * tensors]: steps n per slot
+        self._most_steps = 0  # an upper bound of every slot's n
+        self._bias: list[float] = []  # 1 - (1 - a)^n by n, up to where it is 1.0
+        self._bias_table = torch.ones(1, dtype=torch.float64)
         self._layouts: dict[tuple[str, ...], _Layout] = {}
 
     def history(self, category: str, name: str, vpp_stage: int, magnitude: str) -> float | None:
         """The history h of one watched magnitude ("norm" or "peak"), None while warming up."""
-        return self._history((category, name, vpp_stage, magnitude))
-
-    def _history(self, hkey: tuple[str, str, int, str]) -> float | None:
-        entry = self._sums.get(hkey)
-        if entry is None or entry[1] < self.warmup:
+        tensor = self._slots.get((category, name, vpp_stage))
+        if tensor is None:
             return None
-        s, n = entry
-        return s / (1.0 - (1.0 - self.alpha) ** n)
+        slot = 2 * tensor + _MAGNITUDE_NAMES.index(magnitude)
+        n = int(self._counts[slot])
+        if n < self.warmup:
+            return None
+        return float(self._sums[slot]) / (1.0 - (1.0 - self.alpha) ** n)
 
-    def scan(self, keys: list[RowKey], ops: list[str], values: list[list[float]]) -> list[Alert]:
-        """Check one step's rows (in recording order) and update the history."""
-        if not self.rules:
+    def scan(
+        self,
+        keys: list[RowKey],
+        ops: list[str],
+        values: list[list[float]] | None,
+        table: torch.Tensor | None = None,
+    ) -> list[Alert]:
+        """Check one step's rows (in recording order) and update the history. `table`: the
+        values as a float64 [rows, ops] CPU tensor, when the caller has it (then `values` may be
+        None: the few rows that look suspicious are read from the table)."""
+        if not self.rules or not keys:
             return []
         layout = self._layouts.get(tuple(ops))
         if layout is None:
             layout = self._layouts[tuple(ops)] = _Layout(ops)
-        alerts: list[Alert] = []
-        step_values: dict[tuple[str, str, int, str], list[float]] = {}
-        for call_id, (key, row) in enumerate(zip(keys, values)):
-            symptoms: list[_Symptom] = []
-            if self._nan_rules and layout.suspicious(row, self._nan_bound):
+        if table is None or table.dtype != torch.float64 or tuple(table.shape) != (len(keys), len(ops)):
+            if values is None:
+                raise ValueError("RuleEngine.scan needs the values or their float64 [rows, ops] table")
+            table = torch.tensor(values, dtype=torch.float64).reshape(len(keys), len(ops))
+        symptoms: dict[int, list[_Symptom]] = {}
+        if self._nan_rules:
+            for i in layout.suspicious_rows(table, self._nan_bound):
                 for nan_rule in self._nan_rules:
-                    found = nan_rule.check_row(ops, row)
+                    found = nan_rule.check_row(ops, values[i] if values is not None else table[i].tolist())
                     if found is not None:
-                        symptoms.append(found)
+                        symptoms[i] = [found]
                         break
-            if self._turbulence and key.category not in UNWATCHED_CATEGORIES:
-                for magnitude, op, value in layout.watched(row):
-                    hkey = (key.category, key.name, key.vpp_stage, magnitude)
-                    history = self._history(hkey)
-                    if history is not None:
-                        for rule in self._turbulence:
-                            found = rule.check(op, value, history)
-                            if found is not None:
-                                symptoms.append(found)
-                                break
-                    if math.isfinite(value):
-                        acc = step_values.get(hkey)
-                        if acc is None:
-                            acc = step_values[hkey] = [0.0, 0]
-                        acc[0] += self._clipped(abs(value), history)
-                        acc[1] += 1
-            if symptoms:
-                first = symptoms[0]
-                message = "; ".join(s.text for s in symptoms)
-                alerts.append(Alert(key, call_id, first.op, first.value, first.history, first.rule, message))
-        self._update(step_values)
+        if self._turbulence:
+            self._turbulence_scan(keys, table, layout, symptoms)
+        alerts = []
+        for call_id in sorted(symptoms):
+            row_symptoms = symptoms[call_id]
+            first = row_symptoms[0]
+            message = "; ".join(s.text for s in row_symptoms)
+            alerts.append(Alert(keys[call_id], call_id, first.op, first.value, first.history, first.rule, message))
         return alerts
 
-    def _clipped(self, magnitude: float, history: float | None) -> float:
-        if history is None or history <= 0 or self._clip is None:
-            return magnitude
-        return min(max(magnitude, history / self._clip), history * self._clip)
+    def _tensor_slots(self, keys: list[RowKey]) -> torch.Tensor:
+        """[rows] history index of each row's tensor, -1 where its category is not watched."""
+        slots = self._slots
+        out = []
+        for key in keys:
+            category = key.category
+            if category in UNWATCHED_CATEGORIES:
+                out.append(-1)
+                continue
+            ident = (category, key.name, key.vpp_stage)
+            slot = slots.get(ident)
+            if slot is None:
+                slot = slots[ident] = len(slots)
+            out.append(slot)
+        size = 2 * len(slots)
+        if size > len(self._sums):
+            grown = max(size, 2 * len(self._sums))
+            self._sums = torch.cat([self._sums, torch.zeros(grown - len(self._sums), dtype=torch.float64)])
+            self._counts = torch.cat([self._counts, torch.zeros(grown - len(self._counts), dtype=torch.float64)])
+        return torch.tensor(out, dtype=torch.long)
 
-    def _update(self, step_values: dict[tuple[str, str, int, str], list]) -> None:
+    def _bias_of(self, counts: torch.Tensor) -> torch.Tensor:
+        """1 - (1 - a)^n for each n, as Python computes it (a table, exact, not a tensor pow)."""
+        bias = self._bias
+        if len(bias) <= self._most_steps and not (bias and bias[-1] == 1.0):
+            size = max(self._most_steps + 1, 2 * len(bias), 16)
+            while len(bias) < size and not (bias and bias[-1] == 1.0):  # 1.0 from there on
+                bias.append(1.0 - (1.0 - self.alpha) ** len(bias))
+            self._bias_table = torch.tensor(bias, dtype=torch.float64)
+        return self._bias_table[counts.long().clamp(max=len(self._bias_table) - 1)]
+
+    def _turbulence_scan(
+        self, keys: list[RowKey], table: torch.Tensor, layout: _Layout, symptoms: dict[int, list[_Symptom]]
+    ) -> None:
+        tensors = self._tensor_slots(keys)
+        watched = tensors >= 0
+        rule = self._turbulence[0]  # the tightest band: any rule that fires, this one does first
+        factor = rule.factor
+        total = torch.zeros_like(self._sums)
+        seen = torch.zeros_like(self._sums)
+        for magnitude, value, pick in layout.watched(table):
+            slots = torch.where(watched, 2 * tensors + magnitude, 0)
+            counts = self._counts[slots]
+            warm = watched & (counts >= self.warmup)
+            history = torch.where(warm, self._sums[slots] / self._bias_of(counts), math.nan)
+            size = value.abs()
+            finite = torch.isfinite(value)
+            scaled = history > 0
+            ratio = size / history
+            alert = warm & scaled & finite & ((ratio > factor) | (ratio < 1.0 / factor))
+            for i in alert.nonzero().view(-1).tolist():
+                op = "norm" if magnitude == NORM else layout.peak_op(pick, i)
+                found = rule.check(op, float(value[i]), float(history[i]))
+                if found is not None:
+                    symptoms.setdefault(i, []).append(found)
+            if self._clip is not None:
+                band = warm & scaled
+                size = torch.where(
+                    band, torch.minimum(torch.maximum(size, history / self._clip), history * self._clip), size
+                )
+            entering = (watched & finite).nonzero().view(-1)
+            total.index_add_(0, slots[entering], size[entering])
+            seen.index_add_(0, slots[entering], torch.ones(len(entering), dtype=torch.float64))
+        self._update(total, seen)
+
+    def _update(self, total: torch.Tensor, seen: torch.Tensor) -> None:
+        """s <- (1 - a) s + a x for every slot seen this step, x the mean of its values."""
+        slots = (seen > 0).nonzero().view(-1)
+        if not len(slots):
+            return
         a = self.alpha
-        for hkey, (total, count) in step_values.items():
-            s, n = self._sums.get(hkey, (0.0, 0))
-            self._sums[hkey] = ((1.0 - a) * s + a * total / count, n + 1)
+        self._sums[slots] = (1.0 - a) * self._sums[slots] + a * total[slots] / seen[slots]
+        self._counts[slots] += 1
+        self._most_steps += 1
