@@ -7,7 +7,8 @@ call_id: the order the analyser uses to tell which anomaly came first within a r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -72,6 +73,14 @@ class RowKey:
         return format_tag(self.display_name(), rank, feature[0] if feature else self.category)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def row_key(category: str, name: str, vpp_stage: int = 0, micro_step: int | None = None) -> RowKey:
+    """The RowKey of these fields, made once: collectors ask for the same keys every step, and
+    a new object per row per step would only feed the garbage collector (RowKey is frozen, so
+    one object can stand for every step)."""
+    return RowKey(category, name, vpp_stage, micro_step)
+
+
 class DirectionKey(RowKey):
     """An mg_direction row, where msprobe puts it: CSV category "other" (`other_*.csv`, beside
     the collectives), tag `{vpp}:{name}/rank{r}/mg_direction` (sinks append `_{op}`)."""
@@ -92,18 +101,47 @@ class Histogram:
     counts: torch.Tensor
 
 
-@dataclass
 class StepRecord:
-    """One step's statistics, on the host, as the writer thread hands them to sinks."""
+    """One step's statistics, on the host, as the writer thread hands them to sinks.
 
-    step: int
-    rank: int
-    ops: list[str]
-    keys: list[RowKey]
-    values: list[list[float]]
-    histograms: list[tuple[str, list[float], list[float]]] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-    table: torch.Tensor | None = None  # `values` as the host float64 [rows, ops] tensor they came from
+    `table` is the float64 [rows, ops] tensor the values came from; `values`, the same as
+    Python lists, is made from it only when a reader asks (the API sink, a fallback): a list per
+    row per step that nobody reads would only feed the garbage collector, whose collections
+    stop the training thread too."""
+
+    __slots__ = ("step", "rank", "ops", "keys", "_values", "histograms", "meta", "table")
+
+    def __init__(
+        self,
+        step: int,
+        rank: int,
+        ops: list[str],
+        keys: list[RowKey],
+        values: list[list[float]] | None = None,
+        histograms: list[tuple[str, list[float], list[float]]] | None = None,
+        meta: dict[str, Any] | None = None,
+        table: torch.Tensor | None = None,
+    ) -> None:
+        if values is None and table is None:
+            raise ValueError("a StepRecord needs its values or their table")
+        self.step = step
+        self.rank = rank
+        self.ops = ops
+        self.keys = keys
+        self._values = values
+        self.histograms = [] if histograms is None else histograms
+        self.meta = {} if meta is None else meta
+        self.table = table
+
+    @property
+    def values(self) -> list[list[float]]:
+        if self._values is None:
+            assert self.table is not None
+            self._values = self.table.tolist()
+        return self._values
+
+    def __repr__(self) -> str:
+        return f"StepRecord(step={self.step}, rank={self.rank}, ops={self.ops}, rows={len(self.keys)})"
 
 
 class RowGroup:

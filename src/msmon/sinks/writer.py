@@ -164,7 +164,6 @@ class BackgroundWriter:
             rank=self.rank,
             ops=ops,
             keys=keys,
-            values=table.tolist(),
             histograms=[(tag, edges, counts.tolist()) for tag, edges, counts in batch.histograms],
             meta=meta,
             table=table,
@@ -199,7 +198,7 @@ class BackgroundWriter:
                 )
                 self.sinks.remove(sink)
         self.steps_written += 1
-        alerts = self.rules.scan(record.keys, ops, record.values) if self.rules is not None else []
+        alerts = self.rules.scan(record.keys, ops, None, record.table) if self.rules is not None else []
         origin = find_origin(batch.flag_keys, batch.finite_flags()) if batch.flag_keys else None
         if origin is not None:
             alerts.insert(0, self._origin_alert(record, origin))
