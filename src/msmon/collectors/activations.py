@@ -35,6 +35,7 @@ from .registry import register
 logger = logging.getLogger("msmon")
 
 TRACKER = "micro_steps"  # the registry key of MicroStepTracker
+_MAX_CACHED_KEYS = 1 << 16  # row keys kept between steps (names of calls in a loop can grow it)
 
 
 def in_backward() -> bool:
@@ -72,6 +73,7 @@ class ActivationCollector(Collector):
         self._hooks_ran = 0  # forward pre-hooks that ran eagerly this step (none: compiled)
         self._told_compiled = False
         self._open: dict[int, list[tuple[int, str, bool]]] = {}  # id(module) -> calls in flight
+        self._keys: dict[tuple[str, str, str, int, int, int], list[RowKey]] = {}
 
     def attach(self) -> None:
         for target in self.targets:
@@ -155,6 +157,20 @@ class ActivationCollector(Collector):
             return [f"{base}.{slot}"]
         return [f"{base}.{slot}_{i}" for i in range(count)]
 
+    def _row_keys(self, category: str, target: _Target, base: str, slot: str, count: int, micro: int) -> list[RowKey]:
+        """The keys of a slot's `count` tensors, made once and reused every step: a hook that
+        made them anew would leave hundreds of objects per step for the garbage collector,
+        whose collections stop the training thread."""
+        ident = (category, base, slot, count, micro, target.vpp_stage)
+        keys = self._keys.get(ident)
+        if keys is None:
+            if len(self._keys) >= _MAX_CACHED_KEYS:
+                self._keys.clear()
+            keys = self._keys[ident] = [
+                RowKey(category, name, target.vpp_stage, micro) for name in self._names(base, slot, count)
+            ]
+        return keys
+
     def _warn_once(self, target: _Target, slot: str, message: str) -> None:
         key = f"{target.name}.{slot}"
         if key not in self._warned:
@@ -212,9 +228,9 @@ class ActivationCollector(Collector):
 
     def _record_forward(self, target: _Target, slot: str, value: Any, micro: int, base: str) -> None:
         tensors = self._tensors(target, slot, value)
-        for name, t in zip(self._names(base, slot, len(tensors)), tensors):
+        for key, t in zip(self._row_keys("actv", target, base, slot, len(tensors), micro), tensors):
             if t.numel():
-                self._add(RowKey("actv", name, target.vpp_stage, micro), t)
+                self._add(key, t)
 
     def _grad_hooks(self, target: _Target, slot: str, value: Any, micro: int, base: str) -> None:
         """Register gradient hooks on the tensors the `{slot}_grad` spec selects."""
@@ -222,11 +238,10 @@ class ActivationCollector(Collector):
         if ctx.config.forward_only or not torch.is_grad_enabled():
             return
         tensors = self._tensors(target, f"{slot}_grad", value)
-        names = self._names(base, slot, len(tensors))
-        for name, t in zip(names, tensors):
+        for key, t in zip(self._row_keys("actv_grad", target, base, slot, len(tensors), micro), tensors):
             if not t.requires_grad or not t.is_floating_point():
                 continue
-            ctx.grad_hooks.add(t, self, self._on_grad, RowKey("actv_grad", name, target.vpp_stage, micro))
+            ctx.grad_hooks.add(t, self, self._on_grad, key)
 
     def _on_grad(self, key: RowKey, grad: torch.Tensor) -> None:
         if grad is not None and self.ctx.recording and grad.numel():

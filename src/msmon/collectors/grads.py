@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from ..records import RowKey
+from ..records import row_key
 from ..stats import batch_stats, tensor_stats
 from ..step_context import StepContext
 from .base import Collector
@@ -201,7 +201,7 @@ class GradCollector(Collector):
         ctx = self.ctx
         if ctx.config.monitor_mbs_grad:
             mp = ctx.params[index]
-            ctx.buffer.add(RowKey("grad_unreduced", mp.name, mp.vpp_stage, count - 1), row)
+            ctx.buffer.add(row_key("grad_unreduced", mp.name, mp.vpp_stage, count - 1), row)
         self.last_rows.pop(index, None)  # keep hook-firing order for the accumulated rows
         self.last_rows[index] = row
         self.last_identity[index] = _identity(grad)
@@ -256,7 +256,7 @@ class GradCollector(Collector):
             return
         if not ctx.config.monitor_mbs_grad and self.last_rows:
             indices = list(self.last_rows)
-            keys = [RowKey("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
+            keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
             ctx.buffer.add_many(keys, torch.stack([self.last_rows[i] for i in indices]))
         reused: dict[int, torch.Tensor] = {}
         fresh: list[int] = []
@@ -278,7 +278,7 @@ class GradCollector(Collector):
         position = {index: i for i, index in enumerate(fresh)}
         # the ignore: fresh_rows is None only when nothing is fresh, and then it is never indexed
         rows = [reused[i] if i in reused else fresh_rows[position[i]] for i in order]  # type: ignore[index]
-        keys = [RowKey("grad_reduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in order]
+        keys = [row_key("grad_reduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in order]
         ctx.buffer.add_many(keys, torch.stack([r.to(rows[0].device) for r in rows]))
 
     def end_step(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .. import guest_hooks
-from ..records import RowKey
+from ..records import RowKey, row_key
 from ..row_finiteness import row_finiteness
 from ..step_context import StepContext
 from .activations import in_backward
@@ -56,7 +56,7 @@ class NanOriginCollector(Collector):
     def _flag(self, category: str, name: str, vpp: int, micro: int, tensors) -> None:
         for t in tensors:
             if t.is_floating_point() and t.numel():
-                self._add(RowKey(category, name, vpp, micro), t)
+                self._add(row_key(category, name, vpp, micro), t)
 
     def _add(self, key: RowKey, t: torch.Tensor) -> None:
         ctx = self.ctx
@@ -70,7 +70,7 @@ class NanOriginCollector(Collector):
     def _grad_hooks(self, name: str, vpp: int, micro: int, tensors) -> None:
         if not torch.is_grad_enabled():
             return
-        key = RowKey("actv_grad", name, vpp, micro)
+        key = row_key("actv_grad", name, vpp, micro)
         for t in tensors:
             if t.requires_grad and t.is_floating_point():
                 self.ctx.grad_hooks.add(t, self, self._on_grad, key)

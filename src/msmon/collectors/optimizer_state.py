@@ -23,7 +23,7 @@ import logging
 import torch
 
 from ..optimizers.base import Shard
-from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey, format_tag
+from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey, format_tag, row_key
 from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
 from ..step_context import StepContext
 from .base import Collector
@@ -128,7 +128,7 @@ class OptimizerStateCollector(Collector):
         values = ctx.shards.take(category, values)
         chosen = [mp for mp in ctx.params if id(mp.param) in values]
         if chosen:
-            keys = [RowKey(category, mp.name, mp.vpp_stage) for mp in chosen]
+            keys = [row_key(category, mp.name, mp.vpp_stage) for mp in chosen]
             rows = batch_stats([values[id(mp.param)] for mp in chosen], ctx.step_ops, ctx.config.eps)
             ctx.buffer.add_many(keys, rows)
 

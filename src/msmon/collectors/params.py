@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..records import RowKey
+from ..records import row_key
 from ..stats import batch_stats, local_tensor
 from ..step_context import StepContext
 from .base import Collector
@@ -43,7 +43,7 @@ class ParamCollector(Collector):
             computed = batch_stats([tensors[i] for i in todo], ctx.step_ops, ctx.config.eps)
             for j, i in enumerate(todo):
                 rows[i] = computed[j]
-        keys = [RowKey(category, ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
+        keys = [row_key(category, ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
         stacked = torch.stack([rows[i] for i in indices])
         ctx.buffer.add_many(keys, stacked)
         if category == "param_updated":

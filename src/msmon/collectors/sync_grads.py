@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..records import RowKey
+from ..records import row_key
 from ..stats import batch_stats
 from ..step_context import StepContext
 from .base import Collector
@@ -56,7 +56,7 @@ class SyncGradCollector(Collector):
             count = self.syncs.get(i, 0)
             self.syncs[i] = count + 1
             mp = ctx.params[i]
-            keys.append(RowKey("grad_unreduced", mp.name, mp.vpp_stage, count))
+            keys.append(row_key("grad_unreduced", mp.name, mp.vpp_stage, count))
             self.last.pop(i, None)  # keep reduction order
             self.last[i] = rows[j]
         if ctx.config.monitor_mbs_grad:
@@ -65,7 +65,7 @@ class SyncGradCollector(Collector):
     def before_update(self) -> None:
         ctx = self.ctx
         if ctx.recording and not ctx.config.monitor_mbs_grad and self.last:
-            keys = [RowKey("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in self.last]
+            keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in self.last]
             ctx.buffer.add_many(keys, torch.stack(list(self.last.values())))
 
     def end_step(self) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ..records import Histogram, RowKey
+from ..records import Histogram, RowKey, row_key
 from ..stats import batch_stats, combine_gathered, scalar_rows
 from .base import Shard
 
@@ -78,7 +78,7 @@ class ShardCombiner:
         for mp in mon.params:
             value = values.get(id(mp.param))
             if isinstance(value, Shard):
-                by_group.setdefault(id(value.group), []).append((RowKey(category, mp.name, mp.vpp_stage), value))
+                by_group.setdefault(id(value.group), []).append((row_key(category, mp.name, mp.vpp_stage), value))
         for entries in by_group.values():
             self._add(mon.buffer, entries, mon.step_ops, mon.config.eps)
         return plain
