@@ -233,3 +233,28 @@ def test_forward_only_and_backward_only(write_config, output_dir):
         from pathlib import Path
 
         assert read_csv_rows(Path(out_dir), present) and not read_csv_rows(Path(out_dir), absent)
+
+
+def test_row_keys_are_made_once_and_the_same_objects_name_every_step(write_config, output_dir):
+    """A key per row per step would be hundreds of new objects per step for the garbage
+    collector, whose collections stop the training; the same key object names a tensor every
+    step (and the values stay right, as the other tests show)."""
+    torch.manual_seed(0)
+    model = MLP()
+    mon, optimizer = monitored(write_config, model, {"all_xy": True, "format": "api"}, grad_acc=2)
+    api = mon.output.api
+    keys_by_step = []
+    for _ in range(3):
+        for _ in range(2):
+            model(torch.randn(6, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        mon.output.writer.drain()
+        keys_by_step.append({category: list(api._latest[category].keys) for category in ("actv", "actv_grad")})
+    mon.close()
+    first, *later = keys_by_step
+    for category in ("actv", "actv_grad"):
+        assert len(first[category]) > 8  # both micro-steps of every module
+        for step in later:
+            assert step[category] == first[category]
+            assert all(a is b for a, b in zip(step[category], first[category]))
