@@ -148,29 +148,49 @@ class RowGroup:
     """The rows of one key that a module called several times in a micro-step produces (a cell
     run in a Python loop): one row per call while the step runs, combined into the row of all
     calls together (msmon.stats.combine_rows: norms in squares, min of mins, ...) when the
-    step's rows are taken. A group of one row is that row."""
+    step's rows are taken. A group of one row is that row. One object per key and step: the
+    first row is held in place, lists only for a module that is called again."""
 
-    __slots__ = ("ops", "rows", "numels")
+    __slots__ = ("ops", "first", "first_numel", "more")
 
     def __init__(self, ops: list[str]) -> None:
         self.ops = ops
-        self.rows: list[torch.Tensor] = []
-        self.numels: list[int] = []
+        self.first: torch.Tensor | None = None
+        self.first_numel = 0
+        self.more: list[tuple[torch.Tensor, int]] | None = None
 
     def add(self, row: torch.Tensor, numel: int) -> None:
-        self.rows.append(row)
-        self.numels.append(numel)
+        if self.first is None:
+            self.first, self.first_numel = row, numel
+        elif self.more is None:
+            self.more = [(row, numel)]
+        else:
+            self.more.append((row, numel))
+
+    @property
+    def rows(self) -> list[torch.Tensor]:
+        if self.first is None:
+            return []
+        return [self.first] + [row for row, _ in self.more or ()]
+
+    @property
+    def numels(self) -> list[int]:
+        if self.first is None:
+            return []
+        return [self.first_numel] + [numel for _, numel in self.more or ()]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return 0 if self.first is None else 1 + len(self.more or ())
 
     def combined(self) -> torch.Tensor:
-        if len(self.rows) == 1:
-            return self.rows[0]
+        if self.more is None:
+            assert self.first is not None, "an empty RowGroup has no row"
+            return self.first
         from .stats import combine_rows  # records is imported by stats' users; keep it light
 
-        rows = torch.stack([r.to(self.rows[0].device) for r in self.rows])
-        return combine_rows(rows, torch.tensor(self.numels, dtype=rows.dtype), self.ops)
+        rows = self.rows
+        stacked = torch.stack([r.to(rows[0].device) for r in rows])
+        return combine_rows(stacked, torch.tensor(self.numels, dtype=stacked.dtype), self.ops)
 
 
 class StepBuffer:
