@@ -74,6 +74,7 @@ class ActivationCollector(Collector):
         self._told_compiled = False
         self._open: dict[int, list[tuple[int, str, bool]]] = {}  # id(module) -> calls in flight
         self._keys: dict[tuple[str, str, str, int, int, int], list[RowKey]] = {}
+        self._grad_callback = self._on_grad  # one bound method, not a new one per tensor and step
 
     def attach(self) -> None:
         for target in self.targets:
@@ -241,7 +242,7 @@ class ActivationCollector(Collector):
         for key, t in zip(self._row_keys("actv_grad", target, base, slot, len(tensors), micro), tensors):
             if not t.requires_grad or not t.is_floating_point():
                 continue
-            ctx.grad_hooks.add(t, self, self._on_grad, key)
+            ctx.grad_hooks.add(t, self, self._grad_callback, key)
 
     def _on_grad(self, key: RowKey, grad: torch.Tensor) -> None:
         if grad is not None and self.ctx.recording and grad.numel():

@@ -41,6 +41,7 @@ class NanOriginCollector(Collector):
         self.modules = [(m, n, c, c) for c, named in enumerate(ctx.names()[0]) for n, m in named.items() if n]
         self._calls = CallCounter()
         self._open: dict[int, list[tuple[int, str]]] = {}
+        self._grad_callback = self._on_grad  # one bound method, not a new one per tensor and step
 
     def attach(self) -> None:
         for module, name, vpp, chunk in self.modules:
@@ -73,7 +74,7 @@ class NanOriginCollector(Collector):
         key = row_key("actv_grad", name, vpp, micro)
         for t in tensors:
             if t.requires_grad and t.is_floating_point():
-                self.ctx.grad_hooks.add(t, self, self._on_grad, key)
+                self.ctx.grad_hooks.add(t, self, self._grad_callback, key)
 
     def _on_grad(self, key: RowKey, grad: torch.Tensor) -> None:
         if grad is not None and grad.numel() and self.ctx.recording:
