@@ -16,7 +16,7 @@ import torch
 
 from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from .base import Sink, naming
-from .numbers import csv_value, csv_values
+from .numbers import csv_flat, csv_value
 
 _MAX_CACHED_ROWS = 1 << 16
 
@@ -82,23 +82,26 @@ class CsvSink(Sink):
             self._prefixes[(key, micro)] = found
         return found
 
-    def _rounded(self, record: StepRecord) -> list[list[float]]:
+    def _rounded(self, record: StepRecord) -> list[float]:
+        """The step's values rounded for their cells, row after row in one flat list."""
         table = record.table
         if table is not None and table.dtype == torch.float64 and table.dim() == 2 and len(table) == len(record.keys):
-            return csv_values(table, self.ndigits)
-        return [[csv_value(v, self.ndigits) for v in row] for row in record.values]
+            return csv_flat(table.contiguous(), self.ndigits)
+        return [csv_value(v, self.ndigits) for row in record.values for v in row]
 
     def write(self, record: StepRecord) -> None:
         lines: dict[str, list[str]] = {}
         handles: dict[str, tuple[IO[str], bool]] = {}
         step = f"{record.step},"
-        for key, values in zip(record.keys, self._rounded(record)):
+        flat = self._rounded(record)
+        width = len(record.ops)
+        for row, key in enumerate(record.keys):
             if key.category not in handles:
                 micro = key.micro_step is not None or key.category in MICRO_STEP_CATEGORIES
                 handles[key.category] = self._file_for(key.category, record.step, record.ops, micro)
                 lines[key.category] = []
             micro = handles[key.category][1]
-            cells = ",".join(map(repr, values))
+            cells = ",".join(map(repr, flat[row * width : (row + 1) * width]))
             if micro:
                 cells = ("" if key.micro_step is None else str(key.micro_step)) + "," + cells
             lines[key.category].append(self._prefix(key, micro) + step + cells)

@@ -29,8 +29,17 @@ def csv_value(value: float, ndigits: int) -> float:
 
 def csv_values(table: torch.Tensor, ndigits: int) -> list[list[float]]:
     """`[[csv_value(v, ndigits) for v in row] for row in table.tolist()]` for a 2-D float64
-    table, vectorised: the writer thread formats every value of every step, and on a machine
-    with few cores its CPU time is taken from the training.
+    table (csv_flat's values, a list per row)."""
+    width = table.shape[1]
+    flat = csv_flat(table, ndigits)
+    return [flat[i : i + width] for i in range(0, len(flat), width)]
+
+
+def csv_flat(table: torch.Tensor, ndigits: int) -> list[float]:
+    """`[csv_value(v, ndigits) for v in table.view(-1).tolist()]` for a 2-D float64 table,
+    vectorised and as one flat list (no list per row for the garbage collector): the writer
+    thread formats every value of every step, and on a machine with few cores its CPU time is
+    taken from the training.
 
     Each value keeps k decimals (ndigits, or for |v| < 1 enough for ndigits significant
     digits): round(v·10ᵏ) / 10ᵏ is the double Python's formatting gives unless the scaled
@@ -47,7 +56,7 @@ def csv_values(table: torch.Tensor, ndigits: int) -> list[list[float]]:
     scale = _POW10[decimals.clamp(0, _EXACT_POWERS).long()]
     scaled = table * scale
     kept = torch.round(scaled)
-    rows = (kept / scale).tolist()
+    flat = (kept / scale).view(-1).tolist()
     size = scaled.abs()
     doubtful = (
         ((scaled - torch.floor(scaled) - 0.5).abs() <= size * 2.0**-48) | ~(size < 2.0**52) | (decimals > _EXACT_POWERS)
@@ -55,7 +64,7 @@ def csv_values(table: torch.Tensor, ndigits: int) -> list[list[float]]:
     first_digit_wrong = (kept.abs() < float(10 ** (digits - 1))) | (kept.abs() > float(10**digits))
     doubtful |= small & first_digit_wrong
     if doubtful.any():
-        values = table.tolist()
-        for i, j in doubtful.nonzero().tolist():
-            rows[i][j] = csv_value(values[i][j], ndigits)
-    return rows
+        values = table.reshape(-1)
+        for i in doubtful.view(-1).nonzero().view(-1).tolist():
+            flat[i] = csv_value(float(values[i]), ndigits)
+    return flat
