@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -43,6 +44,17 @@ def run_worker(python: str, args: list[str], timeout: float) -> dict[str, Any] |
         print(f"  failed ({proc.returncode}): {' '.join(args)}\n{proc.stderr[-2000:]}", file=sys.stderr)
         return None
     return json.loads(lines[-1])
+
+
+def run_memory(python: str, args: list[str], timeout: float, runs: int) -> dict[str, Any] | None:
+    """Peak RSS of `runs` fresh processes: the median, and every run (a single run moves by a
+    few MiB with the allocator's luck, as much as the difference being measured)."""
+    results = [run_worker(python, args, timeout) for _ in range(runs)]
+    found = [r for r in results if r is not None]
+    if not found:
+        return None
+    values = [r["peak_rss_mib"] for r in found]
+    return {**found[0], "peak_rss_mib": statistics.median(values), "peak_rss_runs": values}
 
 
 def msprobe_available(python: str) -> bool:
@@ -135,6 +147,7 @@ def main() -> None:
         "--msprobe-python", default=DEFAULT_MSPROBE_PYTHON, help="interpreter of a venv with mindstudio-probe installed"
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS runs")
+    parser.add_argument("--memory-runs", type=int, default=3, help="processes per peak-RSS figure (median)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     parser.add_argument("--json", help="write every result to this file")
     args = parser.parse_args()
@@ -149,8 +162,8 @@ def main() -> None:
     results: dict[str, Any] = {"machine": machine(), "load_before": os.getloadavg(), "started": time.time()}
     for model in args.models:
         if not args.no_memory:
-            results[f"memory/plain/{model}"] = run_worker(
-                sys.executable, ["--model", model, "--memory", "plain", *common], args.timeout
+            results[f"memory/plain/{model}"] = run_memory(
+                sys.executable, ["--model", model, "--memory", "plain", *common], args.timeout, args.memory_runs
             )
         for config in args.configs:
             for tool, python in tools:
@@ -164,8 +177,8 @@ def main() -> None:
                     result["load_before"], result["load_after"] = load, os.getloadavg()[0]
                 results[f"pairs/{tool}/{model}/{config}"] = result
                 if not args.no_memory:
-                    results[f"memory/{tool}/{model}/{config}"] = run_worker(
-                        python, base + ["--memory", "monitored"], args.timeout
+                    results[f"memory/{tool}/{model}/{config}"] = run_memory(
+                        python, base + ["--memory", "monitored"], args.timeout, args.memory_runs
                     )
     results["load_after"] = os.getloadavg()
     compare = any(tool == "msprobe" for tool, _ in tools)
