@@ -119,3 +119,39 @@ def test_past_max_backlog_waiting_steps_submit_waits_for_the_writer_and_nothing_
     finally:
         sink.release.set()
         writer.close()
+
+
+def test_the_writer_makes_no_list_per_row_unless_a_reader_asks_and_the_api_still_reads_values(write_config, output_dir):
+    """CSV, TensorBoard and the alert rules read the step's table; a list per row per step would
+    only feed the garbage collector. The API sink, asked, still gets every value."""
+    torch.manual_seed(0)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = TrainerMon(
+        write_config(
+            {
+                "wg_distribution": True,
+                "format": ["csv", "tensorboard", "api"],
+                "ops": ["norm", "max"],
+                "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 3.0}}]},
+            }
+        )
+    )
+    monitor.set_monitor(model, optimizer)
+    for _ in range(3):
+        model(torch.randn(5, 8)).square().mean().backward()
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        optimizer.step()
+        optimizer.zero_grad()
+    monitor.writer.drain()
+    try:
+        record = monitor.output.api._latest["grad_reduced"]
+        assert record._values is None  # nothing asked for the rows as lists
+        reduced, _ = monitor.generate_wgrad_metrics()
+        assert record._values is not None
+        assert len(reduced) == len(grads)
+        for tag, values in reduced.items():
+            name = tag.split(":", 1)[1].split("/")[0]
+            assert values["norm"] == pytest.approx(grads[name].norm().item(), rel=1e-6)
+    finally:
+        monitor.close()
