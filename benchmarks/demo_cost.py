@@ -37,7 +37,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from demo_job import ROOT, demo_command, demo_env  # noqa: E402
+
 TIMED = ROOT / "benchmarks" / "timed_example.py"
 WORKTREE = "worktree"
 
@@ -63,21 +65,8 @@ def plain(steps: int) -> dict[str, Any]:
 def monitored(src: Path, steps: int) -> dict[str, Any]:
     out = Path(tempfile.mkdtemp(prefix="msmon-demo-cost-"))
     try:
-        env = dict(os.environ, PYTHONPATH=str(src), MONITOR_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
-        args = [
-            sys.executable,
-            "-m",
-            "msmon.launcher",
-            "run",
-            "--config",
-            str(ROOT / "examples" / "monitor.json"),
-            "--nproc-per-node",
-            "2",
-            "--",
-            str(TIMED),
-            "--steps",
-            str(steps),
-        ]
+        env = demo_env(src, out)
+        args = demo_command(TIMED, "--steps", str(steps))
         ranks = run_job(args, env, 2)
         summaries = []
         for path in sorted(glob.glob(str(out / "*-rank*" / "summary.json"))):

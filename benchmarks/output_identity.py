@@ -24,7 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from demo_job import ROOT, demo_command, demo_env  # noqa: E402
+
 COMPARED_SUFFIXES = (".csv",)  # what msmon computes: statistic rows, alerts, anomaly records as CSV
 DUMP_DIR = "anomaly_detected"
 RANK_DIR = re.compile(r"^.*-rank(\d+)-[0-9a-f]+$")
@@ -33,21 +35,8 @@ EVENTS = re.compile(r"^events\.out\.tfevents\..*$")  # the name carries the time
 
 def run_example(src: Path, out: Path, steps: int) -> None:
     """The example job with msmon imported from `src` (a checkout's src/ folder)."""
-    env = dict(os.environ, PYTHONPATH=str(src), MONITOR_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
-    cmd = [
-        sys.executable,
-        "-m",
-        "msmon.launcher",
-        "run",
-        "--config",
-        str(ROOT / "examples" / "monitor.json"),
-        "--nproc-per-node",
-        "2",
-        "--",
-        str(ROOT / "examples" / "train_tiny_gpt.py"),
-        "--steps",
-        str(steps),
-    ]
+    env = demo_env(src, out)
+    cmd = demo_command(ROOT / "examples" / "train_tiny_gpt.py", "--steps", str(steps))
     done = subprocess.run(cmd, env=env, cwd=str(out.parent), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the example failed with msmon from {src}:\n{done.stdout}\n{done.stderr}")
