@@ -254,6 +254,31 @@ def _strict(readable_rows: Callable[..., Optional[torch.Tensor]]) -> Callable[..
     return stats_rows
 
 
+ROW_SLAB_ELEMENTS = 1 << 14  # float64 values per block of single-tensor rows (128 KiB)
+
+
+class _RowSlab(threading.local):
+    """Where the rows of single-tensor calls (one per activation and hook) are written: views
+    into one float64 block per thread, a new block when the last is full, each freed once no
+    row views it. A tensor per row would be three small allocations per activation, made
+    between the training's own, in the heap where glibc also puts the training's tensors up to
+    its mmap threshold; they fragmented it, and all_xy's peak RSS was 3–4 MiB higher for it
+    (docs/performance.md, sixth round)."""
+
+    def __init__(self) -> None:
+        self.block: torch.Tensor | None = None
+        self.used = 0
+
+    def take(self, width: int) -> torch.Tensor:
+        block = self.block
+        if block is None or self.used + width > ROW_SLAB_ELEMENTS:
+            block = self.block = torch.empty(ROW_SLAB_ELEMENTS, dtype=torch.float64)
+            self.used = 0
+        start = self.used
+        self.used = start + width
+        return block.narrow(0, start, width)
+
+
 def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
     """The Python side of one kernel call, kept short (docs/performance.md has its cost): the
     whole call packed into one int64 array by one struct.pack, whose layout, column spec and
@@ -262,6 +287,7 @@ def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
     shapes: dict[tuple[Any, ...], tuple[torch.Tensor, Any, int, int, tuple[int, ...]]] = {}
     flags = {torch.float32: 0, torch.float64: 1}
     empty_like = torch.empty_like
+    slab = _RowSlab()
 
     def shape_of(
         columns: Sequence[int], per_element: Sequence[bool], n: int, flat: bool
@@ -302,7 +328,7 @@ def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
             if not numel:
                 return None
             packed += (x.data_ptr(), numel, flag)
-        out = empty_like(template)
+        out = slab.take(width) if flat and width else empty_like(template)
         # n, width, threads, min_share, out, threshold, columns, inputs (fused_stats.cpp);
         # xs, and with it every tensor read, stays referenced until the call returns
         code = kernel(pack(n, width, threads, min_share, out.data_ptr(), threshold, *spec, *packed))

@@ -496,3 +496,20 @@ def test_a_corrupt_file_in_the_cache_is_logged_once_and_the_torch_path_is_used(m
     assert row.tolist() == [-2.0, 1.0] and native.stats_rows() is None
     lines = native_records(caplog)
     assert len(lines) == 1 and lines[0].levelno == logging.WARNING and "using torch reductions" in lines[0].getMessage()
+
+
+def test_single_tensor_rows_share_blocks_and_keep_their_values_across_later_calls_and_blocks(use_native):
+    """One row per activation and hook: written into views of a few blocks (not a tensor each,
+    which fragmented the heap), never overwritten by later calls, across block boundaries."""
+    width = 3
+    calls = native.ROW_SLAB_ELEMENTS // width + 40  # past the end of the first block
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(int(torch.randint(1, 50, (1,), generator=gen)), generator=gen) for _ in range(calls)]
+    rows = [native.stats_rows()([t], 0.0, [1, 2, 3], [False, False, True], True, 1, 0) for t in inputs]
+    for t, row in zip(inputs, rows):
+        want = [t.min().item(), t.max().item(), t.double().mean().item()]
+        assert row.tolist() == pytest.approx(want, rel=1e-5, abs=1e-6)  # the sum accumulates in float32
+    blocks = {row.untyped_storage().data_ptr() for row in rows}
+    assert len(blocks) == 2
+    batch = native.stats_rows()(inputs[:5], 0.0, [1, 2], [False, False], False, 1, 0)
+    assert batch.untyped_storage().data_ptr() not in blocks  # a batch's rows are their own tensor
