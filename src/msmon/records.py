@@ -167,30 +167,16 @@ class RowGroup:
         else:
             self.more.append((row, numel))
 
-    @property
-    def rows(self) -> list[torch.Tensor]:
-        if self.first is None:
-            return []
-        return [self.first] + [row for row, _ in self.more or ()]
-
-    @property
-    def numels(self) -> list[int]:
-        if self.first is None:
-            return []
-        return [self.first_numel] + [numel for _, numel in self.more or ()]
-
-    def __len__(self) -> int:
-        return 0 if self.first is None else 1 + len(self.more or ())
-
     def combined(self) -> torch.Tensor:
+        assert self.first is not None, "an empty RowGroup has no row"
         if self.more is None:
-            assert self.first is not None, "an empty RowGroup has no row"
             return self.first
         from .stats import combine_rows  # records is imported by stats' users; keep it light
 
-        rows = self.rows
+        rows = [self.first] + [row for row, _ in self.more]
+        numels = [self.first_numel] + [numel for _, numel in self.more]
         stacked = torch.stack([r.to(rows[0].device) for r in rows])
-        return combine_rows(stacked, torch.tensor(self.numels, dtype=stacked.dtype), self.ops)
+        return combine_rows(stacked, torch.tensor(numels, dtype=stacked.dtype), self.ops)
 
 
 class StepBuffer:
