@@ -24,7 +24,7 @@ import torch
 from .. import guest_hooks
 from ..config import MonitorConfig, TensorSpec
 from ..optimizers.base import in_closure_reevaluation
-from ..records import RowGroup, RowKey
+from ..records import RowGroup, RowKey, row_key
 from ..selection import xy_targets
 from ..stats import tensor_stats
 from ..step_context import StepContext
@@ -159,16 +159,16 @@ class ActivationCollector(Collector):
         return [f"{base}.{slot}_{i}" for i in range(count)]
 
     def _row_keys(self, category: str, target: _Target, base: str, slot: str, count: int, micro: int) -> list[RowKey]:
-        """The keys of a slot's `count` tensors, made once and reused every step: a hook that
-        made them anew would leave hundreds of objects per step for the garbage collector,
-        whose collections stop the training thread."""
+        """The keys of a slot's `count` tensors, looked up once per slot and step: the interned
+        keys (records.row_key, the same objects the non-finite origin names the tensors with)
+        and the names built for them, kept between steps."""
         ident = (category, base, slot, count, micro, target.vpp_stage)
         keys = self._keys.get(ident)
         if keys is None:
             if len(self._keys) >= _MAX_CACHED_KEYS:
                 self._keys.clear()
             keys = self._keys[ident] = [
-                RowKey(category, name, target.vpp_stage, micro) for name in self._names(base, slot, count)
+                row_key(category, name, target.vpp_stage, micro) for name in self._names(base, slot, count)
             ]
         return keys
 
