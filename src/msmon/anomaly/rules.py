@@ -227,7 +227,6 @@ class RuleEngine:
         self._slots: dict[tuple[str, str, int], int] = {}  # (category, name, vpp) -> tensor index
         self._sums = torch.zeros(0, dtype=torch.float64)  # [2 * tensors]: the EMA's s per slot
         self._counts = torch.zeros(0, dtype=torch.float64)  # [2 * tensors]: steps n per slot
-        self._most_steps = 0  # an upper bound of every slot's n
         self._bias: list[float] = []  # 1 - (1 - a)^n by n, up to where it is 1.0
         self._bias_table = torch.ones(1, dtype=torch.float64)
         self._layouts: dict[tuple[str, ...], _Layout] = {}
@@ -302,11 +301,13 @@ class RuleEngine:
         return torch.tensor(out, dtype=torch.long)
 
     def _bias_of(self, counts: torch.Tensor) -> torch.Tensor:
-        """1 - (1 - a)^n for each n, as Python computes it (a table, exact, not a tensor pow)."""
+        """1 - (1 - a)^n for each n, as Python computes it (a table, exact, not a tensor pow);
+        the table stops growing where the value reaches 1.0, which it stays."""
         bias = self._bias
-        if len(bias) <= self._most_steps and not (bias and bias[-1] == 1.0):
-            size = max(self._most_steps + 1, 2 * len(bias), 16)
-            while len(bias) < size and not (bias and bias[-1] == 1.0):  # 1.0 from there on
+        most = int(counts.max()) if len(counts) else 0  # a CPU tensor: nothing to wait for
+        if len(bias) <= most and not (bias and bias[-1] == 1.0):
+            size = max(most + 1, 2 * len(bias), 16)  # doubled: not a new table every step
+            while len(bias) < size and not (bias and bias[-1] == 1.0):
                 bias.append(1.0 - (1.0 - self.alpha) ** len(bias))
             self._bias_table = torch.tensor(bias, dtype=torch.float64)
         return self._bias_table[counts.long().clamp(max=len(self._bias_table) - 1)]
@@ -353,4 +354,3 @@ class RuleEngine:
         a = self.alpha
         self._sums[slots] = (1.0 - a) * self._sums[slots] + a * total[slots] / seen[slots]
         self._counts[slots] += 1
-        self._most_steps += 1
