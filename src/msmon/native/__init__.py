@@ -39,7 +39,7 @@ logger = logging.getLogger("msmon")
 
 ENV = "MSMON_NATIVE_STATS"
 TEAM_ENV = "MSMON_NATIVE_TEAM"  # "0": large calls are shared by threads of the kernel's own
-_ABI = 2  # fused_stats.cpp's msmon_stats_abi()
+_ABI = 3  # fused_stats.cpp's msmon_stats_abi()
 _FIELDS = 7
 _ERRORS = {
     1: "out of memory or no thread to start",
@@ -201,6 +201,13 @@ def share_elements() -> int:
     return TEAM_SHARE if module is not None and module.team else OWN_THREADS_SHARE
 
 
+def csv_rounding() -> Optional[Callable[..., int]]:
+    """fused_stats.cpp's `msmon_csv_round(values, out, n, ndigits, decades, doubtful)` (addresses
+    and counts; msmon.sinks.numbers.csv_flat calls it), or None when the kernel is not loaded."""
+    module = _module()
+    return None if module is None else module.csv_round
+
+
 def isa() -> Optional[str]:
     """The instruction set the kernel's loop uses here ("avx2" or "baseline"); None when not loaded."""
     module = _module()
@@ -223,7 +230,7 @@ def _rank() -> int:
 
 class _Kernel:
     """The loaded library: `stats_rows` (strict, as described in stats_rows() above),
-    `readable_rows` (the same, None where a tensor is not readable) and `isa`."""
+    `readable_rows` (the same, None where a tensor is not readable), `csv_round` and `isa`."""
 
     def __init__(self, path: str) -> None:
         lib = ctypes.CDLL(path)  # a CDLL call releases the GIL while the kernel reads
@@ -239,6 +246,11 @@ class _Kernel:
         lib.msmon_stats_use_team.argtypes = [ctypes.c_void_p] * 3
         lib.msmon_stats_use_team(*(team or (None, None, None)))
         self.team = team is not None  # shares go to torch's OpenMP team, not threads of the kernel's own
+        csv_round = lib.msmon_csv_round
+        csv_round.restype = ctypes.c_int64
+        address, count = ctypes.c_void_p, ctypes.c_int64
+        csv_round.argtypes = [address, address, count, count, address, address]
+        self.csv_round = csv_round
         self.readable_rows = _rows_of(kernel)
         self.stats_rows = _strict(self.readable_rows)
         self._lib = lib  # keeps the library mapped

@@ -284,8 +284,8 @@ void fill(const std::vector<Input>& inputs, double threshold, int threads, int64
 
 extern "C" {
 
-// Bumped whenever a signature below changes; the loader checks it.
-int msmon_stats_abi(void) { return 2; }
+// Bumped whenever a signature below changes or a function is added; the loader checks it.
+int msmon_stats_abi(void) { return 3; }
 
 // Share large calls with an OpenMP team from now on (the addresses of the runtime's
 // GOMP_parallel, omp_get_thread_num and omp_get_num_threads), or with threads of our own
@@ -366,6 +366,62 @@ const char* msmon_stats_isa(void) {
   }
 #endif
   return "baseline";
+}
+
+// The CSV sink's rounding of a step's values (msmon.sinks.numbers.csv_flat, whose docstring
+// gives the rule and why it is exact): out[i] = round(v * 10^k) / 10^k in float64, k decimals
+// (ndigits; for 0 < |v| < 1, k = max(ndigits, 1) - 1 - e, e the decimal exponent of |v| found
+// in `decades`, the ascending 10^-323 ... 10^0 that csv_flat searches too). The same float64
+// operations as csv_flat's torch path, so the same doubles; values where that quotient may
+// differ from Python's own rounding (a near tie, a power of ten that is not exact, a product
+// too large to round, a misjudged first digit) are left to the caller: their indices go to
+// `doubtful`, and out[i] = v. Zero, NaN and infinities are out[i] = v, as round() gives.
+// Here rather than in torch ops because the writer thread would otherwise touch some twenty
+// torch kernels' code only for this, about 1.2 MiB of the process's resident memory
+// (docs/performance.md). Returns the number of doubtful indices written.
+int64_t msmon_csv_round(const double* in, double* out, int64_t n, int64_t ndigits, const double* decades,
+                        int64_t* doubtful) {
+  constexpr int kLowest = 323;  // decades[0] is 10^-kLowest, decades[kLowest] is 1
+  constexpr int kExactPowers = 22;  // 10^k is exact in float64 up to here
+  double pow10[kExactPowers + 1];
+  pow10[0] = 1.0;
+  for (int k = 1; k <= kExactPowers; ++k) {
+    pow10[k] = pow10[k - 1] * 10.0;  // exact: every 10^k up to 10^22 is a float64
+  }
+  const int64_t digits = std::max<int64_t>(ndigits, 1);
+  const double lowest_kept = pow10[std::min<int64_t>(digits - 1, kExactPowers)];
+  const double highest_kept = digits <= kExactPowers ? pow10[digits] : std::pow(10.0, static_cast<double>(digits));
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = in[i];
+    const double magnitude = std::fabs(v);
+    out[i] = v;
+    if (v == 0.0 || !(magnitude < std::numeric_limits<double>::infinity())) {
+      continue;  // zero, NaN, infinities: round() returns them as they are
+    }
+    const bool small = magnitude < 1.0;
+    double decimals = static_cast<double>(ndigits);
+    if (small) {  // csv_flat: bucketize(|v|, decades, right=True) - (kLowest + 1)
+      const int64_t index = std::upper_bound(decades, decades + kLowest + 1, magnitude) - decades;
+      decimals = static_cast<double>(digits - 1) - static_cast<double>(index - (kLowest + 1));
+    }
+    if (!(decimals >= 0.0 && decimals <= kExactPowers)) {
+      doubtful[count++] = i;
+      continue;
+    }
+    const double scale = pow10[static_cast<int>(decimals)];
+    const double scaled = v * scale;
+    const double kept = std::nearbyint(scaled);  // ties to even, like torch.round
+    const double size = std::fabs(scaled);
+    const bool near_tie = std::fabs(scaled - std::floor(scaled) - 0.5) <= size * 0x1p-48;
+    const bool first_digit_wrong = small && (std::fabs(kept) < lowest_kept || std::fabs(kept) > highest_kept);
+    if (near_tie || !(size < 0x1p52) || first_digit_wrong) {
+      doubtful[count++] = i;
+      continue;
+    }
+    out[i] = kept / scale;
+  }
+  return count;
 }
 
 }  // extern "C"

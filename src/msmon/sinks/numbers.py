@@ -9,7 +9,12 @@ give the same digits.
 
 from __future__ import annotations
 
+import ctypes
+from typing import Callable
+
 import torch
+
+from .. import native
 
 _EXACT_POWERS = 22  # 10.0**k is exact up to here, so M / 10**k is the correctly rounded M·10⁻ᵏ
 _POW10 = torch.tensor([float(10**k) for k in range(_EXACT_POWERS + 1)], dtype=torch.float64)
@@ -46,7 +51,32 @@ def csv_flat(table: torch.Tensor, ndigits: int) -> list[float]:
     product was inexact right at a tie, the power of ten is not exact (k > 22), the product
     is too large to round in a double, or the exponent search misjudged the first digit. Those values (and
     non-finite ones) are formatted by `csv_value` itself, so the result is identical.
+
+    The native kernel computes it where it is loaded (msmon.native: the same float64
+    operations, so the same doubles); torch ops otherwise. The kernel is preferred for memory,
+    not time: the twenty-odd torch kernels below are code that nothing else in a training
+    process runs, and touching it made about 1.2 MiB of libtorch resident (docs/performance.md).
     """
+    rounding = native.csv_rounding()
+    if rounding is not None and table.is_cpu and table.is_contiguous():
+        return _rounded_by_kernel(rounding, table, ndigits)
+    return _rounded_by_torch(table, ndigits)
+
+
+def _rounded_by_kernel(rounding: Callable[..., int], table: torch.Tensor, ndigits: int) -> list[float]:
+    n = table.numel()
+    out = (ctypes.c_double * n)()
+    doubtful = (ctypes.c_int64 * n)()
+    count = rounding(
+        table.data_ptr(), ctypes.addressof(out), n, ndigits, _DECADES.data_ptr(), ctypes.addressof(doubtful)
+    )
+    flat = out[:]
+    for i in doubtful[:count]:  # the kernel left these values as they were
+        flat[i] = csv_value(flat[i], ndigits)
+    return flat
+
+
+def _rounded_by_torch(table: torch.Tensor, ndigits: int) -> list[float]:
     digits = max(ndigits, 1)
     magnitude = table.abs()
     small = (magnitude < 1.0) & (magnitude > 0.0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, reference_stats
-from msmon import TrainerMon
+from msmon import TrainerMon, native
 from msmon.records import RowKey, StepBuffer, StepRecord
 from msmon.sinks.api_sink import ApiSink
 from msmon.sinks.csv_sink import CsvSink
@@ -148,7 +148,19 @@ def test_step_buffer_keeps_single_and_batched_rows_in_the_order_added():
     assert len(buffer) == 0 and buffer.take()[1] == []
 
 
-def test_vectorised_formatting_equals_csv_value_near_ties_and_at_every_scale():
+@pytest.fixture(params=["kernel", "torch"])
+def rounding_path(request, monkeypatch):
+    """csv_flat on the native kernel (a C++ compiler is a test requirement) or on torch ops."""
+    monkeypatch.setenv(native.ENV, "1" if request.param == "kernel" else "0")
+    native.reset()
+    if request.param == "kernel" and native.load() is None:
+        pytest.fail("the native kernel did not build")
+    yield request.param
+    monkeypatch.delenv(native.ENV)
+    native.reset()
+
+
+def test_vectorised_formatting_equals_csv_value_near_ties_and_at_every_scale(rounding_path):
     gen = torch.Generator().manual_seed(11)
     table = torch.randn(5000, 4, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(
         -30, 18, (5000, 4), generator=gen
@@ -171,6 +183,7 @@ def test_vectorised_formatting_equals_csv_value_near_ties_and_at_every_scale():
         ]
     )
     table = table.view(-1, 1)
+    assert (native.csv_rounding() is not None) == (rounding_path == "kernel")
     for ndigits in (0, 1, 2, 6, 9, 15, 17, 25):
         got = [repr(row[0]) for row in csv_values(table, ndigits)]
         assert got == [repr(csv_value(v, ndigits)) for v in table.flatten().tolist()]  # repr: NaN equals itself
