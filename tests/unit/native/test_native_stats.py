@@ -221,6 +221,31 @@ def test_tensors_the_kernel_cannot_read_take_the_torch_path(use_native):
     assert all(math.isnan(v) for v in rows[3].tolist())
 
 
+def test_an_integer_tensor_is_read_by_the_kernel_as_exact_floats_and_no_torch_reduction_runs(use_native):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    tokens = torch.randint(-3, 1000, (8, 64))  # a model's input ids
+    tokens[0, :5] = 0
+    with Ops() as ops:
+        row = tensor_stats(tokens, ALL_OPS, 1e-8)
+    # the exact float64 copy, read by the kernel; the row is a slice of a block of rows
+    assert {name.split(".")[0] for name in ops.names} <= {"_to_copy", "empty", "slice"}
+    assert "_to_copy" in {name.split(".")[0] for name in ops.names}
+    exact = tokens.double()
+    want = [exact.norm().item(), exact.min().item(), exact.max().item(), exact.mean().item()]
+    assert row.tolist()[:4] == pytest.approx(want, rel=1e-12)
+    assert row.tolist()[4:] == [(tokens == 0).sum().item() / tokens.numel(), 0.0, 0.0]
+
+
 def test_a_monitored_run_records_the_same_values_with_the_native_kernel(write_config, output_dir, monkeypatch):
     def run(flag: str) -> dict:
         monkeypatch.setenv(native.ENV, flag)
