@@ -7,8 +7,9 @@ Each (tool, model, configuration) runs in its own process (bench_worker.py): two
 the model with the same weights, one monitored, stepped alternately on the same batches;
 the overhead is the median of the per-pair step-time ratios, with the 10th-90th percentile
 spread. Peak RSS comes from separate single-model processes (plain, and monitored per
-configuration). `--compare-msprobe` runs msprobe's TrainerMon the same way with the
-interpreter of a venv where mindstudio-probe is installed (default /tmp/refvenv).
+configuration), taking turns round after round; each figure is the median of its rounds.
+`--compare-msprobe` runs msprobe's TrainerMon the same way with the interpreter of a venv
+where mindstudio-probe is installed (default /tmp/refvenv).
 Machines shared with other work give noisy ratios: the table records the load average.
 """
 
@@ -46,15 +47,23 @@ def run_worker(python: str, args: list[str], timeout: float) -> dict[str, Any] |
     return json.loads(lines[-1])
 
 
-def run_memory(python: str, args: list[str], timeout: float, runs: int) -> dict[str, Any] | None:
-    """Peak RSS of `runs` fresh processes: the median, and every run (a single run moves by a
-    few MiB with the allocator's luck, as much as the difference being measured)."""
-    results = [run_worker(python, args, timeout) for _ in range(runs)]
-    found = [r for r in results if r is not None]
-    if not found:
-        return None
-    values = [r["peak_rss_mib"] for r in found]
-    return {**found[0], "peak_rss_mib": statistics.median(values), "peak_rss_runs": values}
+def run_memories(jobs: list[tuple[str, str, list[str]]], timeout: float, runs: int) -> dict[str, Any]:
+    """Peak RSS of `runs` fresh processes per job (key, interpreter, worker arguments): the
+    median, and every run. A single run moves by a few MiB with the allocator's luck, as much as
+    the difference being measured, and a batch of runs by a MiB with the machine's state, so the
+    jobs take turns, round after round (plain, each configuration, plain, ...)."""
+    values: dict[str, list[float]] = {key: [] for key, _, _ in jobs}
+    first: dict[str, dict[str, Any]] = {}
+    for _ in range(runs):
+        for key, python, args in jobs:
+            result = run_worker(python, args, timeout)
+            if result is not None:
+                first.setdefault(key, result)
+                values[key].append(result["peak_rss_mib"])
+    return {
+        key: {**first[key], "peak_rss_mib": statistics.median(values[key]), "peak_rss_runs": values[key]}
+        for key in first
+    }
 
 
 def msprobe_available(python: str) -> bool:
@@ -147,7 +156,7 @@ def main() -> None:
         "--msprobe-python", default=DEFAULT_MSPROBE_PYTHON, help="interpreter of a venv with mindstudio-probe installed"
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS runs")
-    parser.add_argument("--memory-runs", type=int, default=3, help="processes per peak-RSS figure (median)")
+    parser.add_argument("--memory-runs", type=int, default=5, help="rounds of peak-RSS processes (median)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     parser.add_argument("--json", help="write every result to this file")
     args = parser.parse_args()
@@ -160,11 +169,9 @@ def main() -> None:
             print(f"msprobe is not importable with {args.msprobe_python}; comparing skipped", file=sys.stderr)
     common = ["--device", args.device] + (["--threads", str(args.threads)] if args.threads else [])
     results: dict[str, Any] = {"machine": machine(), "load_before": os.getloadavg(), "started": time.time()}
+    memory_jobs: list[tuple[str, str, list[str]]] = []
     for model in args.models:
-        if not args.no_memory:
-            results[f"memory/plain/{model}"] = run_memory(
-                sys.executable, ["--model", model, "--memory", "plain", *common], args.timeout, args.memory_runs
-            )
+        memory_jobs.append((f"memory/plain/{model}", sys.executable, ["--model", model, "--memory", "plain", *common]))
         for config in args.configs:
             for tool, python in tools:
                 print(f"{tool:8s} {model:9s} {config} ...", file=sys.stderr, flush=True)
@@ -176,10 +183,10 @@ def main() -> None:
                 if result is not None:
                     result["load_before"], result["load_after"] = load, os.getloadavg()[0]
                 results[f"pairs/{tool}/{model}/{config}"] = result
-                if not args.no_memory:
-                    results[f"memory/{tool}/{model}/{config}"] = run_memory(
-                        python, base + ["--memory", "monitored"], args.timeout, args.memory_runs
-                    )
+                memory_jobs.append((f"memory/{tool}/{model}/{config}", python, base + ["--memory", "monitored"]))
+    if not args.no_memory:
+        print(f"peak RSS: {args.memory_runs} rounds of {len(memory_jobs)} processes ...", file=sys.stderr, flush=True)
+        results.update(run_memories(memory_jobs, args.timeout, args.memory_runs))
     results["load_after"] = os.getloadavg()
     compare = any(tool == "msprobe" for tool, _ in tools)
     text = table(results, args.models, args.configs, compare)
