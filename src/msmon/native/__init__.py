@@ -7,6 +7,9 @@ whole batch per call, which cuts the monitor's CPU time by a half to two thirds
 no ninja, a second or two of one compiler call (native/build.py), cached per user and keyed on
 the source, the flags and the compiler, so it survives torch upgrades.
 
+The same library rounds the CSV sink's values (`csv_rounding()`, msmon.sinks.numbers): in torch
+ops that rounding made libtorch code resident that nothing else in a training process runs.
+
 MSMON_NATIVE_STATS decides:
 
 - unset or `auto` (the default): at attach (`prepare()`, never inside a hook) the kernel is

@@ -19,6 +19,8 @@
 //   OpenMP team where msmon finds its runtime, else threads of the kernel's own;
 // - each block's successor is prefetched while the block is reduced, so a tensor coming from
 //   memory is not read at the pace of one cache miss after another.
+// The CSV sink's rounding of a step's values is here too (msmon_csv_round, at the end): in
+// torch ops it made the writer thread load kernels nothing else in the process runs.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
