@@ -58,7 +58,7 @@ def csv_flat(table: torch.Tensor, ndigits: int) -> list[float]:
     process runs, and touching it made about 1.2 MiB of libtorch resident (docs/performance.md).
     """
     rounding = native.csv_rounding()
-    if rounding is not None and table.is_cpu and table.is_contiguous():
+    if rounding is not None and table.dtype == torch.float64 and table.is_cpu and table.is_contiguous():
         return _rounded_by_kernel(rounding, table, ndigits)
     return _rounded_by_torch(table, ndigits)
 
