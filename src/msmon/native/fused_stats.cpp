@@ -391,8 +391,10 @@ int64_t msmon_csv_round(const double* in, double* out, int64_t n, int64_t ndigit
     pow10[k] = pow10[k - 1] * 10.0;  // exact: every 10^k up to 10^22 is a float64
   }
   const int64_t digits = std::max<int64_t>(ndigits, 1);
+  // the first digit is checked for 0 < |v| < 1 only, whose decimals are at least `digits`: past
+  // kExactPowers such a value is doubtful before the check, so the clamp never changes a result
   const double lowest_kept = pow10[std::min<int64_t>(digits - 1, kExactPowers)];
-  const double highest_kept = digits <= kExactPowers ? pow10[digits] : std::pow(10.0, static_cast<double>(digits));
+  const double highest_kept = pow10[std::min<int64_t>(digits, kExactPowers)];
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
     const double v = in[i];
