@@ -535,7 +535,7 @@ def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.
     t = _as_stat_input(tensor)
     if t.numel() == 0:
         return _nan_rows(1, plan, t.device).view(-1)
-    if t is not tensor and not tensor.is_floating_point() and type(t) is torch.Tensor:
+    if not tensor.is_floating_point() and type(t) is torch.Tensor:
         # integers as exact floats (a model's token ids): the kernel reads those too, and the
         # reductions below would be kernels that nothing else in the training runs
         row = _native_rows([t], plan, eps, flat=True)
