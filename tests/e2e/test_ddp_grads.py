@@ -165,3 +165,30 @@ def test_a_nan_on_one_rank_is_blamed_on_that_rank_and_raises_no_unreduced_alert_
     assert (first.rank, first.step, first.category, first.stage) == (1, 2, "grad_unreduced", "backward")
     assert verdict(ordered).startswith("First anomaly: rank 1, step 2, unreduced gradient of")
     assert first_per_rank(ordered)[0].category == "grad_reduced"
+
+
+@pytest.mark.e2e
+def test_unreduced_survives_every_step_when_bucket_view_gradients_are_zeroed_in_place_under_no_sync(tmp_path):
+    """gradient_as_bucket_view=True with zero_grad(set_to_none=False): `.grad` is one view into
+    DDP's bucket for the whole run, zeroed in place between steps; each step accumulates two
+    micro-batches under no_sync() and the third is reduced."""
+    out = run_accumulation(
+        tmp_path,
+        {"wg_distribution": True, "format": "csv", "ops": OPS},
+        "no_sync",
+        "3",
+        "3",
+        "-",
+        "bucket_view",
+        "keep_grads",
+    )
+    for rank in (0, 1):
+        truth = torch.load(tmp_path / f"truth_rank{rank}.pt")
+        directory = rank_dir(out, rank)
+        unreduced, reduced = read_csv_rows(directory, "grad_unreduced"), read_csv_rows(directory, "grad_reduced")
+        assert len(unreduced) == len(reduced) == 3 * 4
+        for row in unreduced:  # the local sum over the step's three micro-batches, as plain autograd has it
+            assert_row_matches(row, reference_stats(truth["steps"][int(row["step"])]["micro"][-1][row["name"]], OPS))
+        for row in reduced:
+            assert_row_matches(row, reference_stats(truth["steps"][int(row["step"])]["reduced"][row["name"]], OPS))
+    assert "rewritten in place" not in (tmp_path / "stderr.txt").read_text()
