@@ -44,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 from ..records import row_key
-from ..stats import batch_stats, tensor_stats
+from ..sparse_stats import any_layout_stats, is_sparse, sparse_stats
+from ..stats import tensor_stats
 from ..step_context import StepContext
 from .base import Collector
 from .ddp_sync import DdpSync
@@ -57,7 +58,7 @@ logger = logging.getLogger("msmon")
 
 
 def _identity(t: torch.Tensor) -> tuple[int, int, int]:
-    return id(t), t.data_ptr(), t._version
+    return id(t), 0 if is_sparse(t) else t.data_ptr(), t._version  # a sparse tensor has no one data pointer
 
 
 def _counter_of(grad: torch.Tensor) -> int:
@@ -154,7 +155,8 @@ class GradCollector(Collector):
             if self._can_wait(param):
                 self._note(index, grad, count)
                 return
-            self._record(index, grad, count, tensor_stats(grad, ctx.step_ops, ctx.config.eps))
+            stats = sparse_stats if is_sparse(grad) else tensor_stats
+            self._record(index, grad, count, stats(grad, ctx.step_ops, ctx.config.eps))
 
         return on_grad_accumulated
 
@@ -254,7 +256,7 @@ class GradCollector(Collector):
             )
         if not unchanged or not ctx.recording:
             return
-        rows = batch_stats([grad for grad, _, _ in unchanged.values()], ctx.step_ops, ctx.config.eps)
+        rows = any_layout_stats([grad for grad, _, _ in unchanged.values()], ctx.step_ops, ctx.config.eps)
         for j, (index, (grad, _, count)) in enumerate(unchanged.items()):
             self._record(index, grad, count, rows[j])
 
@@ -284,7 +286,7 @@ class GradCollector(Collector):
             else:
                 fresh.append(index)
                 grads.append(grad)
-        fresh_rows = batch_stats(grads, ctx.step_ops, ctx.config.eps) if grads else None
+        fresh_rows = any_layout_stats(grads, ctx.step_ops, ctx.config.eps) if grads else None
         order = sorted(list(reused) + fresh)
         if not order:
             return
