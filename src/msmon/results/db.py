@@ -389,6 +389,11 @@ class Loader:
             self.report.problems.append(f"{f.path}: cannot be read as TensorBoard events ({exc}); skipped")
             return
         self.report.tb_duplicates += rows.duplicates
+        if rows.corrupt:
+            self.report.problems.append(
+                f"{f.path}: {rows.corrupt} corrupt record(s) skipped (checksum mismatch); "
+                "the rest of the file was loaded"
+            )
         con = self.con
         con.begin()
         try:
