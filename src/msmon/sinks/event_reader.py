@@ -31,7 +31,7 @@ class EventReader:
         self._crc = masked_crc32c_function()
 
     def events(self) -> Iterator[Any]:
-        from google.protobuf.message import DecodeError
+        from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
         from tensorboard.compat.proto.event_pb2 import Event
 
         for data in self.records():

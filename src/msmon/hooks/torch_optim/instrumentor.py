@@ -149,7 +149,7 @@ class _Instrumentation:
 
         setattr(__setstate__, _WRAPPED_FLAG, True)
         self._original_setstate = original
-        Optimizer.__setstate__ = __setstate__  # type: ignore[method-assign]
+        Optimizer.__setstate__ = __setstate__  # type: ignore[method-assign, assignment]
 
     def remove(self) -> None:
         if self._step_hook is not None:
