@@ -113,3 +113,23 @@ def test_uninstrument_gives_optimizer_its_own_setstate_back(session):
     assert torch.optim.Optimizer.__dict__["__setstate__"] is not TORCHS_SETSTATE
     torch_optim.uninstrument()
     assert torch.optim.Optimizer.__dict__["__setstate__"] is TORCHS_SETSTATE
+
+
+def test_an_optimizer_monitored_through_the_api_pickles_and_copies_without_msmons_hooks(write_config, output_dir):
+    from msmon import TrainerMon
+
+    torch.manual_seed(0)
+    model = MLP()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    mon = TrainerMon(write_config(CONFIG), params_have_main_grad=False)
+    mon.set_monitor(model, optimizer)
+    step(model, optimizer)
+    try:
+        for how, (model_copy, optimizer_copy) in copies(model, optimizer).items():
+            for name in HOOK_DICTS:
+                assert getattr(optimizer_copy, name) == OrderedDict(), (how, name)
+            step(model_copy, optimizer_copy)
+    finally:
+        mon.close()
+    (out,) = rank_dirs(output_dir)
+    assert {r["step"] for r in read_csv_rows(Path(out), "grad_reduced")} == {"0"}
