@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from msmon.config import ConfigError, load_config
 from msmon.config_text import MAX_EXPANDED_VALUES
@@ -53,8 +54,9 @@ def test_yaml_aliases_that_expand_to_a_config_sized_document_are_read_as_before(
         {"targets": {"fc1": {"input": "x" * 1_000_000}}},
         {"format": [["csv"] * 1000] * 1000},
         {"k" * 1_000_000: True},
+        {"append_output": ["d" * 1_000_000, None]},
     ],
-    ids=["long-list", "long-string", "long-spec", "nested-lists", "long-key"],
+    ids=["long-list", "long-string", "long-spec", "nested-lists", "long-key", "long-time-prefix"],
 )
 def test_a_config_error_shows_the_start_of_a_huge_value_not_all_of_it(tmp_path, config):
     path = tmp_path / "monitor.json"
@@ -65,3 +67,16 @@ def test_a_config_error_shows_the_start_of_a_huge_value_not_all_of_it(tmp_path, 
     assert "\n" not in message
     assert len(message) < 1500, message[:2000]
     assert "..." in message
+
+
+def test_a_huge_target_naming_no_module_is_reported_by_its_start(write_config, output_dir):
+    from conftest import MLP
+    from msmon import TrainerMon
+
+    model = MLP()
+    mon = TrainerMon(write_config({"xy_distribution": True, "targets": {"fc" * 500_000: {}}}))
+    with pytest.raises(ConfigError) as err:
+        mon.set_monitor(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    message = str(err.value)
+    assert message.startswith("targets: 'fcfcfc") and "names no module or parameter of the model" in message
+    assert len(message) < 1500
