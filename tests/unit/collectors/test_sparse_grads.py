@@ -64,3 +64,27 @@ def test_sparse_embedding_gradients_are_recorded_as_their_dense_tensor_and_leave
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "switched off" in m or "failed" in m]
     assert sum("is sparse; mg_direction leaves such parameters out" in m for m in messages) == 1
+
+
+def test_one_optimizer_over_sparse_and_dense_gradients_records_every_parameter(write_config, output_dir):
+    """SGD takes sparse gradients too: the embedding's sparse one and the linear layer's dense
+    ones are read in one batch at the end of backward."""
+    torch.manual_seed(0)
+    model = Tagger()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = TrainerMon(write_config({"wg_distribution": True, "format": "csv", "ops": OPS}), params_have_main_grad=False)
+    mon.set_monitor(model, optimizer)
+    truth = []
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(2):
+        model(torch.randint(0, 12, (3, 4), generator=gen)).backward()
+        truth.append({n: p.grad.to_dense() for n, p in model.named_parameters()})
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    rows = read_csv_rows(rank_dir(output_dir), "grad_reduced")
+    assert sorted((r["step"], r["name"]) for r in rows) == [
+        (s, n) for s in "01" for n in ("emb.weight", "fc.bias", "fc.weight")
+    ]
+    for row in rows:
+        assert_row_matches(row, reference_stats(truth[int(row["step"])][row["name"]], OPS))
