@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ops import OPS
+from .short_repr import short_repr
 
 logger = logging.getLogger("msmon")
 
@@ -45,15 +46,15 @@ class TensorSpec:
     @classmethod
     def parse(cls, text: str, where: str) -> TensorSpec:
         if not isinstance(text, str):
-            raise ConfigError(f'{where}: expected a string like "tensor" or "tuple[2]:0", got {text!r}')
+            raise ConfigError(f'{where}: expected a string like "tensor" or "tuple[2]:0", got {short_repr(text)}')
         if text == "tensor":
             return cls(text)
         match = re.fullmatch(r"tuple\[(\d+)\](?::(\d+))?", text)
         if not match:
-            raise ConfigError(f'{where}: expected "tensor", "tuple[N]" or "tuple[N]:i", got {text!r}')
+            raise ConfigError(f'{where}: expected "tensor", "tuple[N]" or "tuple[N]:i", got {short_repr(text)}')
         length, index = int(match.group(1)), int(match.group(2) or 0)
         if length < 1 or index >= length:
-            raise ConfigError(f"{where}: index {index} is outside tuple[{length}] in {text!r}")
+            raise ConfigError(f"{where}: index {index} is outside tuple[{length}] in {short_repr(text)}")
         return cls(text, length, index)
 
 
@@ -170,7 +171,7 @@ def _type_name(value: Any) -> str:
 
 def _expect_bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"{key}: expected true or false, got {value!r} ({_type_name(value)})")
+        raise ConfigError(f"{key}: expected true or false, got {short_repr(value)} ({_type_name(value)})")
     return value
 
 
@@ -179,11 +180,11 @@ def _expect_int(key: str, value: Any, minimum: int) -> int:
     is a float in JSON)."""
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ConfigError(f"{key}: expected an integer, got {value!r} (not a finite number)")
+            raise ConfigError(f"{key}: expected an integer, got {short_repr(value)} (not a finite number)")
         if value.is_integer():
             value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key}: expected an integer, got {value!r} ({_type_name(value)})")
+        raise ConfigError(f"{key}: expected an integer, got {short_repr(value)} ({_type_name(value)})")
     if value < minimum:
         raise ConfigError(f"{key}: expected an integer >= {minimum}, got {value}")
     return value
@@ -192,11 +193,11 @@ def _expect_int(key: str, value: Any, minimum: int) -> int:
 def _expect_positive(key: str, value: Any) -> float:
     """A finite number > 0: NaN would compare false everywhere and switch a check off silently."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{key}: expected a positive number, got {value!r} ({_type_name(value)})")
+        raise ConfigError(f"{key}: expected a positive number, got {short_repr(value)} ({_type_name(value)})")
     if not math.isfinite(value):
-        raise ConfigError(f"{key}: expected a positive number, got {value!r} (not a finite number)")
+        raise ConfigError(f"{key}: expected a positive number, got {short_repr(value)} (not a finite number)")
     if value <= 0:
-        raise ConfigError(f"{key}: expected a positive number, got {value!r}")
+        raise ConfigError(f"{key}: expected a positive number, got {short_repr(value)}")
     return float(value)
 
 
@@ -211,11 +212,11 @@ def _parse_ops(value: Any) -> list[str]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"ops: expected a list of names from {list(OPS)}, got {value!r}")
+        raise ConfigError(f"ops: expected a list of names from {list(OPS)}, got {short_repr(value)}")
     ops: list[str] = []
     for op in value:
         if op not in OPS:
-            raise ConfigError(f"ops: unknown op {op!r}; valid ops are {list(OPS)}{_suggest(op, OPS)}")
+            raise ConfigError(f"ops: unknown op {short_repr(op)}; valid ops are {list(OPS)}{_suggest(op, OPS)}")
         if op not in ops:
             ops.append(op)
     if not ops:
@@ -231,30 +232,35 @@ def parse_ops(value: Any) -> list[str]:
 def _parse_format(value: Any) -> list[str]:
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
-        raise ConfigError(f"format: expected one of {list(FORMATS)} or a list of them, got {value!r}")
+        raise ConfigError(f"format: expected one of {list(FORMATS)} or a list of them, got {short_repr(value)}")
     for item in items:
         if item not in FORMATS:
-            raise ConfigError(f"format: unknown format {item!r}; expected {list(FORMATS)}{_suggest(item, FORMATS)}")
+            raise ConfigError(
+                f"format: unknown format {short_repr(item)}; expected {list(FORMATS)}{_suggest(item, FORMATS)}"
+            )
     return list(dict.fromkeys(items))
 
 
 def _parse_targets(value: Any) -> dict[str, dict[str, TensorSpec]]:
     if not isinstance(value, dict):
-        raise ConfigError(f"targets: expected an object {{module_or_param_name: {{...}}}}, got {value!r}")
+        raise ConfigError(f"targets: expected an object {{module_or_param_name: {{...}}}}, got {short_repr(value)}")
     targets: dict[str, dict[str, TensorSpec]] = {}
     for name, spec in value.items():
         if spec is None:
             spec = {}
         if not isinstance(spec, dict):
-            raise ConfigError(f'targets[{name!r}]: expected an object like {{"input": "tuple[2]:0"}}, got {spec!r}')
+            raise ConfigError(
+                f'targets[{short_repr(name)}]: expected an object like {{"input": "tuple[2]:0"}}, '
+                f"got {short_repr(spec)}"
+            )
         parsed: dict[str, TensorSpec] = {}
         for slot, text in spec.items():
             if slot not in TARGET_SLOTS:
                 raise ConfigError(
-                    f"targets[{name!r}]: unknown key {slot!r}; expected {list(TARGET_SLOTS)}"
+                    f"targets[{short_repr(name)}]: unknown key {short_repr(slot)}; expected {list(TARGET_SLOTS)}"
                     f"{_suggest(slot, TARGET_SLOTS)}"
                 )
-            parsed[slot] = TensorSpec.parse(text, f"targets[{name!r}][{slot!r}]")
+            parsed[slot] = TensorSpec.parse(text, f"targets[{short_repr(name)}][{short_repr(slot)}]")
         targets[name] = parsed
     return targets
 
@@ -263,16 +269,19 @@ def _parse_l2_targets(value: Any) -> dict[str, list[str]]:
     """{hook: [module names]}; `"linear_hook": []` selects every module with a 2-D weight."""
     if not isinstance(value, dict):
         raise ConfigError(
-            f"l2_targets: expected an object {{hook: [module names]}} with hooks from {list(L2_HOOKS)}, got {value!r}"
+            f"l2_targets: expected an object {{hook: [module names]}} with hooks from {list(L2_HOOKS)}, "
+            f"got {short_repr(value)}"
         )
     targets: dict[str, list[str]] = {}
     for hook, names in value.items():
         if hook not in L2_HOOKS:
             raise ConfigError(
-                f"l2_targets: unknown hook {hook!r}; expected {list(L2_HOOKS)}{_suggest(str(hook), L2_HOOKS)}"
+                f"l2_targets: unknown hook {short_repr(hook)}; expected {list(L2_HOOKS)}{_suggest(str(hook), L2_HOOKS)}"
             )
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
-            raise ConfigError(f"l2_targets[{hook!r}]: expected a list of module names, got {names!r}")
+            raise ConfigError(
+                f"l2_targets[{short_repr(hook)}]: expected a list of module names, got {short_repr(names)}"
+            )
         targets[hook] = list(dict.fromkeys(names))
     return targets
 
@@ -282,38 +291,38 @@ def _parse_sa_order(value: Any) -> str:
     if order not in SA_ORDERS:
         raise ConfigError(
             f"sa_order: expected one of {list(SA_ORDERS)} (the layout of the attention hook's q and "
-            f"k: s=sequence, b=batch, h=heads, d=head dim), got {value!r}"
+            f"k: s=sequence, b=batch, h=heads, d=head dim), got {short_repr(value)}"
         )
     return order
 
 
 def _parse_cc(value: Any) -> CCConfig:
     if not isinstance(value, dict):
-        raise ConfigError(f"cc_distribution: expected an object, got {value!r}")
+        raise ConfigError(f"cc_distribution: expected an object, got {short_repr(value)}")
     cc = CCConfig()
     for key, item in value.items():
         where = f"cc_distribution.{key}"
         if key == "cc_codeline":
             if not isinstance(item, list) or not all(isinstance(v, str) for v in item):
-                raise ConfigError(f'{where}: expected a list of strings like "train.py[23]", got {item!r}')
+                raise ConfigError(f'{where}: expected a list of strings like "train.py[23]", got {short_repr(item)}')
             for pattern in item:
                 try:
                     re.compile(pattern)
                 except re.error as exc:
-                    raise ConfigError(f"{where}: {pattern!r} is not a valid pattern: {exc}") from None
+                    raise ConfigError(f"{where}: {short_repr(pattern)} is not a valid pattern: {exc}") from None
             cc.cc_codeline = list(item)
         elif key in ("enable", "cc_pre_hook", "cc_log_only"):
             setattr(cc, key, _expect_bool(where, item))
         else:
             raise ConfigError(
-                f"cc_distribution: unknown key {key!r}{_suggest(key, ['enable', 'cc_codeline', 'cc_pre_hook', 'cc_log_only'])}"  # noqa: E501
+                f"cc_distribution: unknown key {short_repr(key)}{_suggest(key, ['enable', 'cc_codeline', 'cc_pre_hook', 'cc_log_only'])}"  # noqa: E501
             )
     return cc
 
 
 def _parse_alert(value: Any) -> AlertConfig:
     if not isinstance(value, dict):
-        raise ConfigError(f'alert: expected an object {{"rules": [...], "dump": false}}, got {value!r}')
+        raise ConfigError(f'alert: expected an object {{"rules": [...], "dump": false}}, got {short_repr(value)}')
     alert = AlertConfig()
     for key, item in value.items():
         if key == "dump":
@@ -324,18 +333,21 @@ def _parse_alert(value: Any) -> AlertConfig:
             logger.warning("msmon: alert.inform (messaging) is not supported; alerts are logged and dumped")
         elif key == "rules":
             if not isinstance(item, list):
-                raise ConfigError(f"alert.rules: expected a list, got {item!r}")
+                raise ConfigError(f"alert.rules: expected a list, got {short_repr(item)}")
             for i, rule in enumerate(item):
                 alert.rules.append(_parse_rule(rule, f"alert.rules[{i}]"))
         else:
-            raise ConfigError(f"alert: unknown key {key!r}{_suggest(key, ['rules', 'dump', 'max_lines_per_step'])}")
+            raise ConfigError(
+                f"alert: unknown key {short_repr(key)}{_suggest(key, ['rules', 'dump', 'max_lines_per_step'])}"
+            )
     return alert
 
 
 def _parse_replica_check(value: Any) -> ReplicaCheckConfig:
     if not isinstance(value, dict):
         raise ConfigError(
-            f'replica_check: expected an object {{"enable": true, "every": 100, "grads": false}}, got {value!r}'
+            f'replica_check: expected an object {{"enable": true, "every": 100, "grads": false}}, '
+            f"got {short_repr(value)}"
         )
     check = ReplicaCheckConfig()
     for key, item in value.items():
@@ -345,7 +357,7 @@ def _parse_replica_check(value: Any) -> ReplicaCheckConfig:
             check.every = _expect_int("replica_check.every", item, 1)
         else:
             raise ConfigError(
-                f"replica_check: unknown key {key!r}{_suggest(str(key), ['enable', 'every', 'grads'])}; "
+                f"replica_check: unknown key {short_repr(key)}{_suggest(str(key), ['enable', 'every', 'grads'])}; "
                 "expected 'enable', 'every' and 'grads'"
             )
     return check
@@ -353,18 +365,21 @@ def _parse_replica_check(value: Any) -> ReplicaCheckConfig:
 
 def _parse_rule(rule: Any, where: str) -> AlertRuleConfig:
     if not isinstance(rule, dict) or "rule_name" not in rule:
-        raise ConfigError(f'{where}: expected {{"rule_name": ..., "args": {{"threshold": ...}}}}, got {rule!r}')
+        raise ConfigError(
+            f'{where}: expected {{"rule_name": ..., "args": {{"threshold": ...}}}}, got {short_repr(rule)}'
+        )
     name = rule["rule_name"]
     if name not in ALERT_RULES:
         raise ConfigError(
-            f"{where}.rule_name: unknown rule {name!r}; expected {list(ALERT_RULES)}{_suggest(str(name), ALERT_RULES)}"
+            f"{where}.rule_name: unknown rule {short_repr(name)}; "
+            f"expected {list(ALERT_RULES)}{_suggest(str(name), ALERT_RULES)}"
         )
     extra = set(rule) - {"rule_name", "args"}
     if extra:
-        raise ConfigError(f"{where}: unknown key {sorted(extra)[0]!r}; expected 'rule_name' and 'args'")
+        raise ConfigError(f"{where}: unknown key {short_repr(sorted(extra)[0])}; expected 'rule_name' and 'args'")
     args = rule.get("args") or {}
     if not isinstance(args, dict) or set(args) - {"threshold"}:
-        raise ConfigError(f'{where}.args: expected {{"threshold": number}}, got {args!r}')
+        raise ConfigError(f'{where}.args: expected {{"threshold": number}}, got {short_repr(args)}')
     threshold = args.get("threshold")
     if threshold is None and name == "AnomalyTurbulence":
         raise ConfigError(f"{where}.args.threshold: AnomalyTurbulence needs a threshold (e.g. 0.5)")
@@ -393,11 +408,13 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             cfg.targets = _parse_targets(value)
         elif key == "module_ranks":
             if not isinstance(value, list):
-                raise ConfigError(f"module_ranks: expected a list of rank numbers, got {value!r}")
+                raise ConfigError(f"module_ranks: expected a list of rank numbers, got {short_repr(value)}")
             try:
                 cfg.module_ranks = [_expect_int(f"module_ranks[{i}]", v, 0) for i, v in enumerate(value)]
             except ConfigError as exc:
-                raise ConfigError(f"module_ranks: expected a list of rank numbers, got {value!r} ({exc})") from None
+                raise ConfigError(
+                    f"module_ranks: expected a list of rank numbers, got {short_repr(value)} ({exc})"
+                ) from None
         elif key == "cc_distribution":
             cfg.cc_distribution = _parse_cc(value)
         elif key == "alert":
@@ -428,7 +445,8 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             cfg.replica_check = _parse_replica_check(value)
         else:
             raise ConfigError(
-                f"unknown config key {key!r}{_suggest(key, VALID_KEYS)}; valid keys are {', '.join(VALID_KEYS)}"
+                f"unknown config key {short_repr(key)}{_suggest(key, VALID_KEYS)}; "
+                f"valid keys are {', '.join(VALID_KEYS)}"
             )
     if cfg.recording_l2_features != bool(cfg.l2_targets):
         why = (

@@ -4,7 +4,9 @@ Configs are often written in editors set up for Chinese text (the reference tool
 examples hold `，`): a file that is not UTF-8, or holds full-width punctuation where JSON or
 YAML needs ASCII, is reported at the character, with its code point and the ASCII meant,
 instead of a parser's puzzle or a UnicodeDecodeError traceback. YAML comments may hold any
-text. YAML reads `1e8` as a number (YAML 1.1 wanted `1.0e+8`), as JSON does.
+text. YAML reads `1e8` as a number (YAML 1.1 wanted `1.0e+8`), as JSON does. A YAML document
+whose aliases expand it past MAX_EXPANDED_VALUES values (a "billion laughs" alias bomb) is
+refused before anything is built from it.
 """
 
 from __future__ import annotations
@@ -121,8 +123,15 @@ def _strip_yaml_comment(line: str) -> str:
 def _load_yaml(text: str, path: str) -> Any:
     import yaml
 
+    loader = _yaml_loader()(text)
     try:
-        return yaml.load(text, Loader=_yaml_loader())
+        node = loader.get_single_node()
+        if node is not None and _expanded_size(node, {}) > MAX_EXPANDED_VALUES:
+            raise ConfigError(
+                f"config file {path} is not a monitor config: its YAML aliases expand it to more than "
+                f"{MAX_EXPANDED_VALUES} values (an alias bomb?)"
+            )
+        return None if node is None else loader.construct_document(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -130,7 +139,33 @@ def _load_yaml(text: str, path: str) -> Any:
         raise ConfigError(f"config file {path} is not valid YAML: {where}{what}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    finally:
+        loader.dispose()
 
+
+def _expanded_size(node: Any, sizes: dict[int, int]) -> int:
+    """How many values the document under `node` holds once every alias is replaced by what it
+    names, counted without expanding anything: an aliased node's size is counted once, then
+    reused (a YAML alias is the very node its anchor marks)."""
+    import yaml
+
+    known = sizes.get(id(node))
+    if known is not None:
+        return known
+    sizes[id(node)] = 1  # a node that holds itself (recursive aliases) counts once
+    if isinstance(node, yaml.SequenceNode):
+        size = 1 + sum(_expanded_size(item, sizes) for item in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size = 1 + sum(_expanded_size(k, sizes) + _expanded_size(v, sizes) for k, v in node.value)
+    else:
+        size = 1
+    sizes[id(node)] = size
+    return size
+
+
+# values in a config once its YAML aliases are expanded: a real config has a few thousand at
+# most (targets of a large model); a few lines of nested aliases can make billions
+MAX_EXPANDED_VALUES = 1_000_000
 
 _LOADER: Any = None
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .config import ConfigError
+from .short_repr import short_repr
 
 WRAPPER_COMPONENTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module")
 _SQUASH = re.compile(
@@ -76,5 +77,6 @@ def check_targets(targets: Iterable[str], module_names: list[set[str]], param_na
                 prefix = name.split(".")[0]
                 close = [n for n in everything if n.startswith(prefix)][:5] or everything[:5]
             raise ConfigError(
-                f"targets: {target!r} names no module or parameter of the model; closest names: {', '.join(close)}"
+                f"targets: {short_repr(target)} names no module or parameter of the model; "
+                f"closest names: {', '.join(close)}"
             )

@@ -33,6 +33,7 @@ from typing import Any
 
 from .config import ConfigError
 from .output import rank_dir_name
+from .short_repr import short_repr
 
 logger = logging.getLogger("msmon")
 
@@ -48,12 +49,12 @@ _claimed: set[str] = set()  # rank directories taken by monitors of this process
 
 def parse_time(text: Any, where: str) -> datetime:
     if not isinstance(text, str):
-        raise ConfigError(f'{where}: expected a time prefix like "Dec03_21-34-40", got {text!r}')
+        raise ConfigError(f'{where}: expected a time prefix like "Dec03_21-34-40", got {short_repr(text)}')
     try:
         return datetime.strptime(text, TIME_FORMAT)
     except ValueError:
         raise ConfigError(
-            f"{where}: {text!r} is not a time prefix of an output directory "
+            f"{where}: {short_repr(text)} is not a time prefix of an output directory "
             f'(format %b%d_%H-%M-%S, like "Dec03_21-34-40")'
         ) from None
 
@@ -62,15 +63,15 @@ def parse_time_range(value: Any, key: str = "append_output") -> list[str | None]
     """`[]` (off) or `[start, end]`; an end may be null (open). Raises ConfigError."""
     if not isinstance(value, list) or len(value) not in (0, 2):
         raise ConfigError(
-            f'{key}: expected [] or two time prefixes ["Dec03_21-34-40", "Dec03_21-34-42"], got {value!r}'
+            f'{key}: expected [] or two time prefixes ["Dec03_21-34-40", "Dec03_21-34-42"], got {short_repr(value)}'
         )
     if not value:
         return []
     if value[0] is None and value[1] is None:
-        raise ConfigError(f"{key}: at least one end of the range must be a time prefix, got {value!r}")
+        raise ConfigError(f"{key}: at least one end of the range must be a time prefix, got {short_repr(value)}")
     times = [None if v is None else parse_time(v, f"{key}[{i}]") for i, v in enumerate(value)]
     if times[0] is not None and times[1] is not None and times[0] > times[1]:
-        raise ConfigError(f"{key}: the start {value[0]!r} is later than the end {value[1]!r}")
+        raise ConfigError(f"{key}: the start {short_repr(value[0])} is later than the end {short_repr(value[1])}")
     return list(value)
 
 

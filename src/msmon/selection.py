@@ -99,6 +99,16 @@ def decide_main_grad(params: list[MonitoredParam], params_have_main_grad: bool |
     return bool(params_have_main_grad)
 
 
+def recorded_modules(named: dict[str, torch.nn.Module]) -> dict[str, torch.nn.Module]:
+    """The modules of a chunk whose calls are recorded: all but the root, whose call is the
+    whole model's (its input the batch); the root too when it is the only module (a model that
+    is one nn.Linear), else nothing would be. msprobe's all_xy records the root always, named
+    by the empty string as here."""
+    if len(named) == 1:
+        return dict(named)
+    return {name: module for name, module in named.items() if name != ""}
+
+
 def xy_targets(
     config: MonitorConfig, modules: list[dict[str, torch.nn.Module]]
 ) -> list[tuple[torch.nn.Module, str, int, int, dict[str, TensorSpec]]]:
@@ -110,9 +120,7 @@ def xy_targets(
             name: cfg.targets.get(t, {}) for t in cfg.targets for v, name in [split_vpp(t)] if v is None or v == chunk
         }
         select_all = cfg.all_xy or "" in targets or not cfg.targets
-        for name, module in named.items():
-            if name == "":
-                continue
+        for name, module in recorded_modules(named).items():
             if select_all or name in targets:
                 out.append((module, name, chunk, chunk, targets.get(name, {})))
     return out

@@ -165,3 +165,26 @@ def test_a_nan_on_one_rank_is_blamed_on_that_rank_and_raises_no_unreduced_alert_
     assert (first.rank, first.step, first.category, first.stage) == (1, 2, "grad_unreduced", "backward")
     assert verdict(ordered).startswith("First anomaly: rank 1, step 2, unreduced gradient of")
     assert first_per_rank(ordered)[0].category == "grad_reduced"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mode, mbs", [("no_sync", False), ("no_sync", True), ("sync", False)])
+def test_unreduced_survives_every_step_when_bucket_view_gradients_are_zeroed_in_place(tmp_path, mode, mbs):
+    """gradient_as_bucket_view=True with zero_grad(set_to_none=False): `.grad` is one view into
+    DDP's bucket for the whole run (all of a bucket's gradients share its version counter),
+    zeroed in place between steps. `no_sync`: two micro-batches accumulate under no_sync() and
+    the third is reduced; `sync`: every micro-batch is reduced."""
+    config = {"wg_distribution": True, "monitor_mbs_grad": mbs, "format": "csv", "ops": OPS}
+    out = run_accumulation(tmp_path, config, mode, "3", "3", "-", "bucket_view", "keep_grads")
+    for rank in (0, 1):
+        truth = torch.load(tmp_path / f"truth_rank{rank}.pt")
+        directory = rank_dir(out, rank)
+        unreduced, reduced = read_csv_rows(directory, "grad_unreduced"), read_csv_rows(directory, "grad_reduced")
+        assert len(unreduced) == (3 if mbs else 1) * 3 * 4 and len(reduced) == 3 * 4
+        for row in unreduced:  # the local sum up to that micro-batch (the step's last one), as plain autograd has it
+            micro = int(row["micro_step"]) if mbs else -1
+            expected = truth["steps"][int(row["step"])]["micro"][micro][row["name"]]
+            assert_row_matches(row, reference_stats(expected, OPS))
+        for row in reduced:
+            assert_row_matches(row, reference_stats(truth["steps"][int(row["step"])]["reduced"][row["name"]], OPS))
+    assert "rewritten in place" not in (tmp_path / "stderr.txt").read_text()

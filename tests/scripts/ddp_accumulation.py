@@ -10,7 +10,8 @@ argv: config, out dir, mode (`sync`: every micro-batch all-reduced; `no_sync`: o
 `manual`: all under no_sync, the script all-reducing `.grad` in place after all but the last),
 micro-batches per step, steps, [nan_step: rank 1 makes its loss NaN in micro-batch 0 of that
 step], then flags: `bucket_view` (DDP's gradient_as_bucket_view), `infer` (grad_acc_steps not
-given), `inner` (the monitor attached to the bare model before DDP wraps it).
+given), `inner` (the monitor attached to the bare model before DDP wraps it), `keep_grads`
+(`zero_grad(set_to_none=False)`: `.grad` stays the same tensor, zeroed in place, every step).
 Run with torchrun --nproc-per-node 2.
 """
 
@@ -72,7 +73,7 @@ def main() -> None:
         truth.append({"micro": micro_truth, "reduced": reduced})
         reference.zero_grad(set_to_none=True)
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none="keep_grads" not in flags)
     mon.close()
     torch.save({"steps": truth, "copies": copies}, os.path.join(out, f"truth_rank{rank}.pt"))
     dist.destroy_process_group()

@@ -17,6 +17,7 @@ without grad (reentrant checkpointing), so gradients are still recorded once.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -36,6 +37,17 @@ logger = logging.getLogger("msmon")
 
 TRACKER = "micro_steps"  # the registry key of MicroStepTracker
 _MAX_CACHED_KEYS = 1 << 16  # row keys kept between steps (names of calls in a loop can grow it)
+
+
+def _graphs_compiled() -> bool:
+    """Whether torch.compile built a graph in this process (dynamo's own count; dynamo is not
+    imported here when nothing imported it)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return bool(counters is not None and counters["stats"]["unique_graphs"])
+    except (KeyError, TypeError):
+        return False
 
 
 def in_backward() -> bool:
@@ -138,15 +150,30 @@ class ActivationCollector(Collector):
                 listed,
                 how,
             )
-        if not self._hooks_ran and not self._told_compiled and any(mp.param.grad is not None for mp in ctx.params):
+        if (
+            self.targets
+            and not self._hooks_ran
+            and not self._told_compiled
+            and any(mp.param.grad is not None for mp in ctx.params)
+        ):
             self._told_compiled = True
-            logger.warning(
-                "msmon[rank %d]: step %d trained without running any monitored module's forward "
-                "eagerly: modules run by torch.compile execute compiled graphs, from which msmon's hooks "
-                "are left out so as not to break them; their activations are not recorded",
-                ctx.rank,
-                ctx.step,
-            )
+            if _graphs_compiled():
+                logger.warning(
+                    "msmon[rank %d]: step %d trained without running any monitored module's forward "
+                    "eagerly: modules run by torch.compile execute compiled graphs, from which msmon's hooks "
+                    "are left out so as not to break them; their activations are not recorded",
+                    ctx.rank,
+                    ctx.step,
+                )
+            else:
+                logger.warning(
+                    "msmon[rank %d]: step %d trained without calling any monitored module (%d of them, "
+                    "e.g. %s); no activation was recorded",
+                    ctx.rank,
+                    ctx.step,
+                    len(self.targets),
+                    repr(self.targets[0].name) if self.targets[0].name else "the model itself",
+                )
 
     # -- naming -------------------------------------------------------------------------------
     def _call_index(self, target: _Target, micro: int, recompute: bool) -> int:

@@ -12,6 +12,10 @@ are taken. When grad_acc_steps is not known yet (step 0 while it is inferred), e
 micro-batch might be followed by another, so the copy is taken at each of them in that step.
 A `.grad` rewritten between micro-batches by anything else (its version counter moved by more
 than the one in-place add of an accumulation) is left out with a warning, never misreported.
+Views of one tensor share its version counter (DDP's `gradient_as_bucket_view` makes every
+`.grad` of a bucket a view of it), so the counter is followed per tensor it belongs to, and
+checked only at its first accumulation in a backward pass: since its last one in the previous
+pass, exactly that one add may have moved it.
 
 The reduced gradient is what the optimizer consumes at step time; when it is still the very
 tensor the last hook saw, unmodified (same storage and version counter: no data-parallel
@@ -40,7 +44,8 @@ import torch
 import torch.distributed as dist
 
 from ..records import row_key
-from ..stats import batch_stats, tensor_stats
+from ..sparse_stats import any_layout_stats, is_sparse, sparse_stats
+from ..stats import tensor_stats
 from ..step_context import StepContext
 from .base import Collector
 from .ddp_sync import DdpSync
@@ -53,7 +58,13 @@ logger = logging.getLogger("msmon")
 
 
 def _identity(t: torch.Tensor) -> tuple[int, int, int]:
-    return id(t), t.data_ptr(), t._version
+    return id(t), 0 if is_sparse(t) else t.data_ptr(), t._version  # a sparse tensor has no one data pointer
+
+
+def _counter_of(grad: torch.Tensor) -> int:
+    """The tensor whose version counter `grad` uses: its base when it is a view (views share it)."""
+    base = grad._base
+    return id(base if base is not None else grad)
 
 
 def _data_parallel() -> bool:
@@ -83,7 +94,8 @@ class GradCollector(Collector):
         self.local: dict[int, torch.Tensor] = {}  # rank-local sums kept apart from a reduced `.grad`
         self._adding: dict[int, RemovableHandle] = {}  # the tensor hooks that add to them
         self._reduced: set[int] = set()  # params whose `.grad` DDP reduced in an earlier micro-batch
-        self._versions: dict[int, tuple[int, int]] = {}  # (id, version) of `.grad` as the last micro-batch left it
+        # version counter owner (`_counter_of`) -> (backward pass, version) as its last accumulation left it
+        self._versions: dict[int, tuple[int, int]] = {}
         self._lost_said = False
         self._consumed = False  # the step's gradients were taken (later closure evaluations are not counted)
 
@@ -143,7 +155,8 @@ class GradCollector(Collector):
             if self._can_wait(param):
                 self._note(index, grad, count)
                 return
-            self._record(index, grad, count, tensor_stats(grad, ctx.step_ops, ctx.config.eps))
+            stats = sparse_stats if is_sparse(grad) else tensor_stats
+            self._record(index, grad, count, stats(grad, ctx.step_ops, ctx.config.eps))
 
         return on_grad_accumulated
 
@@ -153,7 +166,7 @@ class GradCollector(Collector):
         """The rank-local gradient accumulated so far, where `.grad` may hold a reduced sum;
         None when that is no longer known (it was reduced and no copy was kept)."""
         reduced_before = index in self._reduced
-        if not reduced_before and self._rewritten(index, grad):
+        if not reduced_before and self._rewritten(grad):
             self._reduced.add(index)
             self._left_out(
                 index,
@@ -177,14 +190,16 @@ class GradCollector(Collector):
                 "to the real count",
             )
             return None
-        self._versions[index] = (id(grad), grad._version)
+        self._versions[_counter_of(grad)] = (torch._C._current_graph_task_id(), grad._version)
         return grad
 
-    def _rewritten(self, index: int, grad: torch.Tensor) -> bool:
+    def _rewritten(self, grad: torch.Tensor) -> bool:
         """Whether `.grad` changed since the last micro-batch otherwise than by this accumulation
-        (one in-place add: its version counter goes up by exactly one). A host-side check."""
-        seen = self._versions.get(index)
-        return seen is not None and seen[0] == id(grad) and grad._version != seen[1] + 1
+        (one in-place add: its version counter goes up by exactly one). A host-side check, made
+        at the first accumulation into the counter's tensor in this backward pass; later ones in
+        the same pass follow each other with nothing of the script's in between."""
+        seen = self._versions.get(_counter_of(grad))
+        return seen is not None and seen[0] != torch._C._current_graph_task_id() and grad._version != seen[1] + 1
 
     def _left_out(self, index: int, why: str) -> None:
         self.last_rows.pop(index, None)
@@ -241,7 +256,7 @@ class GradCollector(Collector):
             )
         if not unchanged or not ctx.recording:
             return
-        rows = batch_stats([grad for grad, _, _ in unchanged.values()], ctx.step_ops, ctx.config.eps)
+        rows = any_layout_stats([grad for grad, _, _ in unchanged.values()], ctx.step_ops, ctx.config.eps)
         for j, (index, (grad, _, count)) in enumerate(unchanged.items()):
             self._record(index, grad, count, rows[j])
 
@@ -271,7 +286,7 @@ class GradCollector(Collector):
             else:
                 fresh.append(index)
                 grads.append(grad)
-        fresh_rows = batch_stats(grads, ctx.step_ops, ctx.config.eps) if grads else None
+        fresh_rows = any_layout_stats(grads, ctx.step_ops, ctx.config.eps) if grads else None
         order = sorted(list(reused) + fresh)
         if not order:
             return

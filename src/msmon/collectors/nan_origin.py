@@ -16,6 +16,7 @@ import torch
 from .. import guest_hooks
 from ..records import RowKey, row_key
 from ..row_finiteness import row_finiteness
+from ..selection import recorded_modules
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
@@ -38,7 +39,9 @@ class NanOriginCollector(Collector):
 
     def __init__(self, ctx: StepContext) -> None:
         super().__init__(ctx)
-        self.modules = [(m, n, c, c) for c, named in enumerate(ctx.names()[0]) for n, m in named.items() if n]
+        self.modules = [
+            (m, n, c, c) for c, named in enumerate(ctx.names()[0]) for n, m in recorded_modules(named).items()
+        ]
         self._calls = CallCounter()
         self._open: dict[int, list[tuple[int, str]]] = {}
         self._grad_callback = self._on_grad  # one bound method, not a new one per tensor and step

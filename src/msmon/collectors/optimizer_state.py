@@ -11,7 +11,8 @@ mg_direction: before the update, the share of elements whose gradient (the one t
 consumes) has the sign of the momentum accumulated so far (exp_avg), sign(g) == sign(m), zero
 equal to zero; NaN when either holds a NaN. Rows go where msprobe puts them (`other_*.csv`, tag
 `.../mg_direction_{op}`, the ops applied to the share). The first step has no momentum yet and
-writes no row (msprobe writes 1.0 there). Counts are taken on the device in one batch; for a
+writes no row (msprobe writes 1.0 there). A sparse gradient (SparseAdam's) is left out of it,
+said once. Counts are taken on the device in one batch; for a
 tensor split across ranks each rank counts its piece and the counts are summed at the end of
 the step (optimizers/shards.py), so the share is exactly that of the whole tensors.
 """
@@ -24,6 +25,7 @@ import torch
 
 from ..optimizers.base import Shard
 from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey, format_tag, row_key
+from ..sparse_stats import is_sparse
 from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
 from ..step_context import StepContext
 from .base import Collector
@@ -52,6 +54,7 @@ class OptimizerStateCollector(Collector):
     def __init__(self, ctx: StepContext) -> None:
         super().__init__(ctx)
         self._said_none = False
+        self._said_sparse = False
         self._size_cache: dict[tuple, torch.Tensor] = {}
 
     @torch.no_grad()
@@ -67,6 +70,9 @@ class OptimizerStateCollector(Collector):
         for mp in ctx.params:
             grad, m = grads.get(id(mp.param)), moments.get(id(mp.param))
             if grad is None or m is None:
+                continue
+            if not isinstance(grad, Shard) and is_sparse(grad):
+                self._skip_sparse(mp.name)
                 continue
             key = DirectionKey(DirectionKey.CATEGORY, mp.name, mp.vpp_stage, stage=OPTIMIZER)
             if isinstance(grad, Shard) and isinstance(m.exp_avg, Shard):
@@ -84,6 +90,16 @@ class OptimizerStateCollector(Collector):
                 [g for _, g, _ in entries],
                 matches,
                 [g.local.numel() for _, g, _ in entries],
+            )
+
+    def _skip_sparse(self, name: str) -> None:
+        if not self._said_sparse:
+            self._said_sparse = True
+            logger.warning(
+                "msmon[rank %d]: the gradient of %s is sparse; mg_direction leaves such parameters out "
+                "(their gradient and Adam-moment rows are still recorded; said once)",
+                self.ctx.rank,
+                name,
             )
 
     def _sizes(self, numels: tuple[int, ...], device: torch.device) -> torch.Tensor:

@@ -68,7 +68,7 @@ def report(
     from ..results.db import DatabaseError, connect, load
     from ..results.queries import Limits
     from ..results.report_html import build
-    from ..results.schema import SchemaError
+    from ..results.schema import SchemaError, require_msmon
 
     if not directories and not database:
         raise click.UsageError("give a monitor output directory (-d) or a database (--db)")
@@ -84,6 +84,7 @@ def report(
                 click.echo(line, err=True)
         con = connect(path, read_only=True)
         try:
+            require_msmon(con, database or path)
             data = build(
                 con, output, database or ", ".join(directories), Limits(max_steps=max_steps, max_rows=max_rows), title
             )

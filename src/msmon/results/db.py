@@ -112,10 +112,25 @@ def connect(path: str, read_only: bool = False) -> DuckDBPyConnection:
         raise DatabaseError("duckdb is not installed: pip install 'msmon[db]' (or pip install duckdb)") from None
     if read_only and not os.path.isfile(path):
         raise DatabaseError(f"no database at {path} (make one with: msmon db -d <monitor output> -o {path})")
+    if os.path.exists(path) and not is_duckdb_file(path):
+        # DuckDB would not say so: it reads some such paths (a .csv) as a database in memory, and saves nothing
+        raise DatabaseError(
+            f"{path} exists and is not a DuckDB database (msmon db writes one, msmon report reads one); "
+            "name a new file or a database msmon db wrote"
+        )
     try:
         return duckdb.connect(path, read_only=read_only)
     except duckdb.Error as exc:
         raise DatabaseError(f"cannot open {path}: {exc}") from None
+
+
+def is_duckdb_file(path: str) -> bool:
+    """Whether the file starts as every DuckDB database file does (`DUCK` after an 8-byte checksum)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(12)[8:] == b"DUCK"
+    except OSError:
+        return False
 
 
 @dataclass
@@ -389,6 +404,11 @@ class Loader:
             self.report.problems.append(f"{f.path}: cannot be read as TensorBoard events ({exc}); skipped")
             return
         self.report.tb_duplicates += rows.duplicates
+        if rows.corrupt:
+            self.report.problems.append(
+                f"{f.path}: {rows.corrupt} corrupt record(s) skipped (checksum mismatch); "
+                "the rest of the file was loaded"
+            )
         con = self.con
         con.begin()
         try:

@@ -90,21 +90,58 @@ FROM files WHERE kind IN ('csv', 'tensorboard', 'summary', 'config') GROUP BY ra
 }
 
 
-def create(con: DuckDBPyConnection) -> None:
-    """Create what is missing; an existing database of another schema version is refused."""
-    existing = {
+def _tables(con: DuckDBPyConnection) -> set[str]:
+    return {
         row[0]
         for row in con.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main'"
         ).fetchall()
     }
-    if "meta" in existing:
+
+
+def _version(con: DuckDBPyConnection, tables: set[str]) -> str | None:
+    """The msmon schema version the database holds; None when msmon did not write it."""
+    if "meta" not in tables:
+        return None
+    try:
         row = con.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is not None and row[0] != SCHEMA_VERSION:
-            raise SchemaError(
-                f"the database has schema version {row[0]}, this msmon writes {SCHEMA_VERSION}: "
-                "write a new database file"
-            )
+    except Exception:  # a `meta` of someone else's, without those columns
+        return None
+    return None if row is None else str(row[0])
+
+
+def _refuse_other(version: str | None) -> None:
+    if version is not None and version != SCHEMA_VERSION:
+        raise SchemaError(
+            f"the database has schema version {version}, this msmon writes {SCHEMA_VERSION}: write a new database file"
+        )
+
+
+def require_msmon(con: DuckDBPyConnection, path: str) -> None:
+    """A database to read (msmon report) must be one msmon db wrote, in this schema version."""
+    version = _version(con, _tables(con))
+    if version is None:
+        raise SchemaError(
+            f"{path} is a DuckDB database, but not one msmon db wrote (it has no msmon schema_version); "
+            f"make one with: msmon db -d <monitor output> -o <new file>"
+        )
+    _refuse_other(version)
+
+
+def create(con: DuckDBPyConnection) -> None:
+    """Create what is missing; an existing database of another schema version is refused, and
+    so is one with tables that msmon did not write (its views could replace the owner's)."""
+    existing = _tables(con)
+    version = _version(con, existing)
+    others = existing - set(TABLES) - set(VIEWS)
+    # msmon's names, `meta` among them, and no version yet: msmon's own creation, cut short
+    if version is None and existing and (others or "meta" not in existing):
+        shown = sorted(others or existing)
+        raise SchemaError(
+            f"the database holds tables msmon did not write ({', '.join(shown[:3])}"
+            f"{' ...' if len(shown) > 3 else ''}); give msmon db a new file"
+        )
+    _refuse_other(version)
     for name, columns in TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
     for name, query in VIEWS.items():

@@ -1,4 +1,5 @@
-"""TensorBoard event files, read with tensorboard's own event file loader.
+"""TensorBoard event files, read record by record (sinks/event_reader.py: a corrupt record is
+skipped and counted, the rest of the file kept).
 
 A scalar's tag is `{vpp}:{name}[:{micro}]/rank{r}/{category}_{op}` (tensorboard_sink); a
 histogram's `{vpp}:{name}/rank{r}/{category}_hist`, its edges `[min] + bucket_limit`. TensorBoard
@@ -28,6 +29,7 @@ class EventRows:
     positions: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (category, vpp, name): index in its step
     duplicates: int = 0  # scalars left out: the same category is in CSV files
     foreign: int = 0  # values whose tag is not msmon's
+    corrupt: int = 0  # records skipped: their checksum failed (sinks/event_reader.py)
 
 
 def _parse(tag: str) -> tuple[int, int, str, int | None, str, str] | None:
@@ -47,11 +49,12 @@ def _parse(tag: str) -> tuple[int, int, str, int | None, str, str] | None:
 
 def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
     """Rows of the events after the first `skip` ones; scalars of `csv_categories` left out."""
-    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+    from ..sinks.event_reader import EventReader
 
     out = EventRows()
     tags: dict[str, Any] = {}
-    for index, event in enumerate(LegacyEventFileLoader(path).Load()):
+    reader = EventReader(path)
+    for index, event in enumerate(reader.events()):
         out.events = index + 1
         if index < skip or not event.HasField("summary"):
             continue
@@ -85,4 +88,5 @@ def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
                 )
             else:
                 out.foreign += 1
+    out.corrupt = reader.skipped
     return out

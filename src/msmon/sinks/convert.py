@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 import re
 import shutil
@@ -33,6 +34,8 @@ from ..output_names import CONFIG_FILE, format_tag
 from ..records import MICRO_STEP_CATEGORIES
 from ..resume import CSV_FILE, RANK_DIR, csv_windows, rank_dirs
 from .numbers import csv_value
+
+logger = logging.getLogger("msmon")
 
 FIXED_COLUMNS = ("vpp_stage", "name", "step", "micro_step")
 KNOWN_CATEGORIES = (
@@ -357,10 +360,13 @@ def _event_dirs(source: RankSource) -> list[tuple[str, str | None]]:
 
 
 def read_tensorboard(directory: str) -> tuple[Any, list[str], list[str]]:
-    """A loaded EventAccumulator (keeping every value) and its scalar and tensor tags."""
+    """A loaded EventAccumulator (keeping every value) and its scalar and tensor tags; a corrupt
+    record is skipped, with a warning, and the rest of its file read (sinks/event_reader.py)."""
     from tensorboard.backend.event_processing import event_accumulator as ea
 
-    acc = ea.EventAccumulator(
+    from .event_reader import tolerant_accumulator
+
+    acc, source = tolerant_accumulator(
         directory,
         size_guidance={
             ea.SCALARS: 0,
@@ -372,6 +378,8 @@ def read_tensorboard(directory: str) -> tuple[Any, list[str], list[str]]:
         },
     )
     acc.Reload()
+    for path, count in source.skipped.items():
+        logger.warning("msmon: %s: %d corrupt record(s) skipped (checksum mismatch); the rest was read", path, count)
     tags = acc.Tags()
     return acc, list(tags.get(ea.SCALARS, [])), list(tags.get(ea.TENSORS, []))
 

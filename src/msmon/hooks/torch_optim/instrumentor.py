@@ -13,7 +13,7 @@ defined later, a user's included, through `Optimizer.__init_subclass__`); a glob
 pre-hook is the fallback. Optimizers built inside another optimizer's constructor (sharded
 or wrapping optimizers) and wrappers that resolve to an already monitored optimizer
 (accelerate's AcceleratedOptimizer, Lookahead-like classes sharing `param_groups`) are not
-monitored twice.
+monitored twice. Copies of an optimizer (`copy.deepcopy`, pickling) are not monitored at all.
 
 Each monitored optimizer gets its own TrainerMon, hence its own output directory. The
 monitor and its adapter hold the optimizer through weak references (`TrainerMon.optimizer`
@@ -111,6 +111,7 @@ class _Instrumentation:
         self._originals: dict[type, Callable[..., None]] = {}
         self._had_init_subclass = "__init_subclass__" in Optimizer.__dict__
         self._step_hook: Any = None
+        self._original_setstate: Callable[..., None] | None = None
         self._decided: dict[int, weakref.ref] = {}  # id(optimizer) -> optimizer: handled once
         self._attached: list[tuple[weakref.ref, TrainerMon]] = []  # the monitored optimizers
         self._lock = threading.RLock()
@@ -127,12 +128,36 @@ class _Instrumentation:
             instrumentation._wrap_init(cls)
 
         Optimizer.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
+        self._wrap_setstate()
         self._step_hook = register_optimizer_step_pre_hook(self._on_step)
+
+    def _wrap_setstate(self) -> None:
+        """An optimizer made by `copy.deepcopy`, `copy.copy` or unpickling is built by
+        `Optimizer.__setstate__` (every subclass's calls it), never by `__init__`: a snapshot
+        (an EMA's, a checkpoint's), not the optimizer training runs, so it is never monitored,
+        not even at its first step. Its own hooks are torch's: `__getstate__` copies none.
+        `load_state_dict` calls `__setstate__` too, on a built optimizer: that one is left as it was."""
+        original = Optimizer.__dict__["__setstate__"]
+        decide = self._decide
+
+        @functools.wraps(original)
+        def __setstate__(opt: Any, state: dict[str, Any]) -> None:
+            copied = "param_groups" not in getattr(opt, "__dict__", {})  # an empty object: a copy being made
+            original(opt, state)
+            if copied:
+                decide(opt)
+
+        setattr(__setstate__, _WRAPPED_FLAG, True)
+        self._original_setstate = original
+        Optimizer.__setstate__ = __setstate__  # type: ignore[method-assign, assignment]
 
     def remove(self) -> None:
         if self._step_hook is not None:
             self._step_hook.remove()
             self._step_hook = None
+        if self._original_setstate is not None:
+            Optimizer.__setstate__ = self._original_setstate  # type: ignore[method-assign]
+            self._original_setstate = None
         if not self._had_init_subclass and "__init_subclass__" in Optimizer.__dict__:
             del Optimizer.__init_subclass__
         for cls, original in self._originals.items():
