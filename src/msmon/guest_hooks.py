@@ -33,6 +33,27 @@ _HOOK_DICTS = (
 _compiler = getattr(torch, "compiler", None)
 # inside a torch.compile trace msmon's hooks do nothing (the tracer folds them away: no graph break)
 is_compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
+_tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", None) or (lambda: None)
+_interpreters: Callable[[], Any] = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None) or (
+    lambda: None
+)
+
+
+def transform_running() -> str | None:
+    """The program transform msmon's hooks are running inside, or None (plain eager code).
+
+    A hook that ran its statistics there would change what the transform builds: inside
+    `torch.jit.trace` its ops join the traced graph (the trace check then fails), inside a
+    `torch.func` transform (vmap, grad: per-sample gradients) it sees wrapped tensors without
+    storage. So msmon steps aside, as it does inside a torch.compile trace."""
+    if is_compiling():
+        return "torch.compile"
+    if _tracing_state() is not None:
+        return "torch.jit.trace"
+    if _interpreters() is not None:
+        return "torch.func"
+    return None
+
 
 _ours: set[int] = set()
 _lock = threading.Lock()
