@@ -1,5 +1,6 @@
 """msmon steps aside inside program transforms that run the model's forward: `torch.jit.trace`
-(its hooks' ops would join the traced graph, and the trace check would fail) and `torch.func`
+(its hooks' ops would join the traced graph, and the trace check would fail), `torch.jit.script`
+(which compiles every forward hook of a module, and cannot compile msmon's) and `torch.func`
 transforms (vmap and grad for per-sample gradients, whose wrapped tensors have no storage).
 Everything outside them keeps being recorded."""
 
@@ -63,6 +64,35 @@ def test_torch_jit_trace_of_a_training_mode_model_with_activations_on_traces_the
     assert nodes(traced) == nodes(plain)
     x = torch.randn(3, 8)
     assert torch.equal(traced(x), model(x))
+    rows = read_csv_rows(rank_dir(output_dir), "actv")
+    assert {int(r["step"]) for r in rows} == {0, 1, 2}
+    assert not [r for r in msmon_log.records if r.levelno >= logging.WARNING], msmon_log.text
+
+
+def test_torch_jit_script_of_a_monitored_model_compiles_the_model_alone_and_the_eager_model_keeps_recording(
+    write_config, output_dir, msmon_log
+):
+    plain = torch.jit.script(mlp())
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    mon = TrainerMon(write_config(CONFIG))
+    mon.set_monitor(model, optimizer)
+
+    def hooks() -> dict:
+        return {name: list(m._forward_hooks.items()) for name, m in model.named_modules()}
+
+    for step in range(3):
+        if step == 1:
+            before = hooks()
+            scripted = torch.jit.script(model)
+            assert hooks() == before  # msmon's hooks are back on the eager model, in their order
+        model(torch.randn(3, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    assert nodes(scripted) == nodes(plain)
+    x = torch.randn(3, 8)
+    assert torch.equal(scripted(x), model(x))
     rows = read_csv_rows(rank_dir(output_dir), "actv")
     assert {int(r["step"]) for r in rows} == {0, 1, 2}
     assert not [r for r in msmon_log.records if r.levelno >= logging.WARNING], msmon_log.text
