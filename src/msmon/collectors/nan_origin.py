@@ -14,12 +14,15 @@ module may still change (a tensor hook on a weight, a write into `.grad`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import guest_hooks
 from ..origin import LOSS
 from ..records import RowKey, row_key
 from ..row_finiteness import row_finiteness
+from ..stats import local_tensor
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
@@ -68,10 +71,20 @@ class NanOriginCollector(Collector):
         ctx = self.ctx
         if not ctx.recording:
             return
+        by_device: dict[tuple[torch.device, torch.dtype], list[tuple[RowKey, torch.Tensor]]] = {}
         for mp in ctx.params:
             grad = ctx.grad_of(mp.param)
-            if isinstance(grad, torch.Tensor) and grad.is_floating_point() and grad.numel() and not grad.is_sparse:
-                self._add(row_key("grad_reduced", mp.name, mp.vpp_stage), grad)
+            if isinstance(grad, torch.Tensor) and grad.is_floating_point() and not grad.is_sparse:
+                grad = local_tensor(grad).detach()  # this rank's shard: no collective
+                if grad.numel():
+                    key = row_key("grad_reduced", mp.name, mp.vpp_stage)
+                    by_device.setdefault((grad.device, grad.dtype), []).append((key, grad))
+        for items in by_device.values():
+            # the largest magnitude of each: NaN or Inf exactly when the gradient holds one (a
+            # sum could overflow), in a few fused kernels for all the weights
+            flags = torch.isfinite(torch.stack(torch._foreach_norm([g for _, g in items], math.inf)))
+            for i, (key, _) in enumerate(items):
+                ctx.buffer.add_flag(key, flags[i])
 
     def end_step(self) -> None:
         self._calls.clear()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 import torch
 
 from msmon import TrainerMon
@@ -77,11 +78,22 @@ def test_a_loss_that_turns_non_finite_outside_the_model_is_named_as_the_origin_i
     assert "the loss" in report["verdict"]
 
 
+def all_nan(g: torch.Tensor) -> torch.Tensor:
+    return g * math.nan
+
+
+def one_inf(g: torch.Tensor) -> torch.Tensor:
+    g = g.clone()
+    g.view(-1)[5] = -math.inf
+    return g
+
+
+@pytest.mark.parametrize("spoil", [all_nan, one_inf])
 def test_a_tensor_hook_that_writes_nan_into_a_weight_gradient_is_named_as_the_origin_in_its_own_step(
-    write_config, output_dir, tmp_path
+    spoil, write_config, output_dir, tmp_path
 ):
     def poison(model, state):
-        model.b.weight.register_hook(lambda g: g * math.nan if state["step"] == BAD_STEP else None)
+        model.b.weight.register_hook(lambda g: spoil(g) if state["step"] == BAD_STEP else None)
 
     mon = train(write_config, lambda out, step: out.square().mean(), poison)
     origin = mon.summary()["first_nonfinite"]
