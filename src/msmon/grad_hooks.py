@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .guest_hooks import is_compiling
+from .guest_hooks import is_compiling, transform_running
 from .records import RowKey
 from .tensor_memo import TensorMemo
 
@@ -57,8 +57,9 @@ class GradHooks:
         clock = time.perf_counter
 
         def msmon_grad_hook(grad: torch.Tensor) -> None:
-            # inside a torch.compile trace the hook is a no-op the tracer folds away
-            if is_compiling():
+            # inside a torch.compile trace the hook is a no-op the tracer folds away; inside
+            # torch.jit.trace or a torch.func transform it steps aside (guest_hooks.transform_running)
+            if is_compiling() or transform_running() is not None:
                 return None
             started = clock()
             try:

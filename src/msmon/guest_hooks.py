@@ -10,6 +10,12 @@ reduced by Python's own `object.__reduce_ex__` as before; a module with no msmon
 touched at all. `__reduce_ex__` rather than `__getstate__`, because modules such as the RNNs
 and DDP define their own `__getstate__` without calling Module's. The method is added while
 any msmon hook exists and removed with the last one.
+
+`torch.jit.script` compiles every forward hook of the modules it scripts, and msmon's hooks
+(closures) cannot be compiled, so scripting a monitored model failed. While any msmon hook
+exists, torch's `create_script_module` is wrapped to hide exactly msmon's entries from the
+modules it reads, and to put them back, in their order, when it returns: the ScriptModule runs
+without monitoring, and the eager model keeps its hooks.
 """
 
 from __future__ import annotations
@@ -33,9 +39,31 @@ _HOOK_DICTS = (
 _compiler = getattr(torch, "compiler", None)
 # inside a torch.compile trace msmon's hooks do nothing (the tracer folds them away: no graph break)
 is_compiling: Callable[[], bool] = getattr(_compiler, "is_compiling", None) or (lambda: False)
+_tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", None) or (lambda: None)
+_interpreters: Callable[[], Any] = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None) or (
+    lambda: None
+)
+
+
+def transform_running() -> str | None:
+    """The program transform msmon's hooks are running inside, or None (plain eager code).
+
+    A hook that ran its statistics there would change what the transform builds: inside
+    `torch.jit.trace` its ops join the traced graph (the trace check then fails), inside a
+    `torch.func` transform (vmap, grad: per-sample gradients) it sees wrapped tensors without
+    storage. So msmon steps aside, as it does inside a torch.compile trace."""
+    if is_compiling():
+        return "torch.compile"
+    if _tracing_state() is not None:
+        return "torch.jit.trace"
+    if _interpreters() is not None:
+        return "torch.func"
+    return None
+
 
 _ours: set[int] = set()
 _lock = threading.Lock()
+_scripting: Any = None  # msmon's wrapper of torch.jit._recursive.create_script_module, while installed
 
 
 class GuestHandle:
@@ -101,12 +129,47 @@ def _module_reduce_ex(self: torch.nn.Module, protocol: SupportsIndex) -> str | t
     return reduced[:2] + (clean,) + reduced[3:]
 
 
+def _hidden_from_scripting(create: Callable[..., Any]) -> Callable[..., Any]:
+    def create_script_module(nn_module: Any, *args: Any, **kwargs: Any) -> Any:
+        saved = []
+        modules = nn_module.modules() if isinstance(nn_module, torch.nn.Module) else ()
+        with _lock:
+            ours = set(_ours)
+        for module in modules:
+            for name in _HOOK_DICTS:
+                hooks = module.__dict__.get(name)
+                if isinstance(hooks, dict) and not ours.isdisjoint(hooks):
+                    saved.append((hooks, list(hooks.items())))
+                    for key in ours.intersection(hooks):
+                        del hooks[key]
+        try:
+            return create(nn_module, *args, **kwargs)
+        finally:
+            for hooks, items in saved:
+                hooks.clear()
+                hooks.update(items)
+
+    create_script_module.__wrapped__ = create  # type: ignore[attr-defined]
+    return create_script_module
+
+
 def _install() -> None:
     if torch.nn.Module.__dict__.get("__reduce_ex__") is None:
         # patched on purpose; typeshed types object.__reduce_ex__'s self as any object, this one is for modules
         torch.nn.Module.__reduce_ex__ = _module_reduce_ex  # type: ignore[method-assign, assignment]
+    global _scripting
+    recursive = getattr(torch.jit, "_recursive", None)
+    create = getattr(recursive, "create_script_module", None)
+    if create is not None and _scripting is None:
+        _scripting = _hidden_from_scripting(create)
+        recursive.create_script_module = _scripting  # type: ignore[union-attr]
 
 
 def _uninstall() -> None:
     if torch.nn.Module.__dict__.get("__reduce_ex__") is _module_reduce_ex:
         del torch.nn.Module.__reduce_ex__
+    global _scripting
+    recursive = getattr(torch.jit, "_recursive", None)
+    if _scripting is not None and getattr(recursive, "create_script_module", None) is _scripting:
+        recursive.create_script_module = _scripting.__wrapped__  # type: ignore[union-attr]
+        _scripting = None

@@ -90,7 +90,7 @@ class TrainerMon:
         opt_ty: str | None = None,
     ) -> None:
         lifecycle.setup_logging()
-        self.config_file_path = os.fspath(config_file_path)
+        self.config_file_path = os.path.abspath(config_file_path)  # still polled after a chdir
         config = load_config(self.config_file_path)
         self.ctx = StepContext(current_rank(), config, output_base_dir())
         self._reload = ConfigReload(self.config_file_path, self.rank)

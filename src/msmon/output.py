@@ -15,7 +15,9 @@ DEFAULT_OUTPUT_DIR = "monitor_output"
 
 
 def output_base_dir() -> str:
-    return os.environ.get(ENV_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR
+    """Where ranks write, absolute: a script may change its working directory after msmon
+    attached, and every later write must still land where the job started."""
+    return os.path.abspath(os.environ.get(ENV_OUTPUT_DIR) or DEFAULT_OUTPUT_DIR)
 
 
 def ensure_writable(path: str) -> None:

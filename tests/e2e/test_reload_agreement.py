@@ -103,8 +103,7 @@ def test_zero_ranks_reading_an_edit_at_different_steps_switch_at_the_same_step(s
     """Without agreement rank 0 would switch at step 4: its gathers would carry 7 statistics
     where rank 1's carry 1, and at step 5 it would gather alone (rank 1 still records every
     other step)."""
-    for rank in (0, 1):
-        (tmp_path / f"monitor_rank{rank}.json").write_text(json.dumps(BEFORE))
+    (tmp_path / "before.json").write_text(json.dumps(BEFORE))  # each rank's config is made from it at start
     (tmp_path / "edited.json").write_text(json.dumps(AFTER))
     out = tmp_path / "out"
     cmd = [

@@ -3,8 +3,11 @@
 Each rank's monitor reads its own copy of the config (`$MSMON_CONFIG`, set before
 `import msmon.auto`, the documented way for a script started by plain torchrun), and rank r
 replaces its copy (an editor's atomic save) during step `--edit-at[r]`: as if the file system
-showed the edit to one node steps before the other. The script saves the statistics of the
-whole tensors DeepSpeed itself assembles (`safe_get_full_*`) at every step, as the truth.
+showed the edit to one node steps before the other. The copy is made afresh from `before.json`
+when the job starts, so a rerun of the job (the tests rerun one that gloo aborted at teardown)
+starts from the config before the edit again, not from the edit the first run left behind.
+The script saves the statistics of the whole tensors DeepSpeed itself assembles
+(`safe_get_full_*`) at every step, as the truth.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ def main() -> None:
     parser.add_argument("--edit-at", type=int, nargs=2, required=True)
     args = parser.parse_args()
     config_path = os.path.join(args.work, f"monitor_rank{RANK}.json")
+    with open(os.path.join(args.work, "before.json"), encoding="utf-8") as fh:
+        before = fh.read()
+    with open(config_path + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(before)
+    os.replace(config_path + ".tmp", config_path)
     os.environ["MSMON_CONFIG"] = config_path
     import torch
 

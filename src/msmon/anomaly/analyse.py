@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..origin import LOSS
 from ..output_names import DUMP_FILE, MSPROBE_DUMP_FILE
 from ..records import BACKWARD, CATEGORY_STAGE, FORWARD, OPTIMIZER
 from .dump import json_number
@@ -100,6 +101,8 @@ class AnomalyEvent:
     def what(self) -> str:
         """In words, e.g. "forward output of layers.1.fc2" or "reduced gradient of fc1.weight"."""
         module, slot = _split_slot(self.name)
+        if self.category == "actv_grad" and self.name == LOSS:
+            return "gradient of the loss"
         if self.category == "actv" and slot:
             return f"forward {slot} of {module}"
         if self.category == "actv_grad" and slot:
@@ -474,9 +477,22 @@ def verdict(ordered: list[AnomalyEvent]) -> str:
         parts.append(f"Other ranks' first anomalies came later: {listed}{more}.")
     origin = next((e for e in ordered if e.rule == NAN_ORIGIN_RULE), None)
     if origin is not None:
-        if origin.stage == FORWARD and _split_slot(origin.name)[1] == "input":
+        slot = _split_slot(origin.name)[1]
+        if origin.stage == FORWARD and slot == "input":
             why = (
                 "the value was already non-finite when it reached this module (made outside any module, or by the data)"
+            )
+        elif origin.name == LOSS:
+            why = "the loss, computed outside any module, sent a non-finite gradient back into the model"
+        elif origin.category == "grad_reduced":
+            why = (
+                "it was non-finite as the optimizer got it while every activation gradient was finite "
+                "(a tensor hook, a write into .grad, or another rank's gradient through the all-reduce)"
+            )
+        elif origin.stage == BACKWARD and slot == "output":
+            why = (
+                "the gradient was already non-finite when it reached this module "
+                "(made outside any module: a tensor hook, or code between modules)"
             )
         else:
             feeds = "output" if origin.stage == FORWARD else "input gradient"

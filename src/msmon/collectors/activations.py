@@ -157,7 +157,16 @@ class ActivationCollector(Collector):
             and any(mp.param.grad is not None for mp in ctx.params)
         ):
             self._told_compiled = True
-            if _graphs_compiled():
+            if self.stepped_aside is not None and self.stepped_aside != "torch.compile":
+                logger.warning(
+                    "msmon[rank %d]: step %d ran the monitored modules' forward only inside %s, where msmon "
+                    "steps aside so as not to change what the transform builds; their activations are not "
+                    "recorded (everything else is)",
+                    ctx.rank,
+                    ctx.step,
+                    self.stepped_aside,
+                )
+            elif _graphs_compiled():
                 logger.warning(
                     "msmon[rank %d]: step %d trained without running any monitored module's forward "
                     "eagerly: modules run by torch.compile execute compiled graphs, from which msmon's hooks "

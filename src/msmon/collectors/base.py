@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..guest_hooks import is_compiling
+from ..guest_hooks import is_compiling, transform_running
 from ..selection import MonitoredParam
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ class Collector:
         self.ctx = ctx
         self.handles: list[Any] = []
         self.enabled = True
+        self.stepped_aside: str | None = None  # the last transform a hook of this one stepped aside in
 
     def attach(self) -> None:
         """Register hooks."""
@@ -52,8 +53,13 @@ class Collector:
 
         def guarded(*args: Any, **kwargs: Any) -> Any:
             # inside a torch.compile trace the hook is a no-op the tracer folds away, so it
-            # causes no graph break (compiled regions are not recorded; see the monitor's note)
-            if not self.enabled or is_compiling():
+            # causes no graph break (compiled regions are not recorded; see the monitor's note);
+            # inside torch.jit.trace or a torch.func transform it steps aside too (transform_running)
+            if not self.enabled or is_compiling():  # first, and alone: nothing for the tracer to replay
+                return None
+            transform = transform_running()
+            if transform is not None:
+                self.stepped_aside = transform
                 return None
             started = clock()
             try:

@@ -30,6 +30,7 @@ import torch
 
 from .. import guest_hooks, l2_math
 from ..config import ConfigError, MonitorConfig
+from ..module_attrs import has_stored, stored_tensor
 from ..naming import split_vpp
 from ..records import RowKey
 from ..stats import local_tensor
@@ -49,10 +50,11 @@ _VECTORS: weakref.WeakKeyDictionary[torch.nn.Module, torch.Tensor] = weakref.Wea
 
 
 def weight_2d(module: torch.nn.Module) -> torch.Tensor | None:
-    """The module's own 2-D `weight` (or `wg`), as msprobe's linear hook takes it; this rank's
-    shard of a DTensor."""
+    """The module's own 2-D `weight` (or `wg`), as msprobe's linear hook takes it, as stored
+    (module_attrs: a parametrization's original, never a computed value); this rank's shard
+    of a DTensor."""
     for attr in _WEIGHT_NAMES:
-        value = getattr(module, attr, None)
+        value = stored_tensor(module, attr)
         if isinstance(value, torch.Tensor) and value.dim() == 2:
             return local_tensor(value)
     return None
@@ -61,8 +63,8 @@ def weight_2d(module: torch.nn.Module) -> torch.Tensor | None:
 def _is_embedding(module: torch.nn.Module) -> bool:
     return (
         isinstance(module, torch.nn.Embedding)
-        or hasattr(module, "num_embeddings")
-        or hasattr(module, "vocab_start_index")
+        or has_stored(module, "num_embeddings")
+        or has_stored(module, "vocab_start_index")
     )
 
 

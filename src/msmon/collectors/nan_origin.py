@@ -6,17 +6,24 @@ origin once per step, after the step's single copy to the host (see msmon.origin
 the activation collector has read this step is not read again: its statistics row tells
 (msmon.row_finiteness). Hence this collector's hooks run after the activation collector's.
 Forward: flags of every module's inputs (pre-hook) and outputs (post-hook). Backward: flags of
-the gradients of those same tensors, in the order autograd produces them.
+the gradients of those same tensors, in the order autograd produces them, with the gradient
+that reaches the model's output first of all (named `loss`: what the loss computed after the
+model sent back). After backward: flags of the weights' gradients, which code outside every
+module may still change (a tensor hook on a weight, a write into `.grad`).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import guest_hooks
+from ..origin import LOSS
 from ..records import RowKey, row_key
 from ..row_finiteness import row_finiteness
 from ..selection import recorded_modules
+from ..stats import local_tensor
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
@@ -39,9 +46,15 @@ class NanOriginCollector(Collector):
 
     def __init__(self, ctx: StepContext) -> None:
         super().__init__(ctx)
+        named_modules = ctx.names()[0]
         self.modules = [
-            (m, n, c, c) for c, named in enumerate(ctx.names()[0]) for n, m in recorded_modules(named).items()
+            (m, n, c, c) for c, named in enumerate(named_modules) for n, m in recorded_modules(named).items()
         ]
+        # the last chunk's root: the loss is computed from its output (after the model, or inside
+        # its forward but outside every submodule, where the submodules' gradients tell)
+        self.root = (
+            (named_modules[-1][""], len(named_modules) - 1) if named_modules and "" in named_modules[-1] else None
+        )
         self._calls = CallCounter()
         self._open: dict[int, list[tuple[int, str]]] = {}
         self._grad_callback = self._on_grad  # one bound method, not a new one per tensor and step
@@ -52,6 +65,29 @@ class NanOriginCollector(Collector):
                 guest_hooks.forward_pre_hook(module, self.guard(self._pre(name, vpp, chunk)), with_kwargs=True)
             )
             self.handles.append(guest_hooks.forward_hook(module, self.guard(self._post(name, vpp)), with_kwargs=True))
+        if self.root is not None:
+            root, chunk = self.root
+            self.handles.append(guest_hooks.forward_hook(root, self.guard(self._root_post(chunk)), with_kwargs=True))
+
+    def before_update(self) -> None:
+        """The weights' gradients as the optimizer will see them, after every hook ran."""
+        ctx = self.ctx
+        if not ctx.recording:
+            return
+        by_device: dict[tuple[torch.device, torch.dtype], list[tuple[RowKey, torch.Tensor]]] = {}
+        for mp in ctx.params:
+            grad = ctx.grad_of(mp.param)
+            if isinstance(grad, torch.Tensor) and grad.is_floating_point() and not grad.is_sparse:
+                grad = local_tensor(grad).detach()  # this rank's shard: no collective
+                if grad.numel():
+                    key = row_key("grad_reduced", mp.name, mp.vpp_stage)
+                    by_device.setdefault((grad.device, grad.dtype), []).append((key, grad))
+        for items in by_device.values():
+            # the largest magnitude of each: NaN or Inf exactly when the gradient holds one (a
+            # sum could overflow), in a few fused kernels for all the weights
+            flags = torch.isfinite(torch.stack(torch._foreach_norm([g for _, g in items], math.inf)))
+            for i, (key, _) in enumerate(items):
+                ctx.buffer.add_flag(key, flags[i])
 
     def end_step(self) -> None:
         self._calls.clear()
@@ -98,6 +134,17 @@ class NanOriginCollector(Collector):
             return None
 
         return pre_hook
+
+    def _root_post(self, chunk: int):
+        ctx = self.ctx
+
+        def post_hook(module, args, kwargs, output):
+            if not ctx.recording or not module.training or in_backward() or ctx.in_gradless_forward(chunk):
+                return None
+            self._grad_hooks(LOSS, chunk, ctx.forward_micro_step(chunk), list(iter_tensors(output)))
+            return None
+
+        return post_hook
 
     def _post(self, name: str, vpp: int):
         def post_hook(module, args, kwargs, output):

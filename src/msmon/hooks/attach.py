@@ -17,6 +17,7 @@ import torch
 
 from ..config import ConfigError
 from ..distributed import current_rank, pipeline_position
+from ..module_attrs import stored
 from ..naming import check_targets, display, model_chunks
 from . import Session, torch_optim
 
@@ -109,7 +110,7 @@ def attach(session: Session, models: Any, optimizer: Any, when: str) -> TrainerM
         return None
     claim(optimizer)
     chunks_given = models if isinstance(models, (list, tuple)) else [models]
-    names = [type(getattr(m, "module", m)).__name__ for m in chunks_given]
+    names = [type(stored(m, "module", m)).__name__ for m in chunks_given]
     try:
         monitor = start_monitor(session, models, optimizer, when, names)
     except ConfigError as exc:

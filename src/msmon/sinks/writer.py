@@ -218,8 +218,8 @@ class BackgroundWriter:
                 "micro_step": origin.micro_step,
                 "vpp_stage": origin.vpp_stage,
             }
-        category = "actv" if origin.stage == "forward" else "actv_grad"
-        key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step)
+        category = origin.category or ("actv" if origin.stage == "forward" else "actv_grad")
+        key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step, origin.stage)
         return Alert(key, origin.call_id, "nonfinite", float("nan"), None, "NanOrigin", message)
 
     def _report(self, record: StepRecord, alerts: list[Alert]) -> None:
