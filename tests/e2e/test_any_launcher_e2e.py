@@ -122,9 +122,8 @@ def test_lightning_relaunching_its_own_script_monitors_both_ranks(config, tmp_pa
     """`python train.py` with Trainer(devices=2, strategy="ddp"): rank 0 is the script's own
     process, which re-runs the script for rank 1 before it builds its optimizer."""
     out = tmp_path / "out"
-    proc = msmon_run(
-        config, out, str(SCRIPTS / "launcher_lightning.py"), no_torchrun=True, env=clean_env(MASTER_PORT=str(free_port()))
-    )
+    env = clean_env(MASTER_PORT=str(free_port()))
+    proc = msmon_run(config, out, str(SCRIPTS / "launcher_lightning.py"), no_torchrun=True, env=env)
     assert_every_rank_monitored(proc, out, seeded(sequential(torch.nn.ReLU), prefix="net."))
 
 

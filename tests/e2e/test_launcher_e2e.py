@@ -337,8 +337,10 @@ def test_a_script_with_its_own_trainermon_is_monitored_once_by_it(config, tmp_pa
     assert summary["steps_recorded"] == 3
     assert [r["step"] for r in read_rows(Path(directory), "grad_reduced", "qkv")] == ["0", "1", "2"]  # once each
     lines = re.findall(r"^msmon: rank 0: .*$", proc.stderr, re.M)
-    assert lines == [lines[0]] and lines[0].startswith("msmon: rank 0: 3 steps recorded") and lines[0].endswith(
-        Path(directory).name
+    assert (
+        lines == [lines[0]]
+        and lines[0].startswith("msmon: rank 0: 3 steps recorded")
+        and lines[0].endswith(Path(directory).name)
     )
 
 

@@ -50,8 +50,9 @@ def create(
 ) -> str:
     """Write a fresh bootstrap directory and return its path.
 
-    launcher: "torchrun", "python" or "program" (job_command_line.JobCommand.launcher); mode: "run" or "struct"; config_source: the user's
-    config file (workers read it when they can, so edits during the run take effect)."""
+    launcher: "torchrun", "python" or "program" (job_command_line.JobCommand.launcher);
+    mode: "run" or "struct"; config_source: the user's config file (workers read it when they
+    can, so edits during the run take effect)."""
     remove_stale()
     directory = tempfile.mkdtemp(prefix=PREFIX)
     _lock(directory)

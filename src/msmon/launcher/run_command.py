@@ -22,7 +22,11 @@ from .launch import JOB_SETTINGS, JobClickCommand, job_from_context, launch
     help="Monitor config (JSON or YAML). Without it a built-in default is used and printed.",
 )
 @click.option("--output-dir", type=click.Path(file_okay=False), help="Where the ranks write (sets MONITOR_OUTPUT_DIR).")
-@click.option("--no-torchrun", is_flag=True, help="Run the command as it is, not under torchrun: a script in one python process, or a launcher program.")
+@click.option(
+    "--no-torchrun",
+    is_flag=True,
+    help="Run the command as it is, not under torchrun: a script in one python process, or a launcher.",
+)
 @click.pass_context
 def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_torchrun: bool) -> None:
     """Monitor an unmodified training job.

@@ -145,9 +145,8 @@ def test_no_torchrun_runs_a_python_command_line_as_it_is(tmp_path):
     """`-- python train.py` used to be run as `python <the python binary> train.py`: "source code
     cannot contain null bytes"."""
     out = tmp_path / "out"
-    proc = msmon(
-        "run", "--output-dir", str(out), "--no-torchrun", "--", sys.executable, "-u", str(SCRIPTS / "launcher_single.py")
-    )
+    command = [sys.executable, "-u", str(SCRIPTS / "launcher_single.py")]
+    proc = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", *command)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("step ") == 3
     (rank_dir,) = glob.glob(str(out / "*-rank0-*"))

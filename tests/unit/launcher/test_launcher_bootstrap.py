@@ -161,9 +161,7 @@ def test_the_job_command_passes_torchrun_options_through_in_order(tmp_path):
 
 
 @pytest.mark.parametrize("no_torchrun", [True, False])
-def test_a_program_target_is_run_as_it_is_never_as_a_python_file_nor_under_torchrun(
-    tmp_path, monkeypatch, no_torchrun
-):
+def test_a_program_target_is_run_as_it_is_never_as_a_python_file_nor_under_torchrun(tmp_path, monkeypatch, no_torchrun):
     """`-- python train.py` was run as `python python train.py` ("source code cannot contain null
     bytes"); `-- accelerate launch ...` was refused as a missing script."""
     monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
