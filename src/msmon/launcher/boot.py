@@ -32,9 +32,6 @@ SETTINGS_FILE = "bootstrap.json"
 WORKERS_DIR = "workers"  # one record per activated worker: <host>-<pid>.json
 TORCHRUN_WORKER_ENV = "TORCHELASTIC_RUN_ID"
 ENV_LAUNCHER_PID = "MSMON_LAUNCHER_PID"  # `msmon run`'s pid: the job's first process is its child
-# set by launchers in the environment of each rank they start: torch elastic (torchrun, accelerate
-# launch), deepspeed's launcher, Lightning's re-launched scripts (RANK only from torch elastic/deepspeed)
-RANK_ENV = (TORCHRUN_WORKER_ENV, "RANK")
 
 WORKER, AGENT, CHILD, ACTIVE = "worker", "agent", "child", "active"
 
@@ -60,8 +57,10 @@ def mark_active(environ: MutableMapping[str, str], pid: int) -> None:
 
 
 def rank_by_environment(environ: Mapping[str, str]) -> bool:
-    """The launcher that started this process said it is a rank (RANK, torch elastic's run id)."""
-    return any(environ.get(name) for name in RANK_ENV)
+    """A torch elastic agent (torchrun, accelerate launch) started this process as a rank. Not
+    RANK: a user's shell or batch script may export it around a launcher whose children are
+    the ranks (`bootstrap` removes a parent job's TORCHELASTIC_RUN_ID)."""
+    return bool(environ.get(TORCHRUN_WORKER_ENV))
 
 
 def is_first_process(environ: Mapping[str, str]) -> bool:

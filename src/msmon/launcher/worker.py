@@ -124,8 +124,8 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
 def unmonitored_rank(record: WorkerRecord | None) -> bool:
     """Whether a process that built no optimizer was a training rank all the same (its
     directory then says that nothing was monitored, and why): torch.distributed ran in it, or
-    its launcher gave it a rank, or it is the job's first process and no other process of the
-    job was a rank (a plain `python train.py`). Never a DataLoader worker."""
+    a torch elastic agent started it as a rank, or it is the job's first process and no other
+    process of the job was a rank (a plain `python train.py`). Never a DataLoader worker."""
     if hooks.in_dataloader_worker():
         return False
     if is_initialized() or boot.rank_by_environment(os.environ):

@@ -115,8 +115,10 @@ def test_without_torchrun_every_process_waits_for_torch_unmarked_until_it_proves
     assert first["mark"] is None and first["hooked"] and not first["torch_imported"]
     started_by_it = probe(job_env(directory, user_site, tmp_path, LOCAL_RANK="1"))  # e.g. Lightning's rank 1
     assert started_by_it["mark"] is None and started_by_it["hooked"]
-    ranked = probe(job_env(directory, user_site, tmp_path, RANK="1"))  # deepspeed's launcher said so
-    assert ranked["mark"] == str(ranked["pid"]) and ranked["hooked"]
+    exported = probe(job_env(directory, user_site, tmp_path, RANK="0"))  # a batch script's export proves nothing
+    assert exported["mark"] is None and exported["hooked"]
+    elastic = probe(job_env(directory, user_site, tmp_path, TORCHELASTIC_RUN_ID="r"))  # accelerate launch's rank
+    assert elastic["mark"] == str(elastic["pid"]) and elastic["hooked"]
 
 
 def test_nested_bootstraps_run_msmon_once_and_the_user_sitecustomize_once(job, tmp_path):
