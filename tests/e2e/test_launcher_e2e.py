@@ -322,16 +322,21 @@ def test_a_script_importing_msmons_api_before_torch_is_monitored(config, tmp_pat
     assert list(rank_dir(tmp_path, 0).glob("grad_reduced_*.csv"))
 
 
-def test_a_script_with_its_own_trainermon_is_monitored_once_by_it(config, tmp_path):
-    """The script calls TrainerMon(...).set_monitor(...) right after building its optimizer,
-    to which msmon run had already attached: the explicit monitor wins and the automatic one
-    stands down, leaving no second directory (it had recorded nothing) and no double work."""
+@pytest.mark.parametrize(
+    "when, said",
+    [([], " (1 automatic monitor closed)\n"), (["--api-first"], "\n")],
+    ids=["after_the_optimizer", "before_the_optimizer"],
+)
+def test_a_script_with_its_own_trainermon_is_monitored_once_by_it(config, tmp_path, when, said):
+    """The script builds a TrainerMon after its optimizer, to which msmon run had already
+    attached, or before it (msprobe's examples): the explicit monitor wins and the automatic
+    one stands down, leaving no second directory (it had recorded nothing) and no double work."""
     out = tmp_path / "out"
-    script = [str(SCRIPTS / "launcher_ddp.py"), "--api", config]
+    script = [str(SCRIPTS / "launcher_ddp.py"), "--api", config, *when]
     proc = msmon_run(config, out, "--nproc-per-node", "1", "--", *script)
     directories = glob.glob(str(out / "*-rank0-*"))
     assert len(directories) == 1, directories  # was two: the automatic monitor's and the script's
-    assert "msmon's automatic monitoring stands down (1 automatic monitor closed)" in proc.stderr, proc.stderr[-3000:]
+    assert "msmon's automatic monitoring stands down" + said in proc.stderr, proc.stderr[-3000:]
     directory = directories[0]
     summary = json.loads((Path(directory) / "summary.json").read_text())
     assert summary["steps_recorded"] == 3
