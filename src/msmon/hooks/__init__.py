@@ -74,12 +74,11 @@ class Session:
     monitors: list[Any] = field(default_factory=list)
     listeners: list[Listener] = field(default_factory=list)
     error: str | None = None  # why the process was stopped before training, if it was
+    stood_down: bool = False  # the script built its own TrainerMon: it monitors itself (hooks/explicit.py)
 
     @classmethod
     def from_file(cls, config_path: str) -> Session:
         return cls(config_path=os.path.abspath(config_path), config=load_config(config_path))
-
-    stood_down: bool = False  # the script built its own TrainerMon: it monitors itself (hooks/explicit.py)
 
     def in_owner_process(self) -> bool:
         return os.getpid() == self.pid

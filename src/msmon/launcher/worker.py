@@ -102,7 +102,7 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
     if record is not None:
         record.finish(session.monitors)
     attached = record.data["monitors"] if record is not None else session.monitors
-    if attached or session.error is not None:  # a stopped process said why already
+    if attached or session.error is not None or session.stood_down:  # said why already, or the script's own monitor
         return
     if not unmonitored.built_any() and not unmonitored_rank(record):
         return  # a launcher's process (accelerate's, deepspeed's, the mp.spawn parent) or a helper
