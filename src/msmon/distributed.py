@@ -12,11 +12,27 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+# where launchers put a process's rank before torch.distributed starts: torch's launchers
+# (torchrun, accelerate, deepspeed) set RANK; srun sets SLURM_PROCID, which a script reads itself
+RANK_VARIABLES = ("RANK", "SLURM_PROCID")
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "SLURM_LOCALID")
+
+
 def current_rank() -> int:
-    """Global rank: torch.distributed when initialised, else torchrun's RANK, else 0."""
+    """Global rank: torch.distributed when initialised, else the launcher's RANK (SLURM_PROCID
+    under srun), else 0."""
     if is_initialized():
         return dist.get_rank()
-    return int(os.environ.get("RANK", "0") or 0)
+    return environment_rank(RANK_VARIABLES)
+
+
+def environment_rank(names: tuple[str, ...] = RANK_VARIABLES) -> int:
+    """The first of the variables `names` that is set (RANK_VARIABLES, LOCAL_RANK_VARIABLES), else 0."""
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return int(value)
+    return 0
 
 
 def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:

@@ -9,10 +9,11 @@ import signal
 import sys
 import threading
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 _monitors: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
+_on_register: list[Callable[[Any], None]] = []  # told of every new TrainerMon (hooks/explicit.py)
 
 
 def setup_logging() -> None:
@@ -27,9 +28,19 @@ def setup_logging() -> None:
         logger.propagate = False
 
 
+def on_register(callback: Callable[[Any], None]) -> None:
+    """Call `callback(monitor)` for every TrainerMon built from now on."""
+    _on_register.append(callback)
+
+
 def register(monitor: Any) -> None:
     global _installed
     _monitors.add(monitor)
+    for callback in list(_on_register):
+        try:
+            callback(monitor)
+        except Exception:  # never the script's TrainerMon's failure
+            pass
     if _installed:
         return
     _installed = True

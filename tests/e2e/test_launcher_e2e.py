@@ -3,6 +3,7 @@ rank by rank, the same output as the TrainerMon API gives for the same script.""
 
 from __future__ import annotations
 
+import csv
 import filecmp
 import glob
 import json
@@ -319,3 +320,37 @@ def test_a_script_importing_msmons_api_before_torch_is_monitored(config, tmp_pat
     assert "failed to switch on" not in proc.stderr, proc.stderr[-3000:]
     assert_summary(proc, 3, ranks=(0,))
     assert list(rank_dir(tmp_path, 0).glob("grad_reduced_*.csv"))
+
+
+@pytest.mark.parametrize(
+    "when, said",
+    [([], " (1 automatic monitor closed)\n"), (["--api-first"], "\n")],
+    ids=["after_the_optimizer", "before_the_optimizer"],
+)
+def test_a_script_with_its_own_trainermon_is_monitored_once_by_it(config, tmp_path, when, said):
+    """The script builds a TrainerMon after its optimizer, to which msmon run had already
+    attached, or before it (msprobe's examples): the explicit monitor wins and the automatic
+    one stands down, leaving no second directory (it had recorded nothing) and no double work."""
+    out = tmp_path / "out"
+    script = [str(SCRIPTS / "launcher_ddp.py"), "--api", config, *when]
+    proc = msmon_run(config, out, "--nproc-per-node", "1", "--", *script)
+    directories = glob.glob(str(out / "*-rank0-*"))
+    assert len(directories) == 1, directories  # was two: the automatic monitor's and the script's
+    assert "msmon's automatic monitoring stands down" + said in proc.stderr, proc.stderr[-3000:]
+    directory = directories[0]
+    summary = json.loads((Path(directory) / "summary.json").read_text())
+    assert summary["steps_recorded"] == 3
+    assert [r["step"] for r in read_rows(Path(directory), "grad_reduced", "qkv")] == ["0", "1", "2"]  # once each
+    lines = re.findall(r"^msmon: rank 0: .*$", proc.stderr, re.M)
+    assert (
+        lines == [lines[0]]
+        and lines[0].startswith("msmon: rank 0: 3 steps recorded")
+        and lines[0].endswith(Path(directory).name)
+    )
+
+
+def read_rows(directory: Path, category: str, name_part: str) -> list[dict[str, str]]:
+    rows = []
+    for path in sorted(directory.glob(f"{category}_[0-9]*.csv")):
+        rows += [r for r in csv.DictReader(path.open()) if name_part in r["name"] and r["name"].endswith("weight")][:1]
+    return rows

@@ -23,17 +23,23 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--grad-acc", type=int, default=2)
     parser.add_argument("--api", help="monitor config: attach with the TrainerMon API")
+    parser.add_argument("--api-first", action="store_true", help="build the TrainerMon before the optimizer")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    monitor = None
+    if args.api and args.api_first:  # msprobe's own examples build it first, attach later
+        from msmon import TrainerMon
+
+        monitor = TrainerMon(args.api)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(TinyGPT(vocab=64, d_model=16, n_layer=2, n_head=2, seq_len=8))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if args.api:
         from msmon import TrainerMon
 
-        TrainerMon(args.api).set_monitor(model, optimizer)
+        (monitor or TrainerMon(args.api)).set_monitor(model, optimizer)
     gen = torch.Generator().manual_seed(rank)
     for step in range(args.steps):
         for _ in range(args.grad_acc):

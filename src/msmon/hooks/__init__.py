@@ -31,6 +31,7 @@ import functools
 import importlib
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, NoReturn
@@ -63,8 +64,9 @@ class StopBeforeTraining(SystemExit):
 class Session:
     """What the instrumentors of one process share: the config every monitor is built from,
     the monitors attached so far, and who wants to hear about attachments (the launcher's
-    worker record). Created in the one process that monitors; its forked children inherit
-    it in memory, so hooks check `in_owner_process()` before attaching anything."""
+    worker record). Created in every process of a job that imports torch; whether the process
+    is a training rank is decided when it builds an optimizer (or a framework hands one over):
+    hooks ask `may_attach()` first. Forked children inherit it in memory and never attach."""
 
     config_path: str
     config: MonitorConfig
@@ -72,6 +74,7 @@ class Session:
     monitors: list[Any] = field(default_factory=list)
     listeners: list[Listener] = field(default_factory=list)
     error: str | None = None  # why the process was stopped before training, if it was
+    stood_down: bool = False  # the script built its own TrainerMon: it monitors itself (hooks/explicit.py)
 
     @classmethod
     def from_file(cls, config_path: str) -> Session:
@@ -79,6 +82,13 @@ class Session:
 
     def in_owner_process(self) -> bool:
         return os.getpid() == self.pid
+
+    def may_attach(self) -> bool:
+        """Whether an optimizer built (or handed over) here may get a monitor: this is a
+        training rank. Not a forked child of the session's process, not a DataLoader worker
+        (nor a process the script's own monitor already covers); launcher processes never get
+        here, since they build no optimizer."""
+        return self.in_owner_process() and not self.stood_down and not in_dataloader_worker()
 
     def stop(self, reason: str) -> NoReturn:
         """Stop this process before training: one error line, the reason kept for the
@@ -99,6 +109,13 @@ class Session:
                 listener(event, info)
             except Exception as exc:
                 logger.warning("msmon[rank %d]: a %s listener failed: %r", current_rank(), event, exc)
+
+
+def in_dataloader_worker() -> bool:
+    """True in a DataLoader worker process (torch.utils.data.get_worker_info() is set there),
+    read without importing torch.utils.data where the script never did."""
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    return worker is not None and getattr(worker, "_worker_info", None) is not None
 
 
 _enabled: dict[str, Any] = {}  # INSTRUMENTORS key -> its package, once instrumented

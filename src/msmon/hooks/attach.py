@@ -19,7 +19,7 @@ from ..config import ConfigError
 from ..distributed import current_rank, pipeline_position
 from ..module_attrs import stored
 from ..naming import check_targets, display, model_chunks
-from . import Session, torch_optim
+from . import Session, explicit, torch_optim
 
 if TYPE_CHECKING:
     from ..monitor import TrainerMon
@@ -38,7 +38,8 @@ def start_monitor(
     closes the monitor and raises (ConfigError for a config that does not fit the model)."""
     from ..monitor import TrainerMon
 
-    monitor = TrainerMon(session.config_path)
+    with explicit.automatic():
+        monitor = TrainerMon(session.config_path)
     monitor.records_modules = shares_modules_with is None
     try:
         monitor.set_monitor(models, optimizer)
@@ -106,7 +107,7 @@ def attach(session: Session, models: Any, optimizer: Any, when: str) -> TrainerM
     virtual-pipeline chunks); None when it cannot be attached (reported, training goes on)."""
     from ..collectors.l2_features import l2_targets_error
 
-    if optimizer is None or is_attached(optimizer) or not session.in_owner_process():
+    if optimizer is None or is_attached(optimizer) or not session.may_attach():
         return None
     claim(optimizer)
     chunks_given = models if isinstance(models, (list, tuple)) else [models]

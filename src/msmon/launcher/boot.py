@@ -6,12 +6,15 @@ into the job's bootstrap directory, where its sitecustomize imports it before an
 so it must not import msmon's package (which imports torch) or torch itself.
 
 Roles, decided from the environment alone:
-  worker  a training process: torchrun's worker (it has TORCHELASTIC_RUN_ID) or, without
-          torchrun, the one python process the launcher started;
-  agent   torchrun's own agent process, which starts the workers;
-  child   any process started by an active worker (DataLoader workers, torch.compile
-          workers, multiprocessing helpers): the worker marks itself in MSMON_ACTIVE_PID
-          and its children inherit the mark;
+  worker  a process that may be a training rank: every python process of the job but those
+          below. It arms a post-import hook on torch; whether it really is a rank is decided
+          when it builds an optimizer or a framework hands msmon one (hooks.Session.may_attach):
+          launcher processes (accelerate's, deepspeed's, the mp.spawn parent) build none, and
+          DataLoader workers are refused there. A rank marks itself in MSMON_ACTIVE_PID then,
+          or at start-up when its launcher said so in the environment (`rank_by_environment`);
+  agent   torchrun's own agent process, when `msmon run` started torchrun: nothing happens;
+  child   any process started by a marked rank (DataLoader workers, torch.compile workers,
+          multiprocessing helpers): the rank's mark is inherited; nothing happens;
   active  this very process was already activated (idempotent start-up).
 """
 
@@ -28,6 +31,7 @@ ENV_BOOTSTRAP_DIR = "MSMON_BOOTSTRAP_DIR"  # = msmon.environment.ENV_BOOTSTRAP_D
 SETTINGS_FILE = "bootstrap.json"
 WORKERS_DIR = "workers"  # one record per activated worker: <host>-<pid>.json
 TORCHRUN_WORKER_ENV = "TORCHELASTIC_RUN_ID"
+ENV_LAUNCHER_PID = "MSMON_LAUNCHER_PID"  # `msmon run`'s pid: the job's first process is its child
 
 WORKER, AGENT, CHILD, ACTIVE = "worker", "agent", "child", "active"
 
@@ -48,8 +52,20 @@ def decide_role(environ: Mapping[str, str], pid: int, launcher: str | None) -> s
 
 
 def mark_active(environ: MutableMapping[str, str], pid: int) -> None:
-    """Mark `pid` as the active worker; every process it starts inherits the mark."""
+    """Mark `pid` as a training rank; every process it starts from now on inherits the mark."""
     environ[ENV_ACTIVE_PID] = str(pid)
+
+
+def rank_by_environment(environ: Mapping[str, str]) -> bool:
+    """A torch elastic agent (torchrun, accelerate launch) started this process as a rank. Not
+    RANK: a user's shell or batch script may export it around a launcher whose children are
+    the ranks (`bootstrap` removes a parent job's TORCHELASTIC_RUN_ID)."""
+    return bool(environ.get(TORCHRUN_WORKER_ENV))
+
+
+def is_first_process(environ: Mapping[str, str]) -> bool:
+    """This process is the one `msmon run` started (the script, or the launcher program)."""
+    return environ.get(ENV_LAUNCHER_PID) == str(os.getppid())
 
 
 def read_settings(bootstrap_dir: str) -> dict:
@@ -57,10 +73,11 @@ def read_settings(bootstrap_dir: str) -> dict:
         return json.load(fh)
 
 
-def is_active_here() -> bool:
-    """True in the process that was activated, false in its forked children (they inherit
-    the parent's memory and environment, hence the parent's pid in the mark)."""
-    return os.environ.get(ENV_ACTIVE_PID) == str(os.getpid())
+def is_child_here() -> bool:
+    """True in a process started by a marked rank: a forked child inherits the rank's memory
+    (its armed hooks too) and environment, hence another pid in the mark."""
+    mark = os.environ.get(ENV_ACTIVE_PID)
+    return bool(mark) and mark != str(os.getpid())
 
 
 def main(bootstrap_dir: str) -> None:
@@ -74,7 +91,8 @@ def main(bootstrap_dir: str) -> None:
         role = decide_role(os.environ, os.getpid(), settings.get("launcher"))
         if role != WORKER:
             return
-        mark_active(os.environ, os.getpid())
+        if rank_by_environment(os.environ):
+            mark_active(os.environ, os.getpid())  # else marked when it builds an optimizer
         msmon_path = settings.get("msmon_path")
         if msmon_path and msmon_path not in sys.path:
             import importlib.util
@@ -90,7 +108,7 @@ def main(bootstrap_dir: str) -> None:
 
 def _on_torch_imported(bootstrap_dir: str) -> Callable[[ModuleType], None]:
     def hook(_torch_module: ModuleType) -> None:
-        if not is_active_here():
+        if is_child_here():
             return
         try:
             from msmon.launcher.worker import start

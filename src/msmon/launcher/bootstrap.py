@@ -8,8 +8,8 @@ PYTHONPATH: launchers that filter environment variables still carry PYTHONPATH, 
 config travels inside it.
 
 The launcher removes it at the end; a launcher killed with SIGKILL cannot. So the launcher
-holds an flock on `job.lock` inside it, passed on to the job's first process (torchrun, or
-python with --no-torchrun), and every `msmon run` removes, as it starts, the `msmon-job-*`
+holds an flock on `job.lock` inside it, passed on to the job's first process (torchrun, python
+with --no-torchrun, or the launcher program), and every `msmon run` removes, as it starts, the `msmon-job-*`
 directories of the temp directory whose lock nobody holds any more: no process of their job
 is left. A directory without a lock file (being created this very moment, kept with
 MSMON_KEEP_BOOTSTRAP, or written by an older msmon) is never touched.
@@ -50,8 +50,9 @@ def create(
 ) -> str:
     """Write a fresh bootstrap directory and return its path.
 
-    launcher: "torchrun" or "python"; mode: "run" or "struct"; config_source: the user's
-    config file (workers read it when they can, so edits during the run take effect)."""
+    launcher: "torchrun", "python" or "program" (job_command_line.JobCommand.launcher);
+    mode: "run" or "struct"; config_source: the user's config file (workers read it when they
+    can, so edits during the run take effect)."""
     remove_stale()
     directory = tempfile.mkdtemp(prefix=PREFIX)
     _lock(directory)
@@ -78,6 +79,7 @@ def job_environment(base: Mapping[str, str], bootstrap_dir: str, output_dir: str
     python_path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = bootstrap_dir + (os.pathsep + python_path if python_path else "")
     env[boot.ENV_BOOTSTRAP_DIR] = bootstrap_dir
+    env[boot.ENV_LAUNCHER_PID] = str(os.getpid())
     if output_dir:
         env[ENV_OUTPUT_DIR] = os.path.abspath(output_dir)
     return env

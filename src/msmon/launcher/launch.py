@@ -53,7 +53,6 @@ def launch(
     config: dict[str, Any],
     config_source: str | None,
     output_dir: str | None,
-    use_torchrun: bool,
     mode: str,
 ) -> int:
     """Run the job with `config` in a fresh bootstrap directory; returns the job's exit code."""
@@ -74,11 +73,11 @@ def launch(
             "(see docs/launcher.md)",
             err=True,
         )
-    directory = bootstrap.create(config, config_source, "torchrun" if use_torchrun else "python", mode, output_dir)
+    directory = bootstrap.create(config, config_source, command.launcher, mode, output_dir)
     try:
         env = bootstrap.job_environment(os.environ, directory, output_dir)
         lock = bootstrap.lock_fd(directory)
-        code = run_child(command.argv(use_torchrun), env, () if lock is None else (lock,))
+        code = run_child(command.argv(), env, () if lock is None else (lock,))
         for line in run_summary.summary_lines(run_summary.worker_records(directory), mode):
             click.echo(line, err=True)
     finally:

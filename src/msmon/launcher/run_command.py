@@ -1,4 +1,5 @@
-"""`msmon run`: monitor an unmodified training job, started by torchrun (or one plain python)."""
+"""`msmon run`: monitor an unmodified training job, started by torchrun, by any launcher program
+(accelerate, deepspeed, python with mp.spawn or Lightning, srun's tasks) or as one plain python."""
 
 from __future__ import annotations
 
@@ -21,7 +22,11 @@ from .launch import JOB_SETTINGS, JobClickCommand, job_from_context, launch
     help="Monitor config (JSON or YAML). Without it a built-in default is used and printed.",
 )
 @click.option("--output-dir", type=click.Path(file_okay=False), help="Where the ranks write (sets MONITOR_OUTPUT_DIR).")
-@click.option("--no-torchrun", is_flag=True, help="Run one plain python process instead of torchrun.")
+@click.option(
+    "--no-torchrun",
+    is_flag=True,
+    help="Run the command as it is, not under torchrun: a script in one python process, or a launcher.",
+)
 @click.pass_context
 def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_torchrun: bool) -> None:
     """Monitor an unmodified training job.
@@ -29,10 +34,13 @@ def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_
     \b
     msmon run --config monitor.json [torchrun options] -- train.py [args]
     msmon run --config monitor.json --nproc-per-node 8 -- -m package.module [args]
+    msmon run --config monitor.json -- accelerate launch --num_processes 8 train.py [args]
 
     Every torchrun option (--nproc-per-node, --nnodes, --node-rank, --rdzv-backend,
     --rdzv-endpoint, --master-addr, --master-port, --standalone, ...) passes through
-    unchanged. The exit code is the job's.
+    unchanged. A program after `--` (accelerate, deepspeed, python, a shell script) is its own
+    launcher: it runs as it is, and every training rank it starts is monitored. The exit code
+    is the job's.
     """
     command = job_from_context(ctx, no_torchrun)
     if config_path:
@@ -42,7 +50,7 @@ def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_
         click.echo(
             "msmon: no --config given; using the built-in default config:\n" + json.dumps(config, indent=2), err=True
         )
-    sys.exit(launch(command, config, config_path, output_dir, not no_torchrun, "run"))
+    sys.exit(launch(command, config, config_path, output_dir, "run"))
 
 
 def _load(config_path: str) -> dict[str, Any]:

@@ -14,7 +14,11 @@ STRUCT_CONFIG: dict[str, Any] = {"print_struct": True, "format": ["csv"]}
 
 @click.command("struct", cls=JobClickCommand, context_settings=JOB_SETTINGS)
 @click.option("--output-dir", type=click.Path(file_okay=False), help="Where the structure is written.")
-@click.option("--no-torchrun", is_flag=True, help="Run one plain python process instead of torchrun.")
+@click.option(
+    "--no-torchrun",
+    is_flag=True,
+    help="Run the command as it is, not under torchrun: a script in one python process, or a launcher.",
+)
 @click.pass_context
 def struct(ctx: click.Context, output_dir: str | None, no_torchrun: bool) -> None:
     """Run a training job until its first optimizer step, print and write its module
@@ -24,4 +28,4 @@ def struct(ctx: click.Context, output_dir: str | None, no_torchrun: bool) -> Non
     msmon struct [torchrun options] -- train.py [args]
     """
     command = job_from_context(ctx, no_torchrun)
-    sys.exit(launch(command, dict(STRUCT_CONFIG), None, output_dir, not no_torchrun, "struct"))
+    sys.exit(launch(command, dict(STRUCT_CONFIG), None, output_dir, "struct"))

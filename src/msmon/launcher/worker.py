@@ -1,9 +1,12 @@
-"""Monitoring inside one training process, without a line of msmon in the script.
+"""Monitoring inside one process of a job, without a line of msmon in the script.
 
 Started by the job's bootstrap once the script imports torch (`start`), or by
-`import msmon.auto` (`start_here`). It builds the session every instrumentor shares, switches
-the instrumentors on as their frameworks are imported, and keeps this worker's record in
-the bootstrap directory so the launcher can print where each monitor wrote.
+`import msmon.auto` (`start_here`), in every process that may be a training rank. It builds
+the session every instrumentor shares and switches the instrumentors on as their frameworks
+are imported. The process turns out to be a rank when it builds an optimizer (or a framework
+hands one over): from then on its worker record in the bootstrap directory tells the launcher
+where each monitor wrote. A process that never does is a launcher or a helper and says
+nothing, unless something else shows it was a rank (`unmonitored_rank`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import socket
 from typing import Any
 
 from .. import hooks, lifecycle
-from ..distributed import current_rank
+from ..distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
+from ..hooks import explicit
 from ..output import ENV_OUTPUT_DIR, output_base_dir, rank_dir_name
 from . import boot
 from .bootstrap import DEFAULT_CONFIG
@@ -39,7 +43,6 @@ def start(bootstrap_dir: str) -> hooks.Session:
     session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings))
     record = WorkerRecord(os.path.join(bootstrap_dir, boot.WORKERS_DIR), session)
     session.listeners.append(record.on_event)
-    record.write()
     return _begin(session, record)
 
 
@@ -51,7 +54,8 @@ def start_here() -> hooks.Session | None:
         return _session
     if role != boot.WORKER:
         return None
-    boot.mark_active(os.environ, os.getpid())
+    if boot.rank_by_environment(os.environ):
+        boot.mark_active(os.environ, os.getpid())  # else when it builds an optimizer
     bootstrap_dir = os.environ.get(boot.ENV_BOOTSTRAP_DIR)
     if bootstrap_dir and os.path.isfile(os.path.join(bootstrap_dir, boot.SETTINGS_FILE)):
         return start(bootstrap_dir)  # under `msmon run`, with sitecustomize disabled (python -E/-I)
@@ -69,14 +73,27 @@ def worker_config_path(bootstrap_dir: str, settings: dict) -> str:
     return os.path.join(bootstrap_dir, settings["config"])
 
 
+# what only a training rank does: build an optimizer (or be handed one), stop on its config
+RANK_EVENTS = ("attached", "skipped", "deferred", "stopped")
+
+
 def _begin(session: hooks.Session, record: WorkerRecord | None) -> hooks.Session:
     global _session
     _session = session
     unmonitored = Unmonitored()
+    session.listeners.insert(0, _mark_rank)
     session.listeners.append(unmonitored.on_event)
     atexit.register(_report_at_exit, session, record, unmonitored)  # runs after the monitors closed (LIFO)
+    explicit.watch(session)
     hooks.enable(session)
     return session
+
+
+def _mark_rank(event: str, _info: dict) -> None:
+    """This process is a training rank: the processes it starts from now on (DataLoader and
+    compile workers) are its helpers."""
+    if event in RANK_EVENTS:
+        boot.mark_active(os.environ, os.getpid())
 
 
 def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonitored: Unmonitored) -> None:
@@ -85,8 +102,10 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
     if record is not None:
         record.finish(session.monitors)
     attached = record.data["monitors"] if record is not None else session.monitors
-    if attached or session.error is not None:  # a stopped process said why already
+    if attached or session.error is not None or session.stood_down:  # said why already, or the script's own monitor
         return
+    if not unmonitored.built_any() and not unmonitored_rank(record):
+        return  # a launcher's process (accelerate's, deepspeed's, the mp.spawn parent) or a helper
     reason = unmonitored.reason()
     log_dir = unmonitored.write_summary(session, reason)
     logger.info(
@@ -95,9 +114,25 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
         reason,
         f" ({log_dir}/summary.json says so)" if log_dir else "",
     )
-    if record is not None and log_dir:
-        record.data["log_dir"] = os.path.abspath(log_dir)
-        record.write()
+    if record is not None:
+        record.data["rank"] = current_rank()
+        if log_dir:
+            record.data["log_dir"] = os.path.abspath(log_dir)
+        record.confirm()
+
+
+def unmonitored_rank(record: WorkerRecord | None) -> bool:
+    """Whether a process that built no optimizer was a training rank all the same (its
+    directory then says that nothing was monitored, and why): torch.distributed ran in it, or
+    a torch elastic agent started it as a rank, or it is the job's first process and no other
+    process of the job was a rank (a plain `python train.py`). Never a DataLoader worker."""
+    if hooks.in_dataloader_worker():
+        return False
+    if is_initialized() or boot.rank_by_environment(os.environ):
+        return True
+    if record is None:  # `import msmon.auto` without `msmon run`: the script asked for this process
+        return True
+    return boot.is_first_process(os.environ) and not record.others()
 
 
 class Unmonitored:
@@ -115,6 +150,10 @@ class Unmonitored:
             self.deferred.append(
                 f"{info['optimizer']} was built but never stepped; {info['reason']}, so msmon waited for its first step"
             )
+
+    def built_any(self) -> bool:
+        """An optimizer was built here (skipped or left for a step that never came)."""
+        return bool(self.skipped or self.deferred)
 
     def reason(self) -> str:
         return "; ".join(self.skipped or self.deferred) or "no torch.optim optimizer was created"
@@ -149,23 +188,41 @@ class Unmonitored:
 
 
 class WorkerRecord:
-    """This worker's file in the bootstrap directory: who it is and where its monitors
-    write. Rewritten (atomically) at each attachment, so even a worker killed later leaves
-    the launcher something to report."""
+    """This rank's file in the bootstrap directory: who it is and where its monitors write.
+    Written once the process shows it is a rank (`confirm`), then rewritten (atomically) at
+    each attachment, so even a rank killed later leaves the launcher something to report."""
 
     def __init__(self, directory: str, session: hooks.Session) -> None:
+        self.directory = directory
         self.path = os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}.json")
+        self.confirmed = False
         self.data: dict[str, Any] = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "rank": int(os.environ.get("RANK", "0") or 0),
-            "local_rank": int(os.environ.get("LOCAL_RANK", "0") or 0),
+            "rank": current_rank(),
+            "local_rank": environment_rank(LOCAL_RANK_VARIABLES),
             "config": session.config_path,
             "monitors": [],
             "skipped": [],
         }
 
+    def confirm(self) -> None:
+        """This process is a rank: its record is written from now on."""
+        self.confirmed = True
+        self.write()
+
+    def others(self) -> list[str]:
+        """The records of the job's other ranks written so far."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        own = os.path.basename(self.path)
+        return [n for n in names if n.endswith(".json") and n != own]
+
     def on_event(self, event: str, info: dict) -> None:
+        if event in RANK_EVENTS:
+            self.confirmed = True
         if event == "attached":
             monitor = info["monitor"]
             self.data["rank"] = monitor.rank
@@ -186,9 +243,29 @@ class WorkerRecord:
         elif event == "closed":
             if not self._note_output(info["monitor"]):
                 return
+        elif event == "withdrawn":  # the script's own TrainerMon took over (hooks/explicit.py)
+            gone = os.path.abspath(info["log_dir"]) if info.get("log_dir") else None
+            self.data["monitors"] = [m for m in self.data["monitors"] if m["log_dir"] != gone]
+        elif event == "explicit":
+            self._add_explicit(info["monitor"])
         else:
             return
         self.write()
+
+    def _add_explicit(self, monitor: Any) -> None:
+        """The script's own TrainerMon: the launcher's line for this rank points at its output."""
+        self.confirmed = True
+        self.data["rank"] = monitor.rank
+        self.data["monitors"].append(
+            {
+                "rank": monitor.rank,
+                "log_dir": os.path.abspath(monitor.log_dir) if monitor.log_dir else None,
+                "output_base": os.path.abspath(monitor.output_base),
+                "optimizer": "the script's own TrainerMon",
+                "models": [],
+                "attached_at": "the script",
+            }
+        )
 
     def finish(self, monitors: list[Any]) -> None:
         """At exit, after the monitors closed: keep why a monitor's output stopped (its
@@ -206,6 +283,8 @@ class WorkerRecord:
         return False
 
     def write(self) -> None:
+        if not self.confirmed:
+            return
         tmp = self.path + ".tmp"
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)

@@ -141,6 +141,20 @@ def test_no_torchrun_runs_one_process_with_the_default_config(tmp_path):
 
 
 @pytest.mark.e2e
+def test_no_torchrun_runs_a_python_command_line_as_it_is(tmp_path):
+    """`-- python train.py` used to be run as `python <the python binary> train.py`: "source code
+    cannot contain null bytes"."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-u", str(SCRIPTS / "launcher_single.py")]
+    proc = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", *command)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("step ") == 3
+    (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
+    assert {r["step"] for r in read_csv_rows(Path(rank_dir), "grad_reduced")} == {"0", "1", "2"}
+    assert proc.stderr.strip().splitlines()[-1].startswith("msmon: rank 0: 3 steps recorded")
+
+
+@pytest.mark.e2e
 def test_a_crash_keeps_its_traceback_and_exit_code_and_what_was_recorded(tmp_path):
     out = tmp_path / "out"
     crash = msmon(

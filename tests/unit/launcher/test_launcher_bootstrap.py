@@ -104,10 +104,21 @@ def test_the_torchrun_agent_and_a_workers_children_stay_inactive(job, tmp_path):
     assert sorted(user_site_runs(tmp_path)) == sorted([agent["pid"], child["pid"]])  # the user's ran in both
 
 
-def test_without_torchrun_the_first_python_process_is_the_worker(job, tmp_path):
+@pytest.mark.parametrize("launcher", ["python", "program"])
+def test_without_torchrun_every_process_waits_for_torch_unmarked_until_it_proves_a_rank(job, tmp_path, launcher):
+    """The first process may be a launcher (accelerate's, deepspeed's, an mp.spawn parent)
+    whose children are the ranks: it arms the torch hook but does not mark itself, so the
+    processes it starts arm theirs too; a rank marks itself when it builds an optimizer."""
     make, user_site = job
-    seen = probe(job_env(make("python"), user_site, tmp_path))
-    assert seen["mark"] == str(seen["pid"]) and seen["hooked"]
+    directory = make(launcher)
+    first = probe(job_env(directory, user_site, tmp_path))
+    assert first["mark"] is None and first["hooked"] and not first["torch_imported"]
+    started_by_it = probe(job_env(directory, user_site, tmp_path, LOCAL_RANK="1"))  # e.g. Lightning's rank 1
+    assert started_by_it["mark"] is None and started_by_it["hooked"]
+    exported = probe(job_env(directory, user_site, tmp_path, RANK="0"))  # a batch script's export proves nothing
+    assert exported["mark"] is None and exported["hooked"]
+    elastic = probe(job_env(directory, user_site, tmp_path, TORCHELASTIC_RUN_ID="r"))  # accelerate launch's rank
+    assert elastic["mark"] == str(elastic["pid"]) and elastic["hooked"]
 
 
 def test_nested_bootstraps_run_msmon_once_and_the_user_sitecustomize_once(job, tmp_path):
@@ -140,10 +151,32 @@ def test_the_job_command_passes_torchrun_options_through_in_order(tmp_path):
     script.write_text("")
     options = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--standalone"]
     command = parse(options, [str(script), "--lr", "0.1"], use_torchrun=True)
-    assert command.argv(True) == [sys.executable, "-m", "torch.distributed.run", *options, str(script), "--lr", "0.1"]
+    assert command.argv() == [sys.executable, "-m", "torch.distributed.run", *options, str(script), "--lr", "0.1"]
     module = parse(["--nproc-per-node", "2"], ["-m", "pkg.train", "--x"], use_torchrun=True)
-    assert module.argv(True)[-5:] == ["--nproc-per-node", "2", "-m", "pkg.train", "--x"]
-    assert module.argv(False) == [sys.executable, "-m", "pkg.train", "--x"]
+    assert module.argv()[-5:] == ["--nproc-per-node", "2", "-m", "pkg.train", "--x"]
+    assert parse([], ["--module", "pkg.train", "--x"], use_torchrun=False).argv() == [
+        sys.executable,
+        "-m",
+        "pkg.train",
+        "--x",
+    ]
+
+
+@pytest.mark.parametrize("no_torchrun", [True, False])
+def test_a_program_target_is_run_as_it_is_never_as_a_python_file_nor_under_torchrun(tmp_path, monkeypatch, no_torchrun):
+    """`-- python train.py` was run as `python python train.py` ("source code cannot contain null
+    bytes"); `-- accelerate launch ...` was refused as a missing script."""
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    script = tmp_path / "train.py"
+    script.write_text("")
+    for target in (["python", str(script)], [sys.executable, str(script)], ["accelerate", "launch", str(script)]):
+        command = parse([], target, use_torchrun=not no_torchrun)
+        assert command.argv() == target and command.launcher == "program"
+    assert parse([], [str(script)], use_torchrun=False).argv() == [sys.executable, str(script)]
+    with pytest.raises(UsageError, match="'accelerate' is a program, not a Python script"):
+        parse(["--nproc-per-node", "2"], ["accelerate", "launch", str(script)], use_torchrun=True)
+    with pytest.raises(UsageError, match="nor a program of that name on PATH"):
+        parse([], ["no-such-launcher-xyz", str(script)], use_torchrun=False)
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def instrument(session: Session) -> None:
 def _initialize(session: Session, original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def initialize(*args: Any, **kwargs: Any) -> Any:
-        if not session.in_owner_process():
+        if not session.may_attach():
             return original(*args, **kwargs)
         client = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
         if isinstance(client, torch.optim.Optimizer):

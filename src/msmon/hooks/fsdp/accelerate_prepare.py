@@ -38,7 +38,7 @@ def _prepare(session: Session, original: Callable[..., Any]) -> Callable[..., An
     @functools.wraps(original)
     def prepare(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        if session.in_owner_process():
+        if session.may_attach():
             try:
                 _reattach(session, self, result)
             except Exception as exc:  # monitoring must never break the training script

@@ -59,7 +59,7 @@ def _wrapper_installer(module_name: str, function: str, where: str) -> Callable[
 def _wrap(session: Session, original: Callable[..., Any], function: str, where: str) -> Callable[..., Any]:
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if not session.in_owner_process():
+        if not session.may_attach():
             return original(*args, **kwargs)
         with torch_optim.suppressed():
             result = original(*args, **kwargs)

@@ -193,7 +193,7 @@ class _Instrumentation:
 
     # -- deciding ----------------------------------------------------------------------------------
     def _on_built(self, opt: Any, inside_another: bool) -> None:
-        if not self.session.in_owner_process():
+        if not self.session.may_attach():
             return
         if inside_another or _suppression_depth():
             self._decide(opt)  # another optimizer's part, or a framework's own: never ours
@@ -201,7 +201,7 @@ class _Instrumentation:
         self._guarded(opt, CONSTRUCTION)
 
     def _on_step(self, opt: Any, _args: tuple, _kwargs: dict) -> None:
-        if not self._is_decided(opt) and self.session.in_owner_process() and not _suppression_depth():
+        if not self._is_decided(opt) and self.session.may_attach() and not _suppression_depth():
             self._guarded(opt, FIRST_STEP)
         return None
 
