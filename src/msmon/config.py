@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ops import OPS
-from .short_repr import short_repr
+from .system.short_repr import short_repr
 
 logger = logging.getLogger("msmon")
 

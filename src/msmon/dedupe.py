@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .distributed import current_rank, is_initialized
+from .system.distributed import current_rank, is_initialized
 
 logger = logging.getLogger("msmon")
 

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import dedupe, lifecycle, native, selection, stats
+from . import dedupe, native, selection, stats
 from .collectors import registry
 from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
@@ -28,7 +28,6 @@ from .collectors.grads import GradCollector
 from .collectors.structure import STRUCT, StructCollector
 from .config import ConfigError, MonitorConfig, load_config, parse_ops
 from .cost import describe
-from .distributed import current_rank, pipeline_position
 from .naming import model_chunks
 from .optimizers import adapter_for
 from .optimizers.base import hold_weakly
@@ -37,7 +36,9 @@ from .rank_output import RankOutput, report_cost
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
 from .step_context import StepContext
-from .stop import StopAfterStruct, stop_after_struct, stop_with_the_others
+from .system import lifecycle
+from .system.distributed import current_rank, pipeline_position
+from .system.stop import StopAfterStruct, stop_after_struct, stop_with_the_others
 from .transfer import stage_to_host
 
 logger = logging.getLogger("msmon")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .config import ConfigError
-from .short_repr import short_repr
+from .system.short_repr import short_repr
 
 WRAPPER_COMPONENTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module")
 _SQUASH = re.compile(

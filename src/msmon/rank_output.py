@@ -16,12 +16,12 @@ from . import resume
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .config import MonitorConfig
-from .environment import ENV_BOOTSTRAP_DIR
 from .output import rank_dir_name, stopped_line, stopped_output
 from .output_names import CONFIG_FILE, SUMMARY_FILE
 from .sinks import ApiSink, make_sinks
 from .sinks.writer import BackgroundWriter
-from .thread_priority import writer_nice
+from .system.environment import ENV_BOOTSTRAP_DIR
+from .system.thread_priority import writer_nice
 
 logger = logging.getLogger("msmon")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from .config import MonitorConfig
-from .environment import ENV_DYNAMIC_MONITOR
+from .system.environment import ENV_DYNAMIC_MONITOR
 
 
 class RecordingWindow:

@@ -33,7 +33,7 @@ from typing import Any
 
 from .config import ConfigError
 from .output import rank_dir_name
-from .short_repr import short_repr
+from .system.short_repr import short_repr
 
 logger = logging.getLogger("msmon")
 

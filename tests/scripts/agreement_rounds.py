@@ -13,9 +13,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from msmon import lifecycle
 from msmon.agreement import ConfigAgreement
 from msmon.config import parse_config
+from msmon.system import lifecycle
 
 CONFIGS = {
     name: parse_config({"ops": ops}) for name, ops in {"B": ["norm", "max"], "C": ["min"], "D": ["mean"]}.items()

@@ -1,10 +1,10 @@
-"""The core reads the launcher's environment variables from msmon.environment, never from the launcher."""
+"""The core reads the launcher's environment variables from msmon.system.environment, never from the launcher."""
 
 import subprocess
 import sys
 
-from msmon import environment
 from msmon.launcher import boot
+from msmon.system import environment
 
 
 def test_the_bootstrap_and_the_core_name_the_same_variable():

@@ -12,7 +12,7 @@ import threading
 import pytest
 import torch
 
-from msmon.torch_threads import torch_on_this_thread_only
+from msmon.system.torch_threads import torch_on_this_thread_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

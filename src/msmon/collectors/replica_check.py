@@ -53,7 +53,7 @@ from .. import dedupe
 from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
 from ..fingerprint import Fingerprinter
 from ..optimizers.base import Shard
-from ..torch_threads import torch_on_this_thread_only
+from ..system.torch_threads import torch_on_this_thread_only
 from ..transfer import copy_to_host
 from .base import Collector
 from .registry import register

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..config import ConfigError
-from ..distributed import current_rank, pipeline_position
 from ..module_attrs import stored
 from ..naming import check_targets, display, model_chunks
+from ..system.distributed import current_rank, pipeline_position
 from . import Session, explicit, torch_optim
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .. import lifecycle
+from ..system import lifecycle
 from . import Session
 
 logger = logging.getLogger("msmon")

@@ -18,10 +18,11 @@ import os
 import socket
 from typing import Any
 
-from .. import hooks, lifecycle
-from ..distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
+from .. import hooks
 from ..hooks import explicit
 from ..output import ENV_OUTPUT_DIR, output_base_dir, rank_dir_name
+from ..system import lifecycle
+from ..system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot
 from .bootstrap import DEFAULT_CONFIG
 

@@ -19,7 +19,7 @@ from .. import native
 _EXACT_POWERS = 22  # 10.0**k is exact up to here, so M / 10**k is the correctly rounded M·10⁻ᵏ
 _POW10 = torch.tensor([float(10**k) for k in range(_EXACT_POWERS + 1)], dtype=torch.float64)
 # 1e-323 ... 1e0: the decimal exponent of a magnitude below 1 by search, not by log10, which
-# MKL computes in an OpenMP team of the calling thread's own (msmon.torch_threads)
+# MKL computes in an OpenMP team of the calling thread's own (msmon.system.torch_threads)
 _LOWEST = 323
 _DECADES = torch.tensor([10.0**-k for k in range(_LOWEST, -1, -1)], dtype=torch.float64)
 

@@ -20,8 +20,8 @@ from ..anomaly.rules import Alert, RuleEngine
 from ..origin import Origin, find_origin
 from ..output import stopped_line, stopped_output
 from ..records import RowKey, StepRecord
-from ..thread_priority import lower_this_threads_priority
-from ..torch_threads import torch_on_this_thread_only
+from ..system.thread_priority import lower_this_threads_priority
+from ..system.torch_threads import torch_on_this_thread_only
 from ..transfer import HostBatch
 from .base import Sink
 from .feature_rows import split_features

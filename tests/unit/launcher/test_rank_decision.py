@@ -7,7 +7,7 @@ import torch
 
 from msmon import hooks
 from msmon.config import load_config
-from msmon.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank
+from msmon.system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank
 
 
 class _AskEveryItem(torch.utils.data.Dataset):

@@ -17,7 +17,7 @@ from msmon import TrainerMon
 from msmon.records import RowKey, StepRecord
 from msmon.sinks.base import Sink
 from msmon.sinks.writer import BackgroundWriter
-from msmon.thread_priority import ENV, writer_nice
+from msmon.system.thread_priority import ENV, writer_nice
 from msmon.transfer import HostBatch
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's")

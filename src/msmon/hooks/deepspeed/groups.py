@@ -1,5 +1,5 @@
 """DeepSpeed's parallel groups, as msmon's write-once rule (dedupe.py) and pipeline stages
-(distributed.py) need them, read from what DeepSpeed already set up (never a collective):
+(system/distributed.py) need them, read from what DeepSpeed already set up (never a collective):
 - a DeepSpeedEngine (or PipelineEngine) handed over as the model: its (sequence-)data-parallel
   group and, through the mpu it was given, the tensor-parallel group. Its stage-0 path
   all-reduces `param.grad.data`, which the adapter is told (`reduced_through_data`);
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ...dedupe import ParallelGroups, call_quietly
-from ...distributed import position_in
+from ...system.distributed import position_in
 
 ENGINES = ("DeepSpeedEngine", "PipelineEngine")
 

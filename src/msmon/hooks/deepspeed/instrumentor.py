@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...distributed import current_rank
+from ...system.distributed import current_rank
 from .. import Session, torch_optim
 from ..attach import attach
 from ..patching import Replacements

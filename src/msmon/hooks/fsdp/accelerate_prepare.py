@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 import torch
 
-from ...distributed import current_rank
 from ...optimizers.base import resolve_optimizer
+from ...system.distributed import current_rank
 from .. import Session, torch_optim
 from ..attach import attach
 from ..patching import Replacements

@@ -1,5 +1,5 @@
 """Megatron-core's parallel groups, as msmon's write-once rule (dedupe.py) and pipeline stages
-(distributed.py) need them: read from `megatron.core.parallel_state` when the job imported and
+(system/distributed.py) need them: read from `megatron.core.parallel_state` when the job imported and
 initialised it (msmon never imports Megatron), never with a collective.
 """
 
@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ...dedupe import ParallelGroups, call_quietly
-from ...distributed import position_in
+from ...system.distributed import position_in
 
 
 def parallel_state() -> Any:

@@ -13,7 +13,7 @@ import functools
 import logging
 from typing import Any, Callable
 
-from ...distributed import current_rank
+from ...system.distributed import current_rank
 from .. import Session, torch_optim
 from ..attach import attach
 from ..patching import Replacements

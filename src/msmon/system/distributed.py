@@ -49,7 +49,7 @@ def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:
     rank = current_rank()
     if not is_initialized():
         return 0, [rank]
-    from .hooks import frameworks
+    from ..hooks import frameworks
 
     sources: list[Callable[[], tuple[int, list[int]] | None]] = [lambda: _given_group(process_group)]
     sources += [package.pipeline_position for package in frameworks() if hasattr(package, "pipeline_position")]

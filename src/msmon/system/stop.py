@@ -7,7 +7,7 @@ from typing import Callable
 
 import torch
 
-from .collectors.structure import StructCollector
+from ..collectors.structure import StructCollector
 
 
 class StopAfterStruct(SystemExit):
