@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from msmon.config import ConfigError, load_config
-from msmon.config_text import MAX_EXPANDED_VALUES
+from msmon.config.text import MAX_EXPANDED_VALUES
 
 
 def alias_bomb(levels: int) -> str:

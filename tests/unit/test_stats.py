@@ -267,9 +267,10 @@ def test_thread_settings_are_read_from_the_environment_when_configured(monkeypat
 
 
 def test_the_op_table_names_a_field_and_a_combine_rule_for_every_op():
-    from msmon import config, ops
+    from msmon import ops
+    from msmon.config import parsing
 
-    assert config.OPS == ops.OPS == tuple(op.name for op in ops.TABLE)
+    assert parsing.OPS == ops.OPS == tuple(op.name for op in ops.TABLE)
     for op in ops.TABLE:
         assert op.field in ops.FIELDS and callable(op.combine) and op.column == op.name
     assert ops.PER_ELEMENT_OPS == ("mean", "zeros")

@@ -16,7 +16,7 @@ import re
 import unicodedata
 from typing import Any
 
-from .config import ConfigError
+from .parsing import ConfigError
 
 # what a full-width or typographic character stands for in ASCII
 _ASCII_FOR = {

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .ops import OPS
-from .system.short_repr import short_repr
+from ..ops import OPS
+from ..system.short_repr import short_repr
 
 logger = logging.getLogger("msmon")
 
@@ -430,7 +430,7 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
         elif key == "nan_origin":
             cfg.nan_origin = _expect_bool(key, value)
         elif key == "append_output":
-            from .resume import parse_time_range
+            from ..resume import parse_time_range
 
             cfg.append_output = parse_time_range(value)
         elif key == "mg_distribution":  # msprobe validates this name as a bool but never reads it
@@ -472,7 +472,7 @@ def read_config_file(path: str | os.PathLike, allow_empty: bool = True) -> dict[
     the line and column of a bad byte, a full-width comma or a syntax error). An empty YAML
     file is the default config, unless `allow_empty` is False (a file edited while training
     runs, which is empty while the editor writes it)."""
-    from .config_text import parse_config_bytes
+    from .text import parse_config_bytes
 
     path = os.fspath(path)
     try:
