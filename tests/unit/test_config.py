@@ -363,3 +363,30 @@ def test_yaml_syntax_errors_are_one_line_with_line_and_column(tmp_path):
         load_config(path)
     assert str(err.value).startswith(f"config file {path} is not valid YAML: line 2, column 16: ")
     assert "\n" not in str(err.value)
+
+
+def test_every_config_key_is_declared_once_in_the_schema_with_a_type_a_default_and_a_doc_line():
+    """The validator reads its key lists from the schema's fields: a bool field takes only true
+    or false, an int field only integers from its declared minimum, and the defaults of a
+    parsed empty config are the fields' defaults."""
+    import dataclasses
+
+    from msmon.config import schema
+
+    fields = {f.name: f for f in dataclasses.fields(schema.MonitorConfig)}
+    assert set(schema.VALID_KEYS) == set(fields) - {"raw"} == set(schema.DOCS)
+    assert all(doc.strip() and "\n" not in doc for doc in schema.DOCS.values())
+    assert schema.BOOL_KEYS and schema.INT_KEYS
+    for key in schema.BOOL_KEYS:
+        assert fields[key].default is False
+        with pytest.raises(ConfigError, match=f"{key}: expected true or false"):
+            parse_config({key: 1})
+        assert getattr(parse_config({key: True}), key) is True
+    for key, minimum in schema.INT_KEYS.items():
+        with pytest.raises(ConfigError, match=f"{key}: expected an integer >= {minimum}"):
+            parse_config({key: minimum - 1})
+        assert getattr(parse_config({key: minimum}), key) == minimum
+    empty = dataclasses.asdict(parse_config({}))
+    assert {k: v for k, v in empty.items() if k != "raw"} == {
+        k: v for k, v in dataclasses.asdict(schema.MonitorConfig()).items() if k != "raw"
+    }

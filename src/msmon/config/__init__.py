@@ -1,10 +1,14 @@
 """The monitor config: read a JSON or YAML file, validate every key before training starts.
 
-Callers import from `msmon.config`; the modules below it are `parsing` (the keys and their
-validation) and `text` (a file's bytes to a mapping). Never imports torch.
+Callers import from `msmon.config`; below it, `errors` holds ConfigError, `schema` declares every
+key once (name, type, default, doc line), `parsing` validates a mapping against it and loads a
+file, and `text` turns a file's bytes into a mapping (encoding, full-width punctuation, the YAML
+alias bound). Never imports torch.
 """
 
-from .parsing import (
+from .errors import ConfigError
+from .parsing import load_config, parse_config, parse_ops, read_config_file
+from .schema import (
     ALERT_RULES,
     FORMATS,
     L2_HOOKS,
@@ -15,14 +19,9 @@ from .parsing import (
     AlertConfig,
     AlertRuleConfig,
     CCConfig,
-    ConfigError,
     MonitorConfig,
     ReplicaCheckConfig,
     TensorSpec,
-    load_config,
-    parse_config,
-    parse_ops,
-    read_config_file,
 )
 
 __all__ = [

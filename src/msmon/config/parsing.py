@@ -1,168 +1,46 @@
 """Load and validate the monitor config (JSON or YAML) before training starts.
 
-Every mistake is reported with the key, what was expected and what was given; unknown keys
-get the closest valid name. Keys that msprobe knows but msmon does not implement are
-accepted with a warning, so an msprobe config never fails silently or loudly for nothing.
+The keys, their types and defaults are declared in schema.py; this module checks a mapping
+against them and resolves it into a MonitorConfig. Every mistake is reported with the key, what
+was expected and what was given; unknown keys get the closest valid name. Keys that msprobe
+knows but msmon does not implement are accepted with a warning, so an msprobe config never
+fails silently or loudly for nothing.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import logging
 import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..ops import OPS
 from ..system.short_repr import short_repr
+from .errors import ConfigError
+from .schema import (
+    ALERT_RULES,
+    BOOL_KEYS,
+    FORMATS,
+    INT_KEYS,
+    L2_HOOKS,
+    MSPROBE_ONLY_KEYS,
+    SA_ORDERS,
+    TARGET_SLOTS,
+    VALID_KEYS,
+    AlertConfig,
+    AlertRuleConfig,
+    CCConfig,
+    MonitorConfig,
+    ReplicaCheckConfig,
+    TensorSpec,
+    keys_of,
+)
 
 logger = logging.getLogger("msmon")
-
-FORMATS = ("tensorboard", "csv", "api")
-ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
-TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
-L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
-SA_ORDERS = ("s,b,h,d", "b,s,h,d", "b,h,s,d")  # "b,h,s,d" (F.scaled_dot_product_attention's): msmon
-MSPROBE_ONLY_KEYS: dict[str, str] = {}  # msprobe key -> what msmon does instead; accepted with a warning
-
-
-class ConfigError(ValueError):
-    """A config mistake, found before the first training step."""
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Which element of a module's input/output to monitor: "tensor", "tuple[N]", "tuple[N]:i"."""
-
-    text: str
-    length: int | None = None  # None: a bare tensor
-    index: int = 0
-
-    @classmethod
-    def parse(cls, text: str, where: str) -> TensorSpec:
-        if not isinstance(text, str):
-            raise ConfigError(f'{where}: expected a string like "tensor" or "tuple[2]:0", got {short_repr(text)}')
-        if text == "tensor":
-            return cls(text)
-        match = re.fullmatch(r"tuple\[(\d+)\](?::(\d+))?", text)
-        if not match:
-            raise ConfigError(f'{where}: expected "tensor", "tuple[N]" or "tuple[N]:i", got {short_repr(text)}')
-        length, index = int(match.group(1)), int(match.group(2) or 0)
-        if length < 1 or index >= length:
-            raise ConfigError(f"{where}: index {index} is outside tuple[{length}] in {short_repr(text)}")
-        return cls(text, length, index)
-
-
-@dataclass
-class CCConfig:
-    enable: bool = False
-    cc_codeline: list[str] = field(default_factory=list)
-    cc_pre_hook: bool = False
-    cc_log_only: bool = False
-
-
-@dataclass
-class AlertRuleConfig:
-    rule_name: str
-    threshold: float | None = None
-
-
-@dataclass
-class AlertConfig:
-    rules: list[AlertRuleConfig] = field(default_factory=list)
-    dump: bool = False
-    max_lines_per_step: int = 10
-
-
-@dataclass
-class ReplicaCheckConfig:
-    """Compare fingerprints of replicated weights (and reduced gradients) across data-parallel
-    ranks every `every` steps (collectors/replica_check.py)."""
-
-    enable: bool = False
-    every: int = 100
-    grads: bool = False
-
-
-@dataclass
-class MonitorConfig:
-    """The validated config. Field names are the msprobe keys."""
-
-    targets: dict[str, dict[str, TensorSpec]] = field(default_factory=dict)
-    print_struct: bool = False
-    module_ranks: list[int] = field(default_factory=list)
-    ur_distribution: bool = False
-    heatmap_visualize: bool = False  # TensorBoard images of the update/ratio histograms over steps
-    xy_distribution: bool = False
-    all_xy: bool = False
-    xy_each_call: bool = False  # msmon: one row per call of a module run several times per micro-step
-    forward_only: bool = False
-    backward_only: bool = False
-    mv_distribution: bool = False
-    param_distribution: bool = False
-    wg_distribution: bool = False
-    monitor_mbs_grad: bool = False
-    cc_distribution: CCConfig = field(default_factory=CCConfig)
-    alert: AlertConfig = field(default_factory=AlertConfig)
-    format: list[str] = field(default_factory=lambda: ["tensorboard"])
-    ops: list[str] = field(default_factory=lambda: ["norm", "min", "max", "mean"])
-    eps: float = 1e-8
-    ndigits: int = 6
-    step_count_per_record: int = 1
-    start_step: int = 0
-    step_interval: int = 1
-    collect_times: int = 100_000_000
-    squash_name: bool = False
-    dynamic_on: bool = False
-    grad_acc_steps: int | None = None
-    nan_origin: bool | None = None
-    mg_direction: bool = False  # share of elements where sign(grad) == sign(exp_avg), per parameter
-    stack_info: bool = False  # stack_info.csv: each module's first forward call stack
-    append_output: list[str | None] = field(default_factory=list)  # [start, end] time prefixes to resume into
-    recording_l2_features: bool = False  # L2 features: collectors/l2_features.py, docs/l2_features.md
-    l2_targets: dict[str, list[str]] = field(default_factory=dict)
-    sa_order: str = "s,b,h,d"
-    replica_check: ReplicaCheckConfig = field(default_factory=ReplicaCheckConfig)
-    # Not a config key: the raw mapping, kept for printing and for the bootstrap.
-    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def nan_origin_enabled(self) -> bool:
-        if self.nan_origin is not None:
-            return self.nan_origin
-        return bool(self.alert.rules)
-
-    @property
-    def xy_enabled(self) -> bool:
-        return self.xy_distribution or self.all_xy
-
-
-_BOOL_KEYS = (
-    "print_struct",
-    "ur_distribution",
-    "xy_distribution",
-    "all_xy",
-    "forward_only",
-    "backward_only",
-    "mv_distribution",
-    "param_distribution",
-    "wg_distribution",
-    "monitor_mbs_grad",
-    "squash_name",
-    "dynamic_on",
-    "xy_each_call",
-    "mg_direction",
-    "stack_info",
-    "recording_l2_features",
-    "heatmap_visualize",
-)
-_INT_KEYS = {"ndigits": 0, "step_count_per_record": 1, "start_step": 0, "step_interval": 1, "collect_times": 0}
-VALID_KEYS = tuple(f.name for f in dataclasses.fields(MonitorConfig) if f.name != "raw")
 
 
 def _type_name(value: Any) -> str:
@@ -314,9 +192,7 @@ def _parse_cc(value: Any) -> CCConfig:
         elif key in ("enable", "cc_pre_hook", "cc_log_only"):
             setattr(cc, key, _expect_bool(where, item))
         else:
-            raise ConfigError(
-                f"cc_distribution: unknown key {short_repr(key)}{_suggest(key, ['enable', 'cc_codeline', 'cc_pre_hook', 'cc_log_only'])}"  # noqa: E501
-            )
+            raise ConfigError(f"cc_distribution: unknown key {short_repr(key)}{_suggest(key, keys_of(CCConfig))}")
     return cc
 
 
@@ -337,9 +213,7 @@ def _parse_alert(value: Any) -> AlertConfig:
             for i, rule in enumerate(item):
                 alert.rules.append(_parse_rule(rule, f"alert.rules[{i}]"))
         else:
-            raise ConfigError(
-                f"alert: unknown key {short_repr(key)}{_suggest(key, ['rules', 'dump', 'max_lines_per_step'])}"
-            )
+            raise ConfigError(f"alert: unknown key {short_repr(key)}{_suggest(key, keys_of(AlertConfig))}")
     return alert
 
 
@@ -357,7 +231,7 @@ def _parse_replica_check(value: Any) -> ReplicaCheckConfig:
             check.every = _expect_int("replica_check.every", item, 1)
         else:
             raise ConfigError(
-                f"replica_check: unknown key {short_repr(key)}{_suggest(str(key), ['enable', 'every', 'grads'])}; "
+                f"replica_check: unknown key {short_repr(key)}{_suggest(str(key), keys_of(ReplicaCheckConfig))}; "
                 "expected 'enable', 'every' and 'grads'"
             )
     return check
@@ -400,10 +274,10 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
                 key,
                 MSPROBE_ONLY_KEYS[key],
             )
-        elif key in _BOOL_KEYS:
+        elif key in BOOL_KEYS:
             setattr(cfg, key, _expect_bool(key, value))
-        elif key in _INT_KEYS:
-            setattr(cfg, key, _expect_int(key, value, _INT_KEYS[key]))
+        elif key in INT_KEYS:
+            setattr(cfg, key, _expect_int(key, value, INT_KEYS[key]))
         elif key == "targets":
             cfg.targets = _parse_targets(value)
         elif key == "module_ranks":

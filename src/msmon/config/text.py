@@ -16,7 +16,7 @@ import re
 import unicodedata
 from typing import Any
 
-from .parsing import ConfigError
+from .errors import ConfigError
 
 # what a full-width or typographic character stands for in ASCII
 _ASCII_FOR = {
