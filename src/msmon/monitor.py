@@ -28,6 +28,7 @@ from .collectors.grads import GradCollector
 from .collectors.structure import STRUCT, StructCollector
 from .config import ConfigError, MonitorConfig, load_config, parse_ops
 from .cost import describe
+from .hooks.pipeline import pipeline_position
 from .naming import model_chunks
 from .optimizers import adapter_for
 from .optimizers.base import hold_weakly
@@ -37,7 +38,7 @@ from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
 from .step_context import StepContext
 from .system import lifecycle
-from .system.distributed import current_rank, pipeline_position
+from .system.distributed import current_rank
 from .system.stop import StopAfterStruct, stop_after_struct, stop_with_the_others
 from .transfer import stage_to_host
 

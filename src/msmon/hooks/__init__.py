@@ -14,7 +14,7 @@ and, where the library has them:
 - `groups_of_models(found, models, adapter)` / `groups_of_process(found)`: its data-, tensor- and
   pipeline-parallel groups, from the models handed over / from the process's parallel state
   (dedupe.py asks every package's first, then every package's second);
-- `pipeline_position() -> (stage, group ranks) | None` (system/distributed.py).
+- `pipeline_position() -> (stage, group ranks) | None` (hooks/pipeline.py).
 
 `enable(session)` registers a post-import hook (wrapt) on the module that names each library, so
 an instrumentor is switched on only when the training script imports its library, right away if

@@ -18,8 +18,9 @@ import torch
 from ..config import ConfigError
 from ..module_attrs import stored
 from ..naming import check_targets, display, model_chunks
-from ..system.distributed import current_rank, pipeline_position
+from ..system.distributed import current_rank
 from . import Session, explicit, torch_optim
+from .pipeline import pipeline_position
 
 if TYPE_CHECKING:
     from ..monitor import TrainerMon

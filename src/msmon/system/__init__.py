@@ -1,3 +1,3 @@
 """The bottom layer: rank and world, the environment variables msmon reads, msmon's own
-threads, and exit handling. Imports nothing else of msmon (one function-level exception:
-distributed.pipeline_position)."""
+threads, exit handling, and the short repr of error messages. Imports nothing else of msmon
+(stop.py names the collectors' StructCollector for type checkers only)."""

@@ -1,9 +1,10 @@
-"""Rank, world and pipeline-stage facts, read once, never with a collective on the hot path."""
+"""Rank and world facts, read once, never with a collective on the hot path. The pipeline stage,
+which the framework packages know, is hooks/pipeline.py's."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
 import torch.distributed as dist
 
@@ -35,34 +36,6 @@ def environment_rank(names: tuple[str, ...] = RANK_VARIABLES) -> int:
     return 0
 
 
-def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:
-    """(pp_stage, group_mates) of this rank: its rank within the pipeline group and the global
-    ranks of that group.
-
-    The pipeline group is, in order: the process group given to TrainerMon (msprobe's
-    `process_group`), else the first framework package that knows one (`pipeline_position()` of
-    hooks/<framework>/groups.py, in the registry's order: Megatron-core's parallel state,
-    DeepSpeed's pipeline grid); else stage 0 alone. Never the global rank
-    (msprobe's fallback, which made every rank of a data-parallel job a different "stage").
-    Frameworks are only consulted when the job imported them; no collective is issued.
-    """
-    rank = current_rank()
-    if not is_initialized():
-        return 0, [rank]
-    from ..hooks import frameworks
-
-    sources: list[Callable[[], tuple[int, list[int]] | None]] = [lambda: _given_group(process_group)]
-    sources += [package.pipeline_position for package in frameworks() if hasattr(package, "pipeline_position")]
-    for source in sources:
-        try:
-            found = source()
-        except Exception:  # a framework in an unexpected state: try the next source
-            found = None
-        if found is not None:
-            return found
-    return 0, [rank]
-
-
 def position_in(group: Any) -> tuple[int, list[int]] | None:
     """This rank's place in `group` (or in the first group of a list that holds it)."""
     rank = dist.get_rank()
@@ -73,7 +46,3 @@ def position_in(group: Any) -> tuple[int, list[int]] | None:
         if rank in ranks:
             return ranks.index(rank), list(ranks)
     return None
-
-
-def _given_group(process_group: Any) -> tuple[int, list[int]] | None:
-    return position_in(process_group) if process_group is not None else None

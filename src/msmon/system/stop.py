@@ -3,11 +3,12 @@ and ranks outside module_ranks stop with the recording ranks (rather than hang i
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..collectors.structure import StructCollector
+if TYPE_CHECKING:  # a type only: system/ sits below the collectors
+    from ..collectors.structure import StructCollector
 
 
 class StopAfterStruct(SystemExit):

@@ -5,7 +5,7 @@
 - groups.py: its data-, tensor- and pipeline-parallel groups, for the write-once rule.
 
 Light on import (never imports DeepSpeed, nor the monitor): msmon.optimizers, dedupe.py and
-system/distributed.py ask it what it declares.
+hooks/pipeline.py ask it what it declares.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """DeepSpeed's parallel groups, as msmon's write-once rule (dedupe.py) and pipeline stages
-(system/distributed.py) need them, read from what DeepSpeed already set up (never a collective):
+(hooks/pipeline.py) need them, read from what DeepSpeed already set up (never a collective):
 - a DeepSpeedEngine (or PipelineEngine) handed over as the model: its (sequence-)data-parallel
   group and, through the mpu it was given, the tensor-parallel group. Its stage-0 path
   all-reduces `param.grad.data`, which the adapter is told (`reduced_through_data`);

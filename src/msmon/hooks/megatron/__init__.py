@@ -6,7 +6,7 @@
 - groups.py: its data-, tensor- and pipeline-parallel groups (`parallel_state`).
 
 Light on import (never imports Megatron, nor the monitor): msmon.optimizers, dedupe.py and
-system/distributed.py ask it what it declares.
+hooks/pipeline.py ask it what it declares.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Megatron-core's parallel groups, as msmon's write-once rule (dedupe.py) and pipeline stages
-(system/distributed.py) need them: read from `megatron.core.parallel_state` when the job imported and
+(hooks/pipeline.py) need them: read from `megatron.core.parallel_state` when the job imported and
 initialised it (msmon never imports Megatron), never with a collective.
 """
 

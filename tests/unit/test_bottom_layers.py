@@ -1,0 +1,72 @@
+"""The two bottom layers of msmon (issue 32): system/ imports nothing else of msmon, config/ only
+system/ and the op table, and importing the config never imports torch (`msmon run`, `msmon
+analyse` and the bootstrap read configs in processes that must not load it)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import msmon
+
+PACKAGE = Path(msmon.__file__).parent
+
+
+def _msmon_imports(path: Path) -> set[str]:
+    """The msmon modules a file imports, function-level imports included, TYPE_CHECKING blocks not."""
+    module = "msmon." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found: set[str] = set()
+    tree = ast.parse(path.read_text())
+    skipped = {
+        id(child)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("msmon")}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            target = ".".join(base + ([node.module] if node.module else []))
+            if target.startswith("msmon"):
+                found |= {target} if node.module else {f"{target}.{alias.name}" for alias in node.names}
+    return found
+
+
+def _layer_imports(folder: str) -> dict[str, set[str]]:
+    return {path.name: _msmon_imports(path) for path in sorted((PACKAGE / folder).glob("*.py"))}
+
+
+def test_system_imports_nothing_else_of_msmon_outside_type_checking():
+    outside = {
+        name: sorted(m for m in imports if not m.startswith("msmon.system"))
+        for name, imports in _layer_imports("system").items()
+    }
+    assert {name: modules for name, modules in outside.items() if modules} == {}
+
+
+def test_config_imports_only_itself_system_the_op_table_and_resume():
+    allowed = ("msmon.config", "msmon.system", "msmon.ops")
+    outside = {
+        name: sorted(m for m in imports if not m.startswith(allowed))
+        for name, imports in _layer_imports("config").items()
+    }
+    # append_output's time range is parsed by resume.py (a function-level import: a later slice's cycle)
+    assert {name: modules for name, modules in outside.items() if modules} == {"parsing.py": ["msmon.resume"]}
+
+
+def test_importing_the_config_and_reading_a_config_file_imports_no_torch(tmp_path):
+    path = tmp_path / "monitor.yaml"
+    path.write_text("wg_distribution: true\nappend_output: []\nops: [norm, nans]\n")
+    code = (
+        "import sys; from msmon.config import load_config; "
+        f"cfg = load_config({str(path)!r}); print(cfg.ops, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['norm', 'nans'] False"
