@@ -121,8 +121,10 @@ def destroy_group(group: Any) -> bool:
 def track_process_groups() -> None:
     """Make every ProcessGroup collective on host tensors pass its Work through `hold` (under
     `msmon run`: the script's collectives, which msmon cannot otherwise see end)."""
-    from torch._C._distributed_c10d import ProcessGroup
-
+    try:
+        from torch._C._distributed_c10d import ProcessGroup
+    except ImportError:  # a torch built without distributed support: nothing to track
+        return
     install()
     for name in COLLECTIVES:
         original = ProcessGroup.__dict__.get(name)
@@ -148,7 +150,8 @@ def drain(seconds: float | None = None) -> dict[str, int]:
         releases = list(_releases)
         _releases.clear()
     unfinished = [work for work in works if not _wait(work, deadline)]
-    time.sleep(SETTLE_SECONDS)  # without the GIL: a gloo thread finishing a release takes it now
+    if works:
+        time.sleep(SETTLE_SECONDS)  # without the GIL: a gloo thread finishing a release takes it now
     for work in unfinished:  # referenced beyond the interpreter's own teardown, on purpose
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(work))
     for release in releases:
