@@ -87,8 +87,9 @@ def hold(work: Any) -> Any:
         return work
     install()
     with _lock:
-        _prune()
+        released = _prune()
         _held[id(work)] = [work, False]
+    del released  # outside the lock: a Work's destructor may wait for the GIL
     return work
 
 
@@ -199,18 +200,21 @@ def _first_tensor(value: Any, depth: int = 0) -> Any:
     return None
 
 
-def _prune() -> None:
-    """Release the Works seen finished at an earlier collective (their gloo thread has long
-    let go; the interpreter is whole); mark the newly finished ones. Caller holds _lock."""
+def _prune() -> list[Any]:
+    """Take out the Works seen finished at an earlier collective (their gloo thread has long
+    let go; the interpreter is whole) for the caller to release; mark the newly finished ones.
+    Caller holds _lock."""
+    released = []
     for key, entry in list(_held.items()):
         try:
             done = entry[0].is_completed()
         except Exception:
             done = True
         if done and entry[1]:
-            del _held[key]
+            released.append(_held.pop(key)[0])
         elif done:
             entry[1] = True
+    return released
 
 
 def _wait(work: Any, deadline: float) -> bool:
