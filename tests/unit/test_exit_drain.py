@@ -1,6 +1,7 @@
 """The exit drain (src/msmon/exit_drain.py) on a real 2-rank gloo group: it waits for the
 collectives it holds, gives up on one the other rank never joins (and keeps it), and releases
-msmon's own group; msmon's agreement rounds are held for it."""
+msmon's own group; msmon's own collectives (agreement rounds, the replica check's exchange,
+the sharded statistics' gather) are held for it."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _gather(rank: int) -> tuple[object, list[torch.Tensor]]:
 
 def _rank(rank: int, tmp: str) -> None:
     from msmon import agreement, exit_drain
-    from msmon.collectors.replica_check import own_group
+    from msmon.collectors.replica_check import exchange, own_group
+    from msmon.optimizers.shards import _all_gather
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=2)
     signals = dist.FileStore(f"{tmp}/signals", 2)
@@ -50,8 +52,13 @@ def _rank(rank: int, tmp: str) -> None:
     rounds = agreement.ConfigAgreement([dist.group.WORLD], rank)
     rounds.end_round({})  # an agreement round: a one-number all_gather, not waited for
     out["agreement_held"] = exit_drain.held()
-    group = own_group([0, 1])
     out["agreement_drained"] = exit_drain.drain(seconds=120)
+    group = own_group([0, 1])
+    payload = torch.tensor([rank + 10, -rank], dtype=torch.int64)
+    out["exchanged"] = exchange(payload, group, 2).tolist()  # the replica check's exchange
+    out["combined"] = _all_gather(payload.double(), dist.group.WORLD).tolist()  # sharded statistics
+    out["own_held"] = exit_drain.held()
+    out["own_drained"] = exit_drain.drain(seconds=120)
     out["own_group_left"] = group in dist.distributed_c10d._world.pg_map
     Path(f"{tmp}/rank{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
@@ -79,6 +86,14 @@ def test_msmons_agreement_rounds_are_held_and_waited_at_exit(ranks):
     for rank in (0, 1):
         assert ranks[rank]["agreement_held"] == 1
         assert ranks[rank]["agreement_drained"] == {"waited": 1, "unfinished": 0}
+
+
+def test_msmons_own_sync_gathers_are_held_until_exit_and_their_results_are_unchanged(ranks):
+    for rank in (0, 1):
+        assert ranks[rank]["exchanged"] == [[10, 0], [11, -1]]
+        assert ranks[rank]["combined"] == [[10.0, 0.0], [11.0, -1.0]]
+        assert ranks[rank]["own_held"] == 2  # finished, but not yet seen finished at a later collective
+        assert ranks[rank]["own_drained"] == {"waited": 2, "unfinished": 0}
 
 
 def test_msmons_own_replica_check_group_is_destroyed_at_exit(ranks):

@@ -384,7 +384,7 @@ def exchange(payload: torch.Tensor, group: Any, size: int) -> torch.Tensor:
     exchange as the training's communication)."""
     gathered = [torch.empty_like(payload) for _ in range(size)]
     all_gather = getattr(dist.all_gather, "__msmon_original__", dist.all_gather)
-    all_gather(gathered, payload, group=group)
+    exit_drain.hold(all_gather(gathered, payload, group=group, async_op=True)).wait()  # held: exit_drain.py
     return torch.stack(gathered)
 
 
