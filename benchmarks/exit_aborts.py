@@ -57,6 +57,17 @@ def one_run(launcher: str, job: list[str], config: str, timeout: int) -> dict[st
     return {"rc": proc.returncode, "abort": ABORT in output, "seconds": round(seconds, 1), "tail": output[-600:]}
 
 
+def msmon_measured() -> str:
+    """Which msmon `msmon run` used: its source directory and, in a git checkout, the commit."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import msmon, os; print(os.path.dirname(msmon.__file__))"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    rev = subprocess.run(["git", "-C", found, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"{found} at {rev.stdout.strip()}" if rev.returncode == 0 else found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=16, help="runs per launcher")
@@ -93,7 +104,7 @@ def main() -> None:
         import torch
 
         meta = {"job": args.job, "torch": torch.__version__, "python": platform.python_version()}
-        meta["cpus"] = os.cpu_count()
+        meta.update(cpus=os.cpu_count(), msmon=msmon_measured())
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"meta": meta, "table": table, "runs": runs}, fh, indent=1)
 
