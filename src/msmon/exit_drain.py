@@ -9,7 +9,10 @@ GIL. If the main thread is finalizing the interpreter by then, `take_gil` ends t
 with `pthread_exit`, whose forced unwind crosses a noexcept destructor: `std::terminate`, and
 the rank dies of SIGABRT ("terminate called without an active exception") after its work
 was done. Any collective that completes near exit can do this, msmon's own (agreement.py's
-rounds, the replica check's exchange on its own group) and the script's.
+rounds, the sharded statistics' gather, the replica check's exchange on its own group) and
+the script's. Holding a finished Work until the next collective keeps its tensors that long:
+the script's device collectives are never held (`_on_host`), and msmon's own carry a few
+numbers per tensor.
 
 How. Python keeps a reference to every collective's Work on host tensors until it is done
 (and seen done at a later collective), so a gloo thread never releases one last while the

@@ -60,6 +60,12 @@ def _rank(rank: int, tmp: str) -> None:
     out["own_held"] = exit_drain.held()
     out["own_drained"] = exit_drain.drain(seconds=120)
     out["own_group_left"] = group in dist.distributed_c10d._world.pg_map
+    exit_drain.track_process_groups()  # what `msmon run` does at start-up
+    summed = torch.tensor([float(rank + 1)])
+    dist.all_reduce(summed)  # a sync collective of the script's: its Work is held all the same
+    out["tracked_sum"] = float(summed[0])
+    out["tracked_held"] = exit_drain.held()
+    out["tracked_drained"] = exit_drain.drain(seconds=120)
     Path(f"{tmp}/rank{rank}.json").write_text(json.dumps(out))
     dist.destroy_process_group()
 
@@ -98,3 +104,10 @@ def test_msmons_own_sync_gathers_are_held_until_exit_and_their_results_are_uncha
 
 def test_msmons_own_replica_check_group_is_destroyed_at_exit(ranks):
     assert ranks[0]["own_group_left"] is False and ranks[1]["own_group_left"] is False
+
+
+def test_under_msmon_run_a_scripts_sync_collective_is_held_for_the_exit_and_its_result_is_unchanged(ranks):
+    for rank in (0, 1):
+        assert ranks[rank]["tracked_sum"] == 3.0  # 1 + 2
+        assert ranks[rank]["tracked_held"] == 1
+        assert ranks[rank]["tracked_drained"] == {"waited": 1, "unfinished": 0}
