@@ -18,7 +18,7 @@ import os
 import socket
 from typing import Any
 
-from .. import hooks, lifecycle
+from .. import exit_drain, hooks, lifecycle
 from ..distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from ..hooks import explicit
 from ..output import ENV_OUTPUT_DIR, output_base_dir, rank_dir_name
@@ -37,6 +37,7 @@ def start(bootstrap_dir: str) -> hooks.Session:
     if _session is not None:
         return _session
     lifecycle.setup_logging()
+    exit_drain.track_process_groups()  # the job's collectives end before the interpreter does
     settings = boot.read_settings(bootstrap_dir)
     if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
