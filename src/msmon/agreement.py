@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from .config import MonitorConfig
+from .system import exit_drain
 from .transfer import copy_to_host
 
 logger = logging.getLogger("msmon")
@@ -190,7 +191,7 @@ class ConfigAgreement:
         device = _device_for(group, self.device)
         mine = torch.full((1,), value, dtype=torch.float64, device=device)  # a fill: no host-to-device copy
         parts = [torch.empty_like(mine) for _ in range(_size(group))]
-        work = dist.all_gather(parts, mine, group=group, async_op=True)
+        work = exit_drain.hold(dist.all_gather(parts, mine, group=group, async_op=True))  # waited at exit at the latest
         if device.type == "cpu":
             into.works.append(work)
             return parts

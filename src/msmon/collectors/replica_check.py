@@ -53,6 +53,7 @@ from .. import dedupe
 from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
 from ..fingerprint import Fingerprinter
 from ..optimizers.base import Shard
+from ..system import exit_drain
 from ..system.torch_threads import torch_on_this_thread_only
 from ..transfer import copy_to_host
 from .base import Collector
@@ -76,6 +77,7 @@ WEIGHT, GRAD = "param_updated", "grad_reduced"
 WHAT = {WEIGHT: "weight after the update", GRAD: "reduced gradient before the update"}
 _MAX_MISMATCHES_KEPT = 100
 _OWN_GROUPS: dict[tuple, Any] = {}
+_EXCHANGES: list[ReplicaState] = []  # the states whose exchange threads use msmon's groups
 
 
 @dataclass(frozen=True)
@@ -362,7 +364,19 @@ def own_group(ranks: list[int]) -> Any:
         if "group_desc" in inspect.signature(dist.new_group).parameters:  # torch >= 2.3
             options["group_desc"] = "msmon_replica_check"
         group = _OWN_GROUPS[key] = dist.new_group(sorted(ranks), **options)
+        exit_drain.at_drain(_release_own_groups)
     return group
+
+
+def _release_own_groups() -> None:
+    """At exit, while the interpreter is whole: destroy msmon's groups, unless an exchange is
+    still on its way (a check the other ranks never joined keeps its group)."""
+    if any(state.jobs.unfinished_tasks for state in _EXCHANGES):
+        return
+    for state in _EXCHANGES:
+        state.group = None
+    for key in list(_OWN_GROUPS):
+        exit_drain.destroy_group(_OWN_GROUPS.pop(key))
 
 
 def exchange(payload: torch.Tensor, group: Any, size: int) -> torch.Tensor:
@@ -371,7 +385,7 @@ def exchange(payload: torch.Tensor, group: Any, size: int) -> torch.Tensor:
     exchange as the training's communication)."""
     gathered = [torch.empty_like(payload) for _ in range(size)]
     all_gather = getattr(dist.all_gather, "__msmon_original__", dist.all_gather)
-    all_gather(gathered, payload, group=group)
+    exit_drain.hold(all_gather(gathered, payload, group=group, async_op=True)).wait()  # held: exit_drain.py
     return torch.stack(gathered)
 
 
@@ -503,6 +517,7 @@ class ReplicaCheckCollector(Collector):
             )
         try:
             state.group = own_group(ranks)
+            _EXCHANGES.append(state)
         except Exception as exc:  # gloo cannot connect, say: the check is off, training goes on
             return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}")
         state.ranks = list(dist.get_process_group_ranks(state.group))

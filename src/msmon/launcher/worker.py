@@ -21,7 +21,7 @@ from typing import Any
 from .. import hooks
 from ..hooks import explicit
 from ..output import ENV_OUTPUT_DIR, output_base_dir, rank_dir_name
-from ..system import lifecycle
+from ..system import exit_drain, lifecycle
 from ..system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot
 from .bootstrap import DEFAULT_CONFIG
@@ -38,6 +38,7 @@ def start(bootstrap_dir: str) -> hooks.Session:
     if _session is not None:
         return _session
     lifecycle.setup_logging()
+    exit_drain.track_process_groups()  # the job's collectives end before the interpreter does
     settings = boot.read_settings(bootstrap_dir)
     if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ..records import Histogram, RowKey, row_key
 from ..stats import batch_stats, combine_gathered, scalar_rows
+from ..system import exit_drain
 from .base import Shard
 
 if TYPE_CHECKING:
@@ -217,5 +218,5 @@ def _all_gather(payload: torch.Tensor, group: Any) -> torch.Tensor:
     if "nccl" in str(dist.get_backend(group)) and payload.device.type == "cpu":
         payload = payload.to(torch.device("cuda", torch.cuda.current_device()))
     out = [torch.empty_like(payload) for _ in range(world)]
-    dist.all_gather(out, payload, group=group)
+    exit_drain.hold(dist.all_gather(out, payload, group=group, async_op=True)).wait()  # held: exit_drain.py
     return torch.stack(out)

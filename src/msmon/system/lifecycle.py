@@ -11,6 +11,8 @@ import threading
 import weakref
 from typing import Any, Callable
 
+from . import exit_drain
+
 _monitors: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 _on_register: list[Callable[[Any], None]] = []  # told of every new TrainerMon (hooks/explicit.py)
@@ -44,6 +46,7 @@ def register(monitor: Any) -> None:
     if _installed:
         return
     _installed = True
+    exit_drain.install()  # registered first, so it runs after close_all: its waits see the monitors' last work
     atexit.register(close_all)
     if threading.current_thread() is threading.main_thread():
         try:
