@@ -56,8 +56,14 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = MLP()
+    # two parameter groups, as scripts without weight decay on biases have: ZeRO-1/2 step the inner
+    # AdamW once per group, ZeRO-3 once per sub-group
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if n.endswith("weight")]},
+        {"params": [p for n, p in model.named_parameters() if n.endswith("bias")], "weight_decay": 0.0},
+    ]
     engine, optimizer, _, _ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=ds_config(args.stage, args.dtype)
+        model=model, model_parameters=groups, config=ds_config(args.stage, args.dtype)
     )
     inner = getattr(optimizer, "optimizer", optimizer)  # stage 0 fp32: the AdamW is the engine's optimizer
     partitioned = type(optimizer).__name__ in (
