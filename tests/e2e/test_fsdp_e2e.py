@@ -175,13 +175,13 @@ def test_losses_are_bit_identical_with_and_without_monitoring(job, tmp_path):
         assert truth(work, rank)["losses"] == truth(plain, rank)["losses"]
 
 
-def run_script(work: Path, script: str) -> subprocess.CompletedProcess:
+def run_script(work: Path, script: str, *extra: str) -> subprocess.CompletedProcess:
     """`msmon run` of another unmodified FSDP script on 2 ranks (its truth in `work`)."""
     work.mkdir()
     (work / "monitor.json").write_text(json.dumps(dict(CONFIG, xy_distribution=False)))
     argv = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(work / "monitor.json")]
     argv += ["--output-dir", str(work / "out"), "--standalone", "--nproc-per-node", "2", "--"]
-    argv += [str(ROOT / "tests" / "scripts" / script), "--out", str(work)]
+    argv += [str(ROOT / "tests" / "scripts" / script), "--out", str(work), *extra]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env(), cwd=work)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return proc

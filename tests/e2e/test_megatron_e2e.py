@@ -34,11 +34,10 @@ CATEGORIES = WRITTEN_ONCE + ("grad_unreduced",)
 CASES = ("fp32", "float16", "distributed", "chained", "tp")
 
 
-@pytest.fixture(scope="module", params=CASES)
-def megatron_job(request, tmp_path_factory):
-    work = tmp_path_factory.mktemp(request.param)
-    config = work / "monitor.json"
-    config.write_text(json.dumps(CONFIG))
+def run_megatron_cpu(work: Path, config: dict, case: str, *extra: str) -> None:
+    """tests/scripts/megatron_cpu.py on 2 ranks under real torchrun; its truth goes to `work`."""
+    path = work / "monitor.json"
+    path.write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MSMON_", "TORCHELASTIC_", "MONITOR_"))}
     env.update(MONITOR_OUTPUT_DIR=str(work / "out"), OMP_NUM_THREADS="1")
     argv = [
@@ -50,14 +49,21 @@ def megatron_job(request, tmp_path_factory):
         "2",
         str(ROOT / "tests" / "scripts" / "megatron_cpu.py"),
         "--case",
-        request.param,
+        case,
         "--config",
-        str(config),
+        str(path),
         "--out",
         str(work),
+        *extra,
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=work)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+@pytest.fixture(scope="module", params=CASES)
+def megatron_job(request, tmp_path_factory):
+    work = tmp_path_factory.mktemp(request.param)
+    run_megatron_cpu(work, CONFIG, request.param)
     return request.param, work
 
 

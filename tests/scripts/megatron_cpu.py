@@ -14,6 +14,13 @@ data-parallel group at the grad sync, parameters all-gathered after the step.
 
 Saved per rank as the truth: the full fp32 weights before/after each step, the reduced and
 rank-local `main_grad`, the full Adam moments (shards gathered whole, which msmon never does).
+
+With `--clip`, `clip_grad` is 1.0 and the loss is scaled up so that Megatron's `step()` clips
+every step. Megatron's norm and scaling functions put scratch tensors on 'cuda'; the same
+computation on the CPU takes their place (`cpu_grad_norm`, `cpu_clip`), and Megatron's own
+`step()` still calls them where it does, between `prepare_grads` and the inner step. The truth
+for `grad_reduced` is then what the inner torch optimizers receive, read by this script's own
+step pre-hook on each (consumed_grads.py).
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from consumed_grads import ConsumedGradients  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
 from megatron.core.optimizer import OptimizerConfig  # noqa: E402
+from megatron.core.optimizer import optimizer as megatron_optimizer  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer, Range  # noqa: E402
 from megatron.core.optimizer.optimizer import (
     ChainedOptimizer,
@@ -132,8 +141,26 @@ def _into_main_grad(p: torch.nn.Parameter) -> None:
     p.grad = None
 
 
-def optimizer_config() -> OptimizerConfig:
-    return OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True, clip_grad=0.0)
+def optimizer_config(clip: bool = False) -> OptimizerConfig:
+    return OptimizerConfig(optimizer="adam", lr=1e-2, bf16=True, clip_grad=1.0 if clip else 0.0)
+
+
+def cpu_grad_norm(grads_for_norm, norm_type=2, grad_stats_parallel_group=None) -> float:
+    """get_grad_norm_fp32's L2 norm: squares summed locally, then over the grad-stats group."""
+    total = torch.zeros((), dtype=torch.float32)
+    for grad in grads_for_norm:
+        total += grad.float().pow(2).sum()
+    dist.all_reduce(total, group=grad_stats_parallel_group)
+    return float(total) ** 0.5
+
+
+def cpu_clip(parameters, max_norm, total_norm, use_decoupled_grad=False) -> None:
+    """clip_grad_by_total_norm_fp32: every `.grad` scaled in place when the norm is too large."""
+    coeff = max_norm / (total_norm + 1.0e-6)
+    if coeff < 1.0:
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.mul_(coeff)
 
 
 def fp32_optimizer(params, config) -> FP32Optimizer:
@@ -226,7 +253,11 @@ def main() -> None:
     parser.add_argument("--case", choices=["fp32", "float16", "distributed", "chained", "tp"], required=True)
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--clip", action="store_true", help="clip_grad=1.0, with gradients that need it")
     args = parser.parse_args()
+    if args.clip:
+        megatron_optimizer.get_grad_norm_fp32 = cpu_grad_norm
+        megatron_optimizer.clip_grad_by_total_norm_fp32 = cpu_clip
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=2 if args.case == "tp" else 1)
@@ -239,7 +270,7 @@ def main() -> None:
         modules[0].fc1.weight.tensor_model_parallel = True  # split across TP ranks: each writes its own
     ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=args.case in ("distributed", "chained"))
     chunks = [MegatronDDP(m, ddp_config, dp_group) for m in modules]
-    config = optimizer_config()
+    config = optimizer_config(args.clip)
     if args.case == "fp32":
         optimizer = fp32_optimizer(chunks[0].parameters(), config)
     elif args.case in ("float16", "tp"):
@@ -253,7 +284,8 @@ def main() -> None:
                 float16_optimizer(list(chunks[1].parameters()), config),
             ]
         )
-        optimizer.get_grad_norm = lambda: 0.0  # its fp32 norm kernel needs CUDA; the value is unused here
+        if not args.clip:  # its fp32 norm kernel needs CUDA; without clipping the value is unused
+            optimizer.get_grad_norm = lambda: 0.0
 
     monitor = TrainerMon(args.config)
     monitor.set_monitor(chunks, optimizer)
@@ -298,12 +330,15 @@ def main() -> None:
     def stats(fn) -> dict:
         return {f"{c}:{n}": reference_stats(fn(p).float()) for c, n, p in named}
 
+    captures = [ConsumedGradients(part.optimizer, isinstance(part, DistributedOptimizer)) for part in parts]
+    scale = 50.0 if args.clip else 1.0  # gradients of norm well above clip_grad
+
     gen = torch.Generator().manual_seed(100 + rank)
-    truth = {"steps": [], "losses": []}
+    truth = {"steps": [], "losses": [], "numel": {f"{c}:{n}": p.numel() for c, n, p in named}}
     for _ in range(STEPS):
         for _ in range(MICRO):
             x = torch.randn(2, 8, generator=gen).to(dtype)
-            loss = sum(chunk(x).float().pow(2).mean() for chunk in chunks)
+            loss = sum(chunk(x).float().pow(2).mean() for chunk in chunks) * scale
             truth["losses"].append(loss.item())
             loss.backward()
         record = {"grad_unreduced": stats(lambda p: p.main_grad)}
@@ -311,7 +346,8 @@ def main() -> None:
             chunk.finish_grad_sync()
         record["grad_reduced"] = stats(lambda p: p.main_grad)
         record["param_origin"] = stats(weight)
-        optimizer.step()
+        _, unclipped_norm, _ = optimizer.step()
+        record["consumed"] = dict(ConsumedGradients.take(captures), unclipped_norm=unclipped_norm)
         record["param_updated"] = stats(weight)
         record["exp_avg"] = stats(lambda p: moment(p, "exp_avg"))
         record["exp_avg_sq"] = stats(lambda p: moment(p, "exp_avg_sq"))

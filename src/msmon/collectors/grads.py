@@ -19,7 +19,12 @@ pass, exactly that one add may have moved it.
 
 The reduced gradient is what the optimizer consumes at step time; when it is still the very
 tensor the last hook saw, unmodified (same storage and version counter: no data-parallel
-reduction, no clipping), its statistics are reused instead of read again.
+reduction, no clipping), its statistics are reused instead of read again. Optimizers that clip
+or unscale inside their own `step()` and then step an inner torch optimizer (DeepSpeed's,
+Megatron's: `adapter.consuming_optimizers()`) have it read in a step pre-hook of that inner
+optimizer instead, as it consumes them: once per inner step (DeepSpeed steps it per parameter
+group), never outside an optimizer step (a checkpoint load's dummy step), and not at all on a
+step the framework skips (fp16 overflow: nothing is consumed).
 
 With `step(closure)` (LBFGS evaluates its closure up to max_eval times per step) the step's
 gradients are those of its first closure evaluation, at the weights the step starts from;
@@ -98,6 +103,7 @@ class GradCollector(Collector):
         self._versions: dict[int, tuple[int, int]] = {}
         self._lost_said = False
         self._consumed = False  # the step's gradients were taken (later closure evaluations are not counted)
+        self.at_inner_step = False  # grad_reduced is read where an inner torch optimizer consumes it
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -107,6 +113,11 @@ class GradCollector(Collector):
             if mp.param.requires_grad:
                 hook = self.guard(self._make_hook(index))
                 self.handles.append(mp.param.register_post_accumulate_grad_hook(hook))
+        inners = ctx.adapter.consuming_optimizers()
+        self.at_inner_step = bool(inners) and all(isinstance(o, torch.optim.Optimizer) for o in inners)
+        if self.at_inner_step:
+            on_inner_step = self.guard(self._on_inner_step)
+            self.handles.extend(inner.register_step_pre_hook(on_inner_step) for inner in inners)
 
     def detach(self) -> None:
         self._drop_local()
@@ -273,10 +284,22 @@ class GradCollector(Collector):
             indices = list(self.last_rows)
             keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
             ctx.buffer.add_many(keys, torch.stack([self.last_rows[i] for i in indices]))
+        if not self.at_inner_step:
+            self._record_reduced(ctx.adapter.grads([mp.param for mp in ctx.params], ctx.grad_of))
+
+    def _on_inner_step(self, inner: torch.optim.Optimizer, _args: tuple, _kwargs: dict) -> None:
+        """The inner optimizer is about to consume the gradients of the groups it steps now."""
+        ctx = self.ctx
+        if self._consumed and ctx.recording:  # inside an optimizer step this monitor saw begin
+            self._record_reduced(ctx.adapter.consumed_grads([mp.param for mp in ctx.params], inner))
+
+    def _record_reduced(self, values: dict) -> None:
+        """grad_reduced rows of `values` (adapter.grads' answer, or part of it)."""
+        ctx = self.ctx
         reused: dict[int, torch.Tensor] = {}
         fresh: list[int] = []
         grads: list[torch.Tensor] = []
-        consumed = ctx.shards.take("grad_reduced", ctx.adapter.grads([mp.param for mp in ctx.params], ctx.grad_of))
+        consumed = ctx.shards.take("grad_reduced", values)
         for index, mp in enumerate(ctx.params):
             grad = consumed.get(id(mp.param))
             if grad is None:

@@ -164,6 +164,12 @@ def adam_hyper(group: dict) -> tuple[float, float, float] | None:
     return float(betas[0]), float(betas[1]), float(group.get("eps", 1e-8))
 
 
+def stepped_now(optimizer: Any) -> set[int]:
+    """ids of the tensors a torch optimizer steps now: its param groups as its step pre-hook
+    sees them (DeepSpeed narrows them to one group, or one ZeRO-3 sub-group, per inner step)."""
+    return {id(t) for group in optimizer.param_groups for t in group["params"]}
+
+
 def inner_moments(optimizer: Any, held: dict[int, int]) -> dict[int, Moments]:
     """Adam moments of a torch optimizer's params, keyed as `held` maps them: {id(param the
     optimizer holds): key}. Master-weight families map their fp32 copies to model params."""
@@ -202,8 +208,9 @@ class OptimizerAdapter:
 
     Subclasses implement `params`, `_weights`, `_grads` and `_moments`; sharded families also
     `shard_groups`, and families whose gradients are taken away before autograd's hooks could
-    read them also `hook_unreduced`. `hook_step` hooks the optimizer's own `step` (every family
-    so far)."""
+    read them also `hook_unreduced`; families that clip or unscale inside their own `step` and
+    then step an inner torch optimizer also `consuming_optimizers` and `_consumed`. `hook_step`
+    hooks the optimizer's own `step` (every family so far)."""
 
     family = "base"
     #: True when `hook_unreduced` reports the rank-local gradients before the data-parallel
@@ -273,6 +280,21 @@ class OptimizerAdapter:
         update is applied. Returns a function that removes the hooks."""
         return hook_optimizer_step(self.optimizer, before, after)
 
+    def consuming_optimizers(self) -> list[Any]:
+        """The torch optimizers that this optimizer's own `step()` drives after it clipped or
+        unscaled the gradients (DeepSpeed's and Megatron's inner AdamW): the gradients they
+        consume are read in their step pre-hooks (`consumed_grads`). Empty here: the gradients
+        are final when `step()` is entered."""
+        return []
+
+    def consumed_grads(self, params: list[torch.Tensor], stepping: Any) -> dict[int, Any]:
+        """In a step pre-hook of `stepping` (one of `consuming_optimizers()`): the gradient it is
+        about to consume for each of `params` it steps now, keyed by id(param), as `grads`
+        gives them (Shards where split; replicated ones only where this rank writes them).
+        A framework may step its inner optimizer once per parameter group: each call answers
+        for the parameters of the groups stepped then."""
+        return self._written(params, self._consumed(params, stepping))
+
     def hook_unreduced(
         self, models: list[torch.nn.Module], record: Callable[[GradPairs], None]
     ) -> Callable[[], None] | None:
@@ -324,6 +346,9 @@ class OptimizerAdapter:
 
     def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
         raise NotImplementedError
+
+    def _consumed(self, params: list[torch.Tensor], stepping: Any) -> dict[int, Any]:
+        return {}
 
     def _written(self, params: list[torch.Tensor], values: dict[int, Any]) -> dict[int, Any]:
         """Leave out the replicated tensors another rank writes. Shards stay (every rank's

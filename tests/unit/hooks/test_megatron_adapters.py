@@ -113,3 +113,25 @@ def test_the_wrapped_builder_attaches_with_the_model_chunks_as_vpp_stages(write_
         assert monitor.steps_recorded == 1
     finally:
         monitor.close()
+
+
+def test_an_inner_optimizer_step_outside_an_optimizer_step_records_no_reduced_gradient(write_config, output_dir):
+    """Frameworks step their inner optimizer outside an optimizer step too (Megatron's
+    distributed optimizer on loading a checkpoint, with zero gradients): msmon reads grad_reduced
+    in that optimizer's step pre-hook only within a step of the optimizer it monitors."""
+    model = MLP()
+    opt = megatron_cpu.fp32_optimizer(model.parameters(), megatron_cpu.optimizer_config())
+    monitor = TrainerMon(write_config({"wg_distribution": True, "format": "api", "ops": ["norm"]}))
+    monitor.set_monitor(model, opt)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.optimizer.step()  # a checkpoint load's dummy step
+    assert len(monitor.buffer) == 0
+    for p in model.parameters():
+        p.main_grad = torch.full(p.shape, 3.0)
+    opt.step()  # Megatron's own step: main_grad becomes `.grad`, then the inner step reads it
+    reduced, _ = monitor.generate_wgrad_metrics()
+    assert {tag: row["norm"] for tag, row in reduced.items()} == pytest.approx(
+        {f"0:{n}/rank0/grad_reduced": 3.0 * p.numel() ** 0.5 for n, p in model.named_parameters()}
+    )
+    monitor.close()

@@ -15,7 +15,10 @@
 Rank-local gradients are read right before DeepSpeed reduces them (`reduce_ipg_grads` for
 ZeRO-1/2, the stage-3 bucket reduce, `get_grads_for_reduction` for BF16_Optimizer): by the time
 autograd's own hooks would look, DeepSpeed may already have moved them into its buckets.
-Gradients are read before `step()` unscales or clips them.
+The reduced gradients (`grad_reduced`) are read where DeepSpeed's `step()` hands them to the
+inner torch optimizer, after it unscaled and clipped them: in a step pre-hook of that optimizer,
+which ZeRO-1/2 step once per parameter group and ZeRO-3 once per sub-group (the flat fp32
+partition's `.grad`; the fp32 copy's under FP16_UnfusedOptimizer).
 """
 
 from __future__ import annotations
@@ -25,7 +28,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ...optimizers.base import GradPairs, Moments, OptimizerAdapter, Shard, adam_hyper, class_names, inner_moments
+from ...optimizers.base import (
+    GradPairs,
+    Moments,
+    OptimizerAdapter,
+    Shard,
+    adam_hyper,
+    class_names,
+    inner_moments,
+    stepped_now,
+)
 from ..patching import wrap_method
 
 _STAGE3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
@@ -43,6 +55,10 @@ class _DeepSpeedAdapter(OptimizerAdapter):
 
     def data_parallel_group(self) -> Any:
         return getattr(self.optimizer, "dp_process_group", None)
+
+    def consuming_optimizers(self) -> list[Any]:
+        # ZeRO-3 with optimizer offload to an accelerator steps a backup optimizer instead
+        return [o for o in (self.inner, getattr(self.optimizer, "backup_optimizer", None)) if o is not None]
 
     def shard_groups(self) -> list[Any]:
         groups: list[Any] = []
@@ -91,6 +107,19 @@ class HpMappingAdapter(_DeepSpeedAdapter):
             local = self._grad_fragment(p)
             if local is None:
                 local = self.flats[self.group_of[id(p)]].new_empty(0)
+            out[id(p)] = Shard(local, self.shard_group(p))
+        return out
+
+    def _consumed(self, params: list[torch.Tensor], stepping: Any) -> dict[int, Any]:
+        """Fragments of the flat fp32 partitions' `.grad` stepped now (unscaled and clipped)."""
+        now = stepped_now(stepping)
+        out = {}
+        for p in params:
+            index = self.group_of.get(id(p))
+            if index is None or id(self.flats[index]) not in now:
+                continue
+            grad = self.flats[index].grad
+            local = self._fragment(p, grad) if grad is not None else self.flats[index].new_empty(0)
             out[id(p)] = Shard(local, self.shard_group(p))
         return out
 
@@ -212,6 +241,12 @@ class FP16UnfusedAdapter(_DeepSpeedAdapter):
         held = {id(self.main_of[id(p)]): id(p) for p in params if id(p) in self.main_of}
         return inner_moments(self.inner, held)
 
+    def _consumed(self, params: list[torch.Tensor], stepping: Any) -> dict[int, Any]:
+        """The fp32 copies' `.grad` (unscaled, clipped), where they are stepped now."""
+        now = stepped_now(stepping)
+        mains = ((p, self.main_of.get(id(p))) for p in params)
+        return {id(p): m.grad for p, m in mains if m is not None and id(m) in now and m.grad is not None}
+
 
 class Zero3Adapter(_DeepSpeedAdapter):
     """DeepSpeedZeroOptimizer_Stage3: every parameter partitioned across its ds_process_group."""
@@ -259,6 +294,24 @@ class Zero3Adapter(_DeepSpeedAdapter):
             if grad is None:
                 grad = opt.fp32_partitioned_groups_flat[group_index].new_empty(0)
             out[id(p)] = Shard(grad, self.shard_group(p))
+        return out
+
+    def _consumed(self, params: list[torch.Tensor], stepping: Any) -> dict[int, Any]:
+        """Each partition's piece of its sub-group's flat fp32 `.grad` (unscaled, clipped),
+        for the sub-group stepped now (its flat is the one tensor in the inner param groups)."""
+        flats = self.optimizer.fp32_partitioned_groups_flat
+        now = stepped_now(stepping)
+        out = {}
+        for p in params:
+            if id(p) not in self.position:
+                continue
+            group_index, offset, real = self.position[id(p)]
+            flat = flats[group_index]
+            if id(flat) not in now:
+                continue
+            grad = flat.grad
+            local = grad.narrow(0, offset, real) if grad is not None else flat.new_empty(0)
+            out[id(p)] = Shard(local, self.shard_group(p))
         return out
 
     def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:

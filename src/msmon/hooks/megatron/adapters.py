@@ -12,7 +12,10 @@ Float16OptimizerWithFloat16Params, DistributedOptimizer and a ChainedOptimizer o
   grad buffers, empty where it holds none.
 
 Rank-local gradients are read when a bucket group starts its grad sync (`start_grad_sync`),
-after the last micro-batch accumulated into `main_grad` and before the reduction.
+after the last micro-batch accumulated into `main_grad` and before the reduction. Reduced
+gradients are read where Megatron's `step()` hands them to its inner torch optimizer, after
+`prepare_grads` (copy to the main parameters' `.grad`, unscaling) and `clip_grad_norm`: in a
+step pre-hook of that optimizer, from the `.grad` of the tensors it steps.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...optimizers.base import GradPairs, Moments, OptimizerAdapter, Shard, class_names, inner_moments
+from ...optimizers.base import GradPairs, Moments, OptimizerAdapter, Shard, class_names, inner_moments, stepped_now
 from ..patching import wrap_method
 from ..torch_optim.adapters import TorchOptimAdapter
 
@@ -60,6 +63,22 @@ class _MegatronAdapter(OptimizerAdapter):
             return None  # not wrapped in Megatron's DDP: nothing reduces main_grad in buckets
         return hook_bucket_grad_sync(models, record)
 
+    def consuming_optimizers(self) -> list[Any]:
+        inner = self.inner
+        return [inner] if inner is not None else []
+
+    def _main_of(self, param: torch.Tensor) -> torch.Tensor | None:
+        """The tensor the inner optimizer steps for `param`."""
+        return param
+
+    def _consumed(self, params: list[torch.Tensor], stepping: Any) -> dict[int, Any]:
+        """The `.grad` of the tensors stepped now for `params` (prepared, unscaled, clipped)."""
+        if stepping is not self.inner:
+            return {}
+        now = stepped_now(stepping)
+        mains = ((p, self._main_of(p)) for p in params)
+        return {id(p): m.grad for p, m in mains if m is not None and id(m) in now and m.grad is not None}
+
 
 class FP32Adapter(_MegatronAdapter):
     """FP32Optimizer: the inner torch optimizer holds the model parameters."""
@@ -89,6 +108,9 @@ class Float16Adapter(_MegatronAdapter):
 
     def params(self) -> list[torch.Tensor]:
         return list(self.model_params)
+
+    def _main_of(self, param: torch.Tensor) -> torch.Tensor | None:
+        return self.main_of.get(id(param))
 
     def _weights(self, params: list[torch.Tensor]) -> dict[int, Any]:
         return {id(p): self.main_of[id(p)] for p in params if id(p) in self.main_of}
@@ -153,6 +175,22 @@ class DistributedAdapter(_MegatronAdapter):
             out[id(p)] = Shard(local, self.group)
         return out
 
+    def _consumed(self, params: list[torch.Tensor], stepping: Any) -> dict[int, Any]:
+        """This rank's shard main parameters' `.grad` (its range of the reduced `main_grad`,
+        prepared and clipped), a Shard for every parameter of the buffers (empty where this
+        rank holds none of it)."""
+        if stepping is not self.inner:
+            return {}
+        known = {id(p) for p in self.all_params}
+        out = {}
+        for p in params:
+            if id(p) not in known:
+                continue
+            main = self.main_of.get(id(p))
+            grad = main.grad if main is not None else None
+            out[id(p)] = Shard(grad if grad is not None else self._empty(), self.group)
+        return out
+
     def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
         held = {id(self.main_of[id(p)]): id(p) for p in params if id(p) in self.main_of}
         local = inner_moments(self.inner, held) if self.inner else {}
@@ -208,6 +246,12 @@ class ChainedAdapter(_MegatronAdapter):
 
     def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
         return {k: v for part, mine in self._split(params) for k, v in part._moments(mine).items()}
+
+    def consuming_optimizers(self) -> list[Any]:
+        return [inner for part in self.parts for inner in part.consuming_optimizers()]
+
+    def _consumed(self, params: list[torch.Tensor], stepping: Any) -> dict[int, Any]:
+        return {k: v for part, mine in self._split(params) for k, v in part._consumed(mine, stepping).items()}
 
 
 MEGATRON_FAMILIES: dict[str, type[_MegatronAdapter]] = {
