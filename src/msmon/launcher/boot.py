@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from types import ModuleType
 
 ENV_ACTIVE_PID = "MSMON_ACTIVE_PID"
-ENV_BOOTSTRAP_DIR = "MSMON_BOOTSTRAP_DIR"  # = msmon.environment.ENV_BOOTSTRAP_DIR (this file imports nothing of msmon)
+ENV_BOOTSTRAP_DIR = "MSMON_BOOTSTRAP_DIR"  # = msmon.system.environment.ENV_BOOTSTRAP_DIR (no msmon import here)
 SETTINGS_FILE = "bootstrap.json"
 WORKERS_DIR = "workers"  # one record per activated worker: <host>-<pid>.json
 TORCHRUN_WORKER_ENV = "TORCHELASTIC_RUN_ID"
