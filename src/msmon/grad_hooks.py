@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from .guest_hooks import is_compiling, transform_running
-from .records import RowKey
+from .output.records import RowKey
 from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:

@@ -16,8 +16,8 @@ from . import resume
 from .anomaly.dump import AnomalyDumpWriter
 from .anomaly.rules import RuleEngine, build_rules
 from .config import MonitorConfig
-from .output import rank_dir_name, stopped_line, stopped_output
-from .output_names import CONFIG_FILE, SUMMARY_FILE
+from .output.directory import rank_dir_name, stopped_line, stopped_output
+from .output.layout import CONFIG_FILE, SUMMARY_FILE
 from .sinks import ApiSink, make_sinks
 from .sinks.writer import BackgroundWriter
 from .system.environment import ENV_BOOTSTRAP_DIR

@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from .config import ConfigError
-from .output import rank_dir_name
+from .output.directory import rank_dir_name
 from .system.short_repr import short_repr
 
 logger = logging.getLogger("msmon")

@@ -18,7 +18,7 @@ import torch
 from .config import MonitorConfig
 from .cost import CostMeter
 from .grad_hooks import GradHooks
-from .records import StepBuffer
+from .runtime.buffer import StepBuffer
 from .selection import Names, names
 from .tensor_memo import TensorMemo
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from .records import Histogram, RowKey
+from .output.records import RowKey
+from .runtime.buffer import Histogram
 
 
 @dataclass

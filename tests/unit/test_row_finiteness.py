@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from msmon import native
-from msmon.records import RowKey, StepBuffer
-from msmon.row_finiteness import RowFiniteness, row_finiteness
+from msmon.output.records import RowKey
+from msmon.runtime.buffer import StepBuffer
+from msmon.runtime.row_finiteness import RowFiniteness, row_finiteness
 from msmon.stats import tensor_stats
 
 CASES = {

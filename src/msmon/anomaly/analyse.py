@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..origin import LOSS
-from ..output_names import DUMP_FILE, MSPROBE_DUMP_FILE
-from ..records import BACKWARD, CATEGORY_STAGE, FORWARD, OPTIMIZER
+from ..output.layout import DUMP_FILE, MSPROBE_DUMP_FILE
+from ..output.records import BACKWARD, CATEGORY_STAGE, FORWARD, OPTIMIZER
 from .dump import json_number
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 from .rules import NAN_ORIGIN_RULE, REPLICA_RULE

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ..output_names import DUMP_DIR, DUMP_FILE
-from ..records import RowKey, StepRecord
+from ..output.layout import DUMP_DIR, DUMP_FILE
+from ..output.records import RowKey, StepRecord
 from .rules import Alert
 
 STAGES = ("forward", "backward", "optimizer")

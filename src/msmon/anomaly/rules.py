@@ -48,7 +48,7 @@ import torch
 
 from ..config import AlertRuleConfig
 from ..ops import COUNT_OPS, MAGNITUDE_OPS
-from ..records import RowKey
+from ..output.records import RowKey
 
 EMA_ALPHA = 0.3
 WARMUP = 5

@@ -25,7 +25,8 @@ import torch
 from .. import guest_hooks
 from ..config import MonitorConfig, TensorSpec
 from ..optimizers.base import in_closure_reevaluation
-from ..records import RowGroup, RowKey, row_key
+from ..output.records import RowKey, row_key
+from ..runtime.buffer import RowGroup
 from ..selection import xy_targets
 from ..stats import tensor_stats
 from ..step_context import StepContext

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from .. import guest_hooks
 from ..hooks import torch_distributed as cc
-from ..records import BACKWARD, FORWARD, OPTIMIZER, RowKey
+from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey
 from ..stats import batch_stats, combine_rows, local_tensor
 from ..step_context import StepContext
 from .activations import in_backward

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from ..records import row_key
+from ..output.records import row_key
 from ..sparse_stats import any_layout_stats, is_sparse, sparse_stats
 from ..stats import tensor_stats
 from ..step_context import StepContext

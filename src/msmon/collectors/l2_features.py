@@ -32,7 +32,7 @@ from .. import guest_hooks, l2_math
 from ..config import ConfigError, MonitorConfig
 from ..module_attrs import has_stored, stored_tensor
 from ..naming import split_vpp
-from ..records import RowKey
+from ..output.records import RowKey
 from ..stats import local_tensor
 from ..step_context import StepContext
 from .activations import in_backward

@@ -4,7 +4,7 @@ Each flag is a 0-d bool tensor computed on the device (is the sum finite? one re
 sync) and appended to the step buffer in execution order; the writer thread resolves the
 origin once per step, after the step's single copy to the host (see msmon.origin). A tensor
 the activation collector has read this step is not read again: its statistics row tells
-(msmon.row_finiteness). Hence this collector's hooks run after the activation collector's.
+(msmon.runtime.row_finiteness). Hence this collector's hooks run after the activation collector's.
 Forward: flags of every module's inputs (pre-hook) and outputs (post-hook). Backward: flags of
 the gradients of those same tensors, in the order autograd produces them, with the gradient
 that reaches the model's output first of all (named `loss`: what the loss computed after the
@@ -20,8 +20,8 @@ import torch
 
 from .. import guest_hooks
 from ..origin import LOSS
-from ..records import RowKey, row_key
-from ..row_finiteness import row_finiteness
+from ..output.records import RowKey, row_key
+from ..runtime.row_finiteness import row_finiteness
 from ..selection import recorded_modules
 from ..stats import local_tensor
 from ..step_context import StepContext

@@ -24,7 +24,8 @@ import logging
 import torch
 
 from ..optimizers.base import Shard
-from ..records import OPTIMIZER, DirectionKey, Histogram, RowKey, format_tag, row_key
+from ..output.records import OPTIMIZER, DirectionKey, RowKey, format_tag, row_key
+from ..runtime.buffer import Histogram
 from ..sparse_stats import is_sparse
 from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
 from ..step_context import StepContext

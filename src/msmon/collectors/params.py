@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..records import row_key
+from ..output.records import row_key
 from ..stats import batch_stats, local_tensor
 from ..step_context import StepContext
 from .base import Collector

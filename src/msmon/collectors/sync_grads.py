@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..records import row_key
+from ..output.records import row_key
 from ..stats import batch_stats
 from ..step_context import StepContext
 from .base import Collector

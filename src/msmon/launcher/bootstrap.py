@@ -31,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no locks, nothing is taken for stale
     fcntl = None  # type: ignore[assignment]
 
-from ..output import ENV_OUTPUT_DIR
+from ..output.directory import ENV_OUTPUT_DIR
 from . import boot
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from ..config import ConfigError
-from ..output import ensure_writable, output_base_dir
+from ..output.directory import ensure_writable, output_base_dir
 from . import bootstrap, run_summary
 from .job_command_line import JobCommand, UsageError, parse, sitecustomize_disabled_by
 

@@ -11,8 +11,8 @@ import os
 from typing import Any
 
 from ..cost import describe
-from ..output import describe_stopped
-from ..output_names import SUMMARY_FILE
+from ..output.directory import describe_stopped
+from ..output.layout import SUMMARY_FILE
 from .boot import WORKERS_DIR
 
 

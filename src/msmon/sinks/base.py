@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..records import StepRecord
+from ..output.records import StepRecord
 
 
 class Sink:

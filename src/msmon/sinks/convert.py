@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from ..output_names import CONFIG_FILE, format_tag
-from ..records import MICRO_STEP_CATEGORIES
+from ..output.layout import CONFIG_FILE, format_tag
+from ..output.records import MICRO_STEP_CATEGORIES
 from ..resume import CSV_FILE, RANK_DIR, csv_windows, rank_dirs
 from .numbers import csv_value
 

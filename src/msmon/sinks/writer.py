@@ -18,8 +18,8 @@ from typing import Callable
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.rules import Alert, RuleEngine
 from ..origin import Origin, find_origin
-from ..output import stopped_line, stopped_output
-from ..records import RowKey, StepRecord
+from ..output.directory import stopped_line, stopped_output
+from ..output.records import RowKey, StepRecord
 from ..system.thread_priority import lower_this_threads_priority
 from ..system.torch_threads import torch_on_this_thread_only
 from ..transfer import HostBatch

@@ -13,7 +13,8 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, reference_stats
 from msmon import TrainerMon, native
-from msmon.records import RowKey, StepBuffer, StepRecord
+from msmon.output.records import RowKey, StepRecord
+from msmon.runtime.buffer import StepBuffer
 from msmon.sinks.api_sink import ApiSink
 from msmon.sinks.csv_sink import CsvSink
 from msmon.sinks.numbers import csv_value, csv_values
@@ -236,7 +237,7 @@ def test_tensorboard_records_carry_the_checksums_tensorboard_computes_and_read_b
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-    from msmon.records import RowKey, StepRecord
+    from msmon.output.records import RowKey, StepRecord
     from msmon.sinks.tensorboard_sink import TensorBoardSink
     from msmon.sinks.tfrecord import masked_crc32c_function
 

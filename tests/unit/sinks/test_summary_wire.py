@@ -11,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 
-from msmon.records import RowKey, StepRecord
+from msmon.output.records import RowKey, StepRecord
 from msmon.sinks import summary_wire
 from msmon.sinks.tensorboard_sink import TensorBoardSink
 

@@ -14,7 +14,7 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, train_steps
 from msmon import TrainerMon
-from msmon.records import RowKey, StepRecord
+from msmon.output.records import RowKey, StepRecord
 from msmon.sinks.base import Sink
 from msmon.sinks.writer import BackgroundWriter
 from msmon.system.thread_priority import ENV, writer_nice

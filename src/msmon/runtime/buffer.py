@@ -1,95 +1,17 @@
-"""What a recorded statistic is called, and the per-step buffer that keeps rows on the device.
+"""The per-step buffer that keeps a step's rows on the device until one copy at its end.
 
-A row is one tensor's statistics; its key says which tensor (category, name, pipeline chunk,
-micro-step). Rows are appended in execution order, so a row's index within its step is its
-call_id: the order the analyser uses to tell which anomaly came first within a rank.
+A row is one tensor's statistics; its key says which tensor (msmon.output.records.RowKey). Rows
+are appended in execution order, so a row's index within its step is its call_id.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from .output_names import format_tag
+from ..output.records import RowKey
 from .row_finiteness import RowFiniteness
-
-FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
-CATEGORY_STAGE = {
-    "actv": FORWARD,
-    "actv_grad": BACKWARD,
-    "grad_unreduced": BACKWARD,
-    "grad_reduced": OPTIMIZER,
-    "param_origin": OPTIMIZER,
-    "param_updated": OPTIMIZER,
-    "exp_avg": OPTIMIZER,
-    "exp_avg_sq": OPTIMIZER,
-    "update": OPTIMIZER,
-    "ratio": OPTIMIZER,
-    "other": FORWARD,
-    "attention_hook": FORWARD,
-    "linear_hook": FORWARD,
-    "moe_router_weight_hook": FORWARD,
-    "moe_router_logit_hook": FORWARD,
-}
-MICRO_STEP_CATEGORIES = ("actv", "actv_grad")
-# L2 features (recording_l2_features), msprobe's names: category (CSV file prefix) ->
-# (the word in the TensorBoard tag, the columns). Their rows hold one value each (RowKey.op)
-# and are regrouped into one row per tensor with these columns on the writer thread.
-FEATURE_CATEGORIES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "attention_hook": ("qkt", ("entropy", "softmax_max")),
-    "linear_hook": ("sr", ("sr", "kernel_norm")),
-    "moe_router_weight_hook": ("router_weight", ("router_weight_similarity",)),
-    "moe_router_logit_hook": ("router_logit", ("per_token_expert_entropy",)),
-}
-
-
-@dataclass(frozen=True)
-class RowKey:
-    """Identity of one recorded tensor within a step."""
-
-    category: str
-    name: str
-    vpp_stage: int = 0
-    micro_step: int | None = None
-    stage: str | None = None  # overrides CATEGORY_STAGE (collectives run in either pass)
-    op: str | None = None  # a FEATURE_CATEGORIES row: the one column its value belongs to
-
-    @property
-    def train_stage(self) -> str:
-        return self.stage or CATEGORY_STAGE.get(self.category, OPTIMIZER)
-
-    def display_name(self) -> str:
-        """`{vpp}:{name}[:{micro_step}]`, the msprobe tag prefix."""
-        base = f"{self.vpp_stage}:{self.name}"
-        return base if self.micro_step is None else f"{base}:{self.micro_step}"
-
-    def tag(self, rank: int) -> str:
-        """The metric tag without the op: `{vpp}:{name}[:{micro}]/rank{r}/{category}` (for an L2
-        feature, msprobe's word instead of the category: `.../rank0/qkt`)."""
-        feature = FEATURE_CATEGORIES.get(self.category)
-        return format_tag(self.display_name(), rank, feature[0] if feature else self.category)
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def row_key(category: str, name: str, vpp_stage: int = 0, micro_step: int | None = None) -> RowKey:
-    """The RowKey of these fields, made once: collectors ask for the same keys every step, and
-    a new object per row per step would only feed the garbage collector (RowKey is frozen, so
-    one object can stand for every step)."""
-    return RowKey(category, name, vpp_stage, micro_step)
-
-
-class DirectionKey(RowKey):
-    """An mg_direction row, where msprobe puts it: CSV category "other" (`other_*.csv`, beside
-    the collectives), tag `{vpp}:{name}/rank{r}/mg_direction` (sinks append `_{op}`)."""
-
-    CATEGORY = "other"
-    TASK = "mg_direction"
-
-    def tag(self, rank: int) -> str:
-        return format_tag(self.display_name(), rank, self.TASK)
 
 
 @dataclass
@@ -99,49 +21,6 @@ class Histogram:
     tag: str
     edges: list[float]
     counts: torch.Tensor
-
-
-class StepRecord:
-    """One step's statistics, on the host, as the writer thread hands them to sinks.
-
-    `table` is the float64 [rows, ops] tensor the values came from; `values`, the same as
-    Python lists, is made from it only when a reader asks (the API sink, a fallback): a list per
-    row per step that nobody reads would only feed the garbage collector, whose collections
-    stop the training thread too."""
-
-    __slots__ = ("step", "rank", "ops", "keys", "_values", "histograms", "meta", "table")
-
-    def __init__(
-        self,
-        step: int,
-        rank: int,
-        ops: list[str],
-        keys: list[RowKey],
-        values: list[list[float]] | None = None,
-        histograms: list[tuple[str, list[float], list[float]]] | None = None,
-        meta: dict[str, Any] | None = None,
-        table: torch.Tensor | None = None,
-    ) -> None:
-        if values is None and table is None:
-            raise ValueError("a StepRecord needs its values or their table")
-        self.step = step
-        self.rank = rank
-        self.ops = ops
-        self.keys = keys
-        self._values = values
-        self.histograms = [] if histograms is None else histograms
-        self.meta = {} if meta is None else meta
-        self.table = table
-
-    @property
-    def values(self) -> list[list[float]]:
-        if self._values is None:
-            assert self.table is not None
-            self._values = self.table.tolist()
-        return self._values
-
-    def __repr__(self) -> str:
-        return f"StepRecord(step={self.step}, rank={self.rank}, ops={self.ops}, rows={len(self.keys)})"
 
 
 class RowGroup:
@@ -171,7 +50,7 @@ class RowGroup:
         assert self.first is not None, "an empty RowGroup has no row"
         if self.more is None:
             return self.first
-        from .stats import combine_rows  # records is imported by stats' users; keep it light
+        from ..stats import combine_rows  # records is imported by stats' users; keep it light
 
         rows = [self.first] + [row for row, _ in self.more]
         numels = [self.first_numel] + [numel for _, numel in self.more]
@@ -218,7 +97,7 @@ class StepBuffer:
 
     def add_flag_of_row(self, key: RowKey, row: torch.Tensor, test: RowFiniteness) -> None:
         """The flag of a tensor whose statistics row was taken already: told by the row when the
-        step's flags are taken, all such rows in one batch (msmon.row_finiteness)."""
+        step's flags are taken, all such rows in one batch (msmon.runtime.row_finiteness)."""
         self.flag_keys.append(key)
         self.flags.append((row, test))
 

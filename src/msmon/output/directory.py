@@ -8,7 +8,7 @@ import tempfile
 import uuid
 from datetime import datetime
 
-from .config import ConfigError
+from ..config import ConfigError
 
 ENV_OUTPUT_DIR = "MONITOR_OUTPUT_DIR"
 DEFAULT_OUTPUT_DIR = "monitor_output"
