@@ -111,7 +111,7 @@ def _on_torch_imported(bootstrap_dir: str) -> Callable[[ModuleType], None]:
         if is_child_here():
             return
         try:
-            from msmon.launcher.worker import start
+            from msmon.launcher.bootstrap.worker import start
 
             start(bootstrap_dir)
         except Exception as exc:
