@@ -163,7 +163,7 @@ def instrument(name: str, session: Session) -> bool:
     except Exception as exc:
         logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), package, exc)
         return False
-    from .versions import warn_if_unsupported
+    from .core.versions import warn_if_unsupported
 
     warn_if_unsupported(module.DISTRIBUTION, module.SUPPORTED, INSTRUMENTORS.get(name))
     try:

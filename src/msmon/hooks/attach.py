@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..config import ConfigError
-from ..module_attrs import stored
 from ..naming import check_targets, display, model_chunks
 from ..system.distributed import current_rank
 from . import Session, explicit, torch_optim
-from .pipeline import pipeline_position
+from .core.module_attrs import stored
+from .core.pipeline import pipeline_position
 
 if TYPE_CHECKING:
     from ..monitor import TrainerMon

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from conftest import MLP
-from msmon import hooks, optimizers
+from msmon import hooks
 from msmon.config import ConfigError
-from msmon.hooks import versions
+from msmon.hooks.core import adapter_choice as optimizers
+from msmon.hooks.core import versions
 
 
 def test_every_registered_package_declares_the_instrumentor_interface():
@@ -33,7 +34,7 @@ def test_the_installed_frameworks_are_inside_what_their_packages_support():
 
 def test_importing_the_packages_imports_no_framework():
     code = (
-        "import sys; from msmon import hooks; hooks.frameworks(); import msmon.optimizers; "
+        "import sys; from msmon import hooks; hooks.frameworks(); import msmon.hooks.core.adapter_choice; "
         "print(sorted(m for m in ('deepspeed', 'megatron.core', 'msmon.monitor') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -57,7 +58,7 @@ def test_a_plain_torch_optimizer_falls_through_to_torch_optim():
 
 
 def test_framework_optimizer_classes_come_from_the_packages():
-    from msmon.optimizers.base import framework_optimizer_classes
+    from msmon.hooks.core.adapters import framework_optimizer_classes
 
     names = framework_optimizer_classes()
     assert {"DeepSpeedZeroOptimizer_Stage3", "BF16_Optimizer", "ChainedOptimizer", "MegatronOptimizer"} <= names
@@ -105,7 +106,7 @@ def test_a_version_outside_supported_warns_once_and_still_switches_on(write_conf
 
 
 def test_wrap_method_undo_removes_only_its_own_wrapper():
-    from msmon.hooks.patching import wrap_method
+    from msmon.hooks.core.patching import wrap_method
 
     class Engine:
         def reduce(self, x):
@@ -121,7 +122,7 @@ def test_wrap_method_undo_removes_only_its_own_wrapper():
 def test_each_framework_entry_point_is_replaced_once_and_restored():
     """deepspeed.initialize, Accelerator.prepare and Megatron's builders: a second instrument
     (a post-import hook firing twice) must not wrap the wrapper."""
-    from msmon.hooks.patching import Replacements
+    from msmon.hooks.core.patching import Replacements
 
     library = types.SimpleNamespace(build=lambda x: x + 1)
     original = library.build

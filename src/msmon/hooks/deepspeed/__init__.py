@@ -4,7 +4,7 @@
 - adapters.py: read the weights, gradients and moments of its optimizers (stage 0, ZeRO-1/2/3);
 - groups.py: its data-, tensor- and pipeline-parallel groups, for the write-once rule.
 
-Light on import (never imports DeepSpeed, nor the monitor): msmon.optimizers, dedupe.py and
+Light on import (never imports DeepSpeed, nor the monitor): msmon.hooks.core.adapter_choice, dedupe.py and
 hooks/pipeline.py ask it what it declares.
 """
 
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from .groups import groups_of_models, pipeline_position
 
 if TYPE_CHECKING:
-    from ...optimizers.base import OptimizerAdapter
     from .. import Session
+    from ..core.adapters import OptimizerAdapter
 
 __all__ = [
     "DISTRIBUTION",

@@ -18,7 +18,7 @@ import torch
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
 from ..attach import attach
-from ..patching import Replacements
+from ..core.patching import Replacements
 
 logger = logging.getLogger("msmon")
 

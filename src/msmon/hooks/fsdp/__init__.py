@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...optimizers.base import OptimizerAdapter
     from .. import Session
+    from ..core.adapters import OptimizerAdapter
 
 __all__ = ["DISTRIBUTION", "SUPPORTED", "adapter_for", "instrument", "uninstrument"]
 

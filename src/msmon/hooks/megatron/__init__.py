@@ -5,7 +5,7 @@
   ChainedOptimizer, and the rank-local gradients at a bucket group's grad sync;
 - groups.py: its data-, tensor- and pipeline-parallel groups (`parallel_state`).
 
-Light on import (never imports Megatron, nor the monitor): msmon.optimizers, dedupe.py and
+Light on import (never imports Megatron, nor the monitor): msmon.hooks.core.adapter_choice, dedupe.py and
 hooks/pipeline.py ask it what it declares.
 """
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from .groups import groups_of_process, pipeline_position
 
 if TYPE_CHECKING:
-    from ...optimizers.base import OptimizerAdapter
     from .. import Session
+    from ..core.adapters import OptimizerAdapter
 
 __all__ = [
     "DISTRIBUTION",
@@ -65,7 +65,7 @@ def replica_exclusion(models: list[Any], optimizer: Any, weights: bool) -> Calla
     (`allreduce=False`) are replicated over their expert-data-parallel group only; with the
     distributed optimizer's overlap_param_gather, each rank's model weights are updated only in
     the next forward, so right after the step they differ by design."""
-    from ...optimizers.base import class_names
+    from ..core.adapters import class_names
     from ..deepspeed import EXPERT_PARAMETER
 
     names = class_names(optimizer)

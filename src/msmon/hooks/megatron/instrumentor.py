@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
 from ..attach import attach
-from ..patching import Replacements
+from ..core.patching import Replacements
 
 logger = logging.getLogger("msmon")
 

@@ -1,7 +1,7 @@
 """torch.optim: attach a TrainerMon to every optimizer a script builds (instrumentor.py), and
 read any torch.optim optimizer (adapters.py), the fallback for optimizers no framework claims.
 
-Light on import (msmon.optimizers asks it for its adapter): the instrumentor, which needs the
+Light on import (msmon.hooks.core.adapter_choice asks it for its adapter): the instrumentor, which needs the
 monitor, is imported when first switched on or asked.
 """
 
@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ...optimizers.base import OptimizerAdapter
     from .. import Session
+    from ..core.adapters import OptimizerAdapter
 
 DISTRIBUTION = "torch"
 SUPPORTED = ">=2.1,<2.14"  # pyproject's floor; tested on 2.13

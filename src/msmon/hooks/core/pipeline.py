@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..system.distributed import current_rank, is_initialized, position_in
-from . import frameworks
+from ...system.distributed import current_rank, is_initialized, position_in
+from .. import frameworks
 
 
 def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..hooks.patching import wrap_step
+from .patching import wrap_step
 
 _WRAPPER_ATTRS = ("optimizer", "_optimizer")
 
@@ -54,7 +54,7 @@ def resolve_optimizer(optimizer: Any) -> Any:
 def framework_optimizer_classes() -> frozenset[str]:
     """Class names whose `.optimizer` is an inner torch optimizer they drive, not a wrapper to
     see through: what the framework packages declare."""
-    from ..hooks import frameworks
+    from .. import frameworks
 
     return frozenset(name for package in frameworks() for name in getattr(package, "OPTIMIZER_CLASSES", ()))
 

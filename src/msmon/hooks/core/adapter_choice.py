@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..config import ConfigError
-from ..hooks import frameworks
-from .base import Moments, OptimizerAdapter, OptimizerGone, Shard, in_closure_reevaluation, resolve_optimizer
+from ...config import ConfigError
+from .. import frameworks
+from .adapters import Moments, OptimizerAdapter, OptimizerGone, Shard, in_closure_reevaluation, resolve_optimizer
 
 __all__ = [
     "Moments",
