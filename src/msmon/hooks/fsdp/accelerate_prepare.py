@@ -19,7 +19,7 @@ import torch
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
 from ..attach import attach
-from ..core.adapters import resolve_optimizer
+from ..core.adapter_choice import resolve_optimizer
 from ..core.patching import Replacements
 from .adapters import adapter_for
 

@@ -7,6 +7,7 @@ the one name to import.
 
 from __future__ import annotations
 
+from ..core.spec import Framework
 from .instrumentor import (
     ALWAYS_ASYNC,
     COLLECTIVES,
@@ -29,8 +30,7 @@ from .instrumentor import (
 __all__ = [
     "ALWAYS_ASYNC",
     "COLLECTIVES",
-    "DISTRIBUTION",
-    "SUPPORTED",
+    "FRAMEWORK",
     "UNKNOWN_SITE",
     "CallSite",
     "CollectiveCall",
@@ -47,5 +47,10 @@ __all__ = [
     "uninstrument",
 ]
 
-DISTRIBUTION = "torch"
-SUPPORTED = ">=2.1,<2.14"  # pyproject's floor; tested on 2.13
+FRAMEWORK = Framework(
+    name="torch_distributed",
+    distribution="torch",
+    supported=">=2.1,<2.14",  # pyproject's floor; tested on 2.13
+    instrument=instrument,
+    uninstrument=uninstrument,
+)

@@ -39,7 +39,7 @@ from ...config import ConfigError
 from ...system.distributed import current_rank
 from .. import Session
 from ..attach import module_monitor, on_optimizer_collected, start_monitor, targets_error
-from ..core.adapters import resolve_optimizer
+from ..core.adapter_choice import resolve_optimizer
 from ..core.pipeline import pipeline_position
 from ..module_registry import ModuleTracker, roots_in_memory
 
