@@ -16,7 +16,7 @@ import torch
 
 from conftest import MLP, ROOT
 from msmon.hooks import Session, StopBeforeTraining, torch_optim
-from msmon.hooks import attach as framework_attach
+from msmon.hooks import handover as framework_attach
 
 SCRIPTS = ROOT / "tests" / "scripts"
 CONFIG = {"wg_distribution": True, "format": ["csv"]}

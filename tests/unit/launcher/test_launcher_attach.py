@@ -18,7 +18,7 @@ import torch
 from conftest import MLP, ROOT, read_csv_rows
 from msmon import TrainerMon
 from msmon.hooks import Session, torch_optim
-from msmon.hooks import attach as framework_attach
+from msmon.hooks import handover as framework_attach
 from msmon.hooks.core.adapters import OptimizerGone
 
 CONFIG = {

@@ -18,9 +18,9 @@ import torch
 
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
-from ..attach import attach
 from ..core.adapter_choice import resolve_optimizer
 from ..core.patching import Replacements
+from ..handover import attach
 from .adapters import adapter_for
 
 logger = logging.getLogger("msmon")
