@@ -213,3 +213,15 @@ def test_the_summary_names_what_each_worker_did(tmp_path):
     assert lines[0].endswith("Dec02-rank0-x")
     assert lines[1] == "msmon: rank 1: nothing was monitored (no torch.optim optimizer was created)"
     assert "import msmon.auto" in run_summary.summary_lines([], "run")[0]
+
+
+def test_the_copied_boot_module_imports_nothing_of_msmon_not_even_inside_functions():
+    """boot.py runs as `_msmon_boot` before msmon is importable, and stays below the worker it
+    starts: the worker's start is handed in by the sitecustomize, so boot names no msmon module."""
+    import ast
+
+    tree = ast.parse(open(boot.__file__, encoding="utf-8").read())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level]
+    relative = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+    assert relative == [] and not [name for name in imported if name.split(".")[0] == "msmon"], imported
