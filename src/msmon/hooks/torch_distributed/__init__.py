@@ -1,5 +1,5 @@
 """torch.distributed: listeners see the tensors that go through its collectives
-(instrumentor.py; the comm collector is the listener).
+(instrumentor.py wraps them; calls.py says what a call is; the comm collector is the listener).
 
 Everything the collector and the tests use is re-exported here, so `hooks.torch_distributed` is
 the one name to import.
@@ -8,22 +8,24 @@ the one name to import.
 from __future__ import annotations
 
 from ..core.spec import Framework
-from .instrumentor import (
+from .calls import (
     ALWAYS_ASYNC,
     COLLECTIVES,
     UNKNOWN_SITE,
     CallSite,
     CollectiveCall,
     CollectiveListener,
+    find_call_site,
+    tensors_of,
+)
+from .instrumentor import (
     acquire,
     add_listener,
     deliver_completed,
-    find_call_site,
     instrument,
     is_instrumented,
     release,
     remove_listener,
-    tensors_of,
     uninstrument,
 )
 
