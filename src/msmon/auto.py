@@ -7,6 +7,6 @@ $MSMON_CONFIG or the built-in default config. Importing it twice, or in a proces
 script's own workers start (DataLoader workers re-import the script), does nothing.
 """
 
-from .launcher.worker import start_here
+from .launcher.bootstrap.worker import start_here
 
 session = start_here()

@@ -55,14 +55,14 @@ def discover(models: list[torch.nn.Module], adapter: Any, dp_group: Any = None, 
         return found
     if found.dp is None and adapter is not None and adapter.data_parallel_group() is not None:
         found.dp, found.source = adapter.data_parallel_group(), "the optimizer"
-    from .hooks import frameworks
+    from .hooks.core.registry import frameworks
 
-    for package in frameworks():  # what the models say, before the process's state
-        if hasattr(package, "groups_of_models"):
-            package.groups_of_models(found, models, adapter)
-    for package in frameworks():
-        if hasattr(package, "groups_of_process"):
-            package.groups_of_process(found)
+    for framework in frameworks():  # what the models say, before the process's state
+        if framework.groups_of_models is not None:
+            framework.groups_of_models(found, models, adapter)
+    for framework in frameworks():
+        if framework.groups_of_process is not None:
+            framework.groups_of_process(found)
     return found
 
 
@@ -116,13 +116,13 @@ def replica_exclusion(
     every rank of its data-parallel group (None: it is a replica), for the replica check. A
     DTensor is each rank's own shard; the framework packages add what their frameworks split or
     update late (their `replica_exclusion`)."""
-    from .hooks import frameworks
+    from .hooks.core.registry import frameworks
 
     rules = [
         rule
-        for package in frameworks()
-        if hasattr(package, "replica_exclusion")
-        for rule in [package.replica_exclusion(models, optimizer, weights)]
+        for framework in frameworks()
+        if framework.replica_exclusion is not None
+        for rule in [framework.replica_exclusion(models, optimizer, weights)]
         if rule is not None
     ]
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .guest_hooks import is_compiling, transform_running
+from .hooks.core.guest_hooks import is_compiling, transform_running
 from .output.records import RowKey
 from .tensor_memo import TensorMemo
 

@@ -28,10 +28,10 @@ from .collectors.grads import GradCollector
 from .collectors.structure import STRUCT, StructCollector
 from .config import ConfigError, MonitorConfig, load_config, parse_ops
 from .cost import describe
-from .hooks.pipeline import pipeline_position
+from .hooks.core.adapter_choice import adapter_for
+from .hooks.core.adapters import hold_weakly
+from .hooks.core.pipeline import pipeline_position
 from .naming import model_chunks
-from .optimizers import adapter_for
-from .optimizers.base import hold_weakly
 from .output.directory import ensure_writable, output_base_dir
 from .rank_output import RankOutput, report_cost
 from .recording_window import RecordingWindow

@@ -16,7 +16,7 @@ import torch
 
 from conftest import MLP, ROOT
 from msmon.hooks import Session, StopBeforeTraining, torch_optim
-from msmon.hooks import attach as framework_attach
+from msmon.hooks import handover as framework_attach
 
 SCRIPTS = ROOT / "tests" / "scripts"
 CONFIG = {"wg_distribution": True, "format": ["csv"]}
@@ -169,8 +169,8 @@ def test_the_end_of_job_summary_gives_the_cause_on_every_rank():
 
 
 def test_a_failed_attachment_is_reported_as_such_not_as_no_optimizer_built(write_config, tmp_path, monkeypatch):
+    from msmon.launcher.bootstrap.worker import WorkerRecord
     from msmon.launcher.run_summary import summary_lines
-    from msmon.launcher.worker import WorkerRecord
 
     session = Session.from_file(write_config(CONFIG))
     record = WorkerRecord(str(tmp_path / "workers"), session)

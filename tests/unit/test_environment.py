@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from msmon.launcher import boot
+from msmon.launcher.bootstrap import boot
 from msmon.system import environment
 
 

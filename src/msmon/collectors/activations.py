@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from .. import guest_hooks
 from ..config import MonitorConfig, TensorSpec
-from ..optimizers.base import in_closure_reevaluation
+from ..hooks.core import guest_hooks
+from ..hooks.core.adapters import in_closure_reevaluation
 from ..output.records import RowKey, row_key
 from ..runtime.buffer import RowGroup
 from ..selection import xy_targets

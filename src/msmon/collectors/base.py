@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..guest_hooks import is_compiling, transform_running
+from ..hooks.core.guest_hooks import is_compiling, transform_running
 from ..selection import MonitoredParam
 
 if TYPE_CHECKING:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .. import guest_hooks
 from ..hooks import torch_distributed as cc
+from ..hooks.core import guest_hooks
 from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey
 from ..stats import batch_stats, combine_rows, local_tensor
 from ..step_context import StepContext

@@ -28,9 +28,10 @@ from typing import Any, cast
 
 import torch
 
-from .. import guest_hooks, l2_math
+from .. import l2_math
 from ..config import ConfigError, MonitorConfig
-from ..module_attrs import has_stored, stored_tensor
+from ..hooks.core import guest_hooks
+from ..hooks.core.module_attrs import has_stored, stored_tensor
 from ..naming import split_vpp
 from ..output.records import RowKey
 from ..stats import local_tensor

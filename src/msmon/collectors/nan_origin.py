@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .. import guest_hooks
+from ..hooks.core import guest_hooks
 from ..origin import LOSS
 from ..output.records import RowKey, row_key
 from ..runtime.row_finiteness import row_finiteness

@@ -23,7 +23,7 @@ import logging
 
 import torch
 
-from ..optimizers.base import Shard
+from ..hooks.core.adapters import Shard
 from ..output.records import OPTIMIZER, DirectionKey, RowKey, format_tag, row_key
 from ..runtime.buffer import Histogram
 from ..sparse_stats import is_sparse

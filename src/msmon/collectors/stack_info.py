@@ -24,7 +24,7 @@ import torch
 
 import msmon
 
-from .. import guest_hooks
+from ..hooks.core import guest_hooks
 from ..step_context import StepContext
 from .base import Collector
 from .registry import register

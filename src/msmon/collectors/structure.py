@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .. import guest_hooks
+from ..hooks.core import guest_hooks
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector

@@ -1,54 +1,36 @@
 """Instrumentors: one package per instrumented library, each attaching msmon to code that never
 mentions it, and holding everything msmon knows about that library.
 
-A package `hooks/<name>/` provides, in its light `__init__.py` (it never imports its library;
-heavy parts are imported when first used):
-- `instrument(session: Session) -> None`, `uninstrument() -> None` (the opentelemetry shape);
-- `DISTRIBUTION` and `SUPPORTED` (e.g. "deepspeed", ">=0.17,<0.20"): checked when it switches
-  on, one warning when the installed version is outside (monitoring goes on);
-and, where the library has them:
-- `adapter_for(optimizer) -> OptimizerAdapter | None`: the adapter of its optimizer classes;
-- `OPTIMIZER_CLASSES`: names of its optimizer classes that drive an inner torch optimizer
-  through `.optimizer` (not wrappers to see through);
-- `OPT_TY`: msprobe's opt_ty names -> the adapter class names that fit them;
-- `groups_of_models(found, models, adapter)` / `groups_of_process(found)`: its data-, tensor- and
-  pipeline-parallel groups, from the models handed over / from the process's parallel state
-  (dedupe.py asks every package's first, then every package's second);
-- `pipeline_position() -> (stage, group ranks) | None` (hooks/pipeline.py).
+A package `hooks/<name>/` exports, in its light `__init__.py` (it never imports its library;
+heavy parts are imported when first used), one typed `Framework` as `FRAMEWORK`
+(hooks/core/spec.py): how to switch it on and off, the versions it supports, and, where the
+library has them, the adapter of its optimizers, its optimizer classes, msprobe's opt_ty names,
+its parallel groups, its pipeline position and the replica check's exceptions. The registry
+(hooks/core/registry.py) lists the packages in the order they are asked, and the import that
+switches each on.
 
 `enable(session)` registers a post-import hook (wrapt) on the module that names each library, so
 an instrumentor is switched on only when the training script imports its library, right away if
 it already did. One that fails is reported once and the others go on.
 
-To add a framework: write the folder `hooks/<name>/` and add its line to INSTRUMENTORS. The
-order of the lines is the order the packages are asked: most specific first, so torch_optim,
-whose adapter fits any optimizer, comes after the frameworks built on torch.optim.
+To add a framework: write the folder `hooks/<name>/` and add its line to the registry.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib
 import logging
 import os
 import sys
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Callable, NoReturn
 
 from ..config import MonitorConfig, load_config
 from ..system.distributed import current_rank
+from .core import registry
+from .core.spec import Framework
+from .core.versions import warn_if_unsupported
 
 logger = logging.getLogger("msmon")
-
-INSTRUMENTORS: dict[str, str] = {
-    # package (folder of hooks/)   the import that switches it on
-    "megatron": "megatron.core",
-    "deepspeed": "deepspeed",
-    "fsdp": "torch.distributed.fsdp",
-    "torch_optim": "torch",
-    "torch_distributed": "torch",
-}
 
 Listener = Callable[[str, dict], None]
 
@@ -118,21 +100,14 @@ def in_dataloader_worker() -> bool:
     return worker is not None and getattr(worker, "_worker_info", None) is not None
 
 
-_enabled: dict[str, Any] = {}  # INSTRUMENTORS key -> its package, once instrumented
-
-
-@functools.cache
-def frameworks() -> tuple[ModuleType, ...]:
-    """The instrumentor packages, in INSTRUMENTORS order, for what they declare (adapters,
-    opt_ty names, parallel groups). Importing one never imports its library."""
-    return tuple(importlib.import_module(f"{__name__}.{name}") for name in INSTRUMENTORS)
+_enabled: dict[str, Framework] = {}  # registry key -> its spec, once instrumented
 
 
 def enable(session: Session) -> None:
     """Switch each instrumentor on when its framework is imported (now, if it already is)."""
     import wrapt
 
-    for trigger in dict.fromkeys(INSTRUMENTORS.values()):
+    for trigger in dict.fromkeys(registry.SWITCHED_ON_BY.values()):
         wrapt.register_post_import_hook(_on_import(trigger, session), trigger)
 
 
@@ -140,7 +115,7 @@ def _on_import(trigger: str, session: Session) -> Callable[[Any], None]:
     def hook(_module: Any) -> None:
         if not session.in_owner_process():
             return
-        for name, wanted in INSTRUMENTORS.items():
+        for name, wanted in registry.SWITCHED_ON_BY.items():
             if wanted == trigger:
                 instrument(name, session)
 
@@ -148,13 +123,13 @@ def _on_import(trigger: str, session: Session) -> Callable[[Any], None]:
 
 
 def instrument(name: str, session: Session) -> bool:
-    """Import instrumentor package `name` (a key of INSTRUMENTORS) and switch it on; False when
+    """Import instrumentor package `name` (a key of the registry) and switch it on; False when
     it is absent or failed."""
     if name in _enabled:
         return True
     package = f"{__name__}.{name}"
     try:
-        module = importlib.import_module(package)
+        framework = registry.load(name)
     except ModuleNotFoundError as exc:
         if exc.name == package:  # not written yet: nothing to switch on
             return False
@@ -163,15 +138,13 @@ def instrument(name: str, session: Session) -> bool:
     except Exception as exc:
         logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), package, exc)
         return False
-    from .versions import warn_if_unsupported
-
-    warn_if_unsupported(module.DISTRIBUTION, module.SUPPORTED, INSTRUMENTORS.get(name))
+    warn_if_unsupported(framework.distribution, framework.supported, registry.SWITCHED_ON_BY.get(name))
     try:
-        module.instrument(session)
+        framework.instrument(session)
     except Exception as exc:  # one framework's failure leaves the others on, and training untouched
         logger.error(
             "msmon[rank %d]: instrumentor %s failed to switch on and stays off: %r", current_rank(), package, exc
         )
         return False
-    _enabled[name] = module
+    _enabled[name] = framework
     return True

@@ -1,9 +1,7 @@
 """The one attach sequence: a TrainerMon built on an optimizer and its model, registered with the
 session, closed and released once the optimizer is garbage-collected, and announced (log line,
 "attached" event). The torch.optim instrumentor uses it for the optimizers a script builds;
-`attach` below for the optimizer a framework built (DeepSpeed, Megatron), whose instrumentors
-hand over the model chunks and the optimizer, and tell the torch.optim instrumentor to leave
-every optimizer inside it alone.
+hooks/handover.py for the optimizer a framework built (DeepSpeed, Megatron, accelerate).
 """
 
 from __future__ import annotations
@@ -16,18 +14,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..config import ConfigError
-from ..module_attrs import stored
-from ..naming import check_targets, display, model_chunks
+from ..naming import check_targets, display
 from ..system.distributed import current_rank
-from . import Session, explicit, torch_optim
-from .pipeline import pipeline_position
+from . import Session, automatic
 
 if TYPE_CHECKING:
     from ..monitor import TrainerMon
 
 logger = logging.getLogger("msmon")
-
-_attached: weakref.WeakSet[Any] = weakref.WeakSet()  # framework optimizers with a monitor
 
 
 def start_monitor(
@@ -39,7 +33,7 @@ def start_monitor(
     closes the monitor and raises (ConfigError for a config that does not fit the model)."""
     from ..monitor import TrainerMon
 
-    with explicit.automatic():
+    with automatic.building():
         monitor = TrainerMon(session.config_path)
     monitor.records_modules = shares_modules_with is None
     try:
@@ -67,66 +61,6 @@ def start_monitor(
         shared,
     )
     session.emit("attached", monitor=monitor, optimizer=type(optimizer).__name__, models=names, when=when)
-    return monitor
-
-
-# -- an optimizer a framework built ----------------------------------------------------------------
-def is_attached(optimizer: Any) -> bool:
-    try:
-        return optimizer in _attached
-    except TypeError:
-        return False
-
-
-def inner_optimizers(optimizer: Any) -> list[Any]:
-    """The optimizer and every optimizer it drives (`.optimizer`, chained ones), outermost first."""
-    out: list[Any] = []
-    todo = [optimizer]
-    while todo:
-        current = todo.pop(0)
-        if current is None or any(current is seen for seen in out):
-            continue
-        out.append(current)
-        todo.extend(getattr(current, "chained_optimizers", None) or [])
-        try:  # Megatron's ChainedOptimizer asserts it holds one optimizer when asked for `.optimizer`
-            todo.append(getattr(current, "optimizer", None))
-        except Exception:
-            pass
-    return out
-
-
-def claim(optimizer: Any) -> None:
-    """Keep the torch.optim instrumentor off this optimizer and the ones inside it: the
-    framework's monitor covers them (a second monitor would see flat fp32 partitions)."""
-    for opt in inner_optimizers(optimizer):
-        torch_optim.release(opt)
-        torch_optim.claim(opt)
-
-
-def attach(session: Session, models: Any, optimizer: Any, when: str) -> TrainerMon | None:
-    """A TrainerMon on the optimizer a framework built, with `models` (a module or the list of
-    virtual-pipeline chunks); None when it cannot be attached (reported, training goes on)."""
-    from ..collectors.l2_features import l2_targets_error
-
-    if optimizer is None or is_attached(optimizer) or not session.may_attach():
-        return None
-    claim(optimizer)
-    chunks_given = models if isinstance(models, (list, tuple)) else [models]
-    names = [type(stored(m, "module", m)).__name__ for m in chunks_given]
-    try:
-        monitor = start_monitor(session, models, optimizer, when, names)
-    except ConfigError as exc:
-        config = session.config
-        chunks = model_chunks(models)  # on one pipeline stage, another may hold the target
-        if (
-            targets_error(config.targets, chunks, config.squash_name) is not None
-            or l2_targets_error(config, chunks) is not None
-        ) and len(pipeline_position()[1]) == 1:
-            session.stop(str(exc))
-        logger.error("msmon[rank %d]: %s is not monitored: %s", current_rank(), type(optimizer).__name__, exc)
-        session.emit("skipped", optimizer=type(optimizer).__name__, reason=str(exc))
-        return None
-    _attached.add(optimizer)
     return monitor
 
 

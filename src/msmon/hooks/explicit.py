@@ -13,27 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from ..system import lifecycle
-from . import Session
+from . import Session, automatic
+from .attach import on_optimizer_collected
 
 logger = logging.getLogger("msmon")
-
-_local = threading.local()  # .depth: how many automatic monitors this thread is building
-
-
-@contextmanager
-def automatic() -> Iterator[None]:
-    """TrainerMons built inside this block are msmon's own (attach.start_monitor)."""
-    _local.depth = getattr(_local, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _local.depth -= 1
 
 
 def watch(session: Session) -> None:
@@ -42,7 +28,7 @@ def watch(session: Session) -> None:
 
 
 def _on_new_monitor(session: Session, monitor: Any) -> None:
-    if getattr(_local, "depth", 0) or session.stood_down or not session.in_owner_process():
+    if automatic.being_built() or session.stood_down or not session.in_owner_process():
         return
     session.stood_down = True
     withdrawn = list(session.monitors)
@@ -61,8 +47,6 @@ def _on_new_monitor(session: Session, monitor: Any) -> None:
 
 def withdraw(session: Session, monitor: Any) -> None:
     """Close an automatic monitor; remove its directory if it recorded nothing there."""
-    from .attach import on_optimizer_collected
-
     on_optimizer_collected(session, monitor)  # detach, write what is pending, forget it
     log_dir = monitor.log_dir
     if monitor.steps_recorded == 0 and monitor.output.resume is None and log_dir and os.path.isdir(log_dir):

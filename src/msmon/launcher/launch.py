@@ -13,7 +13,8 @@ import click
 
 from ..config import ConfigError
 from ..output.directory import ensure_writable, output_base_dir
-from . import bootstrap, run_summary
+from . import run_summary
+from .bootstrap import job_directory
 from .job_command_line import JobCommand, UsageError, parse, sitecustomize_disabled_by
 
 ENV_KEEP_BOOTSTRAP = "MSMON_KEEP_BOOTSTRAP"
@@ -73,19 +74,19 @@ def launch(
             "(see docs/launcher.md)",
             err=True,
         )
-    directory = bootstrap.create(config, config_source, command.launcher, mode, output_dir)
+    directory = job_directory.create(config, config_source, command.launcher, mode, output_dir)
     try:
-        env = bootstrap.job_environment(os.environ, directory, output_dir)
-        lock = bootstrap.lock_fd(directory)
+        env = job_directory.job_environment(os.environ, directory, output_dir)
+        lock = job_directory.lock_fd(directory)
         code = run_child(command.argv(), env, () if lock is None else (lock,))
         for line in run_summary.summary_lines(run_summary.worker_records(directory), mode):
             click.echo(line, err=True)
     finally:
         if os.environ.get(ENV_KEEP_BOOTSTRAP):
-            bootstrap.keep(directory)
+            job_directory.keep(directory)
             click.echo(f"msmon: bootstrap directory kept: {directory}", err=True)
         else:
-            bootstrap.remove(directory)
+            job_directory.remove(directory)
     return code
 
 

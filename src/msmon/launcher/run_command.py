@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from ..config import ConfigError, load_config, read_config_file
-from . import bootstrap
+from .bootstrap import job_directory
 from .launch import JOB_SETTINGS, JobClickCommand, job_from_context, launch
 
 
@@ -46,7 +46,7 @@ def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_
     if config_path:
         config = _load(config_path)
     else:
-        config = read_config_file(bootstrap.DEFAULT_CONFIG)
+        config = read_config_file(job_directory.DEFAULT_CONFIG)
         click.echo(
             "msmon: no --config given; using the built-in default config:\n" + json.dumps(config, indent=2), err=True
         )

@@ -13,7 +13,7 @@ from typing import Any
 from ..cost import describe
 from ..output.directory import describe_stopped
 from ..output.layout import SUMMARY_FILE
-from .boot import WORKERS_DIR
+from .bootstrap.boot import WORKERS_DIR
 
 
 def worker_records(bootstrap_dir: str) -> list[dict[str, Any]]:

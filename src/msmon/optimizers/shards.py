@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ..hooks.core.adapters import Shard
 from ..output.records import RowKey, row_key
 from ..runtime.buffer import Histogram
 from ..stats import batch_stats, combine_gathered, scalar_rows
 from ..system import exit_drain
-from .base import Shard
 
 if TYPE_CHECKING:
     from ..monitor import TrainerMon

@@ -1,6 +1,6 @@
 """The environment variables msmon's core reads, in one module that imports nothing.
 
-The launcher (`msmon run`) sets ENV_BOOTSTRAP_DIR in every process of a job; launcher/boot.py
+The launcher (`msmon run`) sets ENV_BOOTSTRAP_DIR in every process of a job; launcher/bootstrap/boot.py
 keeps its own copy of the name, because it is copied into the job's bootstrap directory and
 runs there before msmon's package can be imported (tests check the two agree).
 """

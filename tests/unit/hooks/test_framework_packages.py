@@ -1,5 +1,5 @@
-"""The per-framework packages of hooks/: what each declares, the order they are asked in, and the
-supported-version check when one switches on."""
+"""The per-framework packages of hooks/: the typed spec each exports, the order they are asked
+in, and the supported-version check when one switches on."""
 
 from __future__ import annotations
 
@@ -12,28 +12,39 @@ import pytest
 import torch
 
 from conftest import MLP
-from msmon import hooks, optimizers
+from msmon import hooks
 from msmon.config import ConfigError
-from msmon.hooks import versions
+from msmon.hooks.core import adapter_choice, registry, versions
+from msmon.hooks.core.adapters import OptimizerAdapter
+from msmon.hooks.core.spec import Framework
 
 
-def test_every_registered_package_declares_the_instrumentor_interface():
-    for package in hooks.frameworks():
-        assert callable(package.instrument) and callable(package.uninstrument), package.__name__
-        assert isinstance(package.DISTRIBUTION, str) and isinstance(package.SUPPORTED, str), package.__name__
-        versions.in_range("1.0", package.SUPPORTED)  # parses
+def test_every_registered_package_exports_a_framework_spec_named_as_its_folder():
+    specs = registry.frameworks()
+    assert [spec.name for spec in specs] == list(registry.SWITCHED_ON_BY)
+    for spec in specs:
+        assert isinstance(spec, Framework), spec
+        assert callable(spec.instrument) and callable(spec.uninstrument), spec.name
+        assert isinstance(spec.distribution, str) and isinstance(spec.supported, str), spec.name
+        versions.in_range("1.0", spec.supported)  # parses
+
+
+def test_torch_optim_whose_adapter_fits_any_optimizer_is_asked_after_every_framework_with_adapters():
+    with_adapters = [spec.name for spec in registry.frameworks() if spec.adapter_for is not None]
+    assert with_adapters[-1] == "torch_optim" and with_adapters[:2] == ["megatron", "deepspeed"]
 
 
 def test_the_installed_frameworks_are_inside_what_their_packages_support():
-    for package in hooks.frameworks():
-        version = versions.installed(package.DISTRIBUTION)
+    for spec in registry.frameworks():
+        version = versions.installed(spec.distribution)
         if version is not None:
-            assert versions.in_range(version, package.SUPPORTED), (package.__name__, version)
+            assert versions.in_range(version, spec.supported), (spec.name, version)
 
 
 def test_importing_the_packages_imports_no_framework():
     code = (
-        "import sys; from msmon import hooks; hooks.frameworks(); import msmon.optimizers; "
+        "import sys; from msmon.hooks.core import registry; registry.frameworks(); "
+        "import msmon.hooks.core.adapter_choice; "
         "print(sorted(m for m in ('deepspeed', 'megatron.core', 'msmon.monitor') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -41,7 +52,8 @@ def test_importing_the_packages_imports_no_framework():
 
 
 def test_opt_ty_is_the_union_of_the_packages_and_megatron_is_asked_first():
-    declared = [name for package in hooks.frameworks() for name in getattr(package, "OPT_TY", {})]
+    declared = [name for spec in registry.frameworks() for name in spec.opt_ty]
+    optimizers = adapter_choice
     assert list(optimizers.OPT_TY) == declared
     assert declared[0].startswith("Megatron_") and declared[-1].startswith("DeepSpeed")
     with pytest.raises(ConfigError, match="is not an optimizer type msprobe knows"):
@@ -51,16 +63,69 @@ def test_opt_ty_is_the_union_of_the_packages_and_megatron_is_asked_first():
 def test_a_plain_torch_optimizer_falls_through_to_torch_optim():
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # held here: adapters hold it weakly
-    adapter = optimizers.adapter_for(optimizer)
+    adapter = adapter_choice.adapter_for(optimizer)
     assert type(adapter).__name__ == "TorchOptimAdapter" and adapter.family == "torch"
     assert [p for p in adapter.params()] == list(model.parameters())
 
 
 def test_framework_optimizer_classes_come_from_the_packages():
-    from msmon.optimizers.base import framework_optimizer_classes
-
-    names = framework_optimizer_classes()
+    names = adapter_choice.framework_optimizer_classes()
     assert {"DeepSpeedZeroOptimizer_Stage3", "BF16_Optimizer", "ChainedOptimizer", "MegatronOptimizer"} <= names
+
+
+class _FakeOptimizer(torch.optim.SGD):
+    """An optimizer class only the fake framework below knows."""
+
+
+class _FakeAdapter(OptimizerAdapter):
+    family = "fake"
+
+
+def _fake_package(monkeypatch, spec: Framework) -> None:
+    package = types.ModuleType("msmon.hooks.fake_framework")
+    package.FRAMEWORK = spec
+    monkeypatch.setitem(sys.modules, "msmon.hooks.fake_framework", package)
+
+
+def test_a_new_framework_is_one_package_exporting_a_spec_and_one_registry_line(monkeypatch):
+    """The adapter choice and the pipeline position read the new spec; nothing else is told."""
+    _fake_package(
+        monkeypatch,
+        Framework(
+            name="fake_framework",
+            distribution="msmon-fake-framework",
+            supported="",
+            instrument=lambda session: None,
+            uninstrument=lambda: None,
+            adapter_for=lambda opt: _FakeAdapter(opt) if isinstance(opt, _FakeOptimizer) else None,
+        ),
+    )
+    monkeypatch.setattr(registry, "SWITCHED_ON_BY", {"fake_framework": "fake_framework", **registry.SWITCHED_ON_BY})
+    registry.frameworks.cache_clear()
+    try:
+        model = MLP()
+        mine, plain = _FakeOptimizer(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)
+        assert type(adapter_choice.adapter_for(mine)) is _FakeAdapter
+        assert type(adapter_choice.adapter_for(plain)).__name__ == "TorchOptimAdapter"
+    finally:
+        registry.frameworks.cache_clear()
+
+
+def test_a_package_exporting_no_framework_spec_is_reported_and_the_others_switch_on(write_config, monkeypatch, caplog):
+    package = types.ModuleType("msmon.hooks.fake_framework")
+    package.FRAMEWORK = {"name": "fake_framework"}  # the untyped shape of old
+    monkeypatch.setitem(sys.modules, "msmon.hooks.fake_framework", package)
+    monkeypatch.setitem(registry.SWITCHED_ON_BY, "fake_framework", "fake_framework")
+    monkeypatch.setattr(hooks, "_enabled", {})
+    session = hooks.Session.from_file(write_config({}))
+    with caplog.at_level(logging.ERROR, logger="msmon"):
+        assert not hooks.instrument("fake_framework", session)
+    assert any(
+        "fake_framework cannot be imported" in r.getMessage() and "not a Framework" in r.getMessage()
+        for r in caplog.records
+    )
+    with pytest.raises(TypeError, match="not a Framework"):
+        registry.load("fake_framework")
 
 
 @pytest.mark.parametrize(
@@ -80,18 +145,22 @@ def test_version_ranges(version, supported, inside):
 
 
 def test_a_version_outside_supported_warns_once_and_still_switches_on(write_config, monkeypatch, caplog):
-    hooks.frameworks()  # cached before the registry gets its fake line
-    package = types.ModuleType("msmon.hooks.fake_framework")
+    registry.frameworks()  # cached before the registry gets its fake line
     switched_on = []
-    package.DISTRIBUTION = "msmon-fake-framework"  # not installed: the version is its module's __version__
-    package.SUPPORTED = ">=1.0,<2.0"
-    package.instrument = switched_on.append
-    package.uninstrument = lambda: None
+    _fake_package(
+        monkeypatch,
+        Framework(
+            name="fake_framework",
+            distribution="msmon-fake-framework",  # not installed: the version is its module's __version__
+            supported=">=1.0,<2.0",
+            instrument=switched_on.append,
+            uninstrument=lambda: None,
+        ),
+    )
     library = types.ModuleType("fake_framework")
     library.__version__ = "2.5.0"
-    monkeypatch.setitem(sys.modules, "msmon.hooks.fake_framework", package)
     monkeypatch.setitem(sys.modules, "fake_framework", library)
-    monkeypatch.setitem(hooks.INSTRUMENTORS, "fake_framework", "fake_framework")
+    monkeypatch.setitem(registry.SWITCHED_ON_BY, "fake_framework", "fake_framework")
     monkeypatch.setattr(hooks, "_enabled", {})
     monkeypatch.setattr(versions, "_warned", set())
     session = hooks.Session.from_file(write_config({}))
@@ -105,7 +174,7 @@ def test_a_version_outside_supported_warns_once_and_still_switches_on(write_conf
 
 
 def test_wrap_method_undo_removes_only_its_own_wrapper():
-    from msmon.hooks.patching import wrap_method
+    from msmon.hooks.core.patching import wrap_method
 
     class Engine:
         def reduce(self, x):
@@ -121,7 +190,7 @@ def test_wrap_method_undo_removes_only_its_own_wrapper():
 def test_each_framework_entry_point_is_replaced_once_and_restored():
     """deepspeed.initialize, Accelerator.prepare and Megatron's builders: a second instrument
     (a post-import hook firing twice) must not wrap the wrapper."""
-    from msmon.hooks.patching import Replacements
+    from msmon.hooks.core.patching import Replacements
 
     library = types.SimpleNamespace(build=lambda x: x + 1)
     original = library.build

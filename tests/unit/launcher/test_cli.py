@@ -232,7 +232,7 @@ def _start_sleeping_job(tmp: Path, name: str) -> tuple[subprocess.Popen, Path]:
 
 @pytest.mark.e2e
 def test_bootstrap_dirs_left_by_kill_9_are_removed_by_the_next_run_and_live_jobs_keep_theirs(tmp_path):
-    from msmon.launcher.bootstrap import STALE_AFTER_S
+    from msmon.launcher.bootstrap.job_directory import STALE_AFTER_S
 
     tmp = tmp_path / "tmp"
     tmp.mkdir()

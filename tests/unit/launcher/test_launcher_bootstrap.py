@@ -11,7 +11,8 @@ import textwrap
 
 import pytest
 
-from msmon.launcher import boot, bootstrap, run_summary
+from msmon.launcher import run_summary
+from msmon.launcher.bootstrap import boot, job_directory
 from msmon.launcher.job_command_line import UsageError, parse, sitecustomize_disabled_by
 
 PROBE = textwrap.dedent("""
@@ -33,7 +34,7 @@ def job(tmp_path):
     directories = []
 
     def make(launcher="torchrun"):
-        directory = bootstrap.create({"wg_distribution": True}, None, launcher, "run", str(tmp_path / "out"))
+        directory = job_directory.create({"wg_distribution": True}, None, launcher, "run", str(tmp_path / "out"))
         directories.append(directory)
         return directory
 
@@ -48,7 +49,7 @@ def job(tmp_path):
     )
     yield make, user_site
     for directory in directories:
-        bootstrap.remove(directory)
+        job_directory.remove(directory)
 
 
 def probe(env, *extra_args):
@@ -62,7 +63,7 @@ def probe(env, *extra_args):
 def job_env(directory, user_site, tmp_path, **extra):
     base = {k: v for k, v in os.environ.items() if not k.startswith(("MSMON_", "TORCHELASTIC_"))}
     base["PYTHONPATH"] = str(user_site)
-    env = bootstrap.job_environment(base, directory, None)
+    env = job_directory.job_environment(base, directory, None)
     env["USER_SITE_LOG"] = str(tmp_path / "user_site.log")
     env.update(extra)
     return env
@@ -125,7 +126,7 @@ def test_nested_bootstraps_run_msmon_once_and_the_user_sitecustomize_once(job, t
     make, user_site = job
     inner, outer = make(), make()
     env = job_env(inner, user_site, tmp_path, TORCHELASTIC_RUN_ID="run1")
-    env = bootstrap.job_environment(env, outer, None)  # a job launched from inside another
+    env = job_directory.job_environment(env, outer, None)  # a job launched from inside another
     seen = probe(env)
     assert seen["sitecustomize"] == str(user_site / "sitecustomize.py")
     assert user_site_runs(tmp_path) == [seen["pid"]]
@@ -212,3 +213,15 @@ def test_the_summary_names_what_each_worker_did(tmp_path):
     assert lines[0].endswith("Dec02-rank0-x")
     assert lines[1] == "msmon: rank 1: nothing was monitored (no torch.optim optimizer was created)"
     assert "import msmon.auto" in run_summary.summary_lines([], "run")[0]
+
+
+def test_the_copied_boot_module_imports_nothing_of_msmon_not_even_inside_functions():
+    """boot.py runs as `_msmon_boot` before msmon is importable, and stays below the worker it
+    starts: the worker's start is handed in by the sitecustomize, so boot names no msmon module."""
+    import ast
+
+    tree = ast.parse(open(boot.__file__, encoding="utf-8").read())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imported += [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and not node.level]
+    relative = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level]
+    assert relative == [] and not [name for name in imported if name.split(".")[0] == "msmon"], imported

@@ -4,38 +4,25 @@
 - adapters.py: read the weights, gradients and moments of its optimizers (stage 0, ZeRO-1/2/3);
 - groups.py: its data-, tensor- and pipeline-parallel groups, for the write-once rule.
 
-Light on import (never imports DeepSpeed, nor the monitor): msmon.optimizers, dedupe.py and
-hooks/pipeline.py ask it what it declares.
+Light on import (never imports DeepSpeed, nor the monitor): it exports its `FRAMEWORK` spec
+(hooks/core/spec.py), which the adapter choice, dedupe.py and the pipeline position read.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..core.spec import Framework
 from .groups import groups_of_models, pipeline_position
 
 if TYPE_CHECKING:
-    from ...optimizers.base import OptimizerAdapter
     from .. import Session
+    from ..core.adapters import OptimizerAdapter
 
-__all__ = [
-    "DISTRIBUTION",
-    "OPTIMIZER_CLASSES",
-    "OPT_TY",
-    "SUPPORTED",
-    "adapter_for",
-    "groups_of_models",
-    "instrument",
-    "pipeline_position",
-    "replica_exclusion",
-    "uninstrument",
-]
-
-DISTRIBUTION = "deepspeed"
-SUPPORTED = ">=0.17,<0.20"  # the layout of adapters.py; tested on 0.19.8
+__all__ = ["EXPERT_PARAMETER", "FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
 
 # DeepSpeed's optimizer classes drive an inner torch optimizer (`.optimizer`): not wrappers
-OPTIMIZER_CLASSES = frozenset(
+_OPTIMIZER_CLASSES = frozenset(
     {
         "DeepSpeedZeroOptimizer",
         "DeepSpeedZeroOptimizer_Stage3",
@@ -48,7 +35,7 @@ OPTIMIZER_CLASSES = frozenset(
 EXPERT_PARAMETER = "an expert parameter (allreduce=False): replicated over its expert-data-parallel group only"
 
 # msprobe's opt_ty names -> the adapters that fit them
-OPT_TY: dict[str, tuple[str, ...]] = {
+_OPT_TY: dict[str, tuple[str, ...]] = {
     "DeepSpeedZeroOptimizer_Stage0": ("BF16Adapter", "FP16UnfusedAdapter", "TorchOptimAdapter"),
     "DeepSpeedZeroOptimizer_Stage1_or_2": ("Zero12Adapter",),
     "DeepSpeedZeroOptimizer_Stage3": ("Zero3Adapter",),
@@ -87,3 +74,18 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
     from .adapters import deepspeed_adapter
 
     return deepspeed_adapter(optimizer)
+
+
+FRAMEWORK = Framework(
+    name="deepspeed",
+    distribution="deepspeed",
+    supported=">=0.17,<0.20",  # the layout of adapters.py; tested on 0.19.8
+    instrument=instrument,
+    uninstrument=uninstrument,
+    adapter_for=adapter_for,
+    optimizer_classes=_OPTIMIZER_CLASSES,
+    opt_ty=_OPT_TY,
+    groups_of_models=groups_of_models,
+    pipeline_position=pipeline_position,
+    replica_exclusion=replica_exclusion,
+)

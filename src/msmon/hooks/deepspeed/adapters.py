@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ...optimizers.base import (
+from ..core.adapters import (
     GradPairs,
     Moments,
     OptimizerAdapter,
@@ -38,7 +38,7 @@ from ...optimizers.base import (
     inner_moments,
     stepped_now,
 )
-from ..patching import wrap_method
+from ..core.patching import wrap_method
 
 _STAGE3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
 _STAGE3_GRAD_PARTITIONS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"

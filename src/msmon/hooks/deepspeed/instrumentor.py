@@ -17,8 +17,8 @@ import torch
 
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
-from ..attach import attach
-from ..patching import Replacements
+from ..core.patching import Replacements
+from ..handover import attach
 
 logger = logging.getLogger("msmon")
 

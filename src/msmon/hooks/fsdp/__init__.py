@@ -9,21 +9,20 @@ rank-local gradients are read (seams.py: nothing is patched until a monitor asks
 accelerate's `prepare`, which moves an optimizer onto sharded parameters after it was built
 (accelerate_prepare.py, switched on when accelerate is imported).
 
-Light on import (never imports FSDP, nor the monitor).
+Light on import (never imports FSDP, nor the monitor): it exports its `FRAMEWORK` spec.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..core.spec import Framework
+
 if TYPE_CHECKING:
-    from ...optimizers.base import OptimizerAdapter
     from .. import Session
+    from ..core.adapters import OptimizerAdapter
 
-__all__ = ["DISTRIBUTION", "SUPPORTED", "adapter_for", "instrument", "uninstrument"]
-
-DISTRIBUTION = "torch"
-SUPPORTED = ">=2.13,<2.14"  # verified by tests/e2e/test_fsdp_e2e.py (FSDP2's reduce seam is torch-internal)
+__all__ = ["FRAMEWORK", "adapter_for", "instrument", "uninstrument"]
 
 
 def instrument(session: Session) -> None:
@@ -54,3 +53,13 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
     from .adapters import adapter_for as fsdp_adapter_for
 
     return fsdp_adapter_for(optimizer)
+
+
+FRAMEWORK = Framework(
+    name="fsdp",
+    distribution="torch",
+    supported=">=2.13,<2.14",  # verified by tests/e2e/test_fsdp_e2e.py (FSDP2's reduce seam is torch-internal)
+    instrument=instrument,
+    uninstrument=uninstrument,
+    adapter_for=adapter_for,
+)

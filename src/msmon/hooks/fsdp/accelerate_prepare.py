@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 import torch
 
-from ...optimizers.base import resolve_optimizer
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
-from ..attach import attach
-from ..patching import Replacements
+from ..core.adapter_choice import resolve_optimizer
+from ..core.patching import Replacements
+from ..handover import attach
 from .adapters import adapter_for
 
 logger = logging.getLogger("msmon")

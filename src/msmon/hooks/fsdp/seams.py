@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...optimizers.base import GradPairs
+from ..core.adapters import GradPairs
 
 logger = logging.getLogger("msmon")
 

@@ -5,41 +5,28 @@
   ChainedOptimizer, and the rank-local gradients at a bucket group's grad sync;
 - groups.py: its data-, tensor- and pipeline-parallel groups (`parallel_state`).
 
-Light on import (never imports Megatron, nor the monitor): msmon.optimizers, dedupe.py and
-hooks/pipeline.py ask it what it declares.
+Light on import (never imports Megatron, nor the monitor): it exports its `FRAMEWORK` spec
+(hooks/core/spec.py), which the adapter choice, dedupe.py and the pipeline position read.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..core.spec import Framework
 from .groups import groups_of_process, pipeline_position
 
 if TYPE_CHECKING:
-    from ...optimizers.base import OptimizerAdapter
     from .. import Session
+    from ..core.adapters import OptimizerAdapter
 
-__all__ = [
-    "DISTRIBUTION",
-    "OPTIMIZER_CLASSES",
-    "OPT_TY",
-    "SUPPORTED",
-    "adapter_for",
-    "groups_of_process",
-    "instrument",
-    "pipeline_position",
-    "replica_exclusion",
-    "uninstrument",
-]
-
-DISTRIBUTION = "megatron-core"
-SUPPORTED = ">=0.16,<0.17"  # the layout of adapters.py; tested on 0.16.1
+__all__ = ["FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
 
 # Megatron's optimizer classes drive an inner torch optimizer (`.optimizer`): not wrappers
-OPTIMIZER_CLASSES = frozenset({"MegatronOptimizer", "ChainedOptimizer"})
+_OPTIMIZER_CLASSES = frozenset({"MegatronOptimizer", "ChainedOptimizer"})
 
 # msprobe's opt_ty names -> the adapters that fit them
-OPT_TY: dict[str, tuple[str, ...]] = {
+_OPT_TY: dict[str, tuple[str, ...]] = {
     "Megatron_FP32Optimizer": ("FP32Adapter",),
     "Megatron_Float16OptimizerWithFloat16Params": ("Float16Adapter",),
     "Megatron_DistributedOptimizer": ("DistributedAdapter",),
@@ -65,11 +52,11 @@ def replica_exclusion(models: list[Any], optimizer: Any, weights: bool) -> Calla
     (`allreduce=False`) are replicated over their expert-data-parallel group only; with the
     distributed optimizer's overlap_param_gather, each rank's model weights are updated only in
     the next forward, so right after the step they differ by design."""
-    from ...optimizers.base import class_names
+    from ..core.adapters import class_names
     from ..deepspeed import EXPERT_PARAMETER
 
     names = class_names(optimizer)
-    if not OPTIMIZER_CLASSES & set(names):
+    if not _OPTIMIZER_CLASSES & set(names):
         return None
     lazy = (
         weights
@@ -92,3 +79,18 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
     from .adapters import megatron_adapter
 
     return megatron_adapter(optimizer)
+
+
+FRAMEWORK = Framework(
+    name="megatron",
+    distribution="megatron-core",
+    supported=">=0.16,<0.17",  # the layout of adapters.py; tested on 0.16.1
+    instrument=instrument,
+    uninstrument=uninstrument,
+    adapter_for=adapter_for,
+    optimizer_classes=_OPTIMIZER_CLASSES,
+    opt_ty=_OPT_TY,
+    groups_of_process=groups_of_process,
+    pipeline_position=pipeline_position,
+    replica_exclusion=replica_exclusion,
+)

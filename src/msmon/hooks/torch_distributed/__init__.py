@@ -1,5 +1,5 @@
 """torch.distributed: listeners see the tensors that go through its collectives
-(instrumentor.py; the comm collector is the listener).
+(instrumentor.py wraps them; calls.py says what a call is; the comm collector is the listener).
 
 Everything the collector and the tests use is re-exported here, so `hooks.torch_distributed` is
 the one name to import.
@@ -7,30 +7,32 @@ the one name to import.
 
 from __future__ import annotations
 
-from .instrumentor import (
+from ..core.spec import Framework
+from .calls import (
     ALWAYS_ASYNC,
     COLLECTIVES,
     UNKNOWN_SITE,
     CallSite,
     CollectiveCall,
     CollectiveListener,
+    find_call_site,
+    tensors_of,
+)
+from .instrumentor import (
     acquire,
     add_listener,
     deliver_completed,
-    find_call_site,
     instrument,
     is_instrumented,
     release,
     remove_listener,
-    tensors_of,
     uninstrument,
 )
 
 __all__ = [
     "ALWAYS_ASYNC",
     "COLLECTIVES",
-    "DISTRIBUTION",
-    "SUPPORTED",
+    "FRAMEWORK",
     "UNKNOWN_SITE",
     "CallSite",
     "CollectiveCall",
@@ -47,5 +49,10 @@ __all__ = [
     "uninstrument",
 ]
 
-DISTRIBUTION = "torch"
-SUPPORTED = ">=2.1,<2.14"  # pyproject's floor; tested on 2.13
+FRAMEWORK = Framework(
+    name="torch_distributed",
+    distribution="torch",
+    supported=">=2.1,<2.14",  # pyproject's floor; tested on 2.13
+    instrument=instrument,
+    uninstrument=uninstrument,
+)

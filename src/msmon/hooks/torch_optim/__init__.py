@@ -1,8 +1,8 @@
 """torch.optim: attach a TrainerMon to every optimizer a script builds (instrumentor.py), and
 read any torch.optim optimizer (adapters.py), the fallback for optimizers no framework claims.
 
-Light on import (msmon.optimizers asks it for its adapter): the instrumentor, which needs the
-monitor, is imported when first switched on or asked.
+Light on import (its `FRAMEWORK` spec is read by the adapter choice): the instrumentor, which
+needs the monitor, is imported when first switched on or asked.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from ...optimizers.base import OptimizerAdapter
-    from .. import Session
+from ..core.spec import Framework
 
-DISTRIBUTION = "torch"
-SUPPORTED = ">=2.1,<2.14"  # pyproject's floor; tested on 2.13
+if TYPE_CHECKING:
+    from .. import Session
+    from ..core.adapters import OptimizerAdapter
 
 
 def instrument(session: Session) -> None:
@@ -62,3 +61,13 @@ def suppressed() -> Iterator[None]:
 
     with instrumentor.suppressed():
         yield
+
+
+FRAMEWORK = Framework(
+    name="torch_optim",
+    distribution="torch",
+    supported=">=2.1,<2.14",  # pyproject's floor; tested on 2.13
+    instrument=instrument,
+    uninstrument=uninstrument,
+    adapter_for=adapter_for,
+)

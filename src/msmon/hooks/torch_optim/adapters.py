@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ...optimizers.base import Moments, OptimizerAdapter, inner_moments
+from ..core.adapters import Moments, OptimizerAdapter, inner_moments
 
 
 class TorchOptimAdapter(OptimizerAdapter):

@@ -18,13 +18,13 @@ import os
 import socket
 from typing import Any
 
-from .. import hooks
-from ..hooks import explicit
-from ..output.directory import ENV_OUTPUT_DIR, output_base_dir, rank_dir_name
-from ..system import exit_drain, lifecycle
-from ..system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
+from ... import hooks
+from ...hooks import explicit
+from ...output.directory import ENV_OUTPUT_DIR, output_base_dir, rank_dir_name
+from ...system import exit_drain, lifecycle
+from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot
-from .bootstrap import DEFAULT_CONFIG
+from .job_directory import DEFAULT_CONFIG
 
 logger = logging.getLogger("msmon")
 

@@ -1,13 +1,13 @@
 """This rank's pipeline stage: asked of the process group given to TrainerMon, else of the
-framework packages in the registry's order (hooks/<framework>/groups.py), never with a collective.
+frameworks in the registry's order (their specs' `pipeline_position`), never with a collective.
 Here rather than in system/distributed.py, which stays below the framework registry."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..system.distributed import current_rank, is_initialized, position_in
-from . import frameworks
+from ...system.distributed import current_rank, is_initialized, position_in
+from .registry import frameworks
 
 
 def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:
@@ -15,8 +15,8 @@ def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:
     ranks of that group.
 
     The pipeline group is, in order: the process group given to TrainerMon (msprobe's
-    `process_group`), else the first framework package that knows one (`pipeline_position()` of
-    hooks/<framework>/groups.py, in the registry's order: Megatron-core's parallel state,
+    `process_group`), else the first framework that knows one (its spec's `pipeline_position`,
+    in the registry's order: Megatron-core's parallel state,
     DeepSpeed's pipeline grid); else stage 0 alone. Never the global rank
     (msprobe's fallback, which made every rank of a data-parallel job a different "stage").
     Frameworks are only consulted when the job imported them; no collective is issued.
@@ -25,7 +25,7 @@ def pipeline_position(process_group: Any = None) -> tuple[int, list[int]]:
     if not is_initialized():
         return 0, [rank]
     sources: list[Callable[[], tuple[int, list[int]] | None]] = [lambda: _given_group(process_group)]
-    sources += [package.pipeline_position for package in frameworks() if hasattr(package, "pipeline_position")]
+    sources += [framework.pipeline_position for framework in frameworks() if framework.pipeline_position is not None]
     for source in sources:
         try:
             found = source()

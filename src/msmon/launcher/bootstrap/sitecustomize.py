@@ -2,9 +2,9 @@
 on PYTHONPATH, so every Python process of the job imports it at start-up.
 
 Ours runs first (`_msmon_boot`, copied beside this file: role detection, and in a training
-worker a post-import hook that attaches msmon once torch is imported; torch is never imported
-here). Then the sitecustomize that would have run without us (Debian's, a user's) runs,
-exactly once, and becomes `sys.modules["sitecustomize"]`.
+worker a post-import hook that starts msmon's worker, `_msmon_start_worker`, once torch is
+imported; torch is never imported here). Then the sitecustomize that would have run without
+us (Debian's, a user's) runs, exactly once, and becomes `sys.modules["sitecustomize"]`.
 
 This file is a template inside the msmon package: importing it from there does nothing.
 """
@@ -38,6 +38,13 @@ def _msmon_chain_next() -> None:
         sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
 
 
+def _msmon_start_worker(bootstrap_dir: str) -> None:
+    """Once the script imported torch: monitor this worker (msmon.launcher.bootstrap.worker)."""
+    from msmon.launcher.bootstrap.worker import start
+
+    start(bootstrap_dir)
+
+
 def _msmon_start() -> None:
     here = os.path.dirname(os.path.abspath(__file__))
     if not _msmon_is_bootstrap_dir(here) or getattr(sys, "_msmon_sitecustomize_ran", False):
@@ -46,7 +53,7 @@ def _msmon_start() -> None:
     try:
         import _msmon_boot
 
-        _msmon_boot.main(here)
+        _msmon_boot.main(here, _msmon_start_worker)
     except Exception as exc:
         sys.stderr.write(f"msmon: bootstrap failed in pid {os.getpid()}; not monitored: {exc!r}\n")
     finally:

@@ -31,7 +31,7 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no locks, nothing is taken for stale
     fcntl = None  # type: ignore[assignment]
 
-from ..output.directory import ENV_OUTPUT_DIR
+from ...output.directory import ENV_OUTPUT_DIR
 from . import boot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,7 +66,7 @@ def create(
         "config": CONFIG_FILE,
         "config_source": os.path.abspath(config_source) if config_source else None,
         "output_dir": os.path.abspath(output_dir) if output_dir else None,
-        "msmon_path": os.path.dirname(os.path.dirname(HERE)),
+        "msmon_path": os.path.dirname(os.path.dirname(os.path.dirname(HERE))),
     }
     with open(os.path.join(directory, boot.SETTINGS_FILE), "w", encoding="utf-8") as fh:
         json.dump(settings, fh, indent=2)

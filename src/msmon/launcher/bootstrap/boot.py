@@ -3,7 +3,9 @@ arrange for msmon to attach once torch is imported.
 
 Standard library only (wrapt is imported in workers alone): `msmon run` copies this file
 into the job's bootstrap directory, where its sitecustomize imports it before anything else,
-so it must not import msmon's package (which imports torch) or torch itself.
+so it must not import msmon's package (which imports torch) or torch itself. What starts the
+worker once torch is imported (worker.py's `start`) is handed in by the sitecustomize, so this
+module imports nothing of msmon, even when torch comes.
 
 Roles, decided from the environment alone:
   worker  a process that may be a training rank: every python process of the job but those
@@ -80,8 +82,9 @@ def is_child_here() -> bool:
     return bool(mark) and mark != str(os.getpid())
 
 
-def main(bootstrap_dir: str) -> None:
-    """Start-up of one process; never raises (a failure is reported and monitoring stays off)."""
+def main(bootstrap_dir: str, start: Callable[[str], object]) -> None:
+    """Start-up of one process; never raises (a failure is reported and monitoring stays off).
+    In a worker, `start(bootstrap_dir)` runs once the script imports torch."""
     global _booted
     if _booted:
         return
@@ -101,18 +104,16 @@ def main(bootstrap_dir: str) -> None:
                 sys.path.append(msmon_path)
         import wrapt
 
-        wrapt.register_post_import_hook(_on_torch_imported(bootstrap_dir), "torch")
+        wrapt.register_post_import_hook(_on_torch_imported(bootstrap_dir, start), "torch")
     except Exception as exc:  # start-up must never stop the user's program
         sys.stderr.write(f"msmon: start-up failed in pid {os.getpid()}; this process is not monitored: {exc!r}\n")
 
 
-def _on_torch_imported(bootstrap_dir: str) -> Callable[[ModuleType], None]:
+def _on_torch_imported(bootstrap_dir: str, start: Callable[[str], object]) -> Callable[[ModuleType], None]:
     def hook(_torch_module: ModuleType) -> None:
         if is_child_here():
             return
         try:
-            from msmon.launcher.worker import start
-
             start(bootstrap_dir)
         except Exception as exc:
             sys.stderr.write(f"msmon: could not start monitoring in pid {os.getpid()}: {exc!r}\n")

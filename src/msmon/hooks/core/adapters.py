@@ -11,34 +11,33 @@ to the adapter as `writer`: the public methods leave out what this rank does not
 collectors never need to know about data or tensor parallelism.
 
 Nothing here knows a framework: the adapters of each live in its package, `hooks/<framework>/`
-(torch.optim's in `hooks/torch_optim/`), and `msmon.optimizers.adapter_for` asks them in turn.
+(torch.optim's in `hooks/torch_optim/`), and hooks/core/adapter_choice.py asks them in turn.
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from ..hooks.patching import wrap_step
+from .patching import wrap_step
 
 _WRAPPER_ATTRS = ("optimizer", "_optimizer")
 
 GradPairs = list[tuple[torch.Tensor, torch.Tensor]]  # (model parameter, its gradient)
 
 
-def resolve_optimizer(optimizer: Any) -> Any:
+def unwrap_optimizer(optimizer: Any, drivers: frozenset[str] = frozenset()) -> Any:
     """The real optimizer under wrappers (accelerate's AcceleratedOptimizer, Lightning's
     LightningOptimizer, HF's wrappers): follow `.optimizer` / `._optimizer` while they lead to
-    another object with `step` and `param_groups`. Framework optimizers (DeepSpeed, Megatron:
-    each package's OPTIMIZER_CLASSES) are not wrappers: they are what is monitored, with the
-    adapter of their family."""
+    another object with `step` and `param_groups`. An optimizer whose class (or a base) is named
+    in `drivers` (DeepSpeed's, Megatron's: each framework's `optimizer_classes`) is no wrapper:
+    it is what is monitored, with the adapter of its family."""
     seen = set()
     current = optimizer
-    while id(current) not in seen and not _is_framework_optimizer(current):
+    while id(current) not in seen and drivers.isdisjoint(class_names(current)):
         seen.add(id(current))
         for attr in _WRAPPER_ATTRS:
             inner = getattr(current, attr, None)
@@ -50,23 +49,10 @@ def resolve_optimizer(optimizer: Any) -> Any:
     return current
 
 
-@functools.cache
-def framework_optimizer_classes() -> frozenset[str]:
-    """Class names whose `.optimizer` is an inner torch optimizer they drive, not a wrapper to
-    see through: what the framework packages declare."""
-    from ..hooks import frameworks
-
-    return frozenset(name for package in frameworks() for name in getattr(package, "OPTIMIZER_CLASSES", ()))
-
-
 def class_names(obj: Any) -> list[str]:
     """The names of obj's class and its bases, most derived first (dispatch by name lets the
     adapters work without importing DeepSpeed or Megatron)."""
     return [cls.__name__ for cls in type(obj).__mro__]
-
-
-def _is_framework_optimizer(optimizer: Any) -> bool:
-    return not framework_optimizer_classes().isdisjoint(class_names(optimizer))
 
 
 @dataclass

@@ -1,38 +1,43 @@
-"""One adapter per optimizer family, chosen from the optimizer's class; each yields named fp32
-weights, the consumed gradients and Adam moments (Shards where the family splits them).
+"""Which adapter reads an optimizer: one adapter per optimizer family, chosen from the
+optimizer's class; each yields named fp32 weights, the consumed gradients and Adam moments
+(Shards where the family splits them).
 
-The adapters live with their framework (`hooks/<framework>/adapters.py`); here the framework
-packages are asked in the registry's order (hooks.INSTRUMENTORS: Megatron, DeepSpeed, then
-torch.optim, which fits any optimizer), and msprobe's opt_ty names are the union of theirs.
+The adapters live with their framework (`hooks/<framework>/adapters.py`); here the frameworks'
+specs are asked in the registry's order (hooks/core/registry.py: Megatron, DeepSpeed, FSDP,
+then torch.optim, which fits any optimizer), and msprobe's opt_ty names are the union of theirs.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
-from ..config import ConfigError
-from ..hooks import frameworks
-from .base import Moments, OptimizerAdapter, OptimizerGone, Shard, in_closure_reevaluation, resolve_optimizer
+from ...config import ConfigError
+from .adapters import OptimizerAdapter, unwrap_optimizer
+from .registry import frameworks
 
-__all__ = [
-    "Moments",
-    "OptimizerAdapter",
-    "OptimizerGone",
-    "Shard",
-    "adapter_for",
-    "check_opt_ty",
-    "in_closure_reevaluation",
-    "resolve_optimizer",
-    "OPT_TY",
-]
+__all__ = ["OPT_TY", "adapter_for", "check_opt_ty", "framework_optimizer_classes", "resolve_optimizer"]
 
 logger = logging.getLogger("msmon")
 
 # msprobe's opt_ty names -> the adapters that fit them (opt_ty is optional: the class decides)
 OPT_TY: dict[str, tuple[str, ...]] = {
-    name: fits for package in frameworks() for name, fits in getattr(package, "OPT_TY", {}).items()
+    name: fits for framework in frameworks() for name, fits in framework.opt_ty.items()
 }
+
+
+@functools.cache
+def framework_optimizer_classes() -> frozenset[str]:
+    """Class names whose `.optimizer` is an inner torch optimizer they drive, not a wrapper to
+    see through: what the frameworks declare."""
+    return frozenset(name for framework in frameworks() for name in framework.optimizer_classes)
+
+
+def resolve_optimizer(optimizer: Any) -> Any:
+    """The real optimizer under wrappers (adapters.unwrap_optimizer), the frameworks' own
+    optimizer classes being what is monitored, not wrappers."""
+    return unwrap_optimizer(optimizer, framework_optimizer_classes())
 
 
 def check_opt_ty(opt_ty: str | None) -> None:
@@ -45,10 +50,9 @@ def check_opt_ty(opt_ty: str | None) -> None:
 
 
 def _family_adapter(inner: Any) -> OptimizerAdapter:
-    """The first framework package's answer for `inner` (torch_optim, last, always answers)."""
-    for package in frameworks():
-        choose = getattr(package, "adapter_for", None)
-        adapter = choose(inner) if choose is not None else None
+    """The first framework's answer for `inner` (torch_optim, last, always answers)."""
+    for framework in frameworks():
+        adapter = framework.adapter_for(inner) if framework.adapter_for is not None else None
         if adapter is not None:
             return adapter
     raise TypeError(f"msmon: no adapter for {type(inner).__name__}")  # unreachable: torch_optim answers

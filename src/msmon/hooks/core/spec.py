@@ -1,0 +1,53 @@
+"""What a framework package declares: one typed `Framework`, exported by its light
+`hooks/<name>/__init__.py` as `FRAMEWORK`, so the layers that ask about frameworks (adapter
+choice, parallel groups, the pipeline stage, the replica check) read typed fields instead of
+probing modules for optional names.
+
+Every callable here is light to hold: a package's `__init__.py` never imports its library, so
+each field that needs the library imports it when called."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from ... import dedupe
+    from .. import Session
+    from .adapters import OptimizerAdapter
+
+Position = tuple[int, list[int]]  # (pipeline stage, global ranks of the pipeline group)
+ReplicaRule = Callable[[Any], "str | None"]  # why a parameter is not a replica, None when it is
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One instrumented library, as msmon knows it. The optional fields are None (or empty)
+    where the library has no such thing."""
+
+    #: the package's folder in hooks/ (also the registry's key)
+    name: str
+    #: the distribution whose installed version is checked when the package switches on
+    distribution: str
+    #: the versions msmon was built and tested against (">=0.17,<0.20"): outside, one warning
+    supported: str
+    #: switch msmon on for this library (the opentelemetry shape; what it returns is not read),
+    #: and off again
+    instrument: Callable[[Session], object]
+    uninstrument: Callable[[], None]
+    #: the adapter of its optimizer classes, None for an optimizer that is not its own
+    adapter_for: Callable[[Any], OptimizerAdapter | None] | None = None
+    #: names of its optimizer classes that drive an inner torch optimizer through `.optimizer`
+    #: (monitored as they are, not wrappers to see through)
+    optimizer_classes: frozenset[str] = frozenset()
+    #: msprobe's opt_ty names -> the adapter class names that fit them
+    opt_ty: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: fill the data-, tensor- and pipeline-parallel groups from the models handed over
+    groups_of_models: Callable[[dedupe.ParallelGroups, list[Any], Any], None] | None = None
+    #: fill them from the process's parallel state
+    groups_of_process: Callable[[dedupe.ParallelGroups], None] | None = None
+    #: this rank's pipeline stage and group, where the library set one up
+    pipeline_position: Callable[[], Position | None] | None = None
+    #: the replica check's exceptions for (models, optimizer, weights), None when none apply
+    replica_exclusion: Callable[[list[Any], Any, bool], ReplicaRule | None] | None = None

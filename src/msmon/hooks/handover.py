@@ -1,0 +1,85 @@
+"""An optimizer a framework built (DeepSpeed, Megatron, accelerate's `prepare`): its
+instrumentor hands over the model chunks and the optimizer, gets one TrainerMon through the one
+attach sequence (attach.py), and tells the torch.optim instrumentor to leave every optimizer
+inside it alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ..config import ConfigError
+from ..naming import model_chunks
+from ..system.distributed import current_rank
+from . import Session, torch_optim
+from .attach import start_monitor, targets_error
+from .core.module_attrs import stored
+from .core.pipeline import pipeline_position
+
+if TYPE_CHECKING:
+    from ..monitor import TrainerMon
+
+logger = logging.getLogger("msmon")
+
+_attached: weakref.WeakSet[Any] = weakref.WeakSet()  # framework optimizers with a monitor
+
+
+def is_attached(optimizer: Any) -> bool:
+    try:
+        return optimizer in _attached
+    except TypeError:
+        return False
+
+
+def inner_optimizers(optimizer: Any) -> list[Any]:
+    """The optimizer and every optimizer it drives (`.optimizer`, chained ones), outermost first."""
+    out: list[Any] = []
+    todo = [optimizer]
+    while todo:
+        current = todo.pop(0)
+        if current is None or any(current is seen for seen in out):
+            continue
+        out.append(current)
+        todo.extend(getattr(current, "chained_optimizers", None) or [])
+        try:  # Megatron's ChainedOptimizer asserts it holds one optimizer when asked for `.optimizer`
+            todo.append(getattr(current, "optimizer", None))
+        except Exception:
+            pass
+    return out
+
+
+def claim(optimizer: Any) -> None:
+    """Keep the torch.optim instrumentor off this optimizer and the ones inside it: the
+    framework's monitor covers them (a second monitor would see flat fp32 partitions)."""
+    for opt in inner_optimizers(optimizer):
+        torch_optim.release(opt)
+        torch_optim.claim(opt)
+
+
+def attach(session: Session, models: Any, optimizer: Any, when: str) -> TrainerMon | None:
+    """A TrainerMon on the optimizer a framework built, with `models` (a module or the list of
+    virtual-pipeline chunks); None when it cannot be attached (reported, training goes on)."""
+    from ..collectors.l2_features import l2_targets_error
+
+    if optimizer is None or is_attached(optimizer) or not session.may_attach():
+        return None
+    claim(optimizer)
+    chunks_given = models if isinstance(models, (list, tuple)) else [models]
+    names = [type(stored(m, "module", m)).__name__ for m in chunks_given]
+    try:
+        monitor = start_monitor(session, models, optimizer, when, names)
+    except ConfigError as exc:
+        config = session.config
+        chunks = model_chunks(models)  # on one pipeline stage, another may hold the target
+        if (
+            targets_error(config.targets, chunks, config.squash_name) is not None
+            or l2_targets_error(config, chunks) is not None
+        ) and len(pipeline_position()[1]) == 1:
+            session.stop(str(exc))
+        logger.error("msmon[rank %d]: %s is not monitored: %s", current_rank(), type(optimizer).__name__, exc)
+        session.emit("skipped", optimizer=type(optimizer).__name__, reason=str(exc))
+        return None
+    _attached.add(optimizer)
+    return monitor
