@@ -37,7 +37,7 @@ from bench_worker import attach  # noqa: E402
 from workloads import CONFIGS, MODELS, monitor_config, train_step  # noqa: E402
 
 import msmon  # noqa: E402
-import msmon.stats  # noqa: E402
+import msmon.stats.engine  # noqa: E402
 
 MSMON_DIR = os.path.dirname(os.path.abspath(msmon.__file__))
 HOST_READS = {"item", "tolist", "cpu", "numpy"}
@@ -90,7 +90,7 @@ class BytesCounter:
         self.repeat_bytes = 0  # the same tensor, unmodified, read again in the step
         self.repeats = 0
         self._seen: dict[tuple[int, int, int], Any] = {}
-        self._original = msmon.stats._as_stat_input
+        self._original = msmon.stats.engine._as_stat_input
 
     def __enter__(self) -> BytesCounter:
         original = self._original
@@ -107,11 +107,11 @@ class BytesCounter:
             self._seen[key] = t  # kept alive for the step, so ids cannot be reused meanwhile
             return prepared
 
-        msmon.stats._as_stat_input = counting
+        msmon.stats.engine._as_stat_input = counting
         return self
 
     def __exit__(self, *exc) -> None:
-        msmon.stats._as_stat_input = self._original
+        msmon.stats.engine._as_stat_input = self._original
 
 
 def monitor_ops(prof) -> tuple[int, collections.Counter, collections.Counter]:

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import dedupe, native, selection, stats
+from . import dedupe, selection
 from .collectors import registry
 from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
@@ -36,6 +36,8 @@ from .output.directory import ensure_writable, output_base_dir
 from .rank_output import RankOutput, report_cost
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
+from .stats import engine as stats
+from .stats import native
 from .step_context import StepContext
 from .system import lifecycle
 from .system.distributed import current_rank

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from msmon.stats import CHUNK, batch_stats, combine_rows, tensor_stats, zero_threshold
+from msmon.stats.engine import CHUNK, batch_stats, combine_rows, tensor_stats, zero_threshold
 
 ALL_OPS = ["norm", "min", "max", "mean", "zeros", "nans", "infs"]
 EPS = 1e-8
@@ -254,7 +254,7 @@ def test_cpu_statistics_leave_torchs_thread_count_as_it_was():
 
 
 def test_thread_settings_are_read_from_the_environment_when_configured(monkeypatch):
-    from msmon import stats
+    from msmon.stats import engine as stats
 
     monkeypatch.setattr(stats, "_threads", None)  # restored after the test
     monkeypatch.setenv("MSMON_STAT_THREADS", "2")
@@ -267,8 +267,8 @@ def test_thread_settings_are_read_from_the_environment_when_configured(monkeypat
 
 
 def test_the_op_table_names_a_field_and_a_combine_rule_for_every_op():
-    from msmon import ops
     from msmon.config import parsing
+    from msmon.stats import ops
 
     assert parsing.OPS == ops.OPS == tuple(op.name for op in ops.TABLE)
     for op in ops.TABLE:

@@ -26,8 +26,8 @@ import torch
 from ..optimizers.base import Shard
 from ..output.records import OPTIMIZER, DirectionKey, RowKey, format_tag, row_key
 from ..runtime.buffer import Histogram
-from ..sparse_stats import is_sparse
-from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
+from ..stats.engine import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
+from ..stats.sparse import is_sparse
 from ..step_context import StepContext
 from .base import Collector
 from .registry import register

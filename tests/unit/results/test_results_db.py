@@ -28,7 +28,7 @@ from msmon.output.records import RowKey, StepRecord  # noqa: E402
 from msmon.results import db, scan, schema  # noqa: E402
 from msmon.sinks.csv_sink import CsvSink  # noqa: E402
 from msmon.sinks.tensorboard_sink import TensorBoardSink  # noqa: E402
-from msmon.stats import OPS  # noqa: E402
+from msmon.stats.ops import OPS  # noqa: E402
 
 GENERATOR = ROOT / "benchmarks" / "synthetic_output.py"
 

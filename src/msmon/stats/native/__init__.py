@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from ..system.torch_threads import training_team
+from ...system.torch_threads import training_team
 from . import build
 
 logger = logging.getLogger("msmon")
@@ -226,7 +226,7 @@ def eligible(t: torch.Tensor) -> bool:
 
 
 def _rank() -> int:
-    from ..system.distributed import current_rank
+    from ...system.distributed import current_rank
 
     return current_rank()
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .stats import batch_stats, combine_rows, tensor_stats
+from .engine import batch_stats, combine_rows, tensor_stats
 
 
 def is_sparse(t: torch.Tensor) -> bool:
