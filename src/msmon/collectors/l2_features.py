@@ -33,7 +33,7 @@ from ..config import ConfigError, MonitorConfig
 from ..module_attrs import has_stored, stored_tensor
 from ..naming import split_vpp
 from ..output.records import RowKey
-from ..stats.engine import local_tensor
+from ..stats.inputs import local_tensor
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector

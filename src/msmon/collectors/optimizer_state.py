@@ -26,7 +26,10 @@ import torch
 from ..optimizers.base import Shard
 from ..output.records import OPTIMIZER, DirectionKey, RowKey, format_tag, row_key
 from ..runtime.buffer import Histogram
-from ..stats.engine import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
+from ..stats.engine import batch_stats
+from ..stats.inputs import _to_device, local_tensor
+from ..stats.scalar import scalar_rows
+from ..stats.signs import sign_matches
 from ..stats.sparse import is_sparse
 from ..step_context import StepContext
 from .base import Collector

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .engine import batch_stats, combine_rows, tensor_stats
+from .combine import combine_rows
+from .engine import batch_stats, tensor_stats
 
 
 def is_sparse(t: torch.Tensor) -> bool:

@@ -21,8 +21,10 @@ import torch
 from conftest import ALL_OPS, MLP, ROOT, rank_dir, read_csv_rows, reference_stats, train_steps
 from msmon import TrainerMon
 from msmon.stats import native
-from msmon.stats.engine import CHUNK, batch_stats, tensor_stats, zero_threshold
+from msmon.stats.engine import batch_stats, tensor_stats
+from msmon.stats.inputs import zero_threshold
 from msmon.stats.native import build
+from msmon.stats.reductions import CHUNK
 
 
 def _reset():
@@ -185,9 +187,9 @@ def test_batch_stats_gives_the_kernel_the_trainings_thread_count_not_the_stat_th
     monkeypatch.setattr(native, "readable_rows", lambda: spy)
     monkeypatch.setenv("MSMON_STAT_THREADS", "1")
     monkeypatch.delenv("MSMON_NATIVE_THREADS", raising=False)
-    from msmon.stats import engine as stats
+    from msmon.stats import threads
 
-    stats.configure_threads()
+    threads.configure_threads()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
