@@ -26,9 +26,8 @@ import torch
 
 from . import native, threads
 from .inputs import RESULT_DTYPE, _accumulate_dtype, _as_stat_input, _to_device, zero_threshold
-from .ops import BY_NAME
 from .plan import _Plan, _plan
-from .reductions import _EXACT_F32_COUNT, _columns, _count_columns, _row_values
+from .reductions import _EXACT_F32_COUNT, _columns, _count_columns, _own_columns, _row_values
 from .threads import _cpu_threads
 
 
@@ -39,6 +38,8 @@ def _native_rows(
     cannot read every tensor (they then take the torch path together). The tensors must share
     a dtype (one zero threshold) and be plain tensors (not DTensors). `scaled`: mean and zero
     fraction divided by the element count, as returned to callers; otherwise sums and counts."""
+    if plan.native_columns is None:  # an op the kernel does not compute (msmon.stats.ops: Op.native)
+        return None
     rows_of = native.readable_rows()  # checks every tensor (native.eligible) while packing the call
     if rows_of is None:
         return None
@@ -66,6 +67,8 @@ def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor
         columns, positions = _columns(ts, plan, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, acc)
         if plan.flags:
             _count_columns(ts if positions is None else [ts[i] for i in positions], columns, plan)
+        if plan.own:
+            _own_columns(ts if positions is None else [ts[i] for i in positions], columns, plan, acc)
     if plan.zeros and any(t.numel() > _EXACT_F32_COUNT for t in ts):
         columns["zeros"] = columns["zeros"].to(RESULT_DTYPE)
     rows = torch.stack([columns[field] for field in plan.op_fields], dim=1)
@@ -84,9 +87,9 @@ def _inverse(positions: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=512)
-def _divisors(numels: tuple[int, ...], ops: tuple[str, ...], device: torch.device) -> torch.Tensor:
+def _divisors(numels: tuple[int, ...], per_element: tuple[bool, ...], device: torch.device) -> torch.Tensor:
     """[rows, ops] float64 divisors: the element count for per-element ops, 1 elsewhere."""
-    values = [[float(n) if BY_NAME[op].per_element else 1.0 for op in ops] for n in numels]
+    values = [[float(n) if divided else 1.0 for divided in per_element] for n in numels]
     return _to_device(torch.tensor(values, dtype=RESULT_DTYPE), device)
 
 
@@ -94,7 +97,7 @@ def _scaled(rows: torch.Tensor, numels: list[int], plan: _Plan) -> torch.Tensor:
     """[n, ops] unscaled rows to the float64 result: means and zero fractions divided by numel."""
     rows = rows.to(RESULT_DTYPE)
     if plan.scaled:
-        rows = rows / _divisors(tuple(numels), plan.ops, rows.device)
+        rows = rows / _divisors(tuple(numels), plan.divisor_key, rows.device)
     return rows
 
 

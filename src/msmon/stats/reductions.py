@@ -207,14 +207,20 @@ def _count_columns(ts: list[torch.Tensor], columns: dict[str, torch.Tensor], pla
     clean: list[bool] | bool = False
     if _reads_are_free(ts[0]):
         clean = _finite_rows([columns["min"], columns["max"]] if plan.minmax else [columns["sum"]])
-    for op, test in (("nans", torch.isnan), ("infs", torch.isinf)):
-        if op not in plan.ops:
+    for field, test in (("nans", torch.isnan), ("infs", torch.isinf)):
+        if field not in plan.op_fields:
             continue
         if clean is True:
-            columns[op] = _zeros(n)
+            columns[field] = _zeros(n)
         else:
             flags = clean if isinstance(clean, list) else [False] * n
-            columns[op] = torch.stack([_ZERO if ok else test(t).sum().to(RESULT_DTYPE) for t, ok in zip(ts, flags)])
+            columns[field] = torch.stack([_ZERO if ok else test(t).sum().to(RESULT_DTYPE) for t, ok in zip(ts, flags)])
+
+
+def _own_columns(ts: list[torch.Tensor], columns: dict[str, torch.Tensor], plan: _Plan, acc: torch.dtype) -> None:
+    """Add the columns of the ops with a reduction of their own (op.compute), tensor by tensor."""
+    for field, compute in plan.own:
+        columns[field] = torch.stack([compute(t, acc) for t in ts])
 
 
 @functools.lru_cache(maxsize=64)
@@ -240,6 +246,8 @@ def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     per reduction and, on the CPU, one read of a witness instead of two counting passes."""
     acc = _accumulate_dtype(t.dtype)
     values = _one(t, plan, zero_threshold(eps, t.dtype) if plan.zeros else 0.0, acc)
+    for field, compute in plan.own:
+        values[field] = compute(t, acc)
     clean = False
     if plan.flags and _reads_are_free(t):
         if plan.total:  # a finite sum means no NaN and no Inf (an overflow only costs the counts)
