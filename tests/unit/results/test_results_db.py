@@ -339,7 +339,7 @@ def test_msmon_db_says_what_is_wrong_with_a_missing_directory(tmp_path):
 
 
 def test_the_torch_free_readers_use_the_writers_names():
-    assert schema.OPS == tuple(OPS)
+    assert schema.OPS is OPS
     assert (scan.DUMP_FILE, scan.MSPROBE_DUMP_FILE) == (output_names.DUMP_FILE, output_names.MSPROBE_DUMP_FILE)
     assert anomaly_dump.dump_path("out", 3) == os.path.join("out", output_names.DUMP_DIR, "rank3", scan.DUMP_FILE)
 
