@@ -39,7 +39,7 @@ def combine_rows(rows: torch.Tensor, counts: torch.Tensor, ops: Sequence[str]) -
     """Exact statistics of a tensor from the statistics of its disjoint pieces.
 
     rows: [pieces, ops] statistics of each piece; counts: [pieces] element counts. Each op
-    combines by its rule (msmon.ops): norms add in squares, min of mins, max of maxes, means
+    combines by its rule (msmon.stats.ops): norms add in squares, min of mins, max of maxes, means
     weighted by count, zero counts recovered from each fraction (so the combined fraction is
     exactly the directly computed one), nan and inf counts add up. Empty pieces (count 0, NaN
     rows) are left out; if every piece is empty the result is a NaN row, like the statistics of

@@ -34,7 +34,7 @@ from .threads import _cpu_threads
 def _native_rows(
     ts: list[torch.Tensor], plan: _Plan, eps: float, flat: bool = False, scaled: bool = True
 ) -> torch.Tensor | None:
-    """Rows from one call of the native kernel (msmon.native), or None when it is not built or
+    """Rows from one call of the native kernel (msmon.stats.native), or None when it is not built or
     cannot read every tensor (they then take the torch path together). The tensors must share
     a dtype (one zero threshold) and be plain tensors (not DTensors). `scaled`: mean and zero
     fraction divided by the element count, as returned to callers; otherwise sums and counts."""
