@@ -152,7 +152,7 @@ def native_isa(tool: str) -> str | None:
     for torch reductions."""
     if tool != "msmon":
         return None
-    from msmon import native
+    from msmon.stats import native
 
     return native.isa() if native._loaded is not None else None
 

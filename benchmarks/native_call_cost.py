@@ -47,7 +47,7 @@ PER_ELEMENT = [False, False, False, True, True, False]
 def load_pybind(path: str) -> Callable[..., torch.Tensor]:
     """The former path of msmon.stats._native_rows: native.eligible on every tensor, then the
     pybind call."""
-    from msmon.native import eligible
+    from msmon.stats.native import eligible
 
     name = os.path.basename(path).split(".")[0]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -98,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("MSMON_NATIVE_STATS", "1")
-    from msmon import native
+    from msmon.stats import native
 
     kernels: dict[str, Callable[..., torch.Tensor]] = {}
     start = time.perf_counter()

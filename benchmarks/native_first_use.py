@@ -20,7 +20,7 @@ import time
 
 ONE_START = r"""
 import json, os, resource, sys, time
-from msmon import native  # imports torch: not counted
+from msmon.stats import native  # imports torch: not counted
 start = time.perf_counter()
 native.prepare()
 took = time.perf_counter() - start

@@ -37,7 +37,8 @@ from bench_worker import attach  # noqa: E402
 from workloads import CONFIGS, MODELS, monitor_config, train_step  # noqa: E402
 
 import msmon  # noqa: E402
-import msmon.stats  # noqa: E402
+import msmon.stats.engine  # noqa: E402
+import msmon.stats.signs  # noqa: E402
 
 MSMON_DIR = os.path.dirname(os.path.abspath(msmon.__file__))
 HOST_READS = {"item", "tolist", "cpu", "numpy"}
@@ -90,7 +91,7 @@ class BytesCounter:
         self.repeat_bytes = 0  # the same tensor, unmodified, read again in the step
         self.repeats = 0
         self._seen: dict[tuple[int, int, int], Any] = {}
-        self._original = msmon.stats._as_stat_input
+        self._original = msmon.stats.engine._as_stat_input
 
     def __enter__(self) -> BytesCounter:
         original = self._original
@@ -107,16 +108,16 @@ class BytesCounter:
             self._seen[key] = t  # kept alive for the step, so ids cannot be reused meanwhile
             return prepared
 
-        msmon.stats._as_stat_input = counting
+        msmon.stats.engine._as_stat_input = msmon.stats.signs._as_stat_input = counting  # its two users
         return self
 
     def __exit__(self, *exc) -> None:
-        msmon.stats._as_stat_input = self._original
+        msmon.stats.engine._as_stat_input = msmon.stats.signs._as_stat_input = self._original
 
 
 def monitor_ops(prof) -> tuple[int, collections.Counter, collections.Counter]:
     """Top-level aten ops (no aten op above them) called from msmon code, found by walking up
-    the profiler's event tree (with_stack puts Python frames like `msmon/stats.py(176): _whole`
+    the profiler's event tree (with_stack puts Python frames like `msmon/stats/reductions.py(176): _one`
     in it): their count, and per op name the count and total CPU time (us) including children."""
     counts: collections.Counter = collections.Counter()
     times: collections.Counter = collections.Counter()

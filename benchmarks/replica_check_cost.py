@@ -70,7 +70,7 @@ def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: 
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from msmon import TrainerMon
     from msmon.collectors.replica_check import own_group
-    from msmon.fingerprint import Fingerprinter
+    from msmon.stats.fingerprint import Fingerprinter
 
     spec = MODELS[args.model]
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from msmon.ops import OPS
+from msmon.stats.ops import OPS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -96,7 +96,7 @@ def torch_statistics(monkeypatch, native_cache):
     """Tests exercise the torch reductions (and their child processes too) unless they ask for
     the native kernel, which would otherwise be built and used by default (test_native_stats);
     where they do, it lives in the session's cache directory."""
-    from msmon import native
+    from msmon.stats import native
 
     monkeypatch.setenv(native.ENV, "0")
     monkeypatch.setenv(native.build.CACHE_ENV, str(native_cache))

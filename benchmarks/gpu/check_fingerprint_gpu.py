@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 from workloads import MODELS  # noqa: E402
 
-from msmon.fingerprint import COLUMNS, Fingerprinter  # noqa: E402
+from msmon.stats.fingerprint import COLUMNS, Fingerprinter  # noqa: E402
 
 
 def cases() -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import dedupe, native, selection, stats
+from . import dedupe, selection
 from .collectors import registry
 from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
@@ -36,6 +36,7 @@ from .output.directory import ensure_writable, output_base_dir
 from .rank_output import RankOutput, report_cost
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
+from .stats import native, threads
 from .step_context import StepContext
 from .system import lifecycle
 from .system.distributed import current_rank
@@ -234,7 +235,7 @@ class TrainerMon:
             return
         self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
         native.prepare()  # find or build the kernel before the first step rather than inside a hook
-        stats.configure_threads()  # MSMON_STAT_THREADS / MSMON_NATIVE_THREADS as the job set them
+        threads.configure_threads()  # MSMON_STAT_THREADS / MSMON_NATIVE_THREADS as the job set them
         self._build_collectors()
         self._decide_recording()
         self.cost.attached()

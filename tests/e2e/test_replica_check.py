@@ -23,7 +23,7 @@ from msmon.anomaly.analyse import order_events, read_dumps, verdict
 from msmon.anomaly.dump import AnomalyDumpWriter
 from msmon.collectors.replica_check import CALL_ID_BASE, GRAD, NO_GRAD, WEIGHT, Entry, compare
 from msmon.config import ConfigError, ReplicaCheckConfig, parse_config
-from msmon.fingerprint import fingerprint
+from msmon.stats.fingerprint import fingerprint
 
 SCRIPTS = ROOT / "tests" / "scripts"
 

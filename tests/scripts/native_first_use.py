@@ -11,8 +11,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import MLP  # noqa: E402
-from msmon import TrainerMon, native  # noqa: E402
-from msmon.stats import tensor_stats  # noqa: E402
+from msmon import TrainerMon  # noqa: E402
+from msmon.stats import native  # noqa: E402
+from msmon.stats.engine import tensor_stats  # noqa: E402
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()

@@ -10,7 +10,7 @@ import torch
 
 from conftest import ALL_OPS, MLP, assert_row_matches, rank_dir, read_csv_rows, reference_stats, train_steps
 from msmon import TrainerMon
-from msmon.stats import batch_stats
+from msmon.stats.engine import batch_stats
 
 
 def run_capturing(model, optimizer, batches, grad_acc):

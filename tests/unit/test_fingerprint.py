@@ -8,7 +8,7 @@ import struct
 import pytest
 import torch
 
-from msmon.fingerprint import COLUMNS, Fingerprinter, column_weights, fingerprint, row_weights, words
+from msmon.stats.fingerprint import COLUMNS, Fingerprinter, column_weights, fingerprint, row_weights, words
 
 M64 = (1 << 64) - 1
 

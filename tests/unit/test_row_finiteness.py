@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from msmon import native
 from msmon.output.records import RowKey
 from msmon.runtime.buffer import StepBuffer
 from msmon.runtime.row_finiteness import RowFiniteness, row_finiteness
-from msmon.stats import tensor_stats
+from msmon.stats import native
+from msmon.stats.engine import tensor_stats
 
 CASES = {
     "finite": [1.0, -2.0, 0.0],

@@ -8,7 +8,10 @@ import math
 import pytest
 import torch
 
-from msmon.stats import CHUNK, batch_stats, combine_rows, tensor_stats, zero_threshold
+from msmon.stats.combine import combine_rows
+from msmon.stats.engine import batch_stats, tensor_stats
+from msmon.stats.inputs import zero_threshold
+from msmon.stats.reductions import CHUNK
 
 ALL_OPS = ["norm", "min", "max", "mean", "zeros", "nans", "infs"]
 EPS = 1e-8
@@ -254,7 +257,7 @@ def test_cpu_statistics_leave_torchs_thread_count_as_it_was():
 
 
 def test_thread_settings_are_read_from_the_environment_when_configured(monkeypatch):
-    from msmon import stats
+    from msmon.stats import threads as stats
 
     monkeypatch.setattr(stats, "_threads", None)  # restored after the test
     monkeypatch.setenv("MSMON_STAT_THREADS", "2")
@@ -267,10 +270,10 @@ def test_thread_settings_are_read_from_the_environment_when_configured(monkeypat
 
 
 def test_the_op_table_names_a_field_and_a_combine_rule_for_every_op():
-    from msmon import ops
     from msmon.config import parsing
+    from msmon.stats import ops
 
-    assert parsing.OPS == ops.OPS == tuple(op.name for op in ops.TABLE)
+    assert parsing.OPS is ops.OPS and ops.OPS == [op.name for op in ops.TABLE]
     for op in ops.TABLE:
-        assert op.field in ops.FIELDS and callable(op.combine) and op.column == op.name
-    assert ops.PER_ELEMENT_OPS == ("mean", "zeros")
+        assert op.field in ops.FIELDS and callable(op.combine) and op.column == op.name and op.native
+    assert ops.PER_ELEMENT_OPS == ["mean", "zeros"]

@@ -24,7 +24,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from conftest import ALL_OPS
-from msmon import TrainerMon, native, stats
+from msmon import TrainerMon
+from msmon.stats import native
+from msmon.stats import reductions as stats
 
 aten = torch.ops.aten
 # ops whose result the host must see before it can go on (values or data-dependent shapes)

@@ -47,8 +47,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AlertRuleConfig
-from ..ops import COUNT_OPS, MAGNITUDE_OPS
 from ..output.records import RowKey
+from ..stats.ops import COUNT_OPS, MAGNITUDE_OPS
 
 EMA_ALPHA = 0.3
 WARMUP = 5

@@ -28,7 +28,7 @@ from ..hooks.core.adapters import in_closure_reevaluation
 from ..output.records import RowKey, row_key
 from ..runtime.buffer import RowGroup
 from ..selection import xy_targets
-from ..stats import tensor_stats
+from ..stats.engine import tensor_stats
 from ..step_context import StepContext
 from .base import Collector
 from .module_io import CallCounter, call_name, select

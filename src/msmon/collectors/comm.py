@@ -27,7 +27,9 @@ import torch.distributed as dist
 from ..hooks import torch_distributed as cc
 from ..hooks.core import guest_hooks
 from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey
-from ..stats import batch_stats, combine_rows, local_tensor
+from ..stats.combine import combine_rows
+from ..stats.engine import batch_stats
+from ..stats.inputs import local_tensor
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector

@@ -34,7 +34,7 @@ from ..hooks.core import guest_hooks
 from ..hooks.core.module_attrs import has_stored, stored_tensor
 from ..naming import split_vpp
 from ..output.records import RowKey
-from ..stats import local_tensor
+from ..stats.inputs import local_tensor
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector

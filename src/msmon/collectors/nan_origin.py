@@ -23,7 +23,7 @@ from ..origin import LOSS
 from ..output.records import RowKey, row_key
 from ..runtime.row_finiteness import row_finiteness
 from ..selection import recorded_modules
-from ..stats import local_tensor
+from ..stats.inputs import local_tensor
 from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector

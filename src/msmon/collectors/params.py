@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..output.records import row_key
-from ..stats import batch_stats, local_tensor
+from ..stats.engine import batch_stats
+from ..stats.inputs import local_tensor
 from ..step_context import StepContext
 from .base import Collector
 from .registry import register

@@ -51,8 +51,8 @@ import torch.distributed as dist
 
 from .. import dedupe
 from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
-from ..fingerprint import Fingerprinter
 from ..hooks.core.adapters import Shard
+from ..stats.fingerprint import Fingerprinter
 from ..system import exit_drain
 from ..system.torch_threads import torch_on_this_thread_only
 from ..transfer import copy_to_host

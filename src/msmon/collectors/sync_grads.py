@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..output.records import row_key
-from ..stats import batch_stats
+from ..stats.engine import batch_stats
 from ..step_context import StepContext
 from .base import Collector
 from .registry import register

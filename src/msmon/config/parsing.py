@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..ops import OPS
+from ..stats.ops import OPS
 from ..system.short_repr import short_repr
 from .errors import ConfigError
 from .schema import (

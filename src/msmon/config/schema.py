@@ -117,7 +117,7 @@ class MonitorConfig:
     alert: AlertConfig = key(doc="alert rules and the anomaly dump (docs/anomaly.md)", factory=AlertConfig)
     format: list[str] = key(doc=f"where rows go: any of {list(FORMATS)}", factory=lambda: ["tensorboard"])
     ops: list[str] = key(
-        doc="the statistics of each tensor (msmon.ops)", factory=lambda: ["norm", "min", "max", "mean"]
+        doc="the statistics of each tensor (msmon.stats.ops)", factory=lambda: ["norm", "min", "max", "mean"]
     )
     eps: float = key(1e-8, doc="the threshold of `zeros` (|x| < eps)")
     ndigits: int = key(6, doc="CSV digits: decimals from 1 up, significant digits below 1", minimum=0)

@@ -14,7 +14,7 @@ def build_native() -> None:
     Monitors build it themselves on first use; this does it ahead of time, e.g. on a login node
     whose cache ($MSMON_CACHE_DIR, else ~/.cache/msmon) the compute nodes share.
     MSMON_NATIVE_STATS=0 turns it off."""
-    from .. import native
+    from ..stats import native
 
     os.environ[native.ENV] = "1"
     if native.load() is None:

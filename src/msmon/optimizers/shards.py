@@ -27,7 +27,9 @@ import torch.distributed as dist
 from ..hooks.core.adapters import Shard
 from ..output.records import RowKey, row_key
 from ..runtime.buffer import Histogram
-from ..stats import batch_stats, combine_gathered, scalar_rows
+from ..stats.combine import combine_gathered
+from ..stats.engine import batch_stats
+from ..stats.scalar import scalar_rows
 from ..system import exit_drain
 
 if TYPE_CHECKING:

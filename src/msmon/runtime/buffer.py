@@ -50,7 +50,7 @@ class RowGroup:
         assert self.first is not None, "an empty RowGroup has no row"
         if self.more is None:
             return self.first
-        from ..stats import combine_rows  # records is imported by stats' users; keep it light
+        from ..stats.combine import combine_rows  # records is imported by stats' users; keep it light
 
         rows = [self.first] + [row for row, _ in self.more]
         numels = [self.first_numel] + [numel for _, numel in self.more]

@@ -12,7 +12,7 @@ import torch
 from conftest import ALL_OPS, MLP, rank_dir, read_csv_rows
 from msmon import TrainerMon
 from msmon.config import ConfigError, parse_config
-from msmon.stats import sign_matches
+from msmon.stats.signs import sign_matches
 
 
 def direct_share(grad: torch.Tensor, exp_avg: torch.Tensor) -> float:

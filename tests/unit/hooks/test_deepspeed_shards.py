@@ -10,7 +10,7 @@ import torch
 
 from conftest import ALL_OPS
 from msmon.optimizers.shards import combine_gathered
-from msmon.stats import batch_stats
+from msmon.stats.engine import batch_stats
 
 
 def split(t: torch.Tensor, cuts: list[int]) -> list[torch.Tensor]:

@@ -19,9 +19,12 @@ import pytest
 import torch
 
 from conftest import ALL_OPS, MLP, ROOT, rank_dir, read_csv_rows, reference_stats, train_steps
-from msmon import TrainerMon, native
-from msmon.native import build
-from msmon.stats import CHUNK, batch_stats, tensor_stats, zero_threshold
+from msmon import TrainerMon
+from msmon.stats import native
+from msmon.stats.engine import batch_stats, tensor_stats
+from msmon.stats.inputs import zero_threshold
+from msmon.stats.native import build
+from msmon.stats.reductions import CHUNK
 
 
 def _reset():
@@ -184,9 +187,9 @@ def test_batch_stats_gives_the_kernel_the_trainings_thread_count_not_the_stat_th
     monkeypatch.setattr(native, "readable_rows", lambda: spy)
     monkeypatch.setenv("MSMON_STAT_THREADS", "1")
     monkeypatch.delenv("MSMON_NATIVE_THREADS", raising=False)
-    from msmon import stats
+    from msmon.stats import threads
 
-    stats.configure_threads()
+    threads.configure_threads()
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -416,7 +419,7 @@ def test_a_rank_finding_the_build_lock_taken_waits_and_loads_what_the_holder_bui
     os.makedirs(empty_cache)
     env = {k: v for k, v in os.environ.items() if k != native.ENV}
     script = (
-        "import json; from msmon import native; print('ready', flush=True); native.prepare(); "
+        "import json; from msmon.stats import native; print('ready', flush=True); native.prepare(); "
         "print(json.dumps({'compiled': native.compiled_here, 'loaded': native.stats_rows() is not None}))"
     )
     with open(path + ".lock", "a") as lock:

@@ -35,7 +35,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from ..system.torch_threads import training_team
+from ...system.torch_threads import training_team
+from ..ops import FIELDS
 from . import build
 
 logger = logging.getLogger("msmon")
@@ -43,10 +44,10 @@ logger = logging.getLogger("msmon")
 ENV = "MSMON_NATIVE_STATS"
 TEAM_ENV = "MSMON_NATIVE_TEAM"  # "0": large calls are shared by threads of the kernel's own
 _ABI = 3  # fused_stats.cpp's msmon_stats_abi()
-_FIELDS = 7
+_FIELDS = len(FIELDS)  # the fields it computes, in its order: the op table's FIELDS
 _ERRORS = {
     1: "out of memory or no thread to start",
-    2: "a column is a field index 0..6",
+    2: f"a column is a field index 0..{_FIELDS - 1}",
     3: "an input is empty, null or not float32/float64",
     4: "a negative count or no output",
 }
@@ -226,7 +227,7 @@ def eligible(t: torch.Tensor) -> bool:
 
 
 def _rank() -> int:
-    from ..system.distributed import current_rank
+    from ...system.distributed import current_rank
 
     return current_rank()
 
@@ -310,7 +311,7 @@ def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
         if len(columns) != len(per_element):
             raise RuntimeError("stats_rows: one per_element flag per column")
         if not all(0 <= c < _FIELDS for c in columns):
-            raise RuntimeError("stats_rows: a column is a field index 0..6")
+            raise RuntimeError(f"stats_rows: {_ERRORS[2]}")
         if flat and n != 1:
             raise RuntimeError("stats_rows: flat output is for one tensor")
         if len(shapes) > 4096:  # batch sizes are few in practice; never grow without bound

@@ -2,7 +2,7 @@
 the dense tensor it stands for, without making that dense tensor.
 
 A sparse tensor stores some values and means zeros everywhere else; its statistics are the
-exact combination (stats.combine_rows) of its stored values, coalesced (duplicate indices
+exact combination (msmon.stats.combine.combine_rows) of its stored values, coalesced (duplicate indices
 summed, as the dense tensor has them), and of the zeros it does not store. A dense copy would
 need the whole embedding table's memory, which is what a sparse gradient avoids.
 """
@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .stats import batch_stats, combine_rows, tensor_stats
+from .combine import combine_rows
+from .engine import batch_stats, tensor_stats
 
 
 def is_sparse(t: torch.Tensor) -> bool:
@@ -38,7 +39,7 @@ def sparse_stats(t: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tenso
 
 
 def any_layout_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float) -> torch.Tensor:
-    """stats.batch_stats that also takes sparse tensors: the dense ones in one batch, rows in order."""
+    """engine.batch_stats that also takes sparse tensors: the dense ones in one batch, rows in order."""
     dense = [i for i, t in enumerate(tensors) if not is_sparse(t)]
     if len(dense) == len(tensors):
         return batch_stats(tensors, ops, eps)
