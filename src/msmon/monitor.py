@@ -33,7 +33,7 @@ from .naming import model_chunks
 from .optimizers import adapter_for
 from .optimizers.base import hold_weakly
 from .output.directory import ensure_writable, output_base_dir
-from .rank_output import RankOutput, report_cost
+from .output.rank_output import RankOutput, report_cost
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
 from .step_context import StepContext

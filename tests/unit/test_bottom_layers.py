@@ -58,7 +58,7 @@ def test_config_imports_only_itself_system_the_op_table_and_resume():
         for name, imports in _layer_imports("config").items()
     }
     # append_output's time range is parsed by resume.py (a function-level import: a later slice's cycle)
-    assert {name: modules for name, modules in outside.items() if modules} == {"parsing.py": ["msmon.resume"]}
+    assert {name: modules for name, modules in outside.items() if modules} == {"parsing.py": ["msmon.output.resume"]}
 
 
 def test_importing_the_config_and_reading_a_config_file_imports_no_torch(tmp_path):

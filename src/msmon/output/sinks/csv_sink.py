@@ -14,7 +14,7 @@ from typing import IO
 
 import torch
 
-from ..output.records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
+from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from .base import Sink, naming
 from .numbers import csv_flat, csv_value
 

@@ -12,16 +12,16 @@ import os
 import sys
 from typing import Any, Callable
 
+from ..anomaly.dump import AnomalyDumpWriter
+from ..anomaly.rules import RuleEngine, build_rules
+from ..config import MonitorConfig
+from ..system.environment import ENV_BOOTSTRAP_DIR
+from ..system.thread_priority import writer_nice
 from . import resume
-from .anomaly.dump import AnomalyDumpWriter
-from .anomaly.rules import RuleEngine, build_rules
-from .config import MonitorConfig
-from .output.directory import rank_dir_name, stopped_line, stopped_output
-from .output.layout import CONFIG_FILE, SUMMARY_FILE
+from .directory import rank_dir_name, stopped_line, stopped_output
+from .layout import CONFIG_FILE, SUMMARY_FILE
 from .sinks import ApiSink, make_sinks
-from .sinks.writer import BackgroundWriter
-from .system.environment import ENV_BOOTSTRAP_DIR
-from .system.thread_priority import writer_nice
+from .writer import BackgroundWriter
 
 logger = logging.getLogger("msmon")
 

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import torch
 
-from ..output.records import RowKey, StepRecord
+from ..records import RowKey, StepRecord
 from . import summary_wire
 from .base import Sink, naming
 from .heatmap import Heatmaps

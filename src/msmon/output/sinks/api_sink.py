@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ..output.records import StepRecord
+from ..records import StepRecord
 from .base import Sink
 
 

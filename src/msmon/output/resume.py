@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from .config import ConfigError
-from .output.directory import rank_dir_name
-from .system.short_repr import short_repr
+from ..config import ConfigError
+from ..system.short_repr import short_repr
+from .directory import rank_dir_name
 
 logger = logging.getLogger("msmon")
 

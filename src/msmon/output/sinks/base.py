@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..output.records import StepRecord
+from ..records import StepRecord
 
 
 class Sink:

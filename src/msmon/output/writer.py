@@ -18,13 +18,13 @@ from typing import Callable
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.rules import Alert, RuleEngine
 from ..origin import Origin, find_origin
-from ..output.directory import stopped_line, stopped_output
-from ..output.records import RowKey, StepRecord
 from ..system.thread_priority import lower_this_threads_priority
 from ..system.torch_threads import torch_on_this_thread_only
 from ..transfer import HostBatch
-from .base import Sink
-from .feature_rows import split_features
+from .directory import stopped_line, stopped_output
+from .records import RowKey, StepRecord
+from .sinks.base import Sink
+from .sinks.feature_rows import split_features
 
 logger = logging.getLogger("msmon")
 _STOP = object()
