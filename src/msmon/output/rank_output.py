@@ -20,7 +20,8 @@ from ..system.thread_priority import writer_nice
 from . import resume
 from .directory import rank_dir_name, stopped_line, stopped_output
 from .layout import CONFIG_FILE, SUMMARY_FILE
-from .sinks import ApiSink, make_sinks
+from .sinks import build_sinks
+from .sinks.api_sink import ApiSink
 from .writer import BackgroundWriter
 
 logger = logging.getLogger("msmon")
@@ -58,7 +59,7 @@ class RankOutput:
             try:
                 with open(config_path, "w", encoding="utf-8") as fh:
                     json.dump(config.raw, fh, indent=2)
-                sinks = make_sinks(config.format, self.log_dir, config.ndigits, config.step_count_per_record)
+                sinks = build_sinks(config.format, self.log_dir, config)
             except OSError as exc:
                 self._failed(exc, config_path)
         self.api = next((s for s in sinks if isinstance(s, ApiSink)), None)
