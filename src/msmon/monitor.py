@@ -33,7 +33,7 @@ from .hooks.core.adapters import hold_weakly
 from .hooks.core.pipeline import pipeline_position
 from .naming import model_chunks
 from .output.directory import ensure_writable, output_base_dir
-from .rank_output import RankOutput, report_cost
+from .output.rank_output import RankOutput, report_cost
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
 from .stats import native, threads
@@ -293,8 +293,8 @@ class TrainerMon:
             "rank": self.rank,
             "output_dir": self.log_dir,
             "steps_recorded": self.steps_recorded,
-            "alerts": self.writer.alerts_raised if self.writer else 0,
-            "first_nonfinite": self.writer.first_origin if self.writer else None,
+            "alerts": self.output.alerts_raised,
+            "first_nonfinite": self.output.first_origin,
             **self.cost.report(self.writer.cpu_seconds if self.writer else None),
             "last_step": self.step,
             "output_stopped": self.output_stopped,

@@ -51,14 +51,13 @@ def test_system_imports_nothing_else_of_msmon_outside_type_checking():
     assert {name: modules for name, modules in outside.items() if modules} == {}
 
 
-def test_config_imports_only_itself_system_the_op_table_and_resume():
+def test_config_imports_only_itself_system_and_the_op_table():
     allowed = ("msmon.config", "msmon.system", "msmon.stats.ops")
     outside = {
         name: sorted(m for m in imports if not m.startswith(allowed))
         for name, imports in _layer_imports("config").items()
     }
-    # append_output's time range is parsed by resume.py (a function-level import: a later slice's cycle)
-    assert {name: modules for name, modules in outside.items() if modules} == {"parsing.py": ["msmon.resume"]}
+    assert {name: modules for name, modules in outside.items() if modules} == {}
 
 
 def test_importing_the_config_and_reading_a_config_file_imports_no_torch(tmp_path):

@@ -3,7 +3,7 @@
 update = m_hat / (sqrt(v_hat) + eps) and ratio = m_hat / sqrt(v_hat), with the bias
 corrections m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t). With ur_distribution the
 per-parameter histograms of both go to TensorBoard (and, with heatmap_visualize, heatmap images drawn
-from them on the writer thread: sinks/heatmap.py). An optimizer that keeps
+from them on the writer thread: output/sinks/heatmap.py). An optimizer that keeps
 no such moments (LBFGS, SGD with or without momentum, Adagrad...) has nothing to record: that is
 said once per rank, naming its class.
 

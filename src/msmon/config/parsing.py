@@ -39,6 +39,7 @@ from .schema import (
     TensorSpec,
     keys_of,
 )
+from .time_range import parse_time_range
 
 logger = logging.getLogger("msmon")
 
@@ -304,8 +305,6 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
         elif key == "nan_origin":
             cfg.nan_origin = _expect_bool(key, value)
         elif key == "append_output":
-            from ..resume import parse_time_range
-
             cfg.append_output = parse_time_range(value)
         elif key == "mg_distribution":  # msprobe validates this name as a bool but never reads it
             _expect_bool(key, value)

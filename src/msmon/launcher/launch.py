@@ -61,7 +61,7 @@ def launch(
     try:
         ensure_writable(base)
         if config.get("append_output"):  # a range that selects no earlier directory: say so before torchrun
-            from ..resume import check_range
+            from ..output.resume import check_range
 
             check_range(base, config["append_output"])
     except ConfigError as exc:

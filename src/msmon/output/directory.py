@@ -9,6 +9,7 @@ import uuid
 from datetime import datetime
 
 from ..config import ConfigError
+from ..config.time_range import TIME_FORMAT
 
 ENV_OUTPUT_DIR = "MONITOR_OUTPUT_DIR"
 DEFAULT_OUTPUT_DIR = "monitor_output"
@@ -35,7 +36,7 @@ def ensure_writable(path: str) -> None:
 
 def rank_dir_name(rank: int) -> str:
     """`<local time %b%d_%H-%M-%S>-rank<r>-<short uid>`, the msprobe layout."""
-    return f"{datetime.now().strftime('%b%d_%H-%M-%S')}-rank{rank}-{uuid.uuid4().hex[:8]}"
+    return f"{datetime.now().strftime(TIME_FORMAT)}-rank{rank}-{uuid.uuid4().hex[:8]}"
 
 
 def stopped_output(step: int, exc: OSError, path: str | None = None) -> dict:

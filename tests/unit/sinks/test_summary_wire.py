@@ -12,8 +12,8 @@ from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 
 from msmon.output.records import RowKey, StepRecord
-from msmon.sinks import summary_wire
-from msmon.sinks.tensorboard_sink import TensorBoardSink
+from msmon.output.sinks import summary_wire
+from msmon.output.sinks.tensorboard_sink import TensorBoardSink
 
 VALUES = [
     1.5,

@@ -15,8 +15,8 @@ import torch
 from conftest import MLP, rank_dir, read_csv_rows, train_steps
 from msmon import TrainerMon
 from msmon.output.records import RowKey, StepRecord
-from msmon.sinks.base import Sink
-from msmon.sinks.writer import BackgroundWriter
+from msmon.output.sinks.base import Sink
+from msmon.output.writer import BackgroundWriter
 from msmon.system.thread_priority import ENV, writer_nice
 from msmon.transfer import HostBatch
 

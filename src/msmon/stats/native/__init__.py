@@ -7,7 +7,7 @@ whole batch per call, which cuts the monitor's CPU time by a half to two thirds
 no ninja, a second or two of one compiler call (native/build.py), cached per user and keyed on
 the source, the flags and the compiler, so it survives torch upgrades.
 
-The same library rounds the CSV sink's values (`csv_rounding()`, msmon.sinks.numbers): in torch
+The same library rounds the CSV sink's values (`csv_rounding()`, msmon.output.sinks.numbers): in torch
 ops that rounding made libtorch code resident that nothing else in a training process runs.
 
 MSMON_NATIVE_STATS decides:
@@ -207,7 +207,7 @@ def share_elements() -> int:
 
 def csv_rounding() -> Optional[Callable[..., int]]:
     """fused_stats.cpp's `msmon_csv_round(values, out, n, ndigits, decades, doubtful)` (addresses
-    and counts; msmon.sinks.numbers.csv_flat calls it), or None when the kernel is not loaded."""
+    and counts; msmon.output.sinks.numbers.csv_flat calls it), or None when the kernel is not loaded."""
     module = _module()
     return None if module is None else module.csv_round
 

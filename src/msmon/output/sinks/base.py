@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from ..output.records import StepRecord
+from typing import TYPE_CHECKING
+
+from ..records import StepRecord
+
+if TYPE_CHECKING:
+    from ...config import MonitorConfig
 
 
 class Sink:
     """Receives one StepRecord per recorded step, on the writer thread."""
 
-    name = "sink"
+    name = "sink"  # the format's name, set by `sink_format` (the registry)
     writes_files = False  # True: an OSError from it means the output (the disk) failed
+
+    @classmethod
+    def for_rank(cls, log_dir: str, config: MonitorConfig) -> Sink:
+        """The sink writing one rank's directory under the config in force."""
+        return cls()
 
     def write(self, record: StepRecord) -> None:
         raise NotImplementedError

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from ..stats import native
+from ...stats import native
 
 _EXACT_POWERS = 22  # 10.0**k is exact up to here, so M / 10**k is the correctly rounded M·10⁻ᵏ
 _POW10 = torch.tensor([float(10**k) for k in range(_EXACT_POWERS + 1)], dtype=torch.float64)

@@ -12,16 +12,18 @@ import os
 import sys
 from typing import Any, Callable
 
+from ..anomaly.dump import AnomalyDumpWriter
+from ..anomaly.rules import RuleEngine, build_rules
+from ..config import MonitorConfig
+from ..system.environment import ENV_BOOTSTRAP_DIR
+from ..system.thread_priority import writer_nice
 from . import resume
-from .anomaly.dump import AnomalyDumpWriter
-from .anomaly.rules import RuleEngine, build_rules
-from .config import MonitorConfig
-from .output.directory import rank_dir_name, stopped_line, stopped_output
-from .output.layout import CONFIG_FILE, SUMMARY_FILE
-from .sinks import ApiSink, make_sinks
-from .sinks.writer import BackgroundWriter
-from .system.environment import ENV_BOOTSTRAP_DIR
-from .system.thread_priority import writer_nice
+from .alerts import AlertConsumer
+from .directory import rank_dir_name, stopped_line, stopped_output
+from .layout import CONFIG_FILE, SUMMARY_FILE
+from .sinks import build_sinks
+from .sinks.api_sink import ApiSink
+from .writer import BackgroundWriter
 
 logger = logging.getLogger("msmon")
 
@@ -37,6 +39,7 @@ class RankOutput:
         self.log_dir: str | None = None
         self.resume: resume.Resume | None = None  # append_output: continuing an earlier run's directory
         self.writer: BackgroundWriter | None = None
+        self.alerts: AlertConsumer | None = None  # the anomaly pipeline the writer hands each step to
         self.api: ApiSink | None = None
         self.stopped: dict | None = None  # the write to disk that failed (output.stopped_output)
 
@@ -58,7 +61,7 @@ class RankOutput:
             try:
                 with open(config_path, "w", encoding="utf-8") as fh:
                     json.dump(config.raw, fh, indent=2)
-                sinks = make_sinks(config.format, self.log_dir, config.ndigits, config.step_count_per_record)
+                sinks = build_sinks(config.format, self.log_dir, config)
             except OSError as exc:
                 self._failed(exc, config_path)
         self.api = next((s for s in sinks if isinstance(s, ApiSink)), None)
@@ -66,35 +69,45 @@ class RankOutput:
             self.api = ApiSink()
             sinks.append(self.api)
         rules = RuleEngine(build_rules(config.alert.rules))
+        self.alerts = AlertConsumer(self.rank, rules, config.alert.max_lines_per_step)
         self.writer = BackgroundWriter(
             sinks,
             self.rank,
-            rules,
-            None,
-            config.alert.max_lines_per_step,
+            [self.alerts],
             on_output_stopped=self._stopped,
             nice=writer_nice(),
         )
 
     def restart_writer(self, config: MonitorConfig) -> None:
         """New sinks for edited output settings; the counts go on."""
-        previous = self.writer
+        previous, previous_alerts = self.writer, self.alerts
         if previous is None:
             return
         previous.close()  # writes what is pending with the old sinks
         self.start_writer(config)
-        assert self.writer is not None
+        assert self.writer is not None and self.alerts is not None and previous_alerts is not None
         self.writer.continue_from(previous)
+        self.alerts.continue_from(previous_alerts)
 
     def enable_dump(self, config: MonitorConfig, pp_stage: int, group_mates: list[int]) -> None:
         """The anomaly dump, once alerts are to be dumped (and nothing stopped the output)."""
         if self.stopped is not None:
             return
-        if self.writer is not None and config.alert.dump and self.writer.dump is None:
-            self.writer.dump = AnomalyDumpWriter(self.output_base, self.rank, pp_stage, group_mates)
+        if self.alerts is not None and config.alert.dump and self.alerts.dump is None:
+            self.alerts.dump = AnomalyDumpWriter(self.output_base, self.rank, pp_stage, group_mates)
 
     def anomaly_dump(self) -> AnomalyDumpWriter | None:
-        return self.writer.dump if self.writer is not None else None
+        return self.alerts.dump if self.alerts is not None else None
+
+    @property
+    def alerts_raised(self) -> int:
+        """Alerts of the whole run (summary.json)."""
+        return self.alerts.alerts_raised if self.alerts is not None else 0
+
+    @property
+    def first_origin(self) -> dict | None:
+        """Where the run's first non-finite value was made (nan_origin), for summary.json."""
+        return self.alerts.first_origin if self.alerts is not None else None
 
     def metrics(self, category: str) -> dict[str, dict[str, float]]:
         """{tag: {op: value}} of the last recorded step, once everything submitted is written."""

@@ -16,27 +16,34 @@ import logging
 import os
 import socket
 import time
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from ..output.records import RowKey, StepRecord
-from . import summary_wire
+from ..records import RowKey, StepRecord
+from . import sink_format, summary_wire
 from .base import Sink, naming
 from .heatmap import Heatmaps
 from .tfrecord import RecordFile
+
+if TYPE_CHECKING:
+    from ...config import MonitorConfig
 
 _MAX_CACHED_ROWS = 1 << 16
 _MAX_WAIT_S = 5  # restart_at: how far ahead an earlier run's events file may be dated and still be waited for
 logger = logging.getLogger("msmon")
 
 
+@sink_format("tensorboard")
 class TensorBoardSink(Sink):
     """Scalars tagged `{vpp}:{name}/rank{r}/{category}_{op}`; histograms for update/ratio, and
     their heatmap images when the step's meta asks for them (heatmap_visualize)."""
 
-    name = "tensorboard"
     writes_files = True
+
+    @classmethod
+    def for_rank(cls, log_dir: str, config: MonitorConfig) -> TensorBoardSink:
+        return cls(log_dir)
 
     def __init__(self, log_dir: str) -> None:
         from tensorboard.compat.proto.event_pb2 import Event, SourceMetadata

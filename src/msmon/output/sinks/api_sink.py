@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import threading
 
-from ..output.records import StepRecord
+from ..records import StepRecord
+from . import sink_format
 from .base import Sink
 
 
+@sink_format("api")
 class ApiSink(Sink):
     """Keeps the most recent step's values per category: {category: {tag: {op: value}}}.
 
     Every step is written here, but the API is asked rarely, so a step only keeps a reference
     to its record per category; the dictionaries are built when asked for."""
-
-    name = "api"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -1,9 +1,11 @@
-"""The background writer: waits for a step's copy, applies alert rules, feeds the sinks.
+"""The background writer: waits for a step's copy, feeds the sinks, then the step's consumers.
 
-File writing, rule evaluation and the wait on the device all happen here, so the training
-thread only launches kernels and enqueues. A failing sink is logged once and switched off.
-A write to disk that fails (OSError: a full disk, a quota, a vanished mount) stops the rank's
-whole output, with one line naming the cause; the in-memory API sink and training go on.
+File writing and the wait on the device happen here, so the training thread only launches
+kernels and enqueues. The writer only moves steps: what a step means (the alert rules, the NaN
+origin, the anomaly dump) is a consumer (output.handoff) handed in by whoever builds the rank
+output. A failing sink is logged once and switched off. A write to disk that fails (OSError: a
+full disk, a quota, a vanished mount) stops the rank's whole output, with one line naming the
+cause; the in-memory API sink and training go on.
 """
 
 from __future__ import annotations
@@ -13,18 +15,18 @@ import logging
 import queue
 import threading
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from ..anomaly.dump import AnomalyDumpWriter
-from ..anomaly.rules import Alert, RuleEngine
-from ..origin import Origin, find_origin
-from ..output.directory import stopped_line, stopped_output
-from ..output.records import RowKey, StepRecord
 from ..system.thread_priority import lower_this_threads_priority
 from ..system.torch_threads import torch_on_this_thread_only
-from ..transfer import HostBatch
-from .base import Sink
-from .feature_rows import split_features
+from .directory import stopped_line, stopped_output
+from .handoff import StepConsumer
+from .records import StepRecord
+from .sinks.base import Sink
+from .sinks.feature_rows import split_features
+
+if TYPE_CHECKING:  # the host copy's type only: the writer never builds one
+    from ..transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 _STOP = object()
@@ -41,24 +43,18 @@ class BackgroundWriter:
         self,
         sinks: list[Sink],
         rank: int,
-        rules: RuleEngine | None = None,
-        dump: AnomalyDumpWriter | None = None,
-        alert_lines_per_step: int = 10,
+        consumers: list[StepConsumer] | None = None,
         on_output_stopped: Callable[[dict], None] | None = None,
         nice: int = 0,
         max_backlog: int = MAX_BACKLOG,
     ) -> None:
         self.sinks = list(sinks)
         self.rank = rank
-        self.rules = rules
-        self.dump = dump
-        self.alert_lines_per_step = alert_lines_per_step
+        self.consumers = list(consumers or [])
         self.on_output_stopped = on_output_stopped
         self.output_stopped: dict | None = None  # the write that stopped the output (output.stopped_output)
         self._last_step = 0
         self.steps_written = 0
-        self.alerts_raised = 0
-        self.first_origin: dict | None = None
         self.cpu_seconds = 0.0  # this thread's CPU time: off the training thread, not free on few cores
         self.nice = nice
         self.max_backlog = max_backlog
@@ -72,8 +68,7 @@ class BackgroundWriter:
     def continue_from(self, previous: BackgroundWriter) -> None:
         """Carry on the counts of the writer this one replaces (an edit of the output settings
         restarts the writer; summary.json counts the whole run)."""
-        self.steps_written, self.alerts_raised = previous.steps_written, previous.alerts_raised
-        self.first_origin = previous.first_origin
+        self.steps_written = previous.steps_written
 
     def submit(self, step: int, ops: list[str], batch: HostBatch, meta: dict | None = None) -> None:
         """Queue a step for writing; waits only when `max_backlog` steps are already waiting."""
@@ -130,7 +125,8 @@ class BackgroundWriter:
             logger.error(stopped_line(self.rank, self.output_stopped))
             if self.on_output_stopped is not None:
                 self.on_output_stopped(self.output_stopped)
-        self.dump = None
+        for consumer in self.consumers:
+            consumer.output_stopped()
         for sink in [s for s in self.sinks if s.writes_files]:
             self.sinks.remove(sink)
             try:
@@ -198,55 +194,8 @@ class BackgroundWriter:
                 )
                 self.sinks.remove(sink)
         self.steps_written += 1
-        alerts = self.rules.scan(record.keys, ops, None, record.table) if self.rules is not None else []
-        origin = find_origin(batch.flag_keys, batch.finite_flags()) if batch.flag_keys else None
-        if origin is not None:
-            alerts.insert(0, self._origin_alert(record, origin))
-        if alerts:
-            self._report(record, alerts)
-
-    def _origin_alert(self, record: StepRecord, origin: Origin) -> Alert:
-        message = f"first non-finite value: {origin.describe()}, all that fed it was finite"
-        logger.warning("msmon[rank %d] step %d: %s", self.rank, record.step, message)
-        if self.first_origin is None:
-            self.first_origin = {
-                "step": record.step,
-                "rank": self.rank,
-                "stage": origin.stage,
-                "module": origin.module,
-                "tensor": origin.tensor,
-                "micro_step": origin.micro_step,
-                "vpp_stage": origin.vpp_stage,
-            }
-        category = origin.category or ("actv" if origin.stage == "forward" else "actv_grad")
-        key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step, origin.stage)
-        return Alert(key, origin.call_id, "nonfinite", float("nan"), None, "NanOrigin", message)
-
-    def _report(self, record: StepRecord, alerts: list[Alert]) -> None:
-        self.alerts_raised += len(alerts)
-        for alert in alerts[: self.alert_lines_per_step]:
-            history = "none" if alert.history is None else f"{alert.history:.6g}"
-            logger.warning(
-                "msmon alert [rank %d] step %d micro-step %s %s %s=%.6g history=%s (%s): %s",
-                self.rank,
-                record.step,
-                alert.key.micro_step if alert.key.micro_step is not None else "-",
-                alert.key.tag(self.rank),
-                alert.op,
-                alert.value,
-                history,
-                alert.rule,
-                alert.message,
-            )
-        if len(alerts) > self.alert_lines_per_step:
-            logger.warning(
-                "msmon alert [rank %d] step %d: %d more alerts not shown (see the anomaly dump)",
-                self.rank,
-                record.step,
-                len(alerts) - self.alert_lines_per_step,
-            )
-        if self.dump is not None:
+        for consumer in self.consumers:
             try:
-                self.dump.write(record, alerts)
-            except OSError as exc:
-                self.stop_output(record.step, exc, self.dump.path)
+                consumer.consume(record, batch)
+            except OSError as exc:  # a consumer's write to disk (the anomaly dump) failed
+                self.stop_output(step, exc)

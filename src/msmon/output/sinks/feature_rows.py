@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..output.records import FEATURE_CATEGORIES, RowKey, StepRecord
+from ..records import FEATURE_CATEGORIES, RowKey, StepRecord
 
 
 def split_features(

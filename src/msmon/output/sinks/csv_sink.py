@@ -10,13 +10,17 @@ built once.
 from __future__ import annotations
 
 import os
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import torch
 
-from ..output.records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
+from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
+from . import sink_format
 from .base import Sink, naming
 from .numbers import csv_flat, csv_value
+
+if TYPE_CHECKING:
+    from ...config import MonitorConfig
 
 _MAX_CACHED_ROWS = 1 << 16
 
@@ -31,11 +35,15 @@ def _first_line(path: str) -> str | None:
         return None
 
 
+@sink_format("csv")
 class CsvSink(Sink):
     """Header `vpp_stage,name,step[,micro_step],<ops>`; one file per category and step window."""
 
-    name = "csv"
     writes_files = True
+
+    @classmethod
+    def for_rank(cls, log_dir: str, config: MonitorConfig) -> CsvSink:
+        return cls(log_dir, config.ndigits, config.step_count_per_record)
 
     def __init__(self, log_dir: str, ndigits: int, step_count_per_record: int) -> None:
         self.log_dir = log_dir

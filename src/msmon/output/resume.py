@@ -31,13 +31,12 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
-from .config import ConfigError
-from .output.directory import rank_dir_name
-from .system.short_repr import short_repr
+from ..config import ConfigError
+from ..config.time_range import TIME_FORMAT, parse_time
+from .directory import rank_dir_name
 
 logger = logging.getLogger("msmon")
 
-TIME_FORMAT = "%b%d_%H-%M-%S"
 # `<time>-rank<r>-...`: msmon's and msprobe's per-rank output directories
 RANK_DIR = re.compile(r"^(?P<time>[A-Za-z]{3}\d{2}_\d{2}-\d{2}-\d{2})-rank(?P<rank>\d+)-")
 # `{category}_{first}-{last}[_from{step}].csv`: the CSV sink's step-window files
@@ -45,34 +44,6 @@ CSV_FILE = re.compile(r"^(?P<category>.+)_(?P<first>\d+)-(?P<last>\d+)(?:_from(?
 SUPERSEDED = "superseded_from_step{step}"
 
 _claimed: set[str] = set()  # rank directories taken by monitors of this process
-
-
-def parse_time(text: Any, where: str) -> datetime:
-    if not isinstance(text, str):
-        raise ConfigError(f'{where}: expected a time prefix like "Dec03_21-34-40", got {short_repr(text)}')
-    try:
-        return datetime.strptime(text, TIME_FORMAT)
-    except ValueError:
-        raise ConfigError(
-            f"{where}: {short_repr(text)} is not a time prefix of an output directory "
-            f'(format %b%d_%H-%M-%S, like "Dec03_21-34-40")'
-        ) from None
-
-
-def parse_time_range(value: Any, key: str = "append_output") -> list[str | None]:
-    """`[]` (off) or `[start, end]`; an end may be null (open). Raises ConfigError."""
-    if not isinstance(value, list) or len(value) not in (0, 2):
-        raise ConfigError(
-            f'{key}: expected [] or two time prefixes ["Dec03_21-34-40", "Dec03_21-34-42"], got {short_repr(value)}'
-        )
-    if not value:
-        return []
-    if value[0] is None and value[1] is None:
-        raise ConfigError(f"{key}: at least one end of the range must be a time prefix, got {short_repr(value)}")
-    times = [None if v is None else parse_time(v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if times[0] is not None and times[1] is not None and times[0] > times[1]:
-        raise ConfigError(f"{key}: the start {short_repr(value[0])} is later than the end {short_repr(value[1])}")
-    return list(value)
 
 
 def rank_dirs(base: str, time_range: list[str | None] | None = None) -> dict[int, list[str]]:

@@ -1,0 +1,100 @@
+"""The anomaly pipeline of a written step: alert rules, the NaN origin, alert lines, the dump.
+
+A consumer of the writer (output.handoff): the rank output hands it to the writer, which gives
+it every step after the sinks, on the writer thread, so rule evaluation costs the training thread
+nothing. The counts (alerts raised, the first non-finite origin) go to summary.json.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ..anomaly.dump import AnomalyDumpWriter
+from ..anomaly.rules import Alert, RuleEngine
+from ..origin import Origin, find_origin
+from .handoff import StepConsumer
+from .records import RowKey, StepRecord
+from .sinks.base import naming
+
+if TYPE_CHECKING:
+    from ..transfer import HostBatch
+
+logger = logging.getLogger("msmon")
+
+
+class AlertConsumer(StepConsumer):
+    """Scans each step with the rules, names the first non-finite value (nan_origin), logs up to
+    `lines_per_step` alerts and appends them all to the anomaly dump, once one is set."""
+
+    name = "alerts"
+
+    def __init__(self, rank: int, rules: RuleEngine | None, lines_per_step: int = 10) -> None:
+        self.rank = rank
+        self.rules = rules
+        self.lines_per_step = lines_per_step
+        self.dump: AnomalyDumpWriter | None = None
+        self.alerts_raised = 0
+        self.first_origin: dict | None = None
+
+    def continue_from(self, previous: AlertConsumer) -> None:
+        """Carry on the counts of the pipeline this one replaces (an edit of the output settings
+        restarts the writer; summary.json counts the whole run)."""
+        self.alerts_raised, self.first_origin = previous.alerts_raised, previous.first_origin
+
+    def consume(self, record: StepRecord, batch: HostBatch) -> None:
+        alerts = self.rules.scan(record.keys, record.ops, None, record.table) if self.rules is not None else []
+        origin = find_origin(batch.flag_keys, batch.finite_flags()) if batch.flag_keys else None
+        if origin is not None:
+            alerts.insert(0, self._origin_alert(record, origin))
+        if alerts:
+            self._report(record, alerts)
+
+    def output_stopped(self) -> None:
+        self.dump = None
+
+    def _origin_alert(self, record: StepRecord, origin: Origin) -> Alert:
+        message = f"first non-finite value: {origin.describe()}, all that fed it was finite"
+        logger.warning("msmon[rank %d] step %d: %s", self.rank, record.step, message)
+        if self.first_origin is None:
+            self.first_origin = {
+                "step": record.step,
+                "rank": self.rank,
+                "stage": origin.stage,
+                "module": origin.module,
+                "tensor": origin.tensor,
+                "micro_step": origin.micro_step,
+                "vpp_stage": origin.vpp_stage,
+            }
+        category = origin.category or ("actv" if origin.stage == "forward" else "actv_grad")
+        key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step, origin.stage)
+        return Alert(key, origin.call_id, "nonfinite", float("nan"), None, "NanOrigin", message)
+
+    def _report(self, record: StepRecord, alerts: list[Alert]) -> None:
+        self.alerts_raised += len(alerts)
+        for alert in alerts[: self.lines_per_step]:
+            history = "none" if alert.history is None else f"{alert.history:.6g}"
+            logger.warning(
+                "msmon alert [rank %d] step %d micro-step %s %s %s=%.6g history=%s (%s): %s",
+                self.rank,
+                record.step,
+                alert.key.micro_step if alert.key.micro_step is not None else "-",
+                alert.key.tag(self.rank),
+                alert.op,
+                alert.value,
+                history,
+                alert.rule,
+                alert.message,
+            )
+        if len(alerts) > self.lines_per_step:
+            logger.warning(
+                "msmon alert [rank %d] step %d: %d more alerts not shown (see the anomaly dump)",
+                self.rank,
+                record.step,
+                len(alerts) - self.lines_per_step,
+            )
+        if self.dump is not None:
+            try:
+                self.dump.write(record, alerts)
+            except OSError as exc:  # the writer stops the rank's output, naming the dump
+                raise naming(exc, self.dump.path)

@@ -1,0 +1,33 @@
+"""What the writer thread hands a written step to after the sinks: its consumers.
+
+The writer only moves steps: it takes one off its queue, waits for the step's copy to reach the
+host, gives the record to every sink and then to every consumer, in the order they were given.
+What a step means (alert rules, the NaN origin, the anomaly dump) is a consumer that whoever
+builds the rank output hands in, so the writer knows nothing of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .records import StepRecord
+
+if TYPE_CHECKING:  # the host copy's type only: the writer never builds one
+    from ..transfer import HostBatch
+
+
+class StepConsumer:
+    """Takes every written step, on the writer thread, after the sinks have written it.
+
+    An OSError raised by `consume` means a write to disk failed: the writer stops the rank's
+    output (one line naming the file: give the path in the error's `filename`) and calls
+    `output_stopped` on every consumer. Any other exception is logged for that step, as a failed
+    write of the step is; the consumer is called again at the next step."""
+
+    name = "consumer"
+
+    def consume(self, record: StepRecord, batch: HostBatch) -> None:
+        raise NotImplementedError
+
+    def output_stopped(self) -> None:
+        """A write to disk failed: write nothing more to disk (keep doing the rest)."""
