@@ -19,11 +19,11 @@ import torch
 
 from conftest import MLP, ROOT, train_steps
 from msmon import TrainerMon
-from msmon.anomaly.analyse import order_events, read_dumps, verdict
 from msmon.anomaly.dump import AnomalyDumpWriter
 from msmon.collectors.replica_check import CALL_ID_BASE, GRAD, NO_GRAD, WEIGHT, Entry, compare
 from msmon.config import ConfigError, ReplicaCheckConfig, parse_config
 from msmon.fingerprint import fingerprint
+from msmon.offline.analyse import order_events, read_dumps, verdict
 
 SCRIPTS = ROOT / "tests" / "scripts"
 

@@ -9,11 +9,11 @@ from typing import Any, Callable
 
 import click
 
-LAYOUTS = ("msmon", "msprobe")  # sinks/convert.py's; that module (and torch) loads only when a conversion runs
+LAYOUTS = ("msmon", "msprobe")  # offline/convert.py's; that module (and torch) loads only when a conversion runs
 
 
 def _conv() -> Any:
-    from ..sinks import convert as conv
+    from ..offline import convert as conv
 
     return conv
 

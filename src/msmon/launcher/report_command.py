@@ -65,10 +65,10 @@ def report(
     msmon report -d monitor_output -o report.html
     msmon report --db run.duckdb -o report.html
     """
-    from ..results.db import DatabaseError, connect, load
-    from ..results.queries import Limits
-    from ..results.report_html import build
-    from ..results.schema import SchemaError, require_msmon
+    from ..offline.results.db import DatabaseError, connect, load
+    from ..offline.results.queries import Limits
+    from ..offline.results.report_html import build
+    from ..offline.results.schema import SchemaError, require_msmon
 
     if not directories and not database:
         raise click.UsageError("give a monitor output directory (-d) or a database (--db)")

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from msmon.anomaly.analyse import REPORT_FILE, event_from_msprobe, run_analyse
-from msmon.anomaly.msprobe_format import MSPROBE_ANALYSE_FILE
+from msmon.offline.analyse import REPORT_FILE, event_from_msprobe, run_analyse
+from msmon.offline.msprobe_format import MSPROBE_ANALYSE_FILE
 
 
 def rec(rank, step, micro, stage, pp, call, name, category, vpp=0, rule="AnomalyNan", op="nans", value=1.0, **extra):

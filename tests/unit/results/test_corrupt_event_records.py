@@ -15,8 +15,8 @@ duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pi
 
 from conftest import MLP, rank_dir  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
-from msmon.results import db  # noqa: E402
-from msmon.sinks import convert as conv  # noqa: E402
+from msmon.offline import convert as conv  # noqa: E402
+from msmon.offline.results import db  # noqa: E402
 
 OPS = ["norm", "max"]
 CORRUPT_STEP = 2

@@ -21,11 +21,11 @@ duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pi
 from conftest import MLP, ROOT, rank_dir  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
 from msmon.anomaly import dump as anomaly_dump  # noqa: E402
-from msmon.anomaly.analyse import order_events, read_dumps  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
+from msmon.offline.analyse import order_events, read_dumps  # noqa: E402
+from msmon.offline.results import db, scan, schema  # noqa: E402
 from msmon.output import layout as output_names  # noqa: E402
 from msmon.output.records import RowKey, StepRecord  # noqa: E402
-from msmon.results import db, scan, schema  # noqa: E402
 from msmon.sinks.csv_sink import CsvSink  # noqa: E402
 from msmon.sinks.tensorboard_sink import TensorBoardSink  # noqa: E402
 from msmon.stats import OPS  # noqa: E402

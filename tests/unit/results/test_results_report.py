@@ -20,9 +20,9 @@ duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pi
 from test_results_db import csv_values, make_synthetic  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
-from msmon.anomaly.analyse import order_events, read_dumps, verdict  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
-from msmon.results import db, queries, report_html  # noqa: E402
+from msmon.offline.analyse import order_events, read_dumps, verdict  # noqa: E402
+from msmon.offline.results import db, queries, report_html  # noqa: E402
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
 

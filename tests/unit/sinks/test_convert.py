@@ -14,7 +14,7 @@ import torch
 
 from conftest import ALL_OPS, MLP, ROOT, rank_dir
 from msmon import TrainerMon
-from msmon.sinks import convert as conv
+from msmon.offline import convert as conv
 
 FULL = {
     "wg_distribution": True,

@@ -33,7 +33,7 @@ from typing import Any, Callable
 from ..output.layout import CONFIG_FILE, format_tag
 from ..output.records import MICRO_STEP_CATEGORIES
 from ..resume import CSV_FILE, RANK_DIR, csv_windows, rank_dirs
-from .numbers import csv_value
+from ..sinks.numbers import csv_value
 
 logger = logging.getLogger("msmon")
 

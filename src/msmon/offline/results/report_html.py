@@ -15,7 +15,7 @@ from datetime import datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
+from ... import __version__
 from .queries import Limits, report_data
 
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened

@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..output.layout import CONFIG_FILE, DUMP_FILE, MSPROBE_DUMP_FILE, SUMMARY_FILE
+from ...output.layout import CONFIG_FILE, DUMP_FILE, MSPROBE_DUMP_FILE, SUMMARY_FILE
 
 CSV, TENSORBOARD, SUMMARY, CONFIG, ANOMALIES = "csv", "tensorboard", "summary", "config", "anomalies"
 CSV_NAME = re.compile(r"(?P<category>[A-Za-z][A-Za-z0-9_]*?)_(?P<first>\d+)-(?P<last>\d+)(?:_from(?P<start>\d+))?\.csv")

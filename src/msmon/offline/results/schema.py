@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..ops import OPS, TABLE  # noqa: F401 (OPS: tb_loader and queries import it from here)
+from ...ops import OPS, TABLE  # noqa: F401 (OPS: tb_loader and queries import it from here)
 from .sql import one_row
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..anomaly.analyse import NAN_ORIGIN_RULE, AnomalyEvent, first_per_rank, verdict
+from ..analyse import NAN_ORIGIN_RULE, AnomalyEvent, first_per_rank, verdict
 from .bulk import insert_rows
 from .schema import OPS
 from .sql import one_row
