@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from .. import dedupe
-from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
+from ..anomaly.event import REPLICA_OP, REPLICA_RULE
 from ..fingerprint import Fingerprinter
 from ..optimizers.base import Shard
 from ..system import exit_drain

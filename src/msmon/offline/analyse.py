@@ -32,11 +32,9 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..anomaly.dump import json_number
-from ..anomaly.rules import NAN_ORIGIN_RULE, REPLICA_RULE
-from ..origin import LOSS
+from ..anomaly.event import NAN_ORIGIN_RULE, REPLICA_RULE, json_number
 from ..output.layout import DUMP_FILE, MSPROBE_DUMP_FILE
-from ..output.records import BACKWARD, CATEGORY_STAGE, FORWARD, OPTIMIZER
+from ..output.records import BACKWARD, CATEGORY_STAGE, FORWARD, LOSS, OPTIMIZER
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 
 REPORT_FILE = "msmon_analyse.json"  # msmon's report; msprobe's layout is MSPROBE_ANALYSE_FILE

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
+from ..output.csv_cell import csv_value
 from ..output.layout import CONFIG_FILE, format_tag
 from ..output.records import MICRO_STEP_CATEGORIES
 from ..resume import CSV_FILE, RANK_DIR, csv_windows, rank_dirs
-from ..sinks.numbers import csv_value
 
 logger = logging.getLogger("msmon")
 

@@ -37,6 +37,7 @@ CATEGORY_STAGE = {
     "moe_router_logit_hook": FORWARD,
 }
 MICRO_STEP_CATEGORIES = ("actv", "actv_grad")
+LOSS = "loss"  # the actv_grad row of the gradient that reaches the model's output from the loss
 # L2 features (recording_l2_features), msprobe's names: category (CSV file prefix) ->
 # (the word in the TensorBoard tag, the columns). Their rows hold one value each (RowKey.op)
 # and are regrouped into one row per tensor with these columns on the writer thread.

@@ -14,9 +14,10 @@ from typing import IO
 
 import torch
 
+from ..output.csv_cell import csv_value
 from ..output.records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from .base import Sink, naming
-from .numbers import csv_flat, csv_value
+from .numbers import csv_flat
 
 _MAX_CACHED_ROWS = 1 << 16
 

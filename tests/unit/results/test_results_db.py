@@ -21,6 +21,7 @@ duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pi
 from conftest import MLP, ROOT, rank_dir  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
 from msmon.anomaly import dump as anomaly_dump  # noqa: E402
+from msmon.anomaly.event import FIELDS  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
 from msmon.offline.analyse import order_events, read_dumps  # noqa: E402
 from msmon.offline.results import db, scan, schema  # noqa: E402
@@ -309,6 +310,43 @@ def test_anomalies_are_in_msmon_analyse_training_order(tmp_path):
     first = con.execute("SELECT rank, step, value FROM anomaly_timeline LIMIT 1").fetchone()
     con.close()
     assert first == (0, 0, 1e9)
+
+
+def test_every_field_of_a_dump_record_is_the_anomalies_column_of_its_name_in_the_records_order(tmp_path):
+    out = tmp_path / "out"
+    writer = anomaly_dump.AnomalyDumpWriter(str(out), 2, 1, [0, 2])
+    key = RowKey("grad_reduced", "fc1.weight", 1)
+    writer.append(
+        [
+            {
+                "step": 7,
+                "stage": "optimizer",
+                "name": key.name,
+                "category": key.category,
+                "vpp_stage": 1,
+                "call_id": 4,
+                "op": "norm",
+                "value": float("inf"),
+                "history": 0.5,
+                "rule": "AnomalyNan",
+                "message": "norm=inf",
+            }
+        ]
+    )
+    with open(writer.path, encoding="utf-8") as fh:
+        (line,) = fh.read().splitlines()
+    record = json.loads(line)
+    assert tuple(record) == FIELDS  # the dump writes the record's fields, in their declared order
+    database = str(tmp_path / "run.duckdb")
+    db.load([str(out)], database, progress=False)
+    con = duckdb.connect(database, read_only=True)
+    columns = [row[0] for row in con.execute("DESCRIBE anomalies").fetchall()]
+    row = con.execute(f"SELECT {', '.join(FIELDS)} FROM anomalies").fetchone()
+    con.close()
+    assert columns == ["seq", *FIELDS, "description", "file"]
+    stored = dict(zip(FIELDS, row))
+    assert stored == {**record, "value": math.inf}
+    assert stored["tag"] == key.tag(2) == "1:fc1.weight/rank2/grad_reduced"
 
 
 def test_the_documented_python_query_works(tmp_path):

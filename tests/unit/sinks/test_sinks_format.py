@@ -13,11 +13,12 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, reference_stats
 from msmon import TrainerMon, native
+from msmon.output.csv_cell import csv_value
 from msmon.output.records import RowKey, StepRecord
 from msmon.runtime.buffer import StepBuffer
 from msmon.sinks.api_sink import ApiSink
 from msmon.sinks.csv_sink import CsvSink
-from msmon.sinks.numbers import csv_value, csv_values
+from msmon.sinks.numbers import csv_values
 
 EDGE_VALUES = [
     0.0,

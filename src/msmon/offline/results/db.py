@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ...anomaly.event import FIELDS
 from . import schema
 from .bulk import insert_rows
 from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, compact_tensors, read_header, tail_of
@@ -77,27 +78,6 @@ SUMMARY_KEYS = (
     "writer_cpu_ms_per_step",
     "last_step",
 )
-ANOMALY_COLUMNS = [
-    ("seq", "INTEGER"),
-    ("rank", "INTEGER"),
-    ("step", "BIGINT"),
-    ("micro_step", "INTEGER"),
-    ("pp_stage", "INTEGER"),
-    ("vpp_stage", "INTEGER"),
-    ("stage", "VARCHAR"),
-    ("call_id", "INTEGER"),
-    ("name", "VARCHAR"),
-    ("category", "VARCHAR"),
-    ("tag", "VARCHAR"),
-    ("op", "VARCHAR"),
-    ("value", "DOUBLE"),
-    ("history", "DOUBLE"),
-    ("rule", "VARCHAR"),
-    ("message", "VARCHAR"),
-    ("group_mates", "INTEGER[]"),
-    ("description", "VARCHAR"),
-    ("file", "VARCHAR"),
-]
 
 
 class DatabaseError(Exception):
@@ -511,30 +491,7 @@ class Loader:
         ordered = order_events(dumps.events)
         rows = []
         for seq, e in enumerate(ordered):
-            js = e.to_json()
-            rows.append(
-                (
-                    seq,
-                    e.rank,
-                    e.step,
-                    e.micro_step,
-                    e.pp_stage,
-                    e.vpp_stage,
-                    e.stage,
-                    e.call_id,
-                    e.name,
-                    e.category,
-                    e.tag,
-                    e.op,
-                    e.value,
-                    e.history,
-                    e.rule,
-                    e.message,
-                    e.group_mates,
-                    js["description"],
-                    e.file,
-                )
-            )
+            rows.append((seq, *(getattr(e, name) for name in FIELDS), e.to_json()["description"], e.file))
         counts: dict[str, int] = {}
         for e in ordered:
             counts[e.file] = counts.get(e.file, 0) + 1
@@ -542,7 +499,7 @@ class Loader:
         con.begin()
         try:
             con.execute("DELETE FROM anomalies")
-            self.report.anomalies = insert_rows(con, "anomalies", ANOMALY_COLUMNS, rows, self.tmp_dir)
+            self.report.anomalies = insert_rows(con, "anomalies", schema.ANOMALY_COLUMNS, rows, self.tmp_dir)
             self._upsert_files(
                 [self._file_row(f, self._id_for(f), f.size, counts.get(f.path, 0)) for f, _reload, _ in items]
             )

@@ -19,7 +19,8 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..analyse import NAN_ORIGIN_RULE, AnomalyEvent, first_per_rank, verdict
+from ...anomaly.event import FIELDS, NAN_ORIGIN_RULE
+from ..analyse import AnomalyEvent, first_per_rank, verdict
 from .bulk import insert_rows
 from .schema import OPS
 from .sql import one_row
@@ -290,25 +291,7 @@ def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int)
     }
 
 
-_EVENT_FIELDS = (
-    "rank",
-    "step",
-    "micro_step",
-    "pp_stage",
-    "vpp_stage",
-    "stage",
-    "call_id",
-    "name",
-    "category",
-    "tag",
-    "op",
-    "value",
-    "history",
-    "rule",
-    "message",
-    "group_mates",
-    "file",
-)
+_EVENT_FIELDS = (*FIELDS, "file")  # the anomaly record's fields, and the dump it came from
 
 
 def anomaly_events(con: DuckDBPyConnection) -> list[AnomalyEvent]:

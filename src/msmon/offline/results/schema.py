@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...anomaly.event import EVENT_FIELDS
 from ...ops import OPS, TABLE  # noqa: F401 (OPS: tb_loader and queries import it from here)
 from .sql import one_row
 
@@ -18,6 +19,13 @@ if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
 SCHEMA_VERSION = "1"
+
+ANOMALY_COLUMNS = [
+    ("seq", "INTEGER"),
+    *((f.name, f.sql_type) for f in EVENT_FIELDS),
+    ("description", "VARCHAR"),  # msmon analyse's line about it
+    ("file", "VARCHAR"),  # the dump it was read from
+]
 
 TABLES = {
     "meta": "key VARCHAR, value VARCHAR",
@@ -37,12 +45,8 @@ TABLES = {
         "rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
         "edges DOUBLE[], counts DOUBLE[], file_id INTEGER"
     ),
-    "anomalies": (
-        "seq INTEGER, rank INTEGER, step BIGINT, micro_step INTEGER, pp_stage INTEGER, "
-        "vpp_stage INTEGER, stage VARCHAR, call_id INTEGER, name VARCHAR, category VARCHAR, "
-        "tag VARCHAR, op VARCHAR, value DOUBLE, history DOUBLE, rule VARCHAR, message VARCHAR, "
-        "group_mates INTEGER[], description VARCHAR, file VARCHAR"
-    ),
+    # an anomaly record's fields (anomaly/event.py), in training order (`seq`, msmon analyse's)
+    "anomalies": ", ".join(f"{name} {kind}" for name, kind in ANOMALY_COLUMNS),
     "summaries": (
         "rank INTEGER, rank_dir VARCHAR, steps_recorded BIGINT, alerts BIGINT, first_nonfinite VARCHAR, "
         "monitor_seconds DOUBLE, steps_timed BIGINT, step_ms DOUBLE, monitor_ms_per_step DOUBLE, "
