@@ -21,10 +21,10 @@ from typing import IO, Any
 import torch
 
 from ..output.records import RowKey, StepRecord
+from ..output.tfrecord import RecordFile
 from . import summary_wire
 from .base import Sink, naming
 from .heatmap import Heatmaps
-from .tfrecord import RecordFile
 
 _MAX_CACHED_ROWS = 1 << 16
 _MAX_WAIT_S = 5  # restart_at: how far ahead an earlier run's events file may be dated and still be waited for

@@ -239,8 +239,8 @@ def test_tensorboard_records_carry_the_checksums_tensorboard_computes_and_read_b
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
     from msmon.output.records import RowKey, StepRecord
+    from msmon.output.tfrecord import masked_crc32c_function
     from msmon.sinks.tensorboard_sink import TensorBoardSink
-    from msmon.sinks.tfrecord import masked_crc32c_function
 
     crc = masked_crc32c_function()
     for n in (0, 1, 7, 8, 9, 63, 4097, 250_000):
