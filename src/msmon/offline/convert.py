@@ -31,9 +31,9 @@ from datetime import datetime
 from typing import Any, Callable
 
 from ..output.csv_cell import csv_value
-from ..output.layout import CONFIG_FILE, format_tag
+from ..output.layout import CONFIG_FILE, CSV_FILE, csv_file_name, format_tag
 from ..output.records import MICRO_STEP_CATEGORIES
-from ..resume import CSV_FILE, RANK_DIR, csv_windows, rank_dirs
+from ..resume import RANK_DIR, csv_windows, rank_dirs
 
 logger = logging.getLogger("msmon")
 
@@ -458,12 +458,17 @@ def tensorboard_to_csv(
                 for row, values in steps[step].items():
                     ops = tuple(values)
                     first = step // window * window
-                    base = f"{category}_{first}-{first + window - 1}"
+                    last = first + window - 1
+                    base = csv_file_name(category, first, last)
                     if current is None or current[0] != base or current[1] != ops:
                         if fh is not None:
                             fh.close()
-                        name = base if current is None or current[0] != base else f"{base}_from{step}"
-                        path = os.path.join(directory, name + ".csv")
+                        name = (
+                            base
+                            if current is None or current[0] != base
+                            else csv_file_name(category, first, last, step)
+                        )
+                        path = os.path.join(directory, name)
                         fh = open(path, "a", newline="", encoding="utf-8")
                         writer = csv.writer(fh, lineterminator="\n")
                         if fh.tell() == 0:

@@ -15,6 +15,7 @@ from typing import IO
 import torch
 
 from ..output.csv_cell import csv_value
+from ..output.layout import csv_file_name
 from ..output.records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from .base import Sink, naming
 from .numbers import csv_flat
@@ -51,7 +52,7 @@ class CsvSink(Sink):
 
     def _file_for(self, category: str, step: int, ops: list[str], micro: bool) -> tuple[IO[str], bool]:
         first, last = self._window(step)
-        base = os.path.join(self.log_dir, f"{category}_{first}-{last}.csv")
+        base = os.path.join(self.log_dir, csv_file_name(category, first, last))
         current = self._files.get(category)
         if current is not None and current[0] == base and current[4] == ops:
             return current[2], current[3]
@@ -64,7 +65,7 @@ class CsvSink(Sink):
         header = ",".join(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops))
         path = base
         if _first_line(path) not in (None, header):  # columns changed mid-window: start a new file
-            path = os.path.join(self.log_dir, f"{category}_{first}-{last}_from{step}.csv")
+            path = os.path.join(self.log_dir, csv_file_name(category, first, last, step))
         exists = _first_line(path) is not None
         fh = open(path, "a", encoding="utf-8")
         self._files[category] = (base, path, fh, micro, list(ops))

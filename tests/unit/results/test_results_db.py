@@ -66,7 +66,7 @@ def csv_values(root: Path) -> dict[tuple, float]:
     """Every value of every CSV file under root, read with Python's csv module: the reference."""
     out: dict[tuple, float] = {}
     for path in sorted(root.rglob("*.csv")):
-        category = scan.CSV_NAME.fullmatch(path.name)["category"]
+        category = output_names.CSV_FILE.match(path.name)["category"]
         rank = int(scan.RANK_IN_DIR.search(path.parent.name)[1])
         with open(path, newline="", encoding="utf-8") as fh:
             for row in csv.DictReader(fh):
@@ -413,3 +413,42 @@ def test_a_directory_given_twice_or_inside_another_is_loaded_once(tmp_path):
     report = db.load([str(out), str(inner), str(out)], database, progress=False)
     assert report.values == 2 * 5 * len(OPS)
     same(db_values(database), csv_values(out))
+
+
+def test_the_csv_sinks_file_names_are_read_back_alike_by_append_output_msmon_db_and_convert(tmp_path):
+    """One format and one pattern (output/layout.py): a window file and the `_from{step}` file
+    begun when a category's columns change mid-window parse the same way everywhere."""
+    from msmon.offline import convert
+    from msmon.resume import csv_windows
+
+    rank = tmp_path / "out" / "Dec03_10-00-00-rank3-0000abcd"
+    rank.mkdir(parents=True)
+    sink = CsvSink(str(rank), ndigits=6, step_count_per_record=4)
+    key = RowKey("grad_reduced", "fc1.weight")
+    sink.write(StepRecord(step=0, rank=3, ops=["norm"], keys=[key], values=[[1.0]]))
+    sink.write(StepRecord(step=1, rank=3, ops=["norm", "max"], keys=[key], values=[[2.0, 3.0]]))
+    sink.write(StepRecord(step=5, rank=3, ops=["norm", "max"], keys=[key], values=[[4.0, 5.0]]))
+    sink.close()
+    names = sorted(p.name for p in rank.iterdir())
+    assert names == ["grad_reduced_0-3.csv", "grad_reduced_0-3_from1.csv", "grad_reduced_4-7.csv"]
+    expected = {
+        "grad_reduced_0-3.csv": ("grad_reduced", "0", "3", None),
+        "grad_reduced_0-3_from1.csv": ("grad_reduced", "0", "3", "1"),
+        "grad_reduced_4-7.csv": ("grad_reduced", "4", "7", None),
+    }
+    for name, (category, first, last, start) in expected.items():
+        assert output_names.csv_file_name(category, int(first), int(last), start and int(start)) == name
+    windows = {os.path.basename(p): (m["category"], m["first"], m["last"], m["start"]) for p, m in csv_windows(rank)}
+    assert windows == expected
+    assert {name: scan.classify(name) for name in names} == {name: (scan.CSV, "grad_reduced") for name in names}
+    read_back = {}
+    for name in names:
+        read_back[name] = [
+            (step, [(r.name, cells) for r, cells in rows])
+            for step, rows in convert.read_csv_steps(str(rank / name), convert._no_progress())
+        ]
+    assert read_back == {
+        "grad_reduced_0-3.csv": [(0, [("fc1.weight", [("norm", 1.0)])])],
+        "grad_reduced_0-3_from1.csv": [(1, [("fc1.weight", [("norm", 2.0), ("max", 3.0)])])],
+        "grad_reduced_4-7.csv": [(5, [("fc1.weight", [("norm", 4.0), ("max", 5.0)])])],
+    }
