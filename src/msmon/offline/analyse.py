@@ -32,30 +32,25 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..anomaly.event import NAN_ORIGIN_RULE, REPLICA_RULE, json_number
+from ..anomaly.event import NAN_ORIGIN_RULE, REPLICA_RULE, STAGES, json_number
 from ..output.layout import DUMP_FILE, MSPROBE_DUMP_FILE
-from ..output.records import BACKWARD, CATEGORY_STAGE, FORWARD, LOSS, OPTIMIZER
+from ..output.records import (
+    BACKWARD,
+    CATEGORY_STAGE,
+    CATEGORY_TEXT,
+    FORWARD,
+    LOSS,
+    MSPROBE_GRAD_STAGE,
+    OPTIMIZER,
+)
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 
 REPORT_FILE = "msmon_analyse.json"  # msmon's report; msprobe's layout is MSPROBE_ANALYSE_FILE
 _RECORD_ERRORS = (ValueError, TypeError, KeyError, AttributeError)
-STAGE_ORDER = {FORWARD: 0, BACKWARD: 1, OPTIMIZER: 2}
-# msprobe's task names, mapped to the training stage they happen in (msprobe ranked unknown
+STAGE_ORDER = {stage: i for i, stage in enumerate(STAGES)}
+# msprobe's task names too, mapped to the training stage they happen in (msprobe ranked unknown
 # tasks such as parameters first of all; here every task has its real place)
-STAGE_OF_CATEGORY = {**CATEGORY_STAGE, "pre_grad": BACKWARD, "acc_grad": BACKWARD, "post_grad": OPTIMIZER}
-CATEGORY_TEXT = {
-    "grad_unreduced": "unreduced gradient of {}",
-    "pre_grad": "unreduced gradient of {}",
-    "acc_grad": "accumulated gradient of {}",
-    "grad_reduced": "reduced gradient of {}",
-    "post_grad": "reduced gradient of {}",
-    "param_origin": "weight {} before the update",
-    "param_updated": "weight {} after the update",
-    "exp_avg": "first moment (exp_avg) of {}",
-    "exp_avg_sq": "second moment (exp_avg_sq) of {}",
-    "update": "update of {}",
-    "ratio": "update/weight ratio of {}",
-}
+STAGE_OF_CATEGORY = {**CATEGORY_STAGE, **MSPROBE_GRAD_STAGE}
 MAX_LINE_REPORTS = 5
 _MSPROBE_MESSAGE = re.compile(
     r"Rule (?P<rule>\w+) reports anomaly signal in \('(?P<tag>[^']*)', '(?P<op>\w+)'\)"

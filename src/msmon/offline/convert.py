@@ -32,28 +32,16 @@ from typing import Any, Callable
 
 from ..output.csv_cell import csv_value
 from ..output.layout import CONFIG_FILE, CSV_FILE, csv_file_name, format_tag
-from ..output.records import MICRO_STEP_CATEGORIES
+from ..output.records import COLLECTIVE_PHASES, MICRO_STEP_CATEGORIES, OTHER, TENSOR_CATEGORIES, DirectionKey
 from ..resume import RANK_DIR, csv_windows, rank_dirs
 
 logger = logging.getLogger("msmon")
 
 FIXED_COLUMNS = ("vpp_stage", "name", "step", "micro_step")
-KNOWN_CATEGORIES = (
-    "param_origin",
-    "param_updated",
-    "grad_unreduced",
-    "grad_reduced",
-    "exp_avg_sq",
-    "exp_avg",
-    "update",
-    "ratio",
-    "actv_grad",
-    "actv",
-    "mg_direction",
-    "pre",
-    "post",
-)
-COLLECTIVE = re.compile(r"^(?P<op>.+@.+)/(?P<phase>pre|post)$")  # a collective's row name, collectors/comm.py
+# what the last part of a live tag, `{word}_{op}`, starts with: a category, mg_direction or a
+# collective's phase; the longer words first, so that `exp_avg_sq_norm` is not exp_avg's `sq_norm`
+TAG_WORDS = sorted((*TENSOR_CATEGORIES, DirectionKey.TASK, *COLLECTIVE_PHASES), key=len, reverse=True)
+COLLECTIVE = re.compile(rf"^(?P<op>.+@.+)/(?P<phase>{'|'.join(COLLECTIVE_PHASES)})$")  # a collective's row name
 MSMON_TAG = re.compile(r"^(?P<display>.+)/rank(?P<rank>\d+)/(?P<last>[^/]+)$")
 MSPROBE_TAG = re.compile(r"^vp(?P<vpp>\d+):(?P<rest>.+)/(?P<op>[^/]+)$")
 MSPROBE_RANK = re.compile(r"^rank(?P<rank>\d+)$")
@@ -137,11 +125,11 @@ def _rank_config(directory: str) -> dict:
 # -- tags ------------------------------------------------------------------------------------------
 def msmon_tag(row: Row, rank: int) -> str:
     """The live TensorBoard sink's tag of a CSV row, without `_{op}`."""
-    if row.category == "other":
+    if row.category == OTHER:
         collective = COLLECTIVE.match(row.name)
         if collective:
             return f"{collective['op']}/rank{rank}/{collective['phase']}"
-        return format_tag(f"{row.vpp_stage}:{row.name}", rank, "mg_direction")
+        return format_tag(f"{row.vpp_stage}:{row.name}", rank, DirectionKey.TASK)
     display = f"{row.vpp_stage}:{row.name}" + (f":{row.micro_step}" if row.micro_step != "" else "")
     return format_tag(display, rank, row.category)
 
@@ -160,13 +148,13 @@ def parse_msmon_tag(tag: str) -> tuple[Row, str] | None:
     task, op = _split_task(last)
     if op is None:
         return None
-    if task in ("pre", "post") and "@" in display:
-        return Row("other", "0", f"{display}/{task}", ""), op
+    if task in COLLECTIVE_PHASES and "@" in display:
+        return Row(OTHER, "0", f"{display}/{task}", ""), op
     vpp, sep, rest = display.partition(":")
     if not sep or not vpp.isdigit():
         return None
-    if task == "mg_direction":
-        return Row("other", vpp, rest, ""), op
+    if task == DirectionKey.TASK:
+        return Row(OTHER, vpp, rest, ""), op
     micro = ""
     head, sep, tail = rest.rpartition(":")
     if sep and tail.isdigit():
@@ -175,7 +163,7 @@ def parse_msmon_tag(tag: str) -> tuple[Row, str] | None:
 
 
 def _split_task(last: str) -> tuple[str, str | None]:
-    for category in KNOWN_CATEGORIES:
+    for category in TAG_WORDS:
         if last.startswith(category + "_") and len(last) > len(category) + 1:
             return category, last[len(category) + 1 :]
     task, sep, op = last.rpartition("_")

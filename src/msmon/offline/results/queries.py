@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...anomaly.event import FIELDS, NAN_ORIGIN_RULE
+from ...output.records import BACKWARD, FORWARD, OPTIMIZER, REPLICATED_CATEGORIES, TENSOR_CATEGORIES
 from ..analyse import AnomalyEvent, first_per_rank, verdict
 from .bulk import insert_rows
 from .schema import OPS
@@ -28,20 +29,6 @@ from .sql import one_row
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection
 
-# tensors that are the same on every data-parallel rank, so that a spread across ranks is news
-REPLICATED = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
-CATEGORY_ORDER = (
-    "actv",
-    "actv_grad",
-    "grad_unreduced",
-    "grad_reduced",
-    "param_origin",
-    "param_updated",
-    "exp_avg",
-    "exp_avg_sq",
-    "update",
-    "ratio",
-)
 EMPTY, ZERO, NONFINITE, FIRST_LEVEL, LAST_LEVEL = 0, 1, 2, 3, 65535
 
 
@@ -60,7 +47,9 @@ class Limits:
 
 def _categories(con: DuckDBPyConnection) -> list[str]:
     found = [r[0] for r in con.execute("SELECT DISTINCT category FROM per_step").fetchall()]
-    return sorted(found, key=lambda c: (CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else len(CATEGORY_ORDER), c))
+    return sorted(
+        found, key=lambda c: (TENSOR_CATEGORIES.index(c) if c in TENSOR_CATEGORIES else len(TENSOR_CATEGORIES), c)
+    )
 
 
 def _ops(con: DuckDBPyConnection, category: str) -> list[str]:
@@ -247,7 +236,7 @@ def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[
 
 def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int) -> dict[str, Any]:
     """Replicated tensors across ranks: max - min of each statistic at the same (micro-)step."""
-    replicated = ", ".join(f"'{c}'" for c in REPLICATED)
+    replicated = ", ".join(f"'{c}'" for c in REPLICATED_CATEGORIES)
     base = f"""
         SELECT *, hi - lo AS spread, (hi - lo) / greatest(abs(hi), abs(lo), 1e-30) AS rel FROM per_step
         WHERE n > 1 AND category IN ({replicated}) AND lo IS NOT NULL"""
@@ -269,7 +258,7 @@ def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int)
         "compared_values": compared[0],
         "compared_tensors": compared[1],
         "max_ranks": compared[2],
-        "categories": list(REPLICATED),
+        "categories": list(REPLICATED_CATEGORIES),
         "top": [
             {
                 "category": c,
@@ -332,7 +321,7 @@ def anomalies(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
         head = budget // 2
         rest = len(ordered) - head
         shown = list(range(head)) + [head + (i * rest) // (budget - head) for i in range(budget - head)]
-    stage_offset = {"forward": 0.15, "backward": 0.45, "optimizer": 0.75}
+    stage_offset = {FORWARD: 0.15, BACKWARD: 0.45, OPTIMIZER: 0.75}
     tensors: dict[str, int] = {}
     stages = list(stage_offset)
     points = []  # [x, rank, rule, seq, tensor, stage, micro_step]: the tooltip is built from them
