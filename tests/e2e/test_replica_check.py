@@ -23,7 +23,8 @@ from msmon.anomaly.dump import AnomalyDumpWriter
 from msmon.collectors.replica_check import CALL_ID_BASE, GRAD, NO_GRAD, WEIGHT, Entry, compare
 from msmon.config import ConfigError, ReplicaCheckConfig, parse_config
 from msmon.fingerprint import fingerprint
-from msmon.offline.analyse import order_events, read_dumps, verdict
+from msmon.offline.analyse.reading import read_dumps
+from msmon.offline.analyse.verdict import order_events, verdict
 
 SCRIPTS = ROOT / "tests" / "scripts"
 

@@ -66,7 +66,7 @@ def _is_int(text: str) -> bool:
 def analyse(directory: str, output: str | None, top_k: int, steps: tuple[int, ...]) -> None:
     """Order the anomalies of every rank in time and print the first ones."""
     try:
-        from ..offline.analyse import run_analyse
+        from ..offline.analyse.command import run_analyse
     except ImportError as exc:
         raise click.ClickException(f"the anomaly analyser is not available in this installation: {exc}")
     sys.exit(run_analyse(directory, output, top_k, list(steps) or None))

@@ -23,7 +23,8 @@ from msmon import TrainerMon  # noqa: E402
 from msmon.anomaly import dump as anomaly_dump  # noqa: E402
 from msmon.anomaly.event import FIELDS  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
-from msmon.offline.analyse import order_events, read_dumps  # noqa: E402
+from msmon.offline.analyse.reading import read_dumps  # noqa: E402
+from msmon.offline.analyse.verdict import order_events  # noqa: E402
 from msmon.offline.results import db, scan, schema  # noqa: E402
 from msmon.output import layout as output_names  # noqa: E402
 from msmon.output.records import RowKey, StepRecord  # noqa: E402

@@ -21,7 +21,8 @@ from test_results_db import csv_values, make_synthetic  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
-from msmon.offline.analyse import order_events, read_dumps, verdict  # noqa: E402
+from msmon.offline.analyse.reading import read_dumps  # noqa: E402
+from msmon.offline.analyse.verdict import order_events, verdict  # noqa: E402
 from msmon.offline.results import db, queries, report_html  # noqa: E402
 from msmon.output.records import REPLICATED_CATEGORIES  # noqa: E402
 

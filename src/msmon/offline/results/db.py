@@ -480,7 +480,8 @@ class Loader:
     def _load_anomalies(self, items: list[tuple[FoundFile, bool, int]], on_disk: set[str]) -> None:
         """Every dump is read again (they are small) and the table rebuilt: `seq`, the training
         order, is over all ranks' records together."""
-        from ..analyse import order_events, read_dump_files
+        from ..analyse.reading import read_dump_files
+        from ..analyse.verdict import order_events
 
         known = [p for p, kind in self.kinds.items() if kind == ANOMALIES and p not in on_disk and os.path.exists(p)]
         paths = sorted(

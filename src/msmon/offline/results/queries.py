@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...anomaly.event import FIELDS, NAN_ORIGIN_RULE
 from ...output.records import BACKWARD, FORWARD, OPTIMIZER, REPLICATED_CATEGORIES, TENSOR_CATEGORIES
-from ..analyse import AnomalyEvent, first_per_rank, verdict
+from ..analyse.events import AnomalyEvent
+from ..analyse.verdict import first_per_rank, verdict
 from .bulk import insert_rows
 from .schema import OPS
 from .sql import one_row

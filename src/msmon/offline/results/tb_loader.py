@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analyse import parse_tag
+from ..analyse.reading import parse_tag
 from .schema import OPS
 
 HIST_SUFFIX = "_hist"
