@@ -419,7 +419,8 @@ def test_a_directory_given_twice_or_inside_another_is_loaded_once(tmp_path):
 def test_the_csv_sinks_file_names_are_read_back_alike_by_append_output_msmon_db_and_convert(tmp_path):
     """One format and one pattern (output/layout.py): a window file and the `_from{step}` file
     begun when a category's columns change mid-window parse the same way everywhere."""
-    from msmon.offline import convert
+    from msmon.offline.convert.csv_to_tb import read_csv_steps
+    from msmon.offline.convert.sources import no_progress
     from msmon.resume import csv_windows
 
     rank = tmp_path / "out" / "Dec03_10-00-00-rank3-0000abcd"
@@ -446,7 +447,7 @@ def test_the_csv_sinks_file_names_are_read_back_alike_by_append_output_msmon_db_
     for name in names:
         read_back[name] = [
             (step, [(r.name, cells) for r, cells in rows])
-            for step, rows in convert.read_csv_steps(str(rank / name), convert._no_progress())
+            for step, rows in read_csv_steps(str(rank / name), no_progress())
         ]
     assert read_back == {
         "grad_reduced_0-3.csv": [(0, [("fc1.weight", [("norm", 1.0)])])],
