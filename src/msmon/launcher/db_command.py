@@ -33,7 +33,8 @@ def db(directories: tuple[str, ...], output: str, progress: bool | None) -> None
     msmon db -d monitor_output -o run.duckdb
     python -c "import duckdb; print(duckdb.connect('run.duckdb').sql('SELECT * FROM monitor_cost'))"
     """
-    from ..offline.results.db import DatabaseError, load
+    from ..offline.results.connection import DatabaseError
+    from ..offline.results.db import load
     from ..offline.results.schema import SchemaError
 
     try:

@@ -65,8 +65,9 @@ def report(
     msmon report -d monitor_output -o report.html
     msmon report --db run.duckdb -o report.html
     """
-    from ..offline.results.db import DatabaseError, connect, load
-    from ..offline.results.queries import Limits
+    from ..offline.results.connection import DatabaseError, connect
+    from ..offline.results.db import load
+    from ..offline.results.limits import Limits
     from ..offline.results.report_html import build
     from ..offline.results.schema import SchemaError, require_msmon
 

@@ -20,6 +20,56 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = "1"
 
+FILE_COLUMNS = [
+    ("id", "INTEGER"),
+    ("path", "VARCHAR"),
+    ("kind", "VARCHAR"),
+    ("rank", "INTEGER"),
+    ("rank_dir", "VARCHAR"),
+    ("category", "VARCHAR"),
+    ("size", "BIGINT"),
+    ("mtime_ns", "BIGINT"),
+    ("loaded_bytes", "BIGINT"),
+    ("records", "BIGINT"),
+    ("header", "VARCHAR"),
+    ("tail", "VARCHAR"),
+    ("loaded_at", "TIMESTAMP"),
+]
+METRIC_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("vpp_stage", "INTEGER"),
+    ("category", "VARCHAR"),
+    ("name", "VARCHAR"),
+    ("step", "BIGINT"),
+    ("micro_step", "INTEGER"),
+    ("op", "VARCHAR"),
+    ("value", "DOUBLE"),
+    ("file_id", "INTEGER"),
+]
+HISTOGRAM_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("vpp_stage", "INTEGER"),
+    ("category", "VARCHAR"),
+    ("name", "VARCHAR"),
+    ("step", "BIGINT"),
+    ("edges", "DOUBLE[]"),
+    ("counts", "DOUBLE[]"),
+    ("file_id", "INTEGER"),
+]
+SUMMARY_KEYS = (
+    "steps_recorded",
+    "alerts",
+    "first_nonfinite",
+    "monitor_seconds",
+    "steps_timed",
+    "step_ms",
+    "monitor_ms_per_step",
+    "monitor_cost_pct",
+    "writer_cpu_seconds",
+    "writer_cpu_ms_per_step",
+    "last_step",
+)
+
 ANOMALY_COLUMNS = [
     ("seq", "INTEGER"),
     *((f.name, f.sql_type) for f in EVENT_FIELDS),
