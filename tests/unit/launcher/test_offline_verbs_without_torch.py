@@ -89,6 +89,22 @@ def test_the_blocker_really_refuses_torch():
     assert proc.returncode != 0 and "torch is blocked in this test: torch" in proc.stderr
 
 
+def test_every_offline_module_imports_without_torch():
+    """Beyond the verbs' paths above: each module of msmon.offline, function-level imports aside."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    code = NO_TORCH.replace(
+        'from msmon.launcher.cli import main\n\nmain(args=sys.argv[1:], prog_name="msmon")',
+        "import importlib, pkgutil, msmon.offline\n"
+        "names = [m.name for m in pkgutil.walk_packages(msmon.offline.__path__, 'msmon.offline.')]\n"
+        "[importlib.import_module(n) for n in names]\n"
+        "print(len(names), 'modules')",
+    )
+    assert code != NO_TORCH
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0 and "TORCH IMPORT ATTEMPTED" not in proc.stderr, proc.stderr[-3000:]
+    assert int(proc.stdout.split()[0]) >= 20
+
+
 def test_msmon_analyse_runs_without_torch_and_names_the_first_nan(run_output, tmp_path):
     proc = msmon_without_torch("analyse", "-d", run_output / "anomaly_detected", "-o", tmp_path)
     assert "First anomaly: rank 0, step 2" in proc.stdout
