@@ -20,7 +20,7 @@ from .connection import DatabaseError
 from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, compact_tensors, read_header, tail_of
 from .load_report import LoadReport, progress_bar
 from .scan import ANOMALIES, CONFIG, CSV, SUMMARY, TENSORBOARD, FoundFile, scan
-from .schema import FILE_COLUMNS, HISTOGRAM_COLUMNS, METRIC_COLUMNS, SUMMARY_KEYS
+from .schema import CONFIG_COLUMNS, FILE_COLUMNS, HISTOGRAM_COLUMNS, METRIC_COLUMNS, SUMMARY_KEYS, TENSOR_COLUMNS
 from .sql import one_row
 from .tb_loader import read_events
 
@@ -255,7 +255,7 @@ class Loader:
                 insert_rows(
                     con,
                     "tensors",
-                    [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"), ("position", "BIGINT")],
+                    TENSOR_COLUMNS,
                     [(c, v, n, p) for (c, v, n), p in rows.positions.items()],
                     self.tmp_dir,
                 )
@@ -310,14 +310,7 @@ class Loader:
             insert_rows(
                 con,
                 "configs",
-                [
-                    ("rank", "INTEGER"),
-                    ("rank_dir", "VARCHAR"),
-                    ("format", "VARCHAR"),
-                    ("ops", "VARCHAR"),
-                    ("config", "VARCHAR"),
-                    ("file_id", "INTEGER"),
-                ],
+                CONFIG_COLUMNS,
                 configs,
                 self.tmp_dir,
             )

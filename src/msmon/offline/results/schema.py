@@ -56,6 +56,17 @@ HISTOGRAM_COLUMNS = [
     ("counts", "DOUBLE[]"),
     ("file_id", "INTEGER"),
 ]
+# one row per tensor: `position` is its line in the monitor's files (the order the monitor
+# recorded it in a step: execution order for activations)
+TENSOR_COLUMNS = [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"), ("position", "BIGINT")]
+CONFIG_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("rank_dir", "VARCHAR"),
+    ("format", "VARCHAR"),
+    ("ops", "VARCHAR"),
+    ("config", "VARCHAR"),
+    ("file_id", "INTEGER"),
+]
 SUMMARY_KEYS = (
     "steps_recorded",
     "alerts",
@@ -77,33 +88,26 @@ ANOMALY_COLUMNS = [
     ("file", "VARCHAR"),  # the dump it was read from
 ]
 
+
+def _columns(columns: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} {kind}" for name, kind in columns)
+
+
 TABLES = {
     "meta": "key VARCHAR, value VARCHAR",
-    "files": (
-        "id INTEGER, path VARCHAR, kind VARCHAR, rank INTEGER, rank_dir VARCHAR, category VARCHAR, "
-        "size BIGINT, mtime_ns BIGINT, loaded_bytes BIGINT, records BIGINT, header VARCHAR, tail VARCHAR, "
-        "loaded_at TIMESTAMP"
-    ),
-    "metrics": (
-        "rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
-        "micro_step INTEGER, op VARCHAR, value DOUBLE, file_id INTEGER"
-    ),
-    # one row per tensor: `position` is its line in the monitor's files (the order the monitor
-    # recorded it in a step: execution order for activations)
-    "tensors": "category VARCHAR, vpp_stage INTEGER, name VARCHAR, position BIGINT",
-    "histograms": (
-        "rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
-        "edges DOUBLE[], counts DOUBLE[], file_id INTEGER"
-    ),
+    "files": _columns(FILE_COLUMNS),
+    "metrics": _columns(METRIC_COLUMNS),
+    "tensors": _columns(TENSOR_COLUMNS),
+    "histograms": _columns(HISTOGRAM_COLUMNS),
     # an anomaly record's fields (anomaly/event.py), in training order (`seq`, msmon analyse's)
-    "anomalies": ", ".join(f"{name} {kind}" for name, kind in ANOMALY_COLUMNS),
+    "anomalies": _columns(ANOMALY_COLUMNS),
     "summaries": (
         "rank INTEGER, rank_dir VARCHAR, steps_recorded BIGINT, alerts BIGINT, first_nonfinite VARCHAR, "
         "monitor_seconds DOUBLE, steps_timed BIGINT, step_ms DOUBLE, monitor_ms_per_step DOUBLE, "
         "monitor_cost_pct DOUBLE, writer_cpu_seconds DOUBLE, writer_cpu_ms_per_step DOUBLE, "
         "last_step BIGINT, summary VARCHAR, file_id INTEGER"
     ),
-    "configs": "rank INTEGER, rank_dir VARCHAR, format VARCHAR, ops VARCHAR, config VARCHAR, file_id INTEGER",
+    "configs": _columns(CONFIG_COLUMNS),
 }
 
 _WIDE_OPS = ",\n  ".join(f"max(value) FILTER (WHERE op = '{op.column}') AS {op.column}" for op in TABLE)
