@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .output.records import RowKey
+from .output.records import LOSS, RowKey
 
-LOSS = "loss"  # the flag of the gradient that reaches the model's output from the loss
 _AFTER_BACKWARD = 1 << 30  # weight gradients: after every micro-step's flags
 
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from conftest import ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
-from msmon.anomaly.analyse import first_per_rank, order_events, read_dumps, verdict
+from msmon.offline.analyse.reading import read_dumps
+from msmon.offline.analyse.verdict import first_per_rank, order_events, verdict
 
 
 @pytest.mark.e2e

@@ -19,10 +19,11 @@ import torch
 
 from conftest import MLP, ROOT, train_steps
 from msmon import TrainerMon
-from msmon.anomaly.analyse import order_events, read_dumps, verdict
 from msmon.anomaly.dump import AnomalyDumpWriter
 from msmon.collectors.replica_check import CALL_ID_BASE, GRAD, NO_GRAD, WEIGHT, Entry, compare
 from msmon.config import ConfigError, ReplicaCheckConfig, parse_config
+from msmon.offline.analyse.reading import read_dumps
+from msmon.offline.analyse.verdict import order_events, verdict
 from msmon.stats.fingerprint import fingerprint
 
 SCRIPTS = ROOT / "tests" / "scripts"

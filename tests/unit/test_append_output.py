@@ -86,9 +86,10 @@ def test_a_resumed_run_replaces_the_steps_it_trains_again_and_keeps_the_earlier_
     for step, value in events:
         assert value == pytest.approx((first if step < 4 else second)[step]["fc1.weight"], rel=1e-6)
     # and so does `msmon convert tb2csv` of the directory
-    from msmon.sinks import convert
+    from msmon.offline.convert.sources import find_ranks
+    from msmon.offline.convert.tb_to_csv import tensorboard_to_csv
 
-    convert.tensorboard_to_csv(convert.find_ranks(str(earlier))[0], str(output_dir.parent / "back"))
+    tensorboard_to_csv(find_ranks(str(earlier))[0], str(output_dir.parent / "back"))
     back = csv_norms(output_dir.parent / "back" / earlier.name)
     assert set(back) == set(seen)
     assert all(back[k] == [pytest.approx(v[0], rel=1e-6)] for k, v in seen.items())

@@ -3,16 +3,14 @@
 A record is written once and never rewritten (msprobe rewrote one anomaly.json per step, so a
 crash mid-write lost everything); each step's records are flushed and fsync'd together, so a
 killed job loses at most the step being written, and a torn last line is all a reader can
-meet. Fields: rank, step, micro_step (null for a statistic of the whole step), pp_stage,
-vpp_stage, stage (forward / backward / optimizer), call_id (the row's order within the rank's
-step), tag, name, category, op, value, history, rule, message, group_mates. Non-finite numbers
-are written as the strings "nan", "inf", "-inf" (strict JSON has no literal for them).
+meet. The fields, and their order, are anomaly/event.py's (the record's one declaration,
+which `msmon analyse` and `msmon db` read too). Non-finite numbers are written as the strings
+"nan", "inf", "-inf" (strict JSON has no literal for them).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from collections.abc import Iterable
@@ -20,44 +18,13 @@ from typing import Any
 
 from ..output.layout import DUMP_DIR, DUMP_FILE
 from ..output.records import RowKey, StepRecord
+from .event import FIELDS, STAGES, json_number
 from .rules import Alert
-
-STAGES = ("forward", "backward", "optimizer")
-FIELDS = (
-    "rank",
-    "step",
-    "micro_step",
-    "pp_stage",
-    "vpp_stage",
-    "stage",
-    "call_id",
-    "tag",
-    "name",
-    "category",
-    "op",
-    "value",
-    "history",
-    "rule",
-    "message",
-    "group_mates",
-)
 
 
 def dump_path(base_dir: str, rank: int) -> str:
     """Where rank `rank` appends its anomalies under the output directory `base_dir`."""
     return os.path.join(base_dir, DUMP_DIR, f"rank{rank}", DUMP_FILE)
-
-
-def json_number(value: float | None) -> float | str | None:
-    """A float as strict JSON allows: NaN and infinities become strings."""
-    if value is None:
-        return None
-    value = float(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
 
 
 class AnomalyDumpWriter:

@@ -19,8 +19,7 @@ import math
 import torch
 
 from ..hooks.core import guest_hooks
-from ..origin import LOSS
-from ..output.records import RowKey, row_key
+from ..output.records import LOSS, RowKey, row_key
 from ..runtime.row_finiteness import row_finiteness
 from ..selection import recorded_modules
 from ..stats.inputs import local_tensor

@@ -50,7 +50,7 @@ import torch
 import torch.distributed as dist
 
 from .. import dedupe
-from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
+from ..anomaly.event import REPLICA_OP, REPLICA_RULE
 from ..hooks.core.adapters import Shard
 from ..stats.fingerprint import Fingerprinter
 from ..system import exit_drain

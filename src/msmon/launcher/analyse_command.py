@@ -6,6 +6,8 @@ import sys
 
 import click
 
+from ..offline.analyse.command import run_analyse
+
 
 class _SeveralSteps(click.Command):
     """`-s 3 4 5`: one option followed by several steps, as msprobe writes it."""
@@ -65,8 +67,4 @@ def _is_int(text: str) -> bool:
 @click.option("-s", "--steps", type=int, multiple=True, help="Only these steps: -s 3 4 5.")
 def analyse(directory: str, output: str | None, top_k: int, steps: tuple[int, ...]) -> None:
     """Order the anomalies of every rank in time and print the first ones."""
-    try:
-        from ..anomaly.analyse import run_analyse
-    except ImportError as exc:
-        raise click.ClickException(f"the anomaly analyser is not available in this installation: {exc}")
     sys.exit(run_analyse(directory, output, top_k, list(steps) or None))

@@ -9,13 +9,10 @@ from typing import Any, Callable
 
 import click
 
-LAYOUTS = ("msmon", "msprobe")  # sinks/convert.py's; that module (and torch) loads only when a conversion runs
-
-
-def _conv() -> Any:
-    from ..sinks import convert as conv
-
-    return conv
+from ..offline.convert.csv_to_tb import csv_to_tensorboard
+from ..offline.convert.sources import ConvertError, default_output, find_ranks
+from ..offline.convert.tags import LAYOUTS
+from ..offline.convert.tb_to_csv import tensorboard_to_csv
 
 
 def _progress(enabled: bool) -> Callable[..., Any] | None:
@@ -31,10 +28,9 @@ def _progress(enabled: bool) -> Callable[..., Any] | None:
 
 
 def _ranks(directory: str, time_start: str | None, time_end: str | None) -> list[Any]:
-    conv = _conv()
     try:
-        return conv.find_ranks(directory, time_start, time_end)
-    except (conv.ConvertError, ValueError) as exc:
+        return find_ranks(directory, time_start, time_end)
+    except (ConvertError, ValueError) as exc:
         raise click.ClickException(str(exc))
 
 
@@ -58,7 +54,7 @@ def _run(work: Callable[..., int], sources: list[Any], jobs: int, what: str, **k
                 total += future.result()
                 bar.update(1)
         return total
-    except _conv().ConvertError as exc:
+    except ConvertError as exc:
         raise click.ClickException(str(exc))
 
 
@@ -130,11 +126,10 @@ def csv2tb(
     float32: bool,
 ) -> None:
     """CSV files of each rank to TensorBoard events."""
-    conv = _conv()
     sources = _ranks(directory, time_start, time_end)
-    output = os.path.abspath(output or conv.default_output(directory, "csv2tensorboard"))
+    output = os.path.abspath(output or default_output(directory, "csv2tensorboard"))
     values = _run(
-        conv.csv_to_tensorboard,
+        csv_to_tensorboard,
         sources,
         jobs,
         "csv->tb",
@@ -164,10 +159,9 @@ def tb2csv(
     ndigits: int | None,
 ) -> None:
     """TensorBoard events of each rank to CSV files, as the live CSV sink writes them."""
-    conv = _conv()
     sources = _ranks(directory, time_start, time_end)
-    output = os.path.abspath(output or conv.default_output(directory, "tensorboard2csv"))
+    output = os.path.abspath(output or default_output(directory, "tensorboard2csv"))
     rows = _run(
-        conv.tensorboard_to_csv, sources, jobs, "tb->csv", output=output, steps_per_file=steps_per_file, ndigits=ndigits
+        tensorboard_to_csv, sources, jobs, "tb->csv", output=output, steps_per_file=steps_per_file, ndigits=ndigits
     )
     click.echo(f"msmon: {rows} rows of {len(sources)} rank directories written to {output}")

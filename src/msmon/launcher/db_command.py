@@ -1,8 +1,12 @@
-"""`msmon db`: every rank's output of a run in one DuckDB database (msmon.results.db)."""
+"""`msmon db`: every rank's output of a run in one DuckDB database (msmon.offline.results.db)."""
 
 from __future__ import annotations
 
 import click
+
+from ..offline.results.connection import DatabaseError
+from ..offline.results.db import load
+from ..offline.results.schema import SchemaError
 
 
 @click.command("db")
@@ -33,9 +37,6 @@ def db(directories: tuple[str, ...], output: str, progress: bool | None) -> None
     msmon db -d monitor_output -o run.duckdb
     python -c "import duckdb; print(duckdb.connect('run.duckdb').sql('SELECT * FROM monitor_cost'))"
     """
-    from ..results.db import DatabaseError, load
-    from ..results.schema import SchemaError
-
     try:
         report = load(directories, output, progress)
     except (DatabaseError, SchemaError) as exc:

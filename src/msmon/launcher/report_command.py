@@ -8,6 +8,12 @@ import tempfile
 
 import click
 
+from ..offline.results.connection import DatabaseError, connect
+from ..offline.results.db import load
+from ..offline.results.limits import Limits
+from ..offline.results.report_html import build
+from ..offline.results.schema import SchemaError, require_msmon
+
 
 @click.command("report")
 @click.option(
@@ -65,11 +71,6 @@ def report(
     msmon report -d monitor_output -o report.html
     msmon report --db run.duckdb -o report.html
     """
-    from ..results.db import DatabaseError, connect, load
-    from ..results.queries import Limits
-    from ..results.report_html import build
-    from ..results.schema import SchemaError, require_msmon
-
     if not directories and not database:
         raise click.UsageError("give a monitor output directory (-d) or a database (--db)")
     scratch = None

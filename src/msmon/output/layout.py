@@ -4,11 +4,24 @@ them without importing torch."""
 
 from __future__ import annotations
 
+import re
+
 DUMP_DIR = "anomaly_detected"  # <out>/anomaly_detected/rank<r>/anomaly.jsonl
 DUMP_FILE = "anomaly.jsonl"
 MSPROBE_DUMP_FILE = "anomaly.json"  # msprobe's name, read as well
 SUMMARY_FILE = "summary.json"  # per rank directory: what was recorded and what it cost
 CONFIG_FILE = "config.json"  # per rank directory: the config in force
+# the CSV sink's files, one per category and window of steps: `{category}_{first}-{last}.csv`,
+# and `..._from{start}.csv` when a category's columns changed at step `start` within a window
+CSV_FILE = re.compile(
+    r"^(?P<category>[A-Za-z][A-Za-z0-9_]*?)_(?P<first>\d+)-(?P<last>\d+)(?:_from(?P<start>\d+))?\.csv$"
+)
+
+
+def csv_file_name(category: str, first: int, last: int, start: int | None = None) -> str:
+    """The CSV file of `category` for steps first..last (from step `start` on, when given): the
+    name CSV_FILE parses back."""
+    return f"{category}_{first}-{last}" + ("" if start is None else f"_from{start}") + ".csv"
 
 
 def format_tag(display: str, rank: int, what: str) -> str:

@@ -37,6 +37,7 @@ CATEGORY_STAGE = {
     "moe_router_logit_hook": FORWARD,
 }
 MICRO_STEP_CATEGORIES = ("actv", "actv_grad")
+LOSS = "loss"  # the actv_grad row of the gradient that reaches the model's output from the loss
 # L2 features (recording_l2_features), msprobe's names: category (CSV file prefix) ->
 # (the word in the TensorBoard tag, the columns). Their rows hold one value each (RowKey.op)
 # and are regrouped into one row per tensor with these columns on the writer thread.
@@ -45,6 +46,29 @@ FEATURE_CATEGORIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "linear_hook": ("sr", ("sr", "kernel_norm")),
     "moe_router_weight_hook": ("router_weight", ("router_weight_similarity",)),
     "moe_router_logit_hook": ("router_logit", ("per_token_expert_entropy",)),
+}
+OTHER = "other"  # mg_direction's and the collectives' rows (`other_*.csv`)
+COLLECTIVE_PHASES = ("pre", "post")  # a collective's row is `{op}@{site}/{phase}` (collectors/comm.py)
+# the categories of one tensor's statistics, in training order (how the report lists them)
+TENSOR_CATEGORIES = tuple(c for c in CATEGORY_STAGE if c != OTHER and c not in FEATURE_CATEGORIES)
+# tensors that are the same on every data-parallel rank, so that a spread across ranks is news
+REPLICATED_CATEGORIES = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
+# msprobe's names of the gradients in its anomaly.json, read by `msmon analyse`, and their stage
+MSPROBE_GRAD_STAGE = {"pre_grad": BACKWARD, "acc_grad": BACKWARD, "post_grad": OPTIMIZER}
+# a tensor of the category in words, as `msmon analyse` names it ("reduced gradient of fc1.weight");
+# activations are named from the slot in their name instead (`forward output of fc1`)
+CATEGORY_TEXT = {
+    "grad_unreduced": "unreduced gradient of {}",
+    "pre_grad": "unreduced gradient of {}",
+    "acc_grad": "accumulated gradient of {}",
+    "grad_reduced": "reduced gradient of {}",
+    "post_grad": "reduced gradient of {}",
+    "param_origin": "weight {} before the update",
+    "param_updated": "weight {} after the update",
+    "exp_avg": "first moment (exp_avg) of {}",
+    "exp_avg_sq": "second moment (exp_avg_sq) of {}",
+    "update": "update of {}",
+    "ratio": "update/weight ratio of {}",
 }
 
 
@@ -87,7 +111,7 @@ class DirectionKey(RowKey):
     """An mg_direction row, where msprobe puts it: CSV category "other" (`other_*.csv`, beside
     the collectives), tag `{vpp}:{name}/rank{r}/mg_direction` (sinks append `_{op}`)."""
 
-    CATEGORY = "other"
+    CATEGORY = OTHER
     TASK = "mg_direction"
 
     def tag(self, rank: int) -> str:

@@ -7,7 +7,7 @@ count, how the statistics of disjoint pieces of one tensor (ZeRO partitions, the
 communication op) give the whole tensor's, and whether the native kernel computes it. The config
 validates against this table, msmon.stats plans, computes (msmon.stats.plan, msmon.stats.scalar,
 the kernel's columns in msmon.stats.native) and combines by it, msmon.anomaly.rules and
-msmon.results read it. A new statistic is one `register(Op(...))` call (docs/architecture.md).
+msmon.offline.results read it. A new statistic is one `register(Op(...))` call (docs/architecture.md).
 Nothing here imports torch: the config and the results database must not.
 
 The combine rules act on torch tensors through their methods only (no torch import):

@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from conftest import ROOT
-from msmon.anomaly.analyse import REPORT_FILE, event_from_msprobe, run_analyse
-from msmon.anomaly.msprobe_format import MSPROBE_ANALYSE_FILE
+from msmon.offline.analyse.command import REPORT_FILE, run_analyse
+from msmon.offline.analyse.msprobe_format import MSPROBE_ANALYSE_FILE
+from msmon.offline.analyse.reading import event_from_msprobe
 
 
 def rec(rank, step, micro, stage, pp, call, name, category, vpp=0, rule="AnomalyNan", op="nans", value=1.0, **extra):

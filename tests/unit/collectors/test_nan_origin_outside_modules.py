@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from msmon import TrainerMon
-from msmon.anomaly.analyse import run_analyse
+from msmon.offline.analyse.command import run_analyse
 
 CONFIG = {
     "wg_distribution": True,

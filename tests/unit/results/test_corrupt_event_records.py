@@ -15,8 +15,9 @@ duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pi
 
 from conftest import MLP, rank_dir  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
-from msmon.results import db  # noqa: E402
-from msmon.sinks import convert as conv  # noqa: E402
+from msmon.offline.convert.sources import RankSource  # noqa: E402
+from msmon.offline.convert.tb_to_csv import tensorboard_to_csv  # noqa: E402
+from msmon.offline.results import db  # noqa: E402
 
 OPS = ["norm", "max"]
 CORRUPT_STEP = 2
@@ -107,7 +108,7 @@ def test_tb2csv_skips_a_corrupt_event_record_keeps_the_rest_of_the_file_and_says
     expected = corrupt_one_record(events, where)
     source = rank_dir(output_dir)
     with caplog.at_level(logging.WARNING, logger="msmon"):
-        conv.tensorboard_to_csv(conv.RankSource(0, str(source), source.name), str(tmp_path / "csv"))
+        tensorboard_to_csv(RankSource(0, str(source), source.name), str(tmp_path / "csv"))
     got = {}
     for path in (tmp_path / "csv" / source.name).glob("*.csv"):
         category = path.name.rsplit("_", 1)[0]

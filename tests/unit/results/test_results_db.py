@@ -21,13 +21,14 @@ duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pi
 from conftest import MLP, ROOT, rank_dir  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
 from msmon.anomaly import dump as anomaly_dump  # noqa: E402
-from msmon.anomaly.analyse import order_events, read_dumps  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
+from msmon.offline.analyse.reading import read_dumps  # noqa: E402
+from msmon.offline.analyse.verdict import order_events  # noqa: E402
+from msmon.offline.results import db, scan, schema  # noqa: E402
 from msmon.output import layout as output_names  # noqa: E402
 from msmon.output.records import RowKey, StepRecord  # noqa: E402
 from msmon.output.sinks.csv_sink import CsvSink  # noqa: E402
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink  # noqa: E402
-from msmon.results import db, scan, schema  # noqa: E402
 from msmon.stats.ops import OPS  # noqa: E402
 
 GENERATOR = ROOT / "benchmarks" / "synthetic_output.py"
@@ -65,7 +66,7 @@ def csv_values(root: Path) -> dict[tuple, float]:
     """Every value of every CSV file under root, read with Python's csv module: the reference."""
     out: dict[tuple, float] = {}
     for path in sorted(root.rglob("*.csv")):
-        category = scan.CSV_NAME.fullmatch(path.name)["category"]
+        category = output_names.CSV_FILE.match(path.name)["category"]
         rank = int(scan.RANK_IN_DIR.search(path.parent.name)[1])
         with open(path, newline="", encoding="utf-8") as fh:
             for row in csv.DictReader(fh):

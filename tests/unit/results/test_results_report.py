@@ -20,9 +20,11 @@ duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pi
 from test_results_db import csv_values, make_synthetic  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
-from msmon.anomaly.analyse import order_events, read_dumps, verdict  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
-from msmon.results import db, queries, report_html  # noqa: E402
+from msmon.offline.analyse.reading import read_dumps  # noqa: E402
+from msmon.offline.analyse.verdict import order_events, verdict  # noqa: E402
+from msmon.offline.results import db, queries, report_html  # noqa: E402
+from msmon.output.records import REPLICATED_CATEGORIES  # noqa: E402
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
 
@@ -94,7 +96,7 @@ def test_the_injected_spike_is_the_top_mover_and_the_desynchronised_rank_tops_th
     assert top["name"] == "layers.0.mlp.fc1.weight" and {top["from_step"], top["step"]} <= {11, 12, 13}
     assert abs(top["factor"]) > 20
     spread = data["spread"]
-    assert spread["top"] and all(t["category"] in queries.REPLICATED for t in spread["top"])
+    assert spread["top"] and all(t["category"] in REPLICATED_CATEGORIES for t in spread["top"])
     first = spread["top"][0]
     # generator: from step 10 rank 4 // 3 = 1 drifts by 1e-3; before that every rank agrees
     assert 1 in (first["min_rank"], first["max_rank"]) and first["ranks"] == 4

@@ -14,7 +14,11 @@ import torch
 
 from conftest import ALL_OPS, MLP, ROOT, rank_dir
 from msmon import TrainerMon
-from msmon.sinks import convert as conv
+from msmon.offline.convert.csv_to_tb import csv_to_tensorboard
+from msmon.offline.convert.sources import RankSource, find_ranks
+from msmon.offline.convert.tags import Row, msmon_tag, parse_msmon_tag
+from msmon.offline.convert.tb_to_csv import tensorboard_to_csv
+from msmon.output.resume import csv_windows
 
 FULL = {
     "wg_distribution": True,
@@ -48,7 +52,7 @@ def monitored_run(write_config, steps: int = 3) -> None:
 
 def csv_files(directory: Path) -> dict[str, list[list[str]]]:
     out = {}
-    for path, _ in conv.csv_windows(str(directory)):
+    for path, _ in csv_windows(str(directory)):
         with open(path, newline="", encoding="utf-8") as fh:
             out[os.path.basename(path)] = list(csv.reader(fh))
     return out
@@ -110,7 +114,7 @@ def test_csv_to_tensorboard_to_csv_gives_back_a_real_runs_files(write_config, ou
 def test_live_tensorboard_converts_to_the_live_csv_up_to_float32(write_config, output_dir, tmp_path):
     monitored_run(write_config, steps=2)
     source = rank_dir(output_dir)
-    rows = conv.tensorboard_to_csv(conv.RankSource(0, str(source), source.name), str(tmp_path))
+    rows = tensorboard_to_csv(RankSource(0, str(source), source.name), str(tmp_path))
     assert rows > 0
     original, back = csv_files(source), csv_files(tmp_path / source.name)
     assert set(back) == set(original)
@@ -126,16 +130,16 @@ def test_msprobe_tag_layout_round_trips(write_config, output_dir, tmp_path):
     monitored_run(write_config, steps=2)
     source = rank_dir(output_dir)
     out = tmp_path / "tb"
-    conv.csv_to_tensorboard(
-        conv.RankSource(0, str(source), source.name), str(out), layout="msprobe", categories=["grad_reduced", "actv"]
+    csv_to_tensorboard(
+        RankSource(0, str(source), source.name), str(out), layout="msprobe", categories=["grad_reduced", "actv"]
     )
     assert sorted(p.name for p in (out / "rank0").iterdir()) == ["actv", "grad_reduced"]
     values = tb_values(out / "rank0" / "grad_reduced")
     assert ("vp0:fc1.weight/norm", 1) in values
     assert ("vp0:fc1.output:micro1/max", 0) in tb_values(out / "rank0" / "actv")
     back = tmp_path / "csv"
-    for rank in conv.find_ranks(str(out)):
-        conv.tensorboard_to_csv(rank, str(back), steps_per_file=2, ndigits=8)
+    for rank in find_ranks(str(out)):
+        tensorboard_to_csv(rank, str(back), steps_per_file=2, ndigits=8)
     original, result = csv_files(source), csv_files(back / "rank0")
     assert set(result) == {"grad_reduced_0-1.csv", "actv_0-1.csv"}
     for name in result:
@@ -147,7 +151,7 @@ def test_float32_simple_values_are_read_by_event_accumulator_scalars(write_confi
 
     monitored_run(write_config, steps=2)
     source = rank_dir(output_dir)
-    conv.csv_to_tensorboard(conv.RankSource(0, str(source), source.name), str(tmp_path), float32=True)
+    csv_to_tensorboard(RankSource(0, str(source), source.name), str(tmp_path), float32=True)
     acc = EventAccumulator(str(tmp_path / source.name), size_guidance={"scalars": 0})
     acc.Reload()
     assert "0:fc2.bias/rank0/exp_avg_sq_norm" in acc.Tags()["scalars"]
@@ -159,7 +163,7 @@ def test_time_range_selects_rank_directories_converted_in_parallel_and_an_empty_
     for name in ("Dec01_10-00-00-rank0-aaaaaaaa", "Dec01_10-00-00-rank1-bbbbbbbb", "Dec02_10-00-00-rank0-cccccccc"):
         (base / name).mkdir(parents=True)
         (base / name / "grad_reduced_0-0.csv").write_text("vpp_stage,name,step,norm\n0,w,0,1.5\n")
-    chosen = conv.find_ranks(str(base), "Dec01_00-00-00", "Dec01_23-59-59")
+    chosen = find_ranks(str(base), "Dec01_00-00-00", "Dec01_23-59-59")
     assert [(s.rank, s.name) for s in chosen] == [
         (0, "Dec01_10-00-00-rank0-aaaaaaaa"),
         (1, "Dec01_10-00-00-rank1-bbbbbbbb"),
@@ -186,15 +190,15 @@ def test_time_range_selects_rank_directories_converted_in_parallel_and_an_empty_
 
 
 def test_collective_rows_map_to_the_live_collective_tags_and_back():
-    row = conv.Row("other", "0", "all_reduce@train.py[23]/post", "")
-    tag = conv.msmon_tag(row, 1)
+    row = Row("other", "0", "all_reduce@train.py[23]/post", "")
+    tag = msmon_tag(row, 1)
     assert tag == "all_reduce@train.py[23]/rank1/post"  # collectors/comm.py CollectiveKey.tag
-    assert conv.parse_msmon_tag(tag + "_norm") == (row, "norm")
+    assert parse_msmon_tag(tag + "_norm") == (row, "norm")
     from msmon.collectors.comm import CollectiveKey
 
     assert CollectiveKey("other", row.name).tag(1) == tag
-    assert conv.parse_msmon_tag("0:layers.0.mlp/rank0/exp_avg_sq_mean") == (
-        conv.Row("exp_avg_sq", "0", "layers.0.mlp", ""),
+    assert parse_msmon_tag("0:layers.0.mlp/rank0/exp_avg_sq_mean") == (
+        Row("exp_avg_sq", "0", "layers.0.mlp", ""),
         "mean",
     )
-    assert conv.parse_msmon_tag("1:fc.input:3/rank0/actv_nans") == (conv.Row("actv", "1", "fc.input", "3"), "nans")
+    assert parse_msmon_tag("1:fc.input:3/rank0/actv_nans") == (Row("actv", "1", "fc.input", "3"), "nans")

@@ -14,10 +14,12 @@ from typing import IO, TYPE_CHECKING
 
 import torch
 
+from ..csv_cell import csv_value
+from ..layout import csv_file_name
 from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from . import sink_format
 from .base import Sink, naming
-from .numbers import csv_flat, csv_value
+from .numbers import csv_flat
 
 if TYPE_CHECKING:
     from ...config import MonitorConfig
@@ -58,7 +60,7 @@ class CsvSink(Sink):
 
     def _file_for(self, category: str, step: int, ops: list[str], micro: bool) -> tuple[IO[str], bool]:
         first, last = self._window(step)
-        base = os.path.join(self.log_dir, f"{category}_{first}-{last}.csv")
+        base = os.path.join(self.log_dir, csv_file_name(category, first, last))
         current = self._files.get(category)
         if current is not None and current[0] == base and current[4] == ops:
             return current[2], current[3]
@@ -71,7 +73,7 @@ class CsvSink(Sink):
         header = ",".join(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(ops))
         path = base
         if _first_line(path) not in (None, header):  # columns changed mid-window: start a new file
-            path = os.path.join(self.log_dir, f"{category}_{first}-{last}_from{step}.csv")
+            path = os.path.join(self.log_dir, csv_file_name(category, first, last, step))
         exists = _first_line(path) is not None
         fh = open(path, "a", encoding="utf-8")
         self._files[category] = (base, path, fh, micro, list(ops))

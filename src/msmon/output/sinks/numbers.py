@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from ...stats import native
+from ..csv_cell import csv_value
 
 _EXACT_POWERS = 22  # 10.0**k is exact up to here, so M / 10**k is the correctly rounded M·10⁻ᵏ
 _POW10 = torch.tensor([float(10**k) for k in range(_EXACT_POWERS + 1)], dtype=torch.float64)
@@ -22,14 +23,6 @@ _POW10 = torch.tensor([float(10**k) for k in range(_EXACT_POWERS + 1)], dtype=to
 # MKL computes in an OpenMP team of the calling thread's own (msmon.system.torch_threads)
 _LOWEST = 323
 _DECADES = torch.tensor([10.0**-k for k in range(_LOWEST, -1, -1)], dtype=torch.float64)
-
-
-def csv_value(value: float, ndigits: int) -> float:
-    """`round(value, ndigits)` for |value| >= 1, zero, NaN and infinities; `ndigits`
-    significant digits (at least one) for 0 < |value| < 1."""
-    if value == 0.0 or not abs(value) < 1.0:
-        return round(value, ndigits)
-    return float(f"{value:.{max(ndigits, 1)}g}")
 
 
 def csv_values(table: torch.Tensor, ndigits: int) -> list[list[float]]:

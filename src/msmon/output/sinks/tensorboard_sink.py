@@ -21,10 +21,10 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 
 from ..records import RowKey, StepRecord
+from ..tfrecord import RecordFile
 from . import sink_format, summary_wire
 from .base import Sink, naming
 from .heatmap import Heatmaps
-from .tfrecord import RecordFile
 
 if TYPE_CHECKING:
     from ...config import MonitorConfig

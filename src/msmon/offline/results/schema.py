@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..stats.ops import OPS, TABLE  # noqa: F401 (OPS: tb_loader and queries import it from here)
+from ...anomaly.event import EVENT_FIELDS
+from ...stats.ops import OPS, TABLE  # noqa: F401 (OPS: tb_loader and queries import it from here)
 from .sql import one_row
 
 if TYPE_CHECKING:
@@ -19,37 +20,94 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = "1"
 
+FILE_COLUMNS = [
+    ("id", "INTEGER"),
+    ("path", "VARCHAR"),
+    ("kind", "VARCHAR"),
+    ("rank", "INTEGER"),
+    ("rank_dir", "VARCHAR"),
+    ("category", "VARCHAR"),
+    ("size", "BIGINT"),
+    ("mtime_ns", "BIGINT"),
+    ("loaded_bytes", "BIGINT"),
+    ("records", "BIGINT"),
+    ("header", "VARCHAR"),
+    ("tail", "VARCHAR"),
+    ("loaded_at", "TIMESTAMP"),
+]
+METRIC_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("vpp_stage", "INTEGER"),
+    ("category", "VARCHAR"),
+    ("name", "VARCHAR"),
+    ("step", "BIGINT"),
+    ("micro_step", "INTEGER"),
+    ("op", "VARCHAR"),
+    ("value", "DOUBLE"),
+    ("file_id", "INTEGER"),
+]
+HISTOGRAM_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("vpp_stage", "INTEGER"),
+    ("category", "VARCHAR"),
+    ("name", "VARCHAR"),
+    ("step", "BIGINT"),
+    ("edges", "DOUBLE[]"),
+    ("counts", "DOUBLE[]"),
+    ("file_id", "INTEGER"),
+]
+# one row per tensor: `position` is its line in the monitor's files (the order the monitor
+# recorded it in a step: execution order for activations)
+TENSOR_COLUMNS = [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"), ("position", "BIGINT")]
+CONFIG_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("rank_dir", "VARCHAR"),
+    ("format", "VARCHAR"),
+    ("ops", "VARCHAR"),
+    ("config", "VARCHAR"),
+    ("file_id", "INTEGER"),
+]
+SUMMARY_KEYS = (
+    "steps_recorded",
+    "alerts",
+    "first_nonfinite",
+    "monitor_seconds",
+    "steps_timed",
+    "step_ms",
+    "monitor_ms_per_step",
+    "monitor_cost_pct",
+    "writer_cpu_seconds",
+    "writer_cpu_ms_per_step",
+    "last_step",
+)
+
+ANOMALY_COLUMNS = [
+    ("seq", "INTEGER"),
+    *((f.name, f.sql_type) for f in EVENT_FIELDS),
+    ("description", "VARCHAR"),  # msmon analyse's line about it
+    ("file", "VARCHAR"),  # the dump it was read from
+]
+
+
+def _columns(columns: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{name} {kind}" for name, kind in columns)
+
+
 TABLES = {
     "meta": "key VARCHAR, value VARCHAR",
-    "files": (
-        "id INTEGER, path VARCHAR, kind VARCHAR, rank INTEGER, rank_dir VARCHAR, category VARCHAR, "
-        "size BIGINT, mtime_ns BIGINT, loaded_bytes BIGINT, records BIGINT, header VARCHAR, tail VARCHAR, "
-        "loaded_at TIMESTAMP"
-    ),
-    "metrics": (
-        "rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
-        "micro_step INTEGER, op VARCHAR, value DOUBLE, file_id INTEGER"
-    ),
-    # one row per tensor: `position` is its line in the monitor's files (the order the monitor
-    # recorded it in a step: execution order for activations)
-    "tensors": "category VARCHAR, vpp_stage INTEGER, name VARCHAR, position BIGINT",
-    "histograms": (
-        "rank INTEGER, vpp_stage INTEGER, category VARCHAR, name VARCHAR, step BIGINT, "
-        "edges DOUBLE[], counts DOUBLE[], file_id INTEGER"
-    ),
-    "anomalies": (
-        "seq INTEGER, rank INTEGER, step BIGINT, micro_step INTEGER, pp_stage INTEGER, "
-        "vpp_stage INTEGER, stage VARCHAR, call_id INTEGER, name VARCHAR, category VARCHAR, "
-        "tag VARCHAR, op VARCHAR, value DOUBLE, history DOUBLE, rule VARCHAR, message VARCHAR, "
-        "group_mates INTEGER[], description VARCHAR, file VARCHAR"
-    ),
+    "files": _columns(FILE_COLUMNS),
+    "metrics": _columns(METRIC_COLUMNS),
+    "tensors": _columns(TENSOR_COLUMNS),
+    "histograms": _columns(HISTOGRAM_COLUMNS),
+    # an anomaly record's fields (anomaly/event.py), in training order (`seq`, msmon analyse's)
+    "anomalies": _columns(ANOMALY_COLUMNS),
     "summaries": (
         "rank INTEGER, rank_dir VARCHAR, steps_recorded BIGINT, alerts BIGINT, first_nonfinite VARCHAR, "
         "monitor_seconds DOUBLE, steps_timed BIGINT, step_ms DOUBLE, monitor_ms_per_step DOUBLE, "
         "monitor_cost_pct DOUBLE, writer_cpu_seconds DOUBLE, writer_cpu_ms_per_step DOUBLE, "
         "last_step BIGINT, summary VARCHAR, file_id INTEGER"
     ),
-    "configs": "rank INTEGER, rank_dir VARCHAR, format VARCHAR, ops VARCHAR, config VARCHAR, file_id INTEGER",
+    "configs": _columns(CONFIG_COLUMNS),
 }
 
 _WIDE_OPS = ",\n  ".join(f"max(value) FILTER (WHERE op = '{op.column}') AS {op.column}" for op in TABLE)

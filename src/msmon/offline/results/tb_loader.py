@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..anomaly.analyse import parse_tag
+from ..analyse.reading import parse_tag
+from ..event_reader import EventReader
 from .schema import OPS
 
 HIST_SUFFIX = "_hist"
@@ -49,8 +50,6 @@ def _parse(tag: str) -> tuple[int, int, str, int | None, str, str] | None:
 
 def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
     """Rows of the events after the first `skip` ones; scalars of `csv_categories` left out."""
-    from ..sinks.event_reader import EventReader
-
     out = EventRows()
     tags: dict[str, Any] = {}
     reader = EventReader(path)

@@ -19,10 +19,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..output.layout import CONFIG_FILE, DUMP_FILE, MSPROBE_DUMP_FILE, SUMMARY_FILE
+from ...output.layout import CONFIG_FILE, CSV_FILE, DUMP_FILE, MSPROBE_DUMP_FILE, SUMMARY_FILE
 
 CSV, TENSORBOARD, SUMMARY, CONFIG, ANOMALIES = "csv", "tensorboard", "summary", "config", "anomalies"
-CSV_NAME = re.compile(r"(?P<category>[A-Za-z][A-Za-z0-9_]*?)_(?P<first>\d+)-(?P<last>\d+)(?:_from(?P<start>\d+))?\.csv")
 RANK_IN_DIR = re.compile(r"(?:^|[-_])rank(\d+)(?:[-_]|$)")
 TB_PREFIX = "events.out.tfevents."
 
@@ -42,7 +41,7 @@ class FoundFile:
 
 def classify(name: str) -> tuple[str, str | None] | None:
     """(kind, category) of a file name, or None for a file that is not loaded."""
-    match = CSV_NAME.fullmatch(name)
+    match = CSV_FILE.match(name)
     if match:
         return CSV, match["category"]
     if name.startswith(TB_PREFIX):

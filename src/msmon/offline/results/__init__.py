@@ -6,8 +6,12 @@ built from it (`msmon report`).
     bulk.py         rows into DuckDB through one CSV file per batch (fast, no pandas/arrow)
     csv_loader.py   msmon's CSV files, appended rows only on a re-run
     tb_loader.py    TensorBoard event files, read with tensorboard's own loader
-    db.py           the incremental load: which files are new, grown or changed
-    queries.py      what the report shows, as SQL over the database
+    connection.py   opening the database (duckdb imported only there)
+    db.py           `msmon db`: load directories into a database
+    loader.py       the incremental load: which files are new, grown or changed
+    load_report.py  what a load did, and its progress bar
+    queries.py      what the report shows, as SQL over the database (limits.py: its bounds)
+    anomaly_queries.py  the report's anomaly section, msmon analyse's verdict
     report_html.py  the self-contained page (inline CSS/JS from static/)
 
 duckdb is an optional dependency (`pip install 'msmon[db]'`); nothing here is imported by the

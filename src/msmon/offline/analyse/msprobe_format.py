@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..output.layout import MSPROBE_DUMP_FILE
+from ...output.layout import MSPROBE_DUMP_FILE
 
 if TYPE_CHECKING:
-    from .analyse import AnomalyEvent
+    from .events import AnomalyEvent
 
 MSPROBE_ANALYSE_FILE = "anomaly_analyse.json"
 

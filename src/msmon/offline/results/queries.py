@@ -16,50 +16,26 @@ import json
 import math
 import statistics
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..anomaly.analyse import NAN_ORIGIN_RULE, AnomalyEvent, first_per_rank, verdict
+from ...output.records import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
+from .anomaly_queries import anomalies, first_nonfinite
 from .bulk import insert_rows
+from .limits import Limits
 from .schema import OPS
 from .sql import one_row
 
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection
 
-# tensors that are the same on every data-parallel rank, so that a spread across ranks is news
-REPLICATED = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
-CATEGORY_ORDER = (
-    "actv",
-    "actv_grad",
-    "grad_unreduced",
-    "grad_reduced",
-    "param_origin",
-    "param_updated",
-    "exp_avg",
-    "exp_avg_sq",
-    "update",
-    "ratio",
-)
 EMPTY, ZERO, NONFINITE, FIRST_LEVEL, LAST_LEVEL = 0, 1, 2, 3, 65535
-
-
-@dataclass
-class Limits:
-    """Bounds on what the page holds, whatever the size of the run."""
-
-    max_steps: int = 120  # heatmap columns
-    max_rows: int = 64  # heatmap rows (tensors)
-    movers: int = 8  # per category and op
-    spread_rows: int = 25
-    timeline_points: int = 4000
-    first_anomalies: int = 20
-    cost_bars: int = 1024
 
 
 def _categories(con: DuckDBPyConnection) -> list[str]:
     found = [r[0] for r in con.execute("SELECT DISTINCT category FROM per_step").fetchall()]
-    return sorted(found, key=lambda c: (CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else len(CATEGORY_ORDER), c))
+    return sorted(
+        found, key=lambda c: (TENSOR_CATEGORIES.index(c) if c in TENSOR_CATEGORIES else len(TENSOR_CATEGORIES), c)
+    )
 
 
 def _ops(con: DuckDBPyConnection, category: str) -> list[str]:
@@ -246,7 +222,7 @@ def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[
 
 def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int) -> dict[str, Any]:
     """Replicated tensors across ranks: max - min of each statistic at the same (micro-)step."""
-    replicated = ", ".join(f"'{c}'" for c in REPLICATED)
+    replicated = ", ".join(f"'{c}'" for c in REPLICATED_CATEGORIES)
     base = f"""
         SELECT *, hi - lo AS spread, (hi - lo) / greatest(abs(hi), abs(lo), 1e-30) AS rel FROM per_step
         WHERE n > 1 AND category IN ({replicated}) AND lo IS NOT NULL"""
@@ -268,7 +244,7 @@ def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int)
         "compared_values": compared[0],
         "compared_tensors": compared[1],
         "max_ranks": compared[2],
-        "categories": list(REPLICATED),
+        "categories": list(REPLICATED_CATEGORIES),
         "top": [
             {
                 "category": c,
@@ -288,137 +264,6 @@ def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int)
         ],
         "series": by_category,
     }
-
-
-_EVENT_FIELDS = (
-    "rank",
-    "step",
-    "micro_step",
-    "pp_stage",
-    "vpp_stage",
-    "stage",
-    "call_id",
-    "name",
-    "category",
-    "tag",
-    "op",
-    "value",
-    "history",
-    "rule",
-    "message",
-    "group_mates",
-    "file",
-)
-
-
-def anomaly_events(con: DuckDBPyConnection) -> list[AnomalyEvent]:
-    """The anomalies table as msmon analyse's events, in training order."""
-    rows = con.execute(f"SELECT {', '.join(_EVENT_FIELDS)} FROM anomalies ORDER BY seq").fetchall()
-    events = []
-    for row in rows:
-        fields = dict(zip(_EVENT_FIELDS, row))
-        fields["group_mates"] = list(fields["group_mates"] or [])
-        fields["message"] = fields["message"] or ""
-        fields["tag"] = fields["tag"] or ""
-        fields["rule"] = fields["rule"] or ""
-        fields["file"] = fields["file"] or ""
-        events.append(AnomalyEvent(**fields))
-    return events
-
-
-def anomalies(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
-    """The verdict of `msmon analyse`, the first anomalies, and a bounded timeline across ranks."""
-    ordered = anomaly_events(con)
-    if not ordered:
-        return {
-            "total": 0,
-            "verdict": verdict([]),
-            "first": [],
-            "points": [],
-            "rules": [],
-            "sampled": False,
-            "origin": None,
-            "first_per_rank": 0,
-            "ranks": 0,
-        }
-    rules = sorted({e.rule or "?" for e in ordered})
-    budget = limits.timeline_points
-    if len(ordered) <= budget:
-        shown = list(range(len(ordered)))
-    else:  # the first half of the budget in order, the rest evenly over what follows
-        head = budget // 2
-        rest = len(ordered) - head
-        shown = list(range(head)) + [head + (i * rest) // (budget - head) for i in range(budget - head)]
-    stage_offset = {"forward": 0.15, "backward": 0.45, "optimizer": 0.75}
-    tensors: dict[str, int] = {}
-    stages = list(stage_offset)
-    points = []  # [x, rank, rule, seq, tensor, stage, micro_step]: the tooltip is built from them
-    for i in shown:
-        e = ordered[i]
-        what = tensors.setdefault(e.what(), len(tensors))
-        points.append(
-            [
-                e.step + stage_offset.get(e.stage, 0.9),
-                e.rank,
-                rules.index(e.rule or "?"),
-                i,
-                what,
-                stages.index(e.stage) if e.stage in stages else -1,
-                e.micro_step,
-            ]
-        )
-    origin = next((e for e in ordered if e.rule == NAN_ORIGIN_RULE), None)
-    firsts = first_per_rank(ordered)
-    return {
-        "total": len(ordered),
-        "verdict": verdict(ordered),
-        "rules": rules,
-        "points": points,
-        "sampled": len(shown) < len(ordered),
-        "shown": len(shown),
-        "first": [_event_json(i, e) for i, e in enumerate(ordered[: limits.first_anomalies])],
-        "origin": _event_json(ordered.index(origin), origin) if origin else None,
-        "ranks": len(firsts),
-        "first_per_rank": len(firsts),
-        "tensors": list(tensors),
-        "stages": stages,
-    }
-
-
-def _event_json(seq: int, e: AnomalyEvent) -> dict[str, Any]:
-    js = e.to_json()
-    return {
-        "seq": seq,
-        "rank": e.rank,
-        "step": e.step,
-        "micro_step": e.micro_step,
-        "stage": e.stage,
-        "pp_stage": e.pp_stage,
-        "vpp_stage": e.vpp_stage,
-        "rule": e.rule,
-        "name": e.name,
-        "category": e.category,
-        "op": e.op,
-        "value": js["value"],
-        "history": js["history"],
-        "description": js["description"],
-    }
-
-
-def first_nonfinite(con: DuckDBPyConnection) -> list[dict[str, Any]]:
-    """Each monitor's own first non-finite origin (summary.json), earliest first."""
-    rows = con.execute(
-        "SELECT rank, first_nonfinite FROM summaries WHERE first_nonfinite IS NOT NULL "
-        "AND first_nonfinite <> 'null' ORDER BY rank"
-    ).fetchall()
-    out = []
-    for rank, text in rows:
-        try:
-            value = json.loads(text)
-        except ValueError:
-            continue
-        out.append({"rank": rank, "origin": value})
-    return out
 
 
 def cost(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Everything the page needs is inside it: the CSS, the script (static/report.js, no library) and
 the data as one JSON block. Nothing is fetched when it is viewed, so it can be mailed, attached
-to an issue or opened on a machine without network. Its size is bounded by queries.Limits,
+to an issue or opened on a machine without network. Its size is bounded by limits.Limits,
 not by the size of the run.
 """
 
@@ -15,8 +15,9 @@ from datetime import datetime
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from .. import __version__
-from .queries import Limits, report_data
+from ... import __version__
+from .limits import Limits
+from .queries import report_data
 
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection

@@ -1,136 +1,31 @@
-"""`msmon db`: load monitor output directories into one DuckDB database, incrementally.
-
-The `files` table remembers every file loaded: path, size, mtime, how many bytes and records
-of it are in the database. A re-run skips files whose size and mtime are unchanged, reads
-only the new lines of a grown CSV file (after checking that the bytes it ended on are still
-there), the new events of a grown event file, and reloads anything else that changed. Each
-batch of files is committed with its rows, so an interrupted load leaves a consistent
-database that the next run completes. Files that disappeared from disk keep their rows.
-"""
+"""The incremental load of one `msmon db` run: which files are new, grown or changed, and their
+rows into the database, a committed batch at a time."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ...anomaly.event import FIELDS
+from ..analyse.reading import read_dump_files
+from ..analyse.verdict import order_events
 from . import schema
 from .bulk import insert_rows
+from .connection import DatabaseError
 from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, compact_tensors, read_header, tail_of
+from .load_report import LoadReport, progress_bar
 from .scan import ANOMALIES, CONFIG, CSV, SUMMARY, TENSORBOARD, FoundFile, scan
+from .schema import CONFIG_COLUMNS, FILE_COLUMNS, HISTOGRAM_COLUMNS, METRIC_COLUMNS, SUMMARY_KEYS, TENSOR_COLUMNS
 from .sql import one_row
+from .tb_loader import read_events
 
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection
-
-FILE_COLUMNS = [
-    ("id", "INTEGER"),
-    ("path", "VARCHAR"),
-    ("kind", "VARCHAR"),
-    ("rank", "INTEGER"),
-    ("rank_dir", "VARCHAR"),
-    ("category", "VARCHAR"),
-    ("size", "BIGINT"),
-    ("mtime_ns", "BIGINT"),
-    ("loaded_bytes", "BIGINT"),
-    ("records", "BIGINT"),
-    ("header", "VARCHAR"),
-    ("tail", "VARCHAR"),
-    ("loaded_at", "TIMESTAMP"),
-]
-METRIC_COLUMNS = [
-    ("rank", "INTEGER"),
-    ("vpp_stage", "INTEGER"),
-    ("category", "VARCHAR"),
-    ("name", "VARCHAR"),
-    ("step", "BIGINT"),
-    ("micro_step", "INTEGER"),
-    ("op", "VARCHAR"),
-    ("value", "DOUBLE"),
-    ("file_id", "INTEGER"),
-]
-HISTOGRAM_COLUMNS = [
-    ("rank", "INTEGER"),
-    ("vpp_stage", "INTEGER"),
-    ("category", "VARCHAR"),
-    ("name", "VARCHAR"),
-    ("step", "BIGINT"),
-    ("edges", "DOUBLE[]"),
-    ("counts", "DOUBLE[]"),
-    ("file_id", "INTEGER"),
-]
-SUMMARY_KEYS = (
-    "steps_recorded",
-    "alerts",
-    "first_nonfinite",
-    "monitor_seconds",
-    "steps_timed",
-    "step_ms",
-    "monitor_ms_per_step",
-    "monitor_cost_pct",
-    "writer_cpu_seconds",
-    "writer_cpu_ms_per_step",
-    "last_step",
-)
-ANOMALY_COLUMNS = [
-    ("seq", "INTEGER"),
-    ("rank", "INTEGER"),
-    ("step", "BIGINT"),
-    ("micro_step", "INTEGER"),
-    ("pp_stage", "INTEGER"),
-    ("vpp_stage", "INTEGER"),
-    ("stage", "VARCHAR"),
-    ("call_id", "INTEGER"),
-    ("name", "VARCHAR"),
-    ("category", "VARCHAR"),
-    ("tag", "VARCHAR"),
-    ("op", "VARCHAR"),
-    ("value", "DOUBLE"),
-    ("history", "DOUBLE"),
-    ("rule", "VARCHAR"),
-    ("message", "VARCHAR"),
-    ("group_mates", "INTEGER[]"),
-    ("description", "VARCHAR"),
-    ("file", "VARCHAR"),
-]
-
-
-class DatabaseError(Exception):
-    """The database cannot be opened or written (a clear message for the command line)."""
-
-
-def connect(path: str, read_only: bool = False) -> DuckDBPyConnection:
-    """A DuckDB connection to `path`, or a DatabaseError that says what to do."""
-    try:
-        import duckdb
-    except ImportError:
-        raise DatabaseError("duckdb is not installed: pip install 'msmon[db]' (or pip install duckdb)") from None
-    if read_only and not os.path.isfile(path):
-        raise DatabaseError(f"no database at {path} (make one with: msmon db -d <monitor output> -o {path})")
-    if os.path.exists(path) and not is_duckdb_file(path):
-        # DuckDB would not say so: it reads some such paths (a .csv) as a database in memory, and saves nothing
-        raise DatabaseError(
-            f"{path} exists and is not a DuckDB database (msmon db writes one, msmon report reads one); "
-            "name a new file or a database msmon db wrote"
-        )
-    try:
-        return duckdb.connect(path, read_only=read_only)
-    except duckdb.Error as exc:
-        raise DatabaseError(f"cannot open {path}: {exc}") from None
-
-
-def is_duckdb_file(path: str) -> bool:
-    """Whether the file starts as every DuckDB database file does (`DUCK` after an 8-byte checksum)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(12)[8:] == b"DUCK"
-    except OSError:
-        return False
 
 
 @dataclass
@@ -144,69 +39,6 @@ class Known:
     records: int
     header: str | None
     tail: str | None
-
-
-@dataclass
-class LoadReport:
-    database: str
-    new: int = 0
-    grown: int = 0
-    reloaded: int = 0
-    unchanged: int = 0
-    missing: int = 0
-    values: int = 0
-    histograms: int = 0
-    anomalies: int | None = None  # None: no dump changed, the table was kept
-    skipped_lines: int = 0
-    tb_duplicates: int = 0
-    problems: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def lines(self) -> list[str]:
-        out = [
-            f"msmon db: {self.new} new, {self.grown} grown, {self.reloaded} changed and reloaded, "
-            f"{self.unchanged} unchanged files; {self.values:,} values and {self.histograms:,} histograms added"
-            + ("" if self.anomalies is None else f"; {self.anomalies:,} anomaly records")
-            + f" in {self.seconds:.1f} s -> {self.database}"
-        ]
-        if self.tb_duplicates:
-            out.append(
-                f"msmon db: {self.tb_duplicates:,} TensorBoard scalars left out: the same categories are "
-                "in the CSV files of their rank directory"
-            )
-        if self.skipped_lines:
-            out.append(f"msmon db: {self.skipped_lines:,} malformed CSV lines skipped")
-        if self.missing:
-            out.append(f"msmon db: {self.missing} files in the database are no longer on disk (their rows are kept)")
-        out += [f"msmon db: {p}" for p in self.problems[:20]]
-        if len(self.problems) > 20:
-            out.append(f"msmon db: ... and {len(self.problems) - 20} more problems")
-        return out
-
-
-def _progress(total: int, enabled: bool | None) -> Any:  # a tqdm bar, or _NoProgress
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return _NoProgress()
-    return tqdm(
-        total=total,
-        unit="B",
-        unit_scale=True,
-        unit_divisor=1024,
-        desc="msmon db",
-        file=sys.stderr,
-        disable=None if enabled is None else not enabled,
-        dynamic_ncols=True,
-    )
-
-
-class _NoProgress:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class Loader:
@@ -270,7 +102,7 @@ class Loader:
                 others[f.kind].append((f, old is not None, 0))
                 self._count(old, False)
         total = sum(f.size - w.start for f, w in csv_work) + sum(f.size for items in others.values() for f, *_ in items)
-        bar = _progress(total, progress)
+        bar = progress_bar(total, progress)
         try:
             self._load_csv(csv_work, bar)
             csv_categories = self._csv_categories(found)
@@ -395,8 +227,6 @@ class Loader:
         insert_rows(self.con, "files", FILE_COLUMNS, rows, self.tmp_dir)
 
     def _load_tensorboard(self, f: FoundFile, reload: bool, skip: int, csv_categories: set[str]) -> None:
-        from .tb_loader import read_events
-
         file_id = self._id_for(f)
         try:
             rows = read_events(f.path, skip, csv_categories)
@@ -425,7 +255,7 @@ class Loader:
                 insert_rows(
                     con,
                     "tensors",
-                    [("category", "VARCHAR"), ("vpp_stage", "INTEGER"), ("name", "VARCHAR"), ("position", "BIGINT")],
+                    TENSOR_COLUMNS,
                     [(c, v, n, p) for (c, v, n), p in rows.positions.items()],
                     self.tmp_dir,
                 )
@@ -480,14 +310,7 @@ class Loader:
             insert_rows(
                 con,
                 "configs",
-                [
-                    ("rank", "INTEGER"),
-                    ("rank_dir", "VARCHAR"),
-                    ("format", "VARCHAR"),
-                    ("ops", "VARCHAR"),
-                    ("config", "VARCHAR"),
-                    ("file_id", "INTEGER"),
-                ],
+                CONFIG_COLUMNS,
                 configs,
                 self.tmp_dir,
             )
@@ -500,8 +323,6 @@ class Loader:
     def _load_anomalies(self, items: list[tuple[FoundFile, bool, int]], on_disk: set[str]) -> None:
         """Every dump is read again (they are small) and the table rebuilt: `seq`, the training
         order, is over all ranks' records together."""
-        from ..anomaly.analyse import order_events, read_dump_files
-
         known = [p for p, kind in self.kinds.items() if kind == ANOMALIES and p not in on_disk and os.path.exists(p)]
         paths = sorted(
             {f.path for f, *_ in items} | {p for p in on_disk if self.kinds.get(p) == ANOMALIES} | set(known)
@@ -511,30 +332,7 @@ class Loader:
         ordered = order_events(dumps.events)
         rows = []
         for seq, e in enumerate(ordered):
-            js = e.to_json()
-            rows.append(
-                (
-                    seq,
-                    e.rank,
-                    e.step,
-                    e.micro_step,
-                    e.pp_stage,
-                    e.vpp_stage,
-                    e.stage,
-                    e.call_id,
-                    e.name,
-                    e.category,
-                    e.tag,
-                    e.op,
-                    e.value,
-                    e.history,
-                    e.rule,
-                    e.message,
-                    e.group_mates,
-                    js["description"],
-                    e.file,
-                )
-            )
+            rows.append((seq, *(getattr(e, name) for name in FIELDS), e.to_json()["description"], e.file))
         counts: dict[str, int] = {}
         for e in ordered:
             counts[e.file] = counts.get(e.file, 0) + 1
@@ -542,7 +340,7 @@ class Loader:
         con.begin()
         try:
             con.execute("DELETE FROM anomalies")
-            self.report.anomalies = insert_rows(con, "anomalies", ANOMALY_COLUMNS, rows, self.tmp_dir)
+            self.report.anomalies = insert_rows(con, "anomalies", schema.ANOMALY_COLUMNS, rows, self.tmp_dir)
             self._upsert_files(
                 [self._file_row(f, self._id_for(f), f.size, counts.get(f.path, 0)) for f, _reload, _ in items]
             )
@@ -560,20 +358,3 @@ def _joined(value: Any) -> str | None:
     if isinstance(value, list):
         return ",".join(str(v) for v in value)
     return value if isinstance(value, str) else None
-
-
-def load(
-    directories: Iterable[str], database: str, progress: bool | None = None, tmp_dir: str | None = None
-) -> LoadReport:
-    """Load (or bring up to date) `database` from the monitor output `directories`."""
-    directories = list(directories)
-    for directory in directories:  # before the database file is created
-        if not os.path.isdir(directory):
-            raise DatabaseError(
-                f"{directory} is not a directory (expected a monitor output directory, $MONITOR_OUTPUT_DIR)"
-            )
-    con = connect(database)
-    try:
-        return Loader(con, database, tmp_dir).load(directories, progress)
-    finally:
-        con.close()

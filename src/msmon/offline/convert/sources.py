@@ -1,0 +1,90 @@
+"""The rank directories a conversion reads, where it writes, and its progress bars."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable
+
+from ...output.layout import CONFIG_FILE
+from ...output.resume import RANK_DIR, rank_dirs
+
+MSPROBE_RANK = re.compile(r"^rank(?P<rank>\d+)$")
+
+Progress = Callable[..., Any]  # tqdm-like: progress(total=, desc=, unit=, unit_scale=) -> object with update/close
+
+
+@dataclass(frozen=True)
+class RankSource:
+    """One rank's output directory and the name of its counterpart in the output."""
+
+    rank: int
+    path: str
+    name: str
+
+
+class ConvertError(ValueError):
+    """Nothing to convert, or a place that cannot be written."""
+
+
+def find_ranks(path: str, time_start: str | None = None, time_end: str | None = None) -> list[RankSource]:
+    """The rank directories under `path` (a monitor output directory, or one rank directory)
+    whose time prefix lies in [time_start, time_end]; msprobe's converted `rank{r}` folders too."""
+    path = os.path.abspath(path)
+    base = os.path.basename(path)
+    match = RANK_DIR.match(base) or MSPROBE_RANK.match(base)
+    if match:
+        return [RankSource(int(match["rank"]), path, base)]
+    time_range = [time_start, time_end] if (time_start or time_end) else None
+    sources = [
+        RankSource(rank, d, os.path.basename(d)) for rank, dirs in rank_dirs(path, time_range).items() for d in dirs
+    ]
+    if not sources and time_range is None:
+        for name in sorted(os.listdir(path)):
+            m = MSPROBE_RANK.match(name)
+            if m and os.path.isdir(os.path.join(path, name)):
+                sources.append(RankSource(int(m["rank"]), os.path.join(path, name), name))
+    if not sources:
+        raise ConvertError(
+            f"no rank directory (<%b%d_%H-%M-%S>-rank<r>-<id>) under {path}"
+            + (f" with a time prefix between {time_start} and {time_end}" if time_range else "")
+        )
+    return sorted(sources, key=lambda s: (s.rank, s.name))
+
+
+def default_output(path: str, what: str) -> str:
+    """`<monitor output>/<now>-<what>`, beside the rank directories (msprobe's default)."""
+    path = os.path.abspath(path)
+    if RANK_DIR.match(os.path.basename(path)) or MSPROBE_RANK.match(os.path.basename(path)):
+        path = os.path.dirname(path)
+    return os.path.join(path, f"{datetime.now().strftime('%b%d_%H-%M-%S')}-{what}")
+
+
+def fresh_dir(path: str) -> str:
+    if os.path.isdir(path) and os.listdir(path):
+        raise ConvertError(f"{path} exists and is not empty; choose another output directory")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def rank_config(directory: str) -> dict:
+    try:
+        with open(os.path.join(directory, CONFIG_FILE), encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def no_progress(**_kwargs: Any) -> Any:
+    class _Quiet:
+        def update(self, _n: int = 1) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    return _Quiet()

@@ -1,1 +1,0 @@
-"""The offline CSV <-> TensorBoard conversion and the tolerant event reader (the live sinks are in output/sinks/)."""
