@@ -27,9 +27,9 @@ from ..config import MonitorConfig, TensorSpec
 from ..optimizers.base import in_closure_reevaluation
 from ..output.records import RowKey, row_key
 from ..runtime.buffer import RowGroup
-from ..selection import xy_targets
+from ..runtime.selection import xy_targets
+from ..runtime.step_context import StepContext
 from ..stats import tensor_stats
-from ..step_context import StepContext
 from .base import Collector
 from .module_io import CallCounter, call_name, select
 from .registry import register

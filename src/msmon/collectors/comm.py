@@ -27,8 +27,8 @@ import torch.distributed as dist
 from .. import guest_hooks
 from ..hooks import torch_distributed as cc
 from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey
+from ..runtime.step_context import StepContext
 from ..stats import batch_stats, combine_rows, local_tensor
-from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
 from .module_io import iter_tensors

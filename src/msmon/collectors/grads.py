@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 
 from ..output.records import row_key
+from ..runtime.step_context import StepContext
 from ..sparse_stats import any_layout_stats, is_sparse, sparse_stats
 from ..stats import tensor_stats
-from ..step_context import StepContext
 from .base import Collector
 from .ddp_sync import DdpSync
 from .registry import register

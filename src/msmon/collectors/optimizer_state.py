@@ -26,9 +26,9 @@ import torch
 from ..optimizers.base import Shard
 from ..output.records import OPTIMIZER, DirectionKey, RowKey, format_tag, row_key
 from ..runtime.buffer import Histogram
+from ..runtime.step_context import StepContext
 from ..sparse_stats import is_sparse
 from ..stats import _to_device, batch_stats, local_tensor, scalar_rows, sign_matches
-from ..step_context import StepContext
 from .base import Collector
 from .registry import register
 

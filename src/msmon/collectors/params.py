@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..output.records import row_key
+from ..runtime.step_context import StepContext
 from ..stats import batch_stats, local_tensor
-from ..step_context import StepContext
 from .base import Collector
 from .registry import register
 

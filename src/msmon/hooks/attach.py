@@ -17,13 +17,13 @@ import torch
 
 from ..config import ConfigError
 from ..module_attrs import stored
-from ..naming import check_targets, display, model_chunks
+from ..runtime.naming import check_targets, display, model_chunks
 from ..system.distributed import current_rank
 from . import Session, explicit, torch_optim
 from .pipeline import pipeline_position
 
 if TYPE_CHECKING:
-    from ..monitor import TrainerMon
+    from ..api import TrainerMon
 
 logger = logging.getLogger("msmon")
 
@@ -37,7 +37,7 @@ def start_monitor(
     class names for the log. `shares_modules_with`: the monitor that already hooks these
     models' modules (their activations are then recorded once, by it). A failing set_monitor
     closes the monitor and raises (ConfigError for a config that does not fit the model)."""
-    from ..monitor import TrainerMon
+    from ..api import TrainerMon
 
     with explicit.automatic():
         monitor = TrainerMon(session.config_path)

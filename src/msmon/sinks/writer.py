@@ -20,9 +20,9 @@ from ..anomaly.rules import Alert, RuleEngine
 from ..origin import Origin, find_origin
 from ..output.directory import stopped_line, stopped_output
 from ..output.records import RowKey, StepRecord
+from ..runtime.transfer import HostBatch
 from ..system.thread_priority import lower_this_threads_priority
 from ..system.torch_threads import torch_on_this_thread_only
-from ..transfer import HostBatch
 from .base import Sink
 from .feature_rows import split_features
 

@@ -34,7 +34,7 @@ def test_the_installed_frameworks_are_inside_what_their_packages_support():
 def test_importing_the_packages_imports_no_framework():
     code = (
         "import sys; from msmon import hooks; hooks.frameworks(); import msmon.optimizers; "
-        "print(sorted(m for m in ('deepspeed', 'megatron.core', 'msmon.monitor') if m in sys.modules))"
+        "print(sorted(m for m in ('deepspeed', 'megatron.core', 'msmon.api') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -15,10 +15,10 @@ import torch
 from conftest import MLP, rank_dir, read_csv_rows, train_steps
 from msmon import TrainerMon
 from msmon.output.records import RowKey, StepRecord
+from msmon.runtime.transfer import HostBatch
 from msmon.sinks.base import Sink
 from msmon.sinks.writer import BackgroundWriter
 from msmon.system.thread_priority import ENV, writer_nice
-from msmon.transfer import HostBatch
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's")
 

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import torch
 
-from ...naming import clean_name
 from ...optimizers.base import GradPairs, Moments, Shard, adam_hyper
+from ...runtime.naming import clean_name
 from ..torch_optim.adapters import TorchOptimAdapter
 from . import seams
 from .groups import Placement, dtensor_placement, fsdp1_units, is_dtensor, unit_placement

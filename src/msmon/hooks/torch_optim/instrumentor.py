@@ -43,8 +43,8 @@ from ..attach import module_monitor, on_optimizer_collected, start_monitor, targ
 from ..module_registry import ModuleTracker, roots_in_memory
 from ..pipeline import pipeline_position
 
-if TYPE_CHECKING:  # imported when first used: a script may import msmon.monitor, and with it torch, first
-    from ...monitor import TrainerMon
+if TYPE_CHECKING:  # imported when first used: a script may import msmon.api, and with it torch, first
+    from ...api import TrainerMon
 
 logger = logging.getLogger("msmon")
 

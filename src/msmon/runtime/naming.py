@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from .config import ConfigError
-from .system.short_repr import short_repr
+from ..config import ConfigError
+from ..system.short_repr import short_repr
 
 WRAPPER_COMPONENTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_forward_module")
 _SQUASH = re.compile(

@@ -20,27 +20,28 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import dedupe, native, selection, stats
+from . import native, stats
 from .collectors import registry
 from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
 from .collectors.grads import GradCollector
 from .collectors.structure import STRUCT, StructCollector
 from .config import ConfigError, MonitorConfig, load_config, parse_ops
-from .cost import describe
 from .hooks.pipeline import pipeline_position
-from .naming import model_chunks
 from .optimizers import adapter_for
 from .optimizers.base import hold_weakly
 from .output.directory import ensure_writable, output_base_dir
 from .rank_output import RankOutput, report_cost
-from .recording_window import RecordingWindow
-from .reload import ConfigReload, output_changed
-from .step_context import StepContext
+from .runtime import dedupe, selection
+from .runtime.cost import describe
+from .runtime.naming import model_chunks
+from .runtime.recording_window import RecordingWindow
+from .runtime.reload import ConfigReload, output_changed
+from .runtime.step_context import StepContext
+from .runtime.transfer import stage_to_host
 from .system import lifecycle
 from .system.distributed import current_rank
 from .system.stop import StopAfterStruct, stop_after_struct, stop_with_the_others
-from .transfer import stage_to_host
 
 logger = logging.getLogger("msmon")
 

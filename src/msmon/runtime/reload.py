@@ -12,8 +12,8 @@ import logging
 import os
 from typing import Any, Callable
 
+from ..config import ConfigError, MonitorConfig, load_config
 from . import agreement
-from .config import ConfigError, MonitorConfig, load_config
 
 logger = logging.getLogger("msmon")
 

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from ..optimizers.base import Shard
 from ..output.records import RowKey, row_key
-from ..runtime.buffer import Histogram
 from ..stats import batch_stats, combine_gathered, scalar_rows
 from ..system import exit_drain
-from .base import Shard
+from .buffer import Histogram
 
 if TYPE_CHECKING:
-    from ..monitor import TrainerMon
+    from ..api import TrainerMon
 
 logger = logging.getLogger("msmon")
 

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .config import MonitorConfig
-from .system import exit_drain
+from ..config import MonitorConfig
+from ..system import exit_drain
 from .transfer import copy_to_host
 
 logger = logging.getLogger("msmon")

@@ -15,17 +15,17 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .config import MonitorConfig
+from ..config import MonitorConfig
+from .buffer import StepBuffer
 from .cost import CostMeter
 from .grad_hooks import GradHooks
-from .runtime.buffer import StepBuffer
 from .selection import Names, names
 from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
-    from .anomaly.dump import AnomalyDumpWriter
-    from .collectors.activations import MicroStepTracker
-    from .collectors.base import Collector, MonitoredParam
+    from ..anomaly.dump import AnomalyDumpWriter
+    from ..collectors.activations import MicroStepTracker
+    from ..collectors.base import Collector, MonitoredParam
 
 logger = logging.getLogger("msmon")
 

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .system.distributed import current_rank, is_initialized
+from ..system.distributed import current_rank, is_initialized
 
 logger = logging.getLogger("msmon")
 
@@ -55,7 +55,7 @@ def discover(models: list[torch.nn.Module], adapter: Any, dp_group: Any = None, 
         return found
     if found.dp is None and adapter is not None and adapter.data_parallel_group() is not None:
         found.dp, found.source = adapter.data_parallel_group(), "the optimizer"
-    from .hooks import frameworks
+    from ..hooks import frameworks
 
     for package in frameworks():  # what the models say, before the process's state
         if hasattr(package, "groups_of_models"):
@@ -116,7 +116,7 @@ def replica_exclusion(
     every rank of its data-parallel group (None: it is a replica), for the replica check. A
     DTensor is each rank's own shard; the framework packages add what their frameworks split or
     update late (their `replica_exclusion`)."""
-    from .hooks import frameworks
+    from ..hooks import frameworks
 
     rules = [
         rule
@@ -166,7 +166,7 @@ def call_quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 def attach(monitor: Any, dp_group: Any = None, tp_group: Any = None) -> Any:
     """Decide, once, what this rank writes, and return the monitor's ShardCombiner."""
-    from .optimizers.shards import ShardCombiner
+    from .shards import ShardCombiner
 
     adapter = monitor.adapter
     groups = discover(monitor.models, adapter, dp_group, tp_group)
