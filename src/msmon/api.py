@@ -1,22 +1,18 @@
-"""TrainerMon: the lifecycle of a monitored step, msprobe-compatible.
+"""TrainerMon: msmon's msprobe-compatible API, a facade over one-job modules.
 
-A step is an optimizer step. During it, collectors record statistic rows into a device-side
-buffer (hooks launch kernels, nothing synchronises); when the optimizer finishes, the rows are
-concatenated, copied to the host once, and handed to the writer thread. Between steps the
-config file's mtime and size are checked, so edits take effect at the next step (with sharded
-statistics, at the first step every rank has read them: agreement.py).
-
-TrainerMon is a facade over one-job modules: the step state collectors share (step_context),
-which collectors run (collectors.registry), which steps are recorded (recording_window), the
-config hot reload (reload), the rank's output (rank_output) and the early stops (stop).
+The step state collectors share is the step context's (runtime/step_context.py), what runs
+at each optimizer step and between steps is the step runner's (runtime/step.py), which collectors
+run is the collectors' registry's (collectors/registry.py), which steps are recorded the recording
+window's, the config hot reload runtime/reload.py's, the rank's output rank_output's, the early
+stops system/stop.py's. TrainerMon holds only what the API itself is given (the config file, the
+optimizer, process_group, opt_ty) and answers the API's calls from those modules.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import torch
 
@@ -25,8 +21,10 @@ from .collectors import registry
 from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
 from .collectors.grads import GradCollector
+from .collectors.l2_features import resolve_targets
 from .collectors.structure import STRUCT, StructCollector
 from .config import ConfigError, MonitorConfig, load_config, parse_ops
+from .hooks import frameworks
 from .hooks.pipeline import pipeline_position
 from .optimizers import adapter_for
 from .optimizers.base import hold_weakly
@@ -35,55 +33,27 @@ from .rank_output import RankOutput, report_cost
 from .runtime import dedupe, selection
 from .runtime.cost import describe
 from .runtime.naming import model_chunks
-from .runtime.recording_window import RecordingWindow
-from .runtime.reload import ConfigReload, output_changed
+from .runtime.reload import ConfigReload
+from .runtime.shards import ShardCombiner
+from .runtime.step import Built, StepRunner
 from .runtime.step_context import StepContext
-from .runtime.transfer import stage_to_host
 from .system import lifecycle
 from .system.distributed import current_rank
-from .system.stop import StopAfterStruct, stop_after_struct, stop_with_the_others
+from .system.stop import StopAfterStruct
 
 logger = logging.getLogger("msmon")
 
 __all__ = ["TrainerMon", "StopAfterStruct"]
 
-T = TypeVar("T")
 
-
-class _InContext(Generic[T]):
-    """A TrainerMon attribute kept in its StepContext (read and written there)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    def __get__(self, mon: Any, owner: type | None = None) -> T:
-        if mon is None:
-            return self  # type: ignore[return-value]
-        return getattr(mon.ctx, self.name)
-
-    def __set__(self, mon: Any, value: T) -> None:
-        setattr(mon.ctx, self.name, value)
+def _l2_targets_fit(config: MonitorConfig, modules: list[dict[str, torch.nn.Module]]) -> None:
+    """ConfigError when l2_targets names no module of the model (the L2 features collector's check)."""
+    if config.recording_l2_features:
+        resolve_targets(config, modules)
 
 
 class TrainerMon:
     """Monitor a training job; the constructor and methods follow msprobe's TrainerMon."""
-
-    # the step state, shared with the collectors (and read by dedupe, optimizers.shards, the launcher)
-    rank: _InContext[int] = _InContext()
-    config: _InContext[MonitorConfig] = _InContext()
-    step: _InContext[int] = _InContext()
-    recording: _InContext[bool] = _InContext()
-    step_ops: _InContext[list[str]] = _InContext()
-    buffer: _InContext[Any] = _InContext()
-    models: _InContext[list[torch.nn.Module]] = _InContext()
-    params: _InContext[list[MonitoredParam]] = _InContext()
-    adapter: _InContext[Any] = _InContext()
-    shards: _InContext[Any] = _InContext()
-    dp_group: _InContext[Any] = _InContext()
-    tp_group: _InContext[Any] = _InContext()
-    grad_acc_steps: _InContext[int | None] = _InContext()
-    cost: _InContext[Any] = _InContext()
-    output_base: _InContext[str] = _InContext()
 
     def __init__(
         self,
@@ -96,37 +66,69 @@ class TrainerMon:
         self.config_file_path = os.path.abspath(config_file_path)  # still polled after a chdir
         config = load_config(self.config_file_path)
         self.ctx = StepContext(current_rank(), config, output_base_dir())
-        self._reload = ConfigReload(self.config_file_path, self.rank)
+        rank = self.ctx.rank
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
         self.opt_ty = opt_ty
-        self.active = not config.module_ranks or self.rank in config.module_ranks
-        ensure_writable(self.output_base)
-        self.output = RankOutput(self.rank, self.output_base, lambda: self.step)
+        self.active = not config.module_ranks or rank in config.module_ranks
+        ensure_writable(self.ctx.output_base)
+        self.output = RankOutput(rank, self.ctx.output_base, lambda: self.ctx.step)
         self.ctx.anomaly_dump = self.output.anomaly_dump
         self.ctx.stop = self.close
-
-        self.steps_recorded = 0
-        self._ops: list[str] = list(config.ops)
-        self.window = RecordingWindow(config)
+        reload = ConfigReload(self.config_file_path, rank)
+        self.runner = StepRunner(self.ctx, self.output, reload, self._build_collectors, self._check_fits, self.close)
 
         self._optimizer: Any = lambda: None  # held weakly (optimizers.base.hold_weakly)
         self._wrapped_optimizer: Any = None
-        self.collectors: list[Collector] = []
         # module-level collection (activations, NaN origin, structure); the launcher turns it off for a
         # second optimizer over a model another monitor already hooks, so its modules are recorded once
         self.records_modules = True
-        self._struct: StructCollector | None = None
-        self._unhook_step = None
-        self._grad_acc_given = config.grad_acc_steps is not None
-        self.pp_stage, self.group_mates = 0, [self.rank]
+        self.pp_stage, self.group_mates = 0, [rank]
         self.attached = False
         self._closed = False
         if self.active:
             self.output.open(config)
         lifecycle.register(self)
 
-    # -- what the output and the recording window hold ---------------------------------------
+    # -- read-only views of what the step context, the step runner and the output own ------------
+    @property
+    def rank(self) -> int:
+        return self.ctx.rank
+
+    @property
+    def config(self) -> MonitorConfig:
+        """The config in force (a reload replaces it)."""
+        return self.ctx.config
+
+    @property
+    def step(self) -> int:
+        return self.ctx.step
+
+    @property
+    def models(self) -> list[torch.nn.Module]:
+        return self.ctx.models
+
+    @property
+    def params(self) -> list[MonitoredParam]:
+        return self.ctx.params
+
+    @property
+    def adapter(self) -> Any:
+        """The optimizers.base adapter of the monitored optimizer (None before set_monitor)."""
+        return self.ctx.adapter
+
+    @property
+    def output_base(self) -> str:
+        return self.ctx.output_base
+
+    @property
+    def collectors(self) -> list[Collector]:
+        return self.runner.built.collectors
+
+    @property
+    def steps_recorded(self) -> int:
+        return self.runner.steps_recorded
+
     @property
     def log_dir(self) -> str | None:
         return self.output.log_dir
@@ -143,11 +145,12 @@ class TrainerMon:
     @property
     def collected(self) -> int:
         """Steps recorded since the recording window (re)started."""
-        return self.window.collected
+        return self.runner.window.collected
 
     @property
-    def _failed(self) -> set[str]:
-        return self.ctx.failed
+    def monitor_seconds(self) -> float:
+        """Wall time spent in monitor code on the training thread so far."""
+        return self.ctx.cost.seconds
 
     # -- msprobe API ----------------------------------------------------------------------------
     @property
@@ -158,15 +161,15 @@ class TrainerMon:
 
     @property
     def ops(self) -> list[str]:
-        return list(self._ops)
+        return list(self.runner.ops)
 
     @ops.setter
     def ops(self, value: list[str]) -> None:
         """Change the statistics computed from the next step on (or this one, if nothing of it
         is recorded yet)."""
-        self._ops = parse_ops(value)
-        if len(self.buffer) == 0:
-            self.step_ops = list(self._ops)
+        self.runner.ops = parse_ops(value)
+        if len(self.ctx.buffer) == 0:
+            self.ctx.step_ops = list(self.runner.ops)
 
     def set_wrapped_optimizer(self, optimizer: Any) -> None:
         self._wrapped_optimizer = optimizer
@@ -206,73 +209,74 @@ class TrainerMon:
         """
         if self.attached:
             raise RuntimeError("msmon: this TrainerMon is already attached; create one TrainerMon per optimizer")
-        self.models = model_chunks(model)
+        ctx, runner = self.ctx, self.runner
+        ctx.models = model_chunks(model)
         self._optimizer = hold_weakly(optimizer)
-        self.tp_group, self.dp_group = tp_group, dp_group
-        self.step = int(start_iteration)
-        if grad_acc_steps is not None and not self._grad_acc_given:
+        ctx.tp_group, ctx.dp_group = tp_group, dp_group
+        ctx.step = int(start_iteration)
+        if grad_acc_steps is not None and not runner.grad_acc_given:
             if not isinstance(grad_acc_steps, int) or grad_acc_steps < 1:
                 raise ConfigError(f"grad_acc_steps: expected a positive integer, got {grad_acc_steps!r}")
-            self.grad_acc_steps = grad_acc_steps
-            self._grad_acc_given = True
+            ctx.grad_acc_steps = grad_acc_steps
+            runner.grad_acc_given = True
         self.pp_stage, self.group_mates = pipeline_position(self.process_group)
-        selection.check_targets(self.config, self.models)
-        self.adapter = adapter_for(optimizer, self.opt_ty)
-        self.params = selection.monitored_params(self.config, self.models, self.adapter, self.rank)
-        self.ctx.use_main_grad = selection.decide_main_grad(self.params, self.params_have_main_grad)
-        self.shards = dedupe.attach(self, dp_group, tp_group)  # who writes what: decided once, here
-        self._reload.attach(self)  # ranks combining shards switch configs together
+        self._check_fits(ctx.config)
+        ctx.adapter = adapter_for(optimizer, self.opt_ty)
+        ctx.params = selection.monitored_params(ctx.config, ctx.models, ctx.adapter, ctx.rank)
+        ctx.use_main_grad = selection.decide_main_grad(ctx.params, self.params_have_main_grad)
+        ctx.frameworks = frameworks()
+        combinable = dedupe.decide_writers(ctx, ctx.frameworks, dp_group, tp_group)  # who writes what: decided once
+        ctx.shards = ShardCombiner(ctx, enabled=combinable)
+        runner.reload.attach(ctx.shards, ctx.adapter)  # ranks combining shards switch configs together
         if self.output.resume is not None:  # append_output: where the earlier run's series continues
-            self.step = self.output.resume.begin(self.step, self.writer.sinks if self.writer else ())
+            ctx.step = self.output.resume.begin(ctx.step, self.writer.sinks if self.writer else ())
         self.attached = True
         if not self.active:
             logger.info(
-                "msmon[rank %d]: not in module_ranks %s; this rank records nothing", self.rank, self.config.module_ranks
+                "msmon[rank %d]: not in module_ranks %s; this rank records nothing", ctx.rank, ctx.config.module_ranks
             )
-            if self.config.print_struct or self.config.cc_distribution.cc_log_only:
-                # the recording ranks stop after step 0: stop with them rather than hang in a collective
-                self._unhook_step = self.adapter.hook_step(lambda: None, self._stop_with_the_others)
+            if ctx.config.print_struct or ctx.config.cc_distribution.cc_log_only:
+                runner.hook_stop_only(ctx.adapter)  # the recording ranks stop after step 0: stop with them
             return
-        self._unhook_step = self.adapter.hook_step(self._before_update, self._after_update)
+        runner.hook(ctx.adapter)
         native.prepare()  # find or build the kernel before the first step rather than inside a hook
         stats.configure_threads()  # MSMON_STAT_THREADS / MSMON_NATIVE_THREADS as the job set them
-        self._build_collectors()
-        self._decide_recording()
-        self.cost.attached()
+        runner.build_collectors()
+        runner.decide_recording()
+        ctx.cost.attached()
 
     def generate_wgrad_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """(reduced, unreduced) weight-gradient statistics of the last recorded step:
         {tag: {op: value}}."""
-        return self._api_metrics("grad_reduced"), self._api_metrics("grad_unreduced")
+        return self.output.metrics("grad_reduced"), self.output.metrics("grad_unreduced")
 
     def generate_xy_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """(activations, activation gradients) of the last recorded step: {tag: {op: value}}."""
-        return self._api_metrics("actv"), self._api_metrics("actv_grad")
+        return self.output.metrics("actv"), self.output.metrics("actv_grad")
 
     def generate_param_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """(before, after the update) weight statistics of the last recorded step."""
-        return self._api_metrics("param_origin"), self._api_metrics("param_updated")
+        return self.output.metrics("param_origin"), self.output.metrics("param_updated")
 
     def generate_mv_metrics(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """(exp_avg, exp_avg_sq) statistics of the last recorded step."""
-        return self._api_metrics("exp_avg"), self._api_metrics("exp_avg_sq")
+        return self.output.metrics("exp_avg"), self.output.metrics("exp_avg_sq")
 
     def reload_xy(self, xy_distribution: bool = True) -> None:
         """Switch activation monitoring on or off from the next forward on."""
-        self.config.xy_distribution = bool(xy_distribution)
+        self.ctx.config.xy_distribution = bool(xy_distribution)
+        self.rebuild_collectors()
+
+    def rebuild_collectors(self) -> None:
+        """Build the collectors again (after a change of config or of records_modules); nothing
+        to do before set_monitor or on a rank that records nothing."""
         if self.attached and self.active:
-            self._rebuild_collectors()
+            self.runner.rebuild_collectors()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def detach(self) -> None:
         """Remove every hook; the monitor records nothing more."""
-        for collector in self.collectors:
-            collector.detach()
-        self.collectors = []
-        if self._unhook_step is not None:
-            self._unhook_step()
-            self._unhook_step = None
-        self.recording = False
+        self.runner.detach()
 
     def close(self) -> None:
         """Detach, write what is pending and a summary; safe to call more than once."""
@@ -281,7 +285,7 @@ class TrainerMon:
             self._closed = True
             self.writer.close()
             self.output.write_summary(self.summary())
-            if self.steps_recorded or self.cost.steps:
+            if self.steps_recorded or self.ctx.cost.steps:
                 report_cost(
                     self.rank,
                     f"msmon[rank {self.rank}]: {self.steps_recorded} steps recorded; {describe(self.summary())}",
@@ -295,7 +299,7 @@ class TrainerMon:
             "steps_recorded": self.steps_recorded,
             "alerts": self.writer.alerts_raised if self.writer else 0,
             "first_nonfinite": self.writer.first_origin if self.writer else None,
-            **self.cost.report(self.writer.cpu_seconds if self.writer else None),
+            **self.ctx.cost.report(self.writer.cpu_seconds if self.writer else None),
             "last_step": self.step,
             "output_stopped": self.output_stopped,
             **({"note": note} if (note := self._nothing_recorded_because()) else {}),
@@ -307,133 +311,26 @@ class TrainerMon:
             return None
         if not self.attached:
             return "set_monitor was never called: no optimizer was monitored"
-        if self.cost.steps == 0:
+        if self.ctx.cost.steps == 0:
             return "no optimizer step ran"
         return (
-            f"{self.cost.steps} optimizer steps ran, none of them in the steps the config records "
+            f"{self.ctx.cost.steps} optimizer steps ran, none of them in the steps the config records "
             "(start_step, step_interval, collect_times, dynamic_on)"
         )
 
-    @property
-    def monitor_seconds(self) -> float:
-        """Wall time spent in monitor code on the training thread so far."""
-        return self.cost.seconds
-
-    def _api_metrics(self, category: str) -> dict[str, dict[str, float]]:
-        return self.output.metrics(category)
-
-    # -- collectors -----------------------------------------------------------------------------
-    def _build_collectors(self) -> None:
+    # -- what the runtime is handed: the collectors and the config's fit to the model -------------
+    def _build_collectors(self) -> Built:
         """Every collector the config enables, in the registry's order (the order rows are written)."""
-        self.ctx.log_dir = self.log_dir
-        self.output.enable_dump(self.config, self.pp_stage, self.group_mates)
-        self.ctx.tracker = None
-        collectors = registry.build(self.ctx, hook_modules=self.records_modules)
-        self.ctx.tracker = registry.find(collectors, TRACKER)  # type: ignore[assignment]
-        self._struct = registry.find(collectors, STRUCT)  # type: ignore[assignment]
-        for collector in collectors:
-            collector.attach()
-        self.collectors = collectors
+        ctx = self.ctx
+        ctx.log_dir = self.log_dir
+        self.output.enable_dump(ctx.config, self.pp_stage, self.group_mates)
+        ctx.tracker = None
+        collectors = registry.build(ctx, hook_modules=self.records_modules)
+        ctx.tracker = registry.find(collectors, TRACKER)  # type: ignore[assignment]
+        structure: StructCollector | None = registry.find(collectors, STRUCT)  # type: ignore[assignment]
+        grads = next((c for c in collectors if isinstance(c, GradCollector)), None)
+        return Built(collectors, grads.micro_steps_seen if grads is not None else lambda: 0, structure)
 
-    def _rebuild_collectors(self) -> None:
-        for collector in self.collectors:
-            collector.detach()
-        self.collectors = []
-        self.buffer.clear()
-        self._build_collectors()
-
-    # -- the step -------------------------------------------------------------------------------
-    def _decide_recording(self) -> None:
-        self.recording = self.window.records(self.step, self.config)
-        self.step_ops = list(self._ops)
-
-    def _run_callbacks(self, phase: str) -> None:
-        for collector in list(self.collectors):
-            if collector.enabled:
-                try:
-                    getattr(collector, phase)()
-                except Exception as exc:
-                    self.ctx.report_failure(collector, exc)
-
-    def _before_update(self) -> None:
-        started = time.perf_counter()
-        self._run_callbacks("before_update")
-        self.cost.seconds += time.perf_counter() - started
-
-    def _after_update(self) -> None:
-        started = time.perf_counter()
-        try:
-            self._run_callbacks("after_update")
-            self._finish_step()
-        except StopAfterStruct:
-            raise
-        except Exception as exc:  # the step bookkeeping itself must never break training
-            logger.error(
-                "msmon[rank %d]: finishing step %d failed: %r; monitoring stops, training continues",
-                self.rank,
-                self.step,
-                exc,
-            )
-            self.detach()
-        finally:
-            ended = time.perf_counter()
-            self.cost.seconds += ended - started
-            self.cost.step_ended(ended)
-
-    def _finish_step(self) -> None:
-        if self.recording:
-            self.shards.flush()  # sharded tensors: every rank's piece statistics, combined
-            keys, chunks, hists, flag_keys, flags = self.buffer.take()
-            if (keys or hists or flags is not None) and self.writer is not None:
-                batch = stage_to_host(keys, chunks, len(self.step_ops), hists, flag_keys, flags)
-                self.writer.submit(
-                    self.step, self.step_ops, batch, {"heatmap": True} if self.config.heatmap_visualize else None
-                )
-            self.window.recorded_one()
-            self.steps_recorded += 1
-        else:
-            self.buffer.clear()
-        grads = next((c for c in self.collectors if isinstance(c, GradCollector)), None)
-        if not self._grad_acc_given and self.grad_acc_steps is None and grads is not None:
-            seen = grads.micro_steps_seen()
-            if seen:
-                self.grad_acc_steps = seen
-        for collector in self.collectors:
-            collector.end_step()
-        self.ctx.rows_read.clear()
-        self.ctx.grad_hooks.clear()
-        if self._struct is not None and self._struct.enabled and self.recording:
-            stop_after_struct(self._struct, self.output_base, self.rank, self.step, self.close)
-        self.step += 1
-        agreed = self._reload.at_step_end(self.shards.take_stamped(), self._check_fits)
-        if agreed is not None:
-            self._apply_config(agreed)
-        was_recording = self.recording
-        self._decide_recording()
-        if self.window.closed_after(was_recording, self.config):
-            logger.info("msmon[rank %d]: collected %d steps (collect_times); hooks removed", self.rank, self.collected)
-            for collector in self.collectors:
-                collector.detach()
-
-    def _stop_with_the_others(self) -> None:
-        stop_with_the_others(self.rank, self.step, self.close)
-
-    # -- config reload --------------------------------------------------------------------------
     def _check_fits(self, new: MonitorConfig) -> None:
         """ConfigError unless every target of `new` names a module or parameter of the model."""
-        selection.check_targets(new, self.models)
-
-    def _apply_config(self, new: MonitorConfig) -> None:
-        """Put the agreed edit in force from the next step on."""
-        old = self.config
-        selection.check_targets(new, self.models)
-        self.config = new
-        self._ops = list(new.ops)
-        if self.writer is not None and output_changed(old, new):
-            self.output.restart_writer(new)
-        if not self._grad_acc_given:
-            self.grad_acc_steps = self.grad_acc_steps if new.grad_acc_steps is None else new.grad_acc_steps
-        self.window.reconfigure(old, new, self.step)
-        self.params = selection.monitored_params(new, self.models, self.adapter, self.rank)
-        self._rebuild_collectors()
-        logger.info("msmon[rank %d]: config reloaded at step %d", self.rank, self.step)
+        selection.check_targets(new, self.ctx.models, (_l2_targets_fit,))

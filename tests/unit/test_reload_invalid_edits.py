@@ -75,7 +75,7 @@ def test_an_invalid_edit_keeps_the_old_config_and_a_later_valid_edit_takes_effec
     train_steps(model, optimizer, 2)  # steps 0, 1
     write_version(path, bad, 2_000_000_000)
     train_steps(model, optimizer, 2)  # step 2 reads the bad version; 3 keeps on
-    assert mon.attached and mon._unhook_step is not None  # monitoring did not stop
+    assert mon.attached and mon.runner.unhook is not None  # monitoring did not stop
     write_version(path, json.dumps(LATER).encode(), 3_000_000_000)
     train_steps(model, optimizer, 3)  # step 4 reads the good one: 5, 6 follow it
     mon.close()

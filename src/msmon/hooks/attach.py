@@ -191,5 +191,5 @@ def _hand_modules_over(session: Session, gone: TrainerMon) -> None:
         ):
             monitor.records_modules = True
             if monitor.attached and monitor.active:
-                monitor._rebuild_collectors()
+                monitor.rebuild_collectors()
             return

@@ -7,8 +7,9 @@ monitor attaches, when an edited config is checked, and when collectors are buil
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -19,6 +20,8 @@ from .naming import covers, display, split_vpp
 logger = logging.getLogger("msmon")
 
 Names = tuple[list[dict[str, torch.nn.Module]], list[dict[str, torch.nn.Parameter]]]
+# a collector's check of the config against the model's modules (per chunk: {display name: module})
+ModuleCheck = Callable[[MonitorConfig, list[dict[str, torch.nn.Module]]], None]
 
 
 @dataclass
@@ -37,14 +40,16 @@ def names(models: list[torch.nn.Module], squash: bool) -> Names:
     return modules, params
 
 
-def check_targets(config: MonitorConfig, models: list[torch.nn.Module]) -> None:
-    """ConfigError unless every target of `config` names a module or parameter of the model."""
-    from ..collectors.l2_features import resolve_targets
-
+def check_targets(
+    config: MonitorConfig, models: list[torch.nn.Module], module_checks: Sequence[ModuleCheck] = ()
+) -> None:
+    """ConfigError unless every target of `config` names a module or parameter of the model,
+    and each of `module_checks` (the collectors' own target checks, passed down by the api:
+    l2_targets naming no module is a ConfigError too) accepts the config."""
     modules, params = names(models, config.squash_name)
     _check_names(config.targets, [set(m) for m in modules], [set(p) for p in params])
-    if config.recording_l2_features:
-        resolve_targets(config, modules)  # l2_targets naming no module: a ConfigError here too
+    for check in module_checks:
+        check(config, modules)
 
 
 def targets_for(config: MonitorConfig, chunk: int) -> list[str]:

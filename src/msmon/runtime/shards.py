@@ -31,7 +31,7 @@ from ..system import exit_drain
 from .buffer import Histogram
 
 if TYPE_CHECKING:
-    from ..api import TrainerMon
+    from .step_context import StepContext
 
 logger = logging.getLogger("msmon")
 
@@ -55,10 +55,11 @@ class _Pending:
 
 
 class ShardCombiner:
-    """Statistics of one monitor's Shards: pieces during the step, combined at its end."""
+    """Statistics of one monitor's Shards: pieces during the step, combined at its end. Reads
+    the step's parameters, statistics and buffer from the monitor's step context."""
 
-    def __init__(self, monitor: TrainerMon, enabled: bool = True) -> None:
-        self.mon = monitor
+    def __init__(self, ctx: StepContext, enabled: bool = True) -> None:
+        self.ctx = ctx
         self.enabled = enabled
         self.pending: dict[int, _Pending] = {}
         self.ops: list[str] = []
@@ -75,14 +76,14 @@ class ShardCombiner:
             return values
         if not self.enabled:
             return plain
-        mon = self.mon
+        ctx = self.ctx
         by_group: dict[int, list[tuple[RowKey, Shard]]] = {}
-        for mp in mon.params:
+        for mp in ctx.params:
             value = values.get(id(mp.param))
             if isinstance(value, Shard):
                 by_group.setdefault(id(value.group), []).append((row_key(category, mp.name, mp.vpp_stage), value))
         for entries in by_group.values():
-            self._add(mon.buffer, entries, mon.step_ops, mon.config.eps)
+            self._add(ctx.buffer, entries, ctx.step_ops, ctx.config.eps)
         return plain
 
     def _add(self, buffer: Any, entries: list[tuple[RowKey, Shard]], ops: list[str], eps: float) -> None:
@@ -109,12 +110,12 @@ class ShardCombiner:
         on the whole tensors; rows the writing rank reserved now are filled then."""
         if not self.enabled or not shards:
             return
-        mon = self.mon
+        ctx = self.ctx
         pending = self.pending.get(id(shards[0].group))
         if pending is None:
             pending = self.pending[id(shards[0].group)] = _Pending(shards[0].group)
-        self.ops = list(mon.step_ops)
-        pending.eps = mon.config.eps
+        self.ops = list(ctx.step_ops)
+        pending.eps = ctx.config.eps
         first = len(pending.numels)
         pending.matches.append(matches.to(torch.float64))
         pending.numels.extend(numels)
@@ -123,7 +124,7 @@ class ShardCombiner:
             placeholder = torch.full(
                 (len(written), len(self.ops)), math.nan, dtype=torch.float64, device=matches.device
             )
-            mon.buffer.add_many([keys[i] for i in written], placeholder)
+            ctx.buffer.add_many([keys[i] for i in written], placeholder)
             pending.share_targets.append((placeholder, [first + i for i in written]))
 
     def add_histogram(self, tag: str, edges: list[float], counts: torch.Tensor, shard: Shard) -> None:
@@ -138,7 +139,7 @@ class ShardCombiner:
         target = None
         if shard.write:
             target = torch.zeros_like(counts)
-            self.mon.buffer.histograms.append(Histogram(tag, edges, target))
+            self.ctx.buffer.histograms.append(Histogram(tag, edges, target))
         pending.hist_targets.append(target)
 
     def flush(self) -> None:
@@ -152,7 +153,7 @@ class ShardCombiner:
                 self.enabled = False
                 logger.error(
                     "msmon[rank %d]: combining sharded statistics failed and is switched off; training continues: %r",
-                    self.mon.rank,
+                    self.ctx.rank,
                     exc,
                 )
                 return
