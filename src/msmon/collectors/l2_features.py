@@ -32,7 +32,7 @@ from .. import guest_hooks, l2_math
 from ..config import ConfigError, MonitorConfig
 from ..module_attrs import has_stored, stored_tensor
 from ..output.records import RowKey
-from ..runtime.naming import split_vpp
+from ..runtime.selection import split_vpp
 from ..runtime.step_context import StepContext
 from ..stats import local_tensor
 from .activations import in_backward

@@ -17,7 +17,8 @@ import torch
 
 from ..config import ConfigError
 from ..module_attrs import stored
-from ..runtime.naming import check_targets, display, model_chunks
+from ..runtime.naming import display, model_chunks
+from ..runtime.selection import check_names as check_targets
 from ..system.distributed import current_rank
 from . import Session, explicit, torch_optim
 from .pipeline import pipeline_position
