@@ -19,7 +19,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from msmon.agreement import ConfigAgreement
+from msmon.runtime.agreement import ConfigAgreement
 
 
 def main() -> None:

@@ -93,13 +93,13 @@ def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: 
                     setattr(collector, phase, cpu_clocked(getattr(collector, phase), check_cpu))
             monitor_ms, check_cpu_ms, step_ms, step_cpu_ms = [], [], [], []
             for step in range(args.warmup + args.steps):
-                before, before_cpu = mon.cost.seconds, check_cpu[0]
+                before, before_cpu = mon.ctx.cost.seconds, check_cpu[0]
                 started, started_cpu = time.perf_counter(), time.thread_time()
                 train_step(model, optimizer, spec.batch_of(gen, torch.device("cpu")))
                 if step >= args.warmup:
                     step_ms.append(1e3 * (time.perf_counter() - started))
                     step_cpu_ms.append(1e3 * (time.thread_time() - started_cpu))
-                    monitor_ms.append(1e3 * (mon.cost.seconds - before))
+                    monitor_ms.append(1e3 * (mon.ctx.cost.seconds - before))
                     check_cpu_ms.append(1e3 * (check_cpu[0] - before_cpu))
             mon.close()
             out["steps"].setdefault(name, []).append(

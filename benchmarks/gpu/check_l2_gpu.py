@@ -73,8 +73,8 @@ def run(device: torch.device, dtype: torch.dtype, features: bool, steps: int, ou
         times.append(time.perf_counter() - started)
         losses.append(loss.item())
         if mon is not None:
-            linear = mon._api_metrics("linear_hook")
-            attention = mon._api_metrics("attention_hook")
+            linear = mon.output.metrics("linear_hook")
+            attention = mon.output.metrics("attention_hook")
             for name, w in weights.items():
                 sigma, _ = direct.spectral(w)
                 errors.append(abs(linear[f"0:{name}.linear/rank0/sr"]["kernel_norm"] - sigma) / sigma)
@@ -88,7 +88,7 @@ def run(device: torch.device, dtype: torch.dtype, features: bool, steps: int, ou
             errors.append(abs(got - want) / want)
     result = {"losses": losses, "step_ms": 1e3 * sorted(times)[len(times) // 2]}
     if mon is not None:
-        result.update(failed=sorted(mon._failed), max_rel_error=max(errors), rows=len(linear) + len(attention))
+        result.update(failed=sorted(mon.ctx.failed), max_rel_error=max(errors), rows=len(linear) + len(attention))
         mon.close()
     return result
 

@@ -2,7 +2,7 @@
 
 `import msmon` imports no torch (the `msmon` launcher and the job bootstrap import it), so its
 exports are imported on first use. Type checkers read `__init__.pyi`, which declares them as
-plain re-exports; `from msmon import TrainerMon` and `from msmon.monitor import TrainerMon` are
+plain re-exports; `from msmon import TrainerMon` and `from msmon.api import TrainerMon` are
 the same class.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["TrainerMon", "ConfigError", "MonitorConfig", "load_config", "__version__"]
-_EXPORTS = {"TrainerMon": ".monitor", "ConfigError": ".config", "MonitorConfig": ".config", "load_config": ".config"}
+_EXPORTS = {"TrainerMon": ".api", "ConfigError": ".config", "MonitorConfig": ".config", "load_config": ".config"}
 
 
 def __getattr__(name: str) -> Any:

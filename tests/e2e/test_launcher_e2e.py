@@ -314,8 +314,8 @@ def test_a_job_with_no_optimizer_step_still_writes_each_ranks_summary_saying_why
 
 
 def test_a_script_importing_msmons_api_before_torch_is_monitored(config, tmp_path):
-    """msmon.monitor imports torch; torch's post-import hook then switched the torch.optim
-    instrumentor on while msmon.monitor was half imported, and it failed (nothing recorded)."""
+    """msmon.api imports torch; torch's post-import hook then switched the torch.optim
+    instrumentor on while msmon.api was half imported, and it failed (nothing recorded)."""
     proc = msmon_run(config, tmp_path, "--nproc-per-node", "1", "--", str(SCRIPTS / "launcher_imports_msmon_first.py"))
     assert "failed to switch on" not in proc.stderr, proc.stderr[-3000:]
     assert_summary(proc, 3, ranks=(0,))

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows
-from msmon.agreement import choose_domain, config_hash, decision
 from msmon.config import load_config, parse_config
+from msmon.runtime.agreement import choose_domain, config_hash, decision
 
 SCRIPTS = ROOT / "tests" / "scripts"
 

@@ -13,8 +13,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from msmon.agreement import ConfigAgreement
 from msmon.config import parse_config
+from msmon.runtime.agreement import ConfigAgreement
 from msmon.system import lifecycle
 
 CONFIGS = {

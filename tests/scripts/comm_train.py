@@ -49,7 +49,7 @@ def main() -> None:
         monitor = TrainerMon(args.config, params_have_main_grad=False)
         monitor.set_monitor(model, optimizer)
         if rank == args.fail_rank:
-            monitor.step_ops = ["no_such_op"]  # this rank's statistics fail inside a collective hook
+            monitor.ctx.step_ops = ["no_such_op"]  # this rank's statistics fail inside a collective hook
     data = torch.Generator().manual_seed(100 + rank)
     captured, losses = [], []
     for step in range(args.steps):

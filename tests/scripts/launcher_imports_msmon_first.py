@@ -1,4 +1,4 @@
-"""A script that imports msmon's API before torch (and so msmon.monitor imports torch itself),
+"""A script that imports msmon's API before torch (and so msmon.api imports torch itself),
 then trains without calling it: under `msmon run` it must be monitored all the same."""
 # ruff: noqa: I001  (the import order is the point)
 

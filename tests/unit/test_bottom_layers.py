@@ -69,3 +69,28 @@ def test_importing_the_config_and_reading_a_config_file_imports_no_torch(tmp_pat
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['norm', 'nans'] False"
+
+
+def test_runtime_imports_no_collector_no_hook_instrumentor_and_not_the_api():
+    """runtime/ sits below the collectors and the hooks' instrumentors (above the hooks' core: the
+    spec, the registry, the adapters): what it needs of them (the collectors built, their target
+    checks, the framework packages) is handed down by the api."""
+    above = ("msmon.api", "msmon.collectors", "msmon.hooks", "msmon.launcher")
+    upward = {
+        name: sorted(m for m in imports if m.startswith(above) and not m.startswith("msmon.hooks.core"))
+        for name, imports in _layer_imports("runtime").items()
+    }
+    assert {name: modules for name, modules in upward.items() if modules} == {}
+
+
+def test_nothing_in_runtime_names_trainermon_even_as_a_type():
+    """Nothing below the api receives TrainerMon: the runtime gets the StepContext or the values
+    it needs, so not even a TYPE_CHECKING import of the api is left."""
+    for path in sorted((PACKAGE / "runtime").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
+            alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+        }
+        assert not {n for n in names if n == "api" or n.endswith(".api") or n.endswith("monitor")}, path.name
+        annotations = [ast.unparse(node) for node in ast.walk(tree) if isinstance(node, ast.arg) and node.annotation]
+        assert not [a for a in annotations if "TrainerMon" in a], path.name

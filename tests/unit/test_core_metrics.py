@@ -90,7 +90,7 @@ def test_micro_batch_gradients_are_recorded_per_micro_step(write_config, output_
     for row in rows:
         expected = captured[int(row["step"])]["micro"][int(row["micro_step"])][row["name"]]
         assert_row_matches(row, reference_stats(expected))
-    assert mon.grad_acc_steps == 4
+    assert mon.ctx.grad_acc_steps == 4
 
 
 def test_inferred_grad_accumulation_records_the_accumulated_gradient(write_config, output_dir):
@@ -314,7 +314,7 @@ def test_lbfgs_records_every_step_the_gradient_of_its_first_closure_and_says_it_
         }, category
         for row in rows:
             assert_row_matches(row, reference_stats(first_grads[int(row["step"])][row["name"]]))
-    assert mon.grad_acc_steps == 1  # closure evaluations are not micro-batches
+    assert mon.ctx.grad_acc_steps == 1  # closure evaluations are not micro-batches
     said = [r.getMessage() for r in caplog.records if "keeps no Adam moments" in r.getMessage()]
     assert said == [
         "msmon[rank 0]: LBFGS keeps no Adam moments (exp_avg, exp_avg_sq); mv_distribution records nothing for it"

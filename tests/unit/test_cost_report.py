@@ -15,8 +15,8 @@ import torch
 
 from conftest import MLP, rank_dir
 from msmon import TrainerMon
-from msmon.cost import CostMeter, describe
 from msmon.launcher import run_summary
+from msmon.runtime.cost import CostMeter, describe
 
 
 def test_cost_is_relative_to_the_steps_after_the_first():

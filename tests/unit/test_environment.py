@@ -12,7 +12,7 @@ def test_the_bootstrap_and_the_core_name_the_same_variable():
 
 
 def test_the_monitor_imports_nothing_of_the_launcher():
-    code = "import sys, msmon.monitor; print(sorted(m for m in sys.modules if m.startswith('msmon.launcher')))"
+    code = "import sys, msmon.api; print(sorted(m for m in sys.modules if m.startswith('msmon.launcher')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -23,9 +23,9 @@ def _gather(rank: int) -> tuple[object, list[torch.Tensor]]:
 
 
 def _rank(rank: int, tmp: str) -> None:
-    from msmon import agreement
     from msmon.collectors.replica_check import exchange, own_group
-    from msmon.optimizers.shards import _all_gather
+    from msmon.runtime import agreement
+    from msmon.runtime.shards import _all_gather
     from msmon.system import exit_drain
 
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=2)

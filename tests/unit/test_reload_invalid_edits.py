@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-import msmon.reload
+import msmon.runtime.reload
 from conftest import MLP, rank_dir, read_csv_rows
 from msmon import TrainerMon
 
@@ -65,8 +65,8 @@ def test_an_invalid_edit_keeps_the_old_config_and_a_later_valid_edit_takes_effec
     path = tmp_path / file_name
     write_version(path, json.dumps(GOOD).encode(), 1_000_000_000)
     parses = []
-    real_load = msmon.reload.load_config
-    monkeypatch.setattr(msmon.reload, "load_config", lambda *a, **k: parses.append(a) or real_load(*a, **k))
+    real_load = msmon.runtime.reload.load_config
+    monkeypatch.setattr(msmon.runtime.reload, "load_config", lambda *a, **k: parses.append(a) or real_load(*a, **k))
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     mon = TrainerMon(str(path))
@@ -75,7 +75,7 @@ def test_an_invalid_edit_keeps_the_old_config_and_a_later_valid_edit_takes_effec
     train_steps(model, optimizer, 2)  # steps 0, 1
     write_version(path, bad, 2_000_000_000)
     train_steps(model, optimizer, 2)  # step 2 reads the bad version; 3 keeps on
-    assert mon.attached and mon._unhook_step is not None  # monitoring did not stop
+    assert mon.attached and mon.runner.unhook is not None  # monitoring did not stop
     write_version(path, json.dumps(LATER).encode(), 3_000_000_000)
     train_steps(model, optimizer, 3)  # step 4 reads the good one: 5, 6 follow it
     mon.close()

@@ -27,9 +27,9 @@ from ..hooks.core import guest_hooks
 from ..hooks.core.adapters import in_closure_reevaluation
 from ..output.records import RowKey, row_key
 from ..runtime.buffer import RowGroup
-from ..selection import xy_targets
+from ..runtime.selection import xy_targets
+from ..runtime.step_context import StepContext
 from ..stats.engine import tensor_stats
-from ..step_context import StepContext
 from .base import Collector
 from .module_io import CallCounter, call_name, select
 from .registry import register

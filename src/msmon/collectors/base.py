@@ -6,10 +6,10 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..hooks.core.guest_hooks import is_compiling, transform_running
-from ..selection import MonitoredParam
+from ..runtime.selection import MonitoredParam
 
 if TYPE_CHECKING:
-    from ..step_context import StepContext
+    from ..runtime.step_context import StepContext
 
 
 class Collector:

@@ -27,10 +27,10 @@ import torch.distributed as dist
 from ..hooks import torch_distributed as cc
 from ..hooks.core import guest_hooks
 from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey
+from ..runtime.step_context import StepContext
 from ..stats.combine import combine_rows
 from ..stats.engine import batch_stats
 from ..stats.inputs import local_tensor
-from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
 from .module_io import iter_tensors

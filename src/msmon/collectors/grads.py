@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 
 from ..output.records import row_key
+from ..runtime.step_context import StepContext
 from ..stats.engine import tensor_stats
 from ..stats.sparse import any_layout_stats, is_sparse, sparse_stats
-from ..step_context import StepContext
 from .base import Collector
 from .ddp_sync import DdpSync
 from .registry import register

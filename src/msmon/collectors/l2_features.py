@@ -32,10 +32,10 @@ from .. import l2_math
 from ..config import ConfigError, MonitorConfig
 from ..hooks.core import guest_hooks
 from ..hooks.core.module_attrs import has_stored, stored_tensor
-from ..naming import split_vpp
 from ..output.records import RowKey
+from ..runtime.selection import split_vpp
+from ..runtime.step_context import StepContext
 from ..stats.inputs import local_tensor
-from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
 from .module_io import iter_tensors
@@ -111,7 +111,7 @@ def l2_targets_error(cfg: MonitorConfig, chunks: list[torch.nn.Module]) -> Confi
     """Why `l2_targets` do not fit the model made of `chunks` (None: they do, or L2 features are off)."""
     if not cfg.recording_l2_features:
         return None
-    from ..naming import display
+    from ..runtime.naming import display
 
     try:
         resolve_targets(cfg, [{display(n, cfg.squash_name): m for n, m in chunk.named_modules()} for chunk in chunks])

@@ -21,9 +21,9 @@ import torch
 from ..hooks.core import guest_hooks
 from ..output.records import LOSS, RowKey, row_key
 from ..runtime.row_finiteness import row_finiteness
-from ..selection import recorded_modules
+from ..runtime.selection import recorded_modules
+from ..runtime.step_context import StepContext
 from ..stats.inputs import local_tensor
-from ..step_context import StepContext
 from .activations import in_backward
 from .base import Collector
 from .module_io import CallCounter, call_name, iter_tensors

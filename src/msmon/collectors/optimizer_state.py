@@ -26,12 +26,12 @@ import torch
 from ..hooks.core.adapters import Shard
 from ..output.records import OPTIMIZER, DirectionKey, RowKey, format_tag, row_key
 from ..runtime.buffer import Histogram
+from ..runtime.step_context import StepContext
 from ..stats.engine import batch_stats
 from ..stats.inputs import _to_device, local_tensor
 from ..stats.scalar import scalar_rows
 from ..stats.signs import sign_matches
 from ..stats.sparse import is_sparse
-from ..step_context import StepContext
 from .base import Collector
 from .registry import register
 

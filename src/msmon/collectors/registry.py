@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 if TYPE_CHECKING:
     from ..config import MonitorConfig
-    from ..step_context import StepContext
+    from ..runtime.step_context import StepContext
     from .base import Collector
 
 Enabled = Callable[["MonitorConfig", "StepContext"], bool]

@@ -49,19 +49,19 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 import torch
 import torch.distributed as dist
 
-from .. import dedupe
 from ..anomaly.event import REPLICA_OP, REPLICA_RULE
 from ..hooks.core.adapters import Shard
+from ..runtime import dedupe
+from ..runtime.transfer import copy_to_host
 from ..stats.fingerprint import Fingerprinter
 from ..system import exit_drain
 from ..system.torch_threads import torch_on_this_thread_only
-from ..transfer import copy_to_host
 from .base import Collector
 from .registry import register
 
 if TYPE_CHECKING:
     from ..config import ReplicaCheckConfig
-    from ..step_context import StepContext
+    from ..runtime.step_context import StepContext
 
 logger = logging.getLogger("msmon")
 
@@ -247,7 +247,7 @@ def select_weights(
     """The replicated weights (model parameters, whole main copies, the pieces the adapter
     declares copied across the check's group `group_ranks`), and what was skipped and why."""
     named = _named_params(ctx) if named is None else named
-    not_a_replica = dedupe.replica_exclusion(ctx.models, ctx.adapter.optimizer, weights=True)
+    not_a_replica = dedupe.replica_exclusion(ctx.models, ctx.adapter.optimizer, weights=True, frameworks=ctx.frameworks)
     mains = ctx.adapter.own_weights([p for _, _, p in named])
     copies = DeclaredCopies(ctx.adapter, group_ranks)
     entries: list[Entry] = []
@@ -295,7 +295,9 @@ def select_grads(
     copied across the check's group (None: no gradient on this rank)."""
     named = _named_params(ctx) if named is None else named
     grads = ctx.adapter.own_grads([p for _, _, p in named], ctx.grad_of)
-    not_a_replica = dedupe.replica_exclusion(ctx.models, ctx.adapter.optimizer, weights=False)
+    not_a_replica = dedupe.replica_exclusion(
+        ctx.models, ctx.adapter.optimizer, weights=False, frameworks=ctx.frameworks
+    )
     copies = DeclaredCopies(ctx.adapter, group_ranks)
     entries: list[Entry] = []
     tensors: list[torch.Tensor | None] = []
@@ -327,7 +329,7 @@ def select_grads(
 # -- the group ------------------------------------------------------------------------------------
 def replica_group(ctx: StepContext) -> Any:
     """The data-parallel group of this rank's replicas, or None when none is known."""
-    groups = dedupe.discover(ctx.models, ctx.adapter, ctx.dp_group, ctx.tp_group)
+    groups = dedupe.discover(ctx.models, ctx.adapter, ctx.frameworks, ctx.dp_group, ctx.tp_group)
     if groups.dp is not None:
         return groups.dp
     for p in ctx.adapter.params():  # the copies an adapter declares (FSDP1 NO_SHARD units)

@@ -25,7 +25,7 @@ import torch
 import msmon
 
 from ..hooks.core import guest_hooks
-from ..step_context import StepContext
+from ..runtime.step_context import StepContext
 from .base import Collector
 from .registry import register
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..hooks.core import guest_hooks
-from ..step_context import StepContext
+from ..runtime.step_context import StepContext
 from .activations import in_backward
 from .base import Collector
 from .module_io import describe, iter_tensors, structure_of

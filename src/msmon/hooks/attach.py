@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..config import ConfigError
-from ..naming import check_targets, display
+from ..runtime.naming import display
+from ..runtime.selection import check_names as check_targets
 from ..system.distributed import current_rank
 from . import Session, automatic
 
 if TYPE_CHECKING:
-    from ..monitor import TrainerMon
+    from ..api import TrainerMon
 
 logger = logging.getLogger("msmon")
 
@@ -31,7 +32,7 @@ def start_monitor(
     class names for the log. `shares_modules_with`: the monitor that already hooks these
     models' modules (their activations are then recorded once, by it). A failing set_monitor
     closes the monitor and raises (ConfigError for a config that does not fit the model)."""
-    from ..monitor import TrainerMon
+    from ..api import TrainerMon
 
     with automatic.building():
         monitor = TrainerMon(session.config_path)
@@ -125,5 +126,5 @@ def _hand_modules_over(session: Session, gone: TrainerMon) -> None:
         ):
             monitor.records_modules = True
             if monitor.attached and monitor.active:
-                monitor._rebuild_collectors()
+                monitor.rebuild_collectors()
             return

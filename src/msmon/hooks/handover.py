@@ -11,7 +11,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError
-from ..naming import model_chunks
+from ..runtime.naming import model_chunks
 from ..system.distributed import current_rank
 from . import Session, torch_optim
 from .attach import start_monitor, targets_error
@@ -19,7 +19,7 @@ from .core.module_attrs import stored
 from .core.pipeline import pipeline_position
 
 if TYPE_CHECKING:
-    from ..monitor import TrainerMon
+    from ..api import TrainerMon
 
 logger = logging.getLogger("msmon")
 

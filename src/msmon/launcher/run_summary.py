@@ -10,9 +10,9 @@ import json
 import os
 from typing import Any
 
-from ..cost import describe
 from ..output.directory import describe_stopped
 from ..output.layout import SUMMARY_FILE
+from ..runtime.cost import describe
 from .bootstrap.boot import WORKERS_DIR
 
 

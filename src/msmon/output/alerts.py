@@ -18,7 +18,7 @@ from .records import RowKey, StepRecord
 from .sinks.base import naming
 
 if TYPE_CHECKING:
-    from ..transfer import HostBatch
+    from ..runtime.transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .records import StepRecord
 
 if TYPE_CHECKING:  # the host copy's type only: the writer never builds one
-    from ..transfer import HostBatch
+    from ..runtime.transfer import HostBatch
 
 
 class StepConsumer:

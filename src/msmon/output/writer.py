@@ -26,7 +26,7 @@ from .sinks.base import Sink
 from .sinks.feature_rows import split_features
 
 if TYPE_CHECKING:  # the host copy's type only: the writer never builds one
-    from ..transfer import HostBatch
+    from ..runtime.transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 _STOP = object()

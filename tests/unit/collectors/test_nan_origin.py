@@ -222,7 +222,7 @@ def test_tensors_the_activation_collector_read_are_not_read_again_for_their_flag
 
 def test_a_tensor_between_two_modules_gets_one_gradient_hook_for_both_collectors(write_config, output_dir):
     """a's output is b's input: the activation collector and the origin both want its gradient,
-    under both names; one hook serves the four (msmon.grad_hooks), and every row is written."""
+    under both names; one hook serves the four (msmon.runtime.grad_hooks), and every row is written."""
     model = BadWeight()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     mon = TrainerMon(write_config({"format": "csv", "nan_origin": True, "all_xy": True, "ops": ["min", "max"]}))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import ALL_OPS
-from msmon.optimizers.shards import combine_gathered
+from msmon.runtime.shards import combine_gathered
 from msmon.stats.engine import batch_stats
 
 

@@ -45,7 +45,7 @@ def test_importing_the_packages_imports_no_framework():
     code = (
         "import sys; from msmon.hooks.core import registry; registry.frameworks(); "
         "import msmon.hooks.core.adapter_choice; "
-        "print(sorted(m for m in ('deepspeed', 'megatron.core', 'msmon.monitor') if m in sys.modules))"
+        "print(sorted(m for m in ('deepspeed', 'megatron.core', 'msmon.api') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

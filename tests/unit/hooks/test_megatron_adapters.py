@@ -126,7 +126,7 @@ def test_an_inner_optimizer_step_outside_an_optimizer_step_records_no_reduced_gr
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
     opt.optimizer.step()  # a checkpoint load's dummy step
-    assert len(monitor.buffer) == 0
+    assert len(monitor.ctx.buffer) == 0
     for p in model.parameters():
         p.main_grad = torch.full(p.shape, 3.0)
     opt.step()  # Megatron's own step: main_grad becomes `.grad`, then the inner step reads it

@@ -13,7 +13,7 @@ from msmon.output.handoff import StepConsumer
 from msmon.output.records import RowKey, StepRecord
 from msmon.output.sinks.base import Sink
 from msmon.output.writer import BackgroundWriter
-from msmon.transfer import HostBatch
+from msmon.runtime.transfer import HostBatch
 
 EVENTS: list[tuple[str, int]] = []
 

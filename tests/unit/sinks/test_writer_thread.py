@@ -17,8 +17,8 @@ from msmon import TrainerMon
 from msmon.output.records import RowKey, StepRecord
 from msmon.output.sinks.base import Sink
 from msmon.output.writer import BackgroundWriter
+from msmon.runtime.transfer import HostBatch
 from msmon.system.thread_priority import ENV, writer_nice
-from msmon.transfer import HostBatch
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread is Linux's")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from ... import dedupe
+    from ...runtime import dedupe
     from .. import Session
     from .adapters import OptimizerAdapter
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from ...naming import clean_name
+from ...runtime.naming import clean_name
 from ..core.adapters import GradPairs, Moments, Shard, adam_hyper
 from ..torch_optim.adapters import TorchOptimAdapter
 from . import seams

@@ -43,8 +43,8 @@ from ..core.adapter_choice import resolve_optimizer
 from ..core.pipeline import pipeline_position
 from ..module_registry import ModuleTracker, roots_in_memory
 
-if TYPE_CHECKING:  # imported when first used: a script may import msmon.monitor, and with it torch, first
-    from ...monitor import TrainerMon
+if TYPE_CHECKING:  # imported when first used: a script may import msmon.api, and with it torch, first
+    from ...api import TrainerMon
 
 logger = logging.getLogger("msmon")
 

@@ -1,24 +1,31 @@
 """Target selection: which modules and parameters of the model the config's targets name.
 
 Pure functions of the model chunks, the config and the optimizer adapter, used when the
-monitor attaches, when an edited config is checked, and when collectors are built.
+monitor attaches, when an edited config is checked, and when collectors are built. Targets
+match whole name components: `layers.1` takes `layers.1.fc.weight`, never `layers.10.fc.weight`;
+`"1:layers.0"` names a module of virtual-pipeline chunk 1 only.
 """
 
 from __future__ import annotations
 
+import difflib
 import logging
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from .config import ConfigError, MonitorConfig, TensorSpec
-from .naming import check_targets as _check_names
-from .naming import covers, display, split_vpp
+from ..config import ConfigError, MonitorConfig, TensorSpec
+from ..system.short_repr import short_repr
+from .naming import display
 
 logger = logging.getLogger("msmon")
 
 Names = tuple[list[dict[str, torch.nn.Module]], list[dict[str, torch.nn.Parameter]]]
+# a collector's check of the config against the model's modules (per chunk: {display name: module})
+ModuleCheck = Callable[[MonitorConfig, list[dict[str, torch.nn.Module]]], None]
 
 
 @dataclass
@@ -30,6 +37,37 @@ class MonitoredParam:
     param: torch.nn.Parameter
 
 
+def covers(target: str, name: str) -> bool:
+    """Whether a target names `name` or one of its ancestors, by whole components."""
+    return target == "" or name == target or name.startswith(target + ".")
+
+
+def split_vpp(target: str) -> tuple[int | None, str]:
+    """`"1:layers.0"` -> (1, "layers.0"); plain names apply to every chunk."""
+    match = re.fullmatch(r"(\d+):(.*)", target)
+    return (int(match.group(1)), match.group(2)) if match else (None, target)
+
+
+def check_names(targets: Iterable[str], module_names: list[set[str]], param_names: list[set[str]]) -> None:
+    """Every target must name a module or parameter of the model; else list the closest names."""
+    everything = sorted(set().union(*module_names, *param_names) - {""})
+    for target in targets:
+        if target == "":
+            continue
+        vpp, name = split_vpp(target)
+        chunks = range(len(module_names)) if vpp is None else [vpp]
+        found = any(0 <= c < len(module_names) and (name in module_names[c] or name in param_names[c]) for c in chunks)
+        if not found:
+            close = difflib.get_close_matches(name, everything, n=5, cutoff=0.4)
+            if not close:
+                prefix = name.split(".")[0]
+                close = [n for n in everything if n.startswith(prefix)][:5] or everything[:5]
+            raise ConfigError(
+                f"targets: {short_repr(target)} names no module or parameter of the model; "
+                f"closest names: {', '.join(close)}"
+            )
+
+
 def names(models: list[torch.nn.Module], squash: bool) -> Names:
     """Per chunk: {display name: module}, {display name: parameter}."""
     modules = [{display(n, squash): m for n, m in chunk.named_modules()} for chunk in models]
@@ -37,14 +75,16 @@ def names(models: list[torch.nn.Module], squash: bool) -> Names:
     return modules, params
 
 
-def check_targets(config: MonitorConfig, models: list[torch.nn.Module]) -> None:
-    """ConfigError unless every target of `config` names a module or parameter of the model."""
-    from .collectors.l2_features import resolve_targets
-
+def check_targets(
+    config: MonitorConfig, models: list[torch.nn.Module], module_checks: Sequence[ModuleCheck] = ()
+) -> None:
+    """ConfigError unless every target of `config` names a module or parameter of the model,
+    and each of `module_checks` (the collectors' own target checks, passed down by the api:
+    l2_targets naming no module is a ConfigError too) accepts the config."""
     modules, params = names(models, config.squash_name)
-    _check_names(config.targets, [set(m) for m in modules], [set(p) for p in params])
-    if config.recording_l2_features:
-        resolve_targets(config, modules)  # l2_targets naming no module: a ConfigError here too
+    check_names(config.targets, [set(m) for m in modules], [set(p) for p in params])
+    for check in module_checks:
+        check(config, modules)
 
 
 def targets_for(config: MonitorConfig, chunk: int) -> list[str]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .output.records import RowKey
-from .runtime.buffer import Histogram
+from ..output.records import RowKey
+from .buffer import Histogram
 
 
 @dataclass

@@ -19,13 +19,18 @@ Plain DDP without a `dp_group` is not deduplicated (msprobe's behaviour: every r
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 
-from .system.distributed import current_rank, is_initialized
+from ..system.distributed import current_rank, is_initialized
+
+if TYPE_CHECKING:
+    from ..hooks.core.spec import Framework
+    from .step_context import StepContext
 
 logger = logging.getLogger("msmon")
 
@@ -48,19 +53,25 @@ class ParallelGroups:
         return f"{sizes or 'no parallel groups'} (from {self.source})"
 
 
-def discover(models: list[torch.nn.Module], adapter: Any, dp_group: Any = None, tp_group: Any = None) -> ParallelGroups:
-    """The data-, tensor- and pipeline-parallel groups of this rank, without being told."""
+def discover(
+    models: list[torch.nn.Module],
+    adapter: Any,
+    frameworks: Sequence[Framework],
+    dp_group: Any = None,
+    tp_group: Any = None,
+) -> ParallelGroups:
+    """The data-, tensor- and pipeline-parallel groups of this rank, without being told.
+    `frameworks`: the framework packages (hooks.frameworks(), passed down by the api), each
+    asked through its optional `groups_of_models` and `groups_of_process`."""
     found = ParallelGroups(dp=dp_group, tp=tp_group, source="set_monitor arguments" if dp_group or tp_group else "none")
     if not is_initialized():
         return found
     if found.dp is None and adapter is not None and adapter.data_parallel_group() is not None:
         found.dp, found.source = adapter.data_parallel_group(), "the optimizer"
-    from .hooks.core.registry import frameworks
-
-    for framework in frameworks():  # what the models say, before the process's state
+    for framework in frameworks:  # what the models say, before the process's state
         if framework.groups_of_models is not None:
             framework.groups_of_models(found, models, adapter)
-    for framework in frameworks():
+    for framework in frameworks:
         if framework.groups_of_process is not None:
             framework.groups_of_process(found)
     return found
@@ -110,17 +121,15 @@ def _is_first(group: Any) -> bool:
 
 
 def replica_exclusion(
-    models: list[torch.nn.Module], optimizer: Any, weights: bool
+    models: list[torch.nn.Module], optimizer: Any, weights: bool, frameworks: Sequence[Framework]
 ) -> Callable[[torch.Tensor], str | None]:
     """Why a model parameter's weight (`weights`) or reduced gradient is not the same tensor on
     every rank of its data-parallel group (None: it is a replica), for the replica check. A
     DTensor is each rank's own shard; the framework packages add what their frameworks split or
-    update late (their `replica_exclusion`)."""
-    from .hooks.core.registry import frameworks
-
+    update late (their `replica_exclusion`; `frameworks` as for `discover`)."""
     rules = [
         rule
-        for framework in frameworks()
+        for framework in frameworks
         if framework.replica_exclusion is not None
         for rule in [framework.replica_exclusion(models, optimizer, weights)]
         if rule is not None
@@ -164,12 +173,13 @@ def call_quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
             return None
 
 
-def attach(monitor: Any, dp_group: Any = None, tp_group: Any = None) -> Any:
-    """Decide, once, what this rank writes, and return the monitor's ShardCombiner."""
-    from .optimizers.shards import ShardCombiner
-
-    adapter = monitor.adapter
-    groups = discover(monitor.models, adapter, dp_group, tp_group)
+def decide_writers(
+    ctx: StepContext, frameworks: Sequence[Framework], dp_group: Any = None, tp_group: Any = None
+) -> bool:
+    """Decide, once, what this rank writes (frozen into the adapter of `ctx`); return whether
+    the pieces of split tensors can be combined (the monitor's ShardCombiner is enabled)."""
+    adapter = ctx.adapter
+    groups = discover(ctx.models, adapter, frameworks, dp_group, tp_group)
     adapter.writer = write_rule(groups, adapter)
     written = sum(adapter.writer(p) for p in adapter.params())
     logger.debug(
@@ -180,4 +190,4 @@ def attach(monitor: Any, dp_group: Any = None, tp_group: Any = None) -> Any:
         written,
         len(adapter.params()),
     )
-    return ShardCombiner(monitor, enabled=shards_complete(adapter, monitor.config.module_ranks))
+    return shards_complete(adapter, ctx.config.module_ranks)

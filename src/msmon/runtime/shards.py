@@ -26,14 +26,14 @@ import torch.distributed as dist
 
 from ..hooks.core.adapters import Shard
 from ..output.records import RowKey, row_key
-from ..runtime.buffer import Histogram
 from ..stats.combine import combine_gathered
 from ..stats.engine import batch_stats
 from ..stats.scalar import scalar_rows
 from ..system import exit_drain
+from .buffer import Histogram
 
 if TYPE_CHECKING:
-    from ..monitor import TrainerMon
+    from .step_context import StepContext
 
 logger = logging.getLogger("msmon")
 
@@ -57,10 +57,11 @@ class _Pending:
 
 
 class ShardCombiner:
-    """Statistics of one monitor's Shards: pieces during the step, combined at its end."""
+    """Statistics of one monitor's Shards: pieces during the step, combined at its end. Reads
+    the step's parameters, statistics and buffer from the monitor's step context."""
 
-    def __init__(self, monitor: TrainerMon, enabled: bool = True) -> None:
-        self.mon = monitor
+    def __init__(self, ctx: StepContext, enabled: bool = True) -> None:
+        self.ctx = ctx
         self.enabled = enabled
         self.pending: dict[int, _Pending] = {}
         self.ops: list[str] = []
@@ -77,14 +78,14 @@ class ShardCombiner:
             return values
         if not self.enabled:
             return plain
-        mon = self.mon
+        ctx = self.ctx
         by_group: dict[int, list[tuple[RowKey, Shard]]] = {}
-        for mp in mon.params:
+        for mp in ctx.params:
             value = values.get(id(mp.param))
             if isinstance(value, Shard):
                 by_group.setdefault(id(value.group), []).append((row_key(category, mp.name, mp.vpp_stage), value))
         for entries in by_group.values():
-            self._add(mon.buffer, entries, mon.step_ops, mon.config.eps)
+            self._add(ctx.buffer, entries, ctx.step_ops, ctx.config.eps)
         return plain
 
     def _add(self, buffer: Any, entries: list[tuple[RowKey, Shard]], ops: list[str], eps: float) -> None:
@@ -111,12 +112,12 @@ class ShardCombiner:
         on the whole tensors; rows the writing rank reserved now are filled then."""
         if not self.enabled or not shards:
             return
-        mon = self.mon
+        ctx = self.ctx
         pending = self.pending.get(id(shards[0].group))
         if pending is None:
             pending = self.pending[id(shards[0].group)] = _Pending(shards[0].group)
-        self.ops = list(mon.step_ops)
-        pending.eps = mon.config.eps
+        self.ops = list(ctx.step_ops)
+        pending.eps = ctx.config.eps
         first = len(pending.numels)
         pending.matches.append(matches.to(torch.float64))
         pending.numels.extend(numels)
@@ -125,7 +126,7 @@ class ShardCombiner:
             placeholder = torch.full(
                 (len(written), len(self.ops)), math.nan, dtype=torch.float64, device=matches.device
             )
-            mon.buffer.add_many([keys[i] for i in written], placeholder)
+            ctx.buffer.add_many([keys[i] for i in written], placeholder)
             pending.share_targets.append((placeholder, [first + i for i in written]))
 
     def add_histogram(self, tag: str, edges: list[float], counts: torch.Tensor, shard: Shard) -> None:
@@ -140,7 +141,7 @@ class ShardCombiner:
         target = None
         if shard.write:
             target = torch.zeros_like(counts)
-            self.mon.buffer.histograms.append(Histogram(tag, edges, target))
+            self.ctx.buffer.histograms.append(Histogram(tag, edges, target))
         pending.hist_targets.append(target)
 
     def flush(self) -> None:
@@ -154,7 +155,7 @@ class ShardCombiner:
                 self.enabled = False
                 logger.error(
                     "msmon[rank %d]: combining sharded statistics failed and is switched off; training continues: %r",
-                    self.mon.rank,
+                    self.ctx.rank,
                     exc,
                 )
                 return

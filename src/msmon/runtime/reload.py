@@ -3,17 +3,21 @@
 Between steps the file's identity (mtime, size, inode: a `stat`, nothing more) is compared with
 the version in force; a new version is read, validated against the model, and proposed to the
 agreement round (agreement.py: with sharded statistics, every rank switches at the same step;
-without, the edit just read is agreed at once). Applying the agreed config is the monitor's.
+without, the edit just read is agreed at once). Applying the agreed config is the step's
+(step.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from ..config import ConfigError, MonitorConfig, load_config
+
+if TYPE_CHECKING:
+    from .shards import ShardCombiner
 from . import agreement
-from .config import ConfigError, MonitorConfig, load_config
 
 logger = logging.getLogger("msmon")
 
@@ -51,9 +55,9 @@ class ConfigReload:
         self.bad_ident: tuple[int, ...] | None = None  # the last version found invalid
         self.agreement = agreement.ConfigAgreement()  # over the shard groups once attached
 
-    def attach(self, monitor: Any) -> None:
-        """Ranks combining shards switch configs together (agreement.for_monitor)."""
-        self.agreement = agreement.for_monitor(monitor)
+    def attach(self, combiner: ShardCombiner, adapter: Any) -> None:
+        """Ranks combining shards switch configs together (agreement.for_shards)."""
+        self.agreement = agreement.for_shards(combiner, adapter, self.rank)
 
     def at_step_end(self, stamped: Any, check_fits: Callable[[MonitorConfig], None]) -> MonitorConfig | None:
         """At a step's end: complete this step's agreement round, look for a new edit of the

@@ -2,7 +2,7 @@
 
 Why. Statistics of tensors split across ranks (ZeRO partitions, Megatron's distributed
 optimizer) are combined by one all_gather per shard group at the end of every recorded step
-(optimizers/shards.py). Which steps are recorded, and how long each gathered payload is,
+(runtime/shards.py). Which steps are recorded, and how long each gathered payload is,
 follow from the config, so every rank of a group must use the same config at every step, or
 one rank enters a gather alone (and meets the framework's next collective there) or with a
 payload of another length. Ranks read an edited file at different steps: each polls its own
@@ -35,14 +35,17 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from .config import MonitorConfig
-from .system import exit_drain
+from ..config import MonitorConfig
+from ..system import exit_drain
 from .transfer import copy_to_host
+
+if TYPE_CHECKING:
+    from .shards import ShardCombiner
 
 logger = logging.getLogger("msmon")
 
@@ -228,12 +231,12 @@ def _device_for(group: Any, fallback: torch.device) -> torch.device:
     return fallback
 
 
-def for_monitor(monitor: Any) -> ConfigAgreement:
-    """The agreement of an attached monitor: over its shard groups when it combines sharded
-    statistics, else local. The shard gathers carry its number from then on."""
-    combiner = monitor.shards
-    groups = monitor.adapter.shard_groups() if combiner.enabled else []
-    params = monitor.adapter.params()
-    agreement = ConfigAgreement(groups, monitor.rank, params[0].device if params else None)
+def for_shards(combiner: ShardCombiner, adapter: Any, rank: int) -> ConfigAgreement:
+    """The agreement of an attached monitor, given its ShardCombiner and optimizer adapter:
+    over its shard groups when it combines sharded statistics, else local. The shard gathers
+    carry its number from then on."""
+    groups = adapter.shard_groups() if combiner.enabled else []
+    params = adapter.params()
+    agreement = ConfigAgreement(groups, rank, params[0].device if params else None)
     combiner.stamp = agreement.stamp if agreement.sharded else None
     return agreement

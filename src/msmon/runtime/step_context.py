@@ -1,31 +1,34 @@
 """StepContext: everything a collector may read or do, and nothing more.
 
-Collectors never see TrainerMon. The monitor owns one StepContext and keeps the live state of
-the step in it (which step, whether it is recorded and with which ops, the step buffer, the
-monitored parameters, the optimizer adapter, the config in force); TrainerMon's attributes of
-the same names read and write these. A collector reads them through `self.ctx`, puts its rows
-into `ctx.buffer`, and reports a failure with `ctx.report_failure(collector, exc)`.
+Collectors never see TrainerMon, nor does anything else below the api. Each monitor has one
+StepContext, the one owner of the live state of the step (which step, whether it is recorded
+and with which ops, the step buffer, the monitored parameters, the optimizer adapter and the
+shard combiner, the config in force); the step runner (step.py) advances it, and TrainerMon
+only shows some of it read-only. A collector reads it through `self.ctx`, puts its rows into
+`ctx.buffer`, and reports a failure with `ctx.report_failure(collector, exc)`.
 """
 
 from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .config import MonitorConfig
+from ..config import MonitorConfig
+from .buffer import StepBuffer
 from .cost import CostMeter
 from .grad_hooks import GradHooks
-from .runtime.buffer import StepBuffer
 from .selection import Names, names
 from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
-    from .anomaly.dump import AnomalyDumpWriter
-    from .collectors.activations import MicroStepTracker
-    from .collectors.base import Collector, MonitoredParam
+    from ..anomaly.dump import AnomalyDumpWriter
+    from ..collectors.activations import MicroStepTracker
+    from ..collectors.base import Collector, MonitoredParam
+    from ..hooks.core.spec import Framework
 
 logger = logging.getLogger("msmon")
 
@@ -47,9 +50,11 @@ class StepContext:
         self.models: list[torch.nn.Module] = []
         self.params: list[MonitoredParam] = []
         self.adapter: Any = None  # optimizers.base adapter of the monitored optimizer
-        self.shards: Any = None  # the ShardCombiner (dedupe.attach)
+        # the ShardCombiner, made at attach (typed Any: collectors hand it Shards their own code types loosely)
+        self.shards: Any = None
         self.dp_group: Any = None
         self.tp_group: Any = None
+        self.frameworks: Sequence[Framework] = ()  # the framework packages (hooks.frameworks()), set at attach
         self.grad_acc_steps: int | None = config.grad_acc_steps
         self.use_main_grad = False
         self.tracker: MicroStepTracker | None = None  # forward/backward micro-steps, when built

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .hooks.core.guest_hooks import is_compiling, transform_running
-from .output.records import RowKey
+from ..hooks.core.guest_hooks import is_compiling, transform_running
+from ..output.records import RowKey
 from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
-    from .collectors.base import Collector
+    from ..collectors.base import Collector
     from .step_context import StepContext
 
 

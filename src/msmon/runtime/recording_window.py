@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from .config import MonitorConfig
-from .system.environment import ENV_DYNAMIC_MONITOR
+from ..config import MonitorConfig
+from ..system.environment import ENV_DYNAMIC_MONITOR
 
 
 class RecordingWindow:

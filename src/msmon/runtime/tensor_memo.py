@@ -5,7 +5,7 @@ input, they share a gradient, and the non-finite origin looks at the tensors the
 collector reads. A memo entry is found again only for the same object (a weak reference, so a
 recycled id never matches) at the same version counter (unchanged since: after an in-place op
 it is a new value). Used for the rows read this step (`StepContext.rows_read`) and for the
-tensors given a gradient hook (msmon.grad_hooks); the monitor forgets them at step end.
+tensors given a gradient hook (msmon.runtime.grad_hooks); the monitor forgets them at step end.
 """
 
 from __future__ import annotations

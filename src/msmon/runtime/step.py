@@ -1,0 +1,210 @@
+"""The monitored step: what runs when the optimizer steps, and between two steps.
+
+A step is an optimizer step. During it, collectors record statistic rows into a device-side
+buffer (hooks launch kernels, nothing synchronises); when the optimizer finishes, the rows are
+concatenated, copied to the host once, and handed to the writer thread. Between steps the
+config file's identity is checked, so edits take effect at the next step (with sharded
+statistics, at the first step every rank has read them: agreement.py).
+
+The collectors are built by the caller (the api, which knows the collectors' registry: runtime
+sits below the collectors), as a `Built`; the step runs their callbacks, switches off one that
+fails, and rebuilds them when the config changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..config import MonitorConfig
+from ..system.stop import StopAfterStruct, stop_after_struct, stop_with_the_others
+from . import selection
+from .recording_window import RecordingWindow
+from .reload import ConfigReload, output_changed
+from .step_context import StepContext
+from .transfer import stage_to_host
+
+if TYPE_CHECKING:  # types only: the collectors and the rank's output are built above and handed in
+    from ..collectors.base import Collector
+    from ..collectors.structure import StructCollector
+    from ..output.rank_output import RankOutput
+
+logger = logging.getLogger("msmon")
+
+
+@dataclass
+class Built:
+    """The collectors the config enables, in the order their rows are written, and the two of
+    them the step itself asks: how many backward passes a step had (grad_acc_steps, when not
+    given) and the module tree (print_struct stops the run after it is written)."""
+
+    collectors: list[Collector] = field(default_factory=list)
+    micro_steps_seen: Callable[[], int] = lambda: 0
+    structure: StructCollector | None = None
+
+
+class StepRunner:
+    """One monitor's steps: the optimizer's step hooks, the collectors in force, the end of step."""
+
+    def __init__(
+        self,
+        ctx: StepContext,
+        output: RankOutput,
+        reload: ConfigReload,
+        build: Callable[[], Built],
+        check_fits: Callable[[MonitorConfig], None],
+        close: Callable[[], None],
+    ) -> None:
+        self.ctx = ctx
+        self.output = output
+        self.reload = reload
+        self.window = RecordingWindow(ctx.config)
+        self._build = build
+        self._check_fits = check_fits  # ConfigError unless an edited config's targets name the model
+        self._close = close
+        self.ops: list[str] = list(ctx.config.ops)  # the statistics of the steps to come
+        self.grad_acc_given = ctx.config.grad_acc_steps is not None  # else inferred in the first step
+        self.built = Built()
+        self.steps_recorded = 0
+        self.unhook: Callable[[], None] | None = None
+
+    # -- hooks on the optimizer -----------------------------------------------------------------
+    def hook(self, adapter: Any) -> None:
+        """Run the collectors around every step of the adapter's optimizer."""
+        self.unhook = adapter.hook_step(self.before_update, self.after_update)
+
+    def hook_stop_only(self, adapter: Any) -> None:
+        """A rank that records nothing: stop where the recording ranks stop (print_struct,
+        cc_log_only), rather than hang in a collective."""
+        self.unhook = adapter.hook_step(lambda: None, self._stop_with_the_others)
+
+    def detach(self) -> None:
+        """Remove every hook; nothing more is recorded."""
+        for collector in self.built.collectors:
+            collector.detach()
+        self.built = Built()
+        if self.unhook is not None:
+            self.unhook()
+            self.unhook = None
+        self.ctx.recording = False
+
+    # -- collectors -----------------------------------------------------------------------------
+    def build_collectors(self) -> None:
+        """Every collector the config enables, attached."""
+        built = self._build()
+        for collector in built.collectors:
+            collector.attach()
+        self.built = built
+
+    def rebuild_collectors(self) -> None:
+        """Detach the collectors in force and build them again from the config in force."""
+        for collector in self.built.collectors:
+            collector.detach()
+        self.built = Built()
+        self.ctx.buffer.clear()
+        self.build_collectors()
+
+    def _run_callbacks(self, phase: str) -> None:
+        for collector in list(self.built.collectors):
+            if collector.enabled:
+                try:
+                    getattr(collector, phase)()
+                except Exception as exc:
+                    self.ctx.report_failure(collector, exc)
+
+    # -- the step -------------------------------------------------------------------------------
+    def decide_recording(self) -> None:
+        """Whether the step now starting is recorded, and with which statistics."""
+        self.ctx.recording = self.window.records(self.ctx.step, self.ctx.config)
+        self.ctx.step_ops = list(self.ops)
+
+    def before_update(self) -> None:
+        started = time.perf_counter()
+        self._run_callbacks("before_update")
+        self.ctx.cost.seconds += time.perf_counter() - started
+
+    def after_update(self) -> None:
+        ctx = self.ctx
+        started = time.perf_counter()
+        try:
+            self._run_callbacks("after_update")
+            self._finish_step()
+        except StopAfterStruct:
+            raise
+        except Exception as exc:  # the step bookkeeping itself must never break training
+            logger.error(
+                "msmon[rank %d]: finishing step %d failed: %r; monitoring stops, training continues",
+                ctx.rank,
+                ctx.step,
+                exc,
+            )
+            self.detach()
+        finally:
+            ended = time.perf_counter()
+            ctx.cost.seconds += ended - started
+            ctx.cost.step_ended(ended)
+
+    def _finish_step(self) -> None:
+        ctx = self.ctx
+        if ctx.recording:
+            self._hand_over_rows()
+        else:
+            ctx.buffer.clear()
+        if not self.grad_acc_given and ctx.grad_acc_steps is None:
+            seen = self.built.micro_steps_seen()
+            if seen:
+                ctx.grad_acc_steps = seen
+        for collector in self.built.collectors:
+            collector.end_step()
+        ctx.rows_read.clear()
+        ctx.grad_hooks.clear()
+        structure = self.built.structure
+        if structure is not None and structure.enabled and ctx.recording:
+            stop_after_struct(structure, ctx.output_base, ctx.rank, ctx.step, self._close)
+        ctx.step += 1
+        agreed = self.reload.at_step_end(ctx.shards.take_stamped(), self._check_fits)
+        if agreed is not None:
+            self.apply_config(agreed)
+        was_recording = ctx.recording
+        self.decide_recording()
+        if self.window.closed_after(was_recording, ctx.config):
+            logger.info(
+                "msmon[rank %d]: collected %d steps (collect_times); hooks removed", ctx.rank, self.window.collected
+            )
+            for collector in self.built.collectors:
+                collector.detach()
+
+    def _hand_over_rows(self) -> None:
+        """The recorded step's rows: sharded ones combined, all copied to the host once, and
+        handed to the writer thread."""
+        ctx = self.ctx
+        ctx.shards.flush()  # sharded tensors: every rank's piece statistics, combined
+        keys, chunks, hists, flag_keys, flags = ctx.buffer.take()
+        writer = self.output.writer
+        if (keys or hists or flags is not None) and writer is not None:
+            batch = stage_to_host(keys, chunks, len(ctx.step_ops), hists, flag_keys, flags)
+            writer.submit(ctx.step, ctx.step_ops, batch, {"heatmap": True} if ctx.config.heatmap_visualize else None)
+        self.window.recorded_one()
+        self.steps_recorded += 1
+
+    def _stop_with_the_others(self) -> None:
+        stop_with_the_others(self.ctx.rank, self.ctx.step, self._close)
+
+    # -- config reload --------------------------------------------------------------------------
+    def apply_config(self, new: MonitorConfig) -> None:
+        """Put the agreed edit in force from the next step on."""
+        ctx = self.ctx
+        old = ctx.config
+        self._check_fits(new)
+        ctx.config = new
+        self.ops = list(new.ops)
+        if self.output.writer is not None and output_changed(old, new):
+            self.output.restart_writer(new)
+        if not self.grad_acc_given:
+            ctx.grad_acc_steps = ctx.grad_acc_steps if new.grad_acc_steps is None else new.grad_acc_steps
+        self.window.reconfigure(old, new, ctx.step)
+        ctx.params = selection.monitored_params(new, ctx.models, ctx.adapter, ctx.rank)
+        self.rebuild_collectors()
+        logger.info("msmon[rank %d]: config reloaded at step %d", ctx.rank, ctx.step)
