@@ -54,7 +54,7 @@ EMA_ALPHA = 0.3
 WARMUP = 5
 UNWATCHED_CATEGORIES = frozenset({"exp_avg", "exp_avg_sq"})
 NAN_ORIGIN_RULE = "NanOrigin"  # records written by the first-non-finite-origin detector
-REPLICA_RULE = "ReplicaMismatch"  # records of the replica check (collectors/replica_check.py)
+REPLICA_RULE = "ReplicaMismatch"  # records of the replica check (collectors/replica_check/)
 REPLICA_OP = "replica_mismatch"
 
 

@@ -4,7 +4,7 @@ nothing about files, nor about TrainerMon (they see its StepContext only).
 Importing a collector's module registers it (collectors.registry); every one is imported here.
 """
 
-from . import comm, replica_check, stack_info  # noqa: F401  (registration)
+from . import comm, stack_info  # noqa: F401  (registration)
 from .activations import ActivationCollector, MicroStepTracker
 from .base import Collector, MonitoredParam
 from .grads import GradCollector
@@ -12,6 +12,7 @@ from .l2_features import L2FeatureCollector
 from .nan_origin import NanOriginCollector
 from .optimizer_state import OptimizerStateCollector
 from .params import ParamCollector
+from .replica_check import collector as replica_check_collector  # noqa: F401  (registration)
 from .structure import StructCollector
 from .sync_grads import SyncGradCollector
 

@@ -49,19 +49,19 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 import torch
 import torch.distributed as dist
 
-from .. import dedupe
-from ..anomaly.rules import REPLICA_OP, REPLICA_RULE
-from ..fingerprint import Fingerprinter
-from ..optimizers.base import Shard
-from ..system import exit_drain
-from ..system.torch_threads import torch_on_this_thread_only
-from ..transfer import copy_to_host
-from .base import Collector
-from .registry import register
+from ... import dedupe
+from ...anomaly.rules import REPLICA_OP, REPLICA_RULE
+from ...fingerprint import Fingerprinter
+from ...optimizers.base import Shard
+from ...system import exit_drain
+from ...system.torch_threads import torch_on_this_thread_only
+from ...transfer import copy_to_host
+from ..base import Collector
+from ..registry import register
 
 if TYPE_CHECKING:
-    from ..config import ReplicaCheckConfig
-    from ..step_context import StepContext
+    from ...config import ReplicaCheckConfig
+    from ...step_context import StepContext
 
 logger = logging.getLogger("msmon")
 
