@@ -8,8 +8,8 @@ from . import comm, stack_info  # noqa: F401  (registration)
 from .activations import ActivationCollector, MicroStepTracker
 from .base import Collector, MonitoredParam
 from .grads import GradCollector
-from .l2_features import L2FeatureCollector
-from .nan_origin import NanOriginCollector
+from .l2_features.collector import L2FeatureCollector
+from .nan_origin.collector import NanOriginCollector
 from .optimizer_state import OptimizerStateCollector
 from .params import ParamCollector
 from .replica_check import collector as replica_check_collector  # noqa: F401  (registration)

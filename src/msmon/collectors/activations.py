@@ -287,7 +287,7 @@ class ActivationCollector(Collector):
 
 
 def _tracker_enabled(cfg: MonitorConfig, ctx: StepContext) -> bool:
-    from .l2_features import l2_enabled
+    from .l2_features.collector import l2_enabled
 
     return cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled or l2_enabled(cfg, ctx)
 

@@ -18,17 +18,17 @@ import math
 
 import torch
 
-from .. import guest_hooks
-from ..origin import LOSS
-from ..output.records import RowKey, row_key
-from ..runtime.row_finiteness import row_finiteness
-from ..selection import recorded_modules
-from ..stats import local_tensor
-from ..step_context import StepContext
-from .activations import in_backward
-from .base import Collector
-from .module_io import CallCounter, call_name, iter_tensors
-from .registry import register
+from ... import guest_hooks
+from ...origin import LOSS
+from ...output.records import RowKey, row_key
+from ...runtime.row_finiteness import row_finiteness
+from ...selection import recorded_modules
+from ...stats import local_tensor
+from ...step_context import StepContext
+from ..activations import in_backward
+from ..base import Collector
+from ..module_io import CallCounter, call_name, iter_tensors
+from ..registry import register
 
 
 def finite_flag(t: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@
 - moe_router_logit_hook: mean per-token entropy of the softmax over experts of the module's
   output (its first floating-point tensor), per micro-step.
 
-The math is msmon.l2_math. Hooks compute on the device and add one-value rows to the step
+The math is tensor_math.py. Hooks compute on the device and add one-value rows to the step
 buffer (RowKey.op names the value); nothing is read on the host, and the rows travel in the
 step's one copy. A DTensor (tensor parallelism) is read as this rank's shard: no hook runs a
 collective. Like activations, forwards in eval mode, under no_grad, in a closure's later
@@ -28,17 +28,18 @@ from typing import Any, cast
 
 import torch
 
-from .. import guest_hooks, l2_math
-from ..config import ConfigError, MonitorConfig
-from ..module_attrs import has_stored, stored_tensor
-from ..naming import split_vpp
-from ..output.records import RowKey
-from ..stats import local_tensor
-from ..step_context import StepContext
-from .activations import in_backward
-from .base import Collector
-from .module_io import iter_tensors
-from .registry import register
+from ... import guest_hooks
+from ...config import ConfigError, MonitorConfig
+from ...module_attrs import has_stored, stored_tensor
+from ...naming import split_vpp
+from ...output.records import RowKey
+from ...stats import local_tensor
+from ...step_context import StepContext
+from ..activations import in_backward
+from ..base import Collector
+from ..module_io import iter_tensors
+from ..registry import register
+from . import tensor_math as l2_math
 
 logger = logging.getLogger("msmon")
 
@@ -110,7 +111,7 @@ def l2_targets_error(cfg: MonitorConfig, chunks: list[torch.nn.Module]) -> Confi
     """Why `l2_targets` do not fit the model made of `chunks` (None: they do, or L2 features are off)."""
     if not cfg.recording_l2_features:
         return None
-    from ..naming import display
+    from ...naming import display
 
     try:
         resolve_targets(cfg, [{display(n, cfg.squash_name): m for n, m in chunk.named_modules()} for chunk in chunks])
