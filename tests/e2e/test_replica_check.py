@@ -21,7 +21,9 @@ from conftest import MLP, ROOT, train_steps
 from msmon import TrainerMon
 from msmon.anomaly.analyse import order_events, read_dumps, verdict
 from msmon.anomaly.dump import AnomalyDumpWriter
-from msmon.collectors.replica_check.collector import CALL_ID_BASE, GRAD, NO_GRAD, WEIGHT, Entry, compare
+from msmon.collectors.replica_check.collector import CALL_ID_BASE
+from msmon.collectors.replica_check.compare import compare
+from msmon.collectors.replica_check.entries import GRAD, NO_GRAD, WEIGHT, Entry
 from msmon.config import ConfigError, ReplicaCheckConfig, parse_config
 from msmon.fingerprint import fingerprint
 
@@ -152,7 +154,7 @@ def test_edits_to_replica_check_during_the_run_are_ignored_with_a_warning(write_
 def test_the_exchange_is_not_counted_as_the_trainings_communication():
     """Under cc_distribution every torch.distributed collective is reported to listeners; the
     replica check's own all_gather goes around that wrapper."""
-    from msmon.collectors.replica_check.collector import exchange, own_group
+    from msmon.collectors.replica_check.group import exchange, own_group
     from msmon.hooks import torch_distributed as cc
 
     seen = []

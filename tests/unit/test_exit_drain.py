@@ -24,7 +24,7 @@ def _gather(rank: int) -> tuple[object, list[torch.Tensor]]:
 
 def _rank(rank: int, tmp: str) -> None:
     from msmon import agreement
-    from msmon.collectors.replica_check.collector import exchange, own_group
+    from msmon.collectors.replica_check.group import exchange, own_group
     from msmon.optimizers.shards import _all_gather
     from msmon.system import exit_drain
 
