@@ -39,7 +39,7 @@ def names(models: list[torch.nn.Module], squash: bool) -> Names:
 
 def check_targets(config: MonitorConfig, models: list[torch.nn.Module]) -> None:
     """ConfigError unless every target of `config` names a module or parameter of the model."""
-    from .collectors.l2_features.collector import resolve_targets
+    from .collectors.l2_features.targets import resolve_targets
 
     modules, params = names(models, config.squash_name)
     _check_names(config.targets, [set(m) for m in modules], [set(p) for p in params])

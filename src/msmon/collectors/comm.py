@@ -29,9 +29,8 @@ from ..hooks import torch_distributed as cc
 from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey
 from ..stats import batch_stats, combine_rows, local_tensor
 from ..step_context import StepContext
-from .activations import in_backward
 from .base import Collector
-from .module_io import iter_tensors
+from .module_io import in_backward, iter_tensors
 from .registry import register
 
 logger = logging.getLogger("msmon")

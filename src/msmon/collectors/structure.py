@@ -14,9 +14,8 @@ import torch
 
 from .. import guest_hooks
 from ..step_context import StepContext
-from .activations import in_backward
 from .base import Collector
-from .module_io import describe, iter_tensors, structure_of
+from .module_io import describe, in_backward, iter_tensors, structure_of
 from .registry import register
 
 STRUCT = "structure"  # the registry key of StructCollector

@@ -25,9 +25,8 @@ from ...runtime.row_finiteness import row_finiteness
 from ...selection import recorded_modules
 from ...stats import local_tensor
 from ...step_context import StepContext
-from ..activations import in_backward
 from ..base import Collector
-from ..module_io import CallCounter, call_name, iter_tensors
+from ..module_io import CallCounter, call_name, in_backward, iter_tensors
 from ..registry import register
 
 
