@@ -18,11 +18,8 @@ import linecache
 import os
 import sys
 from types import FrameType
-from typing import cast
 
 import torch
-
-import msmon
 
 from .. import guest_hooks
 from ..step_context import StepContext
@@ -31,8 +28,10 @@ from .registry import register
 
 FILE_NAME = "stack_info.csv"
 MAX_FRAMES = 128
-# both are packages imported from files: their __file__ is set
-_SKIPPED = tuple(os.path.dirname(os.path.abspath(cast(str, m.__file__))) + os.sep for m in (torch, msmon))
+# torch is a package imported from files (its __file__ is set); msmon's folder is this file's
+# parent's, found without importing the package above the collectors
+_MSMON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIPPED = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _MSMON_DIR + os.sep)
 
 
 def capture_stack(frame: FrameType | None = None, limit: int = MAX_FRAMES) -> str:
