@@ -14,6 +14,7 @@ left as it is.
 from __future__ import annotations
 
 import csv
+import io
 import linecache
 import os
 import sys
@@ -22,6 +23,7 @@ from types import FrameType
 import torch
 
 from .. import guest_hooks
+from ..output.artifacts import write_artifact
 from ..step_context import StepContext
 from .base import Collector
 from .registry import register
@@ -83,12 +85,11 @@ class StackInfoCollector(Collector):
         if not self.stacks or self.path is None:
             return
         order = {name: i for i, (_, name) in enumerate(self.modules)}
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.writer(fh, lineterminator="\n")
-            writer.writerow(["module_name", "stack_info"])
-            writer.writerows([name, self.stacks[name]] for name in sorted(self.stacks, key=order.__getitem__))
-        os.replace(tmp, self.path)
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["module_name", "stack_info"])
+        writer.writerows([name, self.stacks[name]] for name in sorted(self.stacks, key=order.__getitem__))
+        write_artifact(os.path.dirname(self.path), FILE_NAME, text.getvalue())
         self.stacks = {}
         self.detach()  # modules not called in the first step are not waited for
         self._hooks.clear()

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from ...anomaly.rules import REPLICA_OP, REPLICA_RULE
 from ...fingerprint import Fingerprinter
+from ...output.artifacts import write_artifact
 from ...system.torch_threads import torch_on_this_thread_only
 from ...transfer import copy_to_host
 from ..base import Collector
@@ -322,13 +323,11 @@ class ReplicaCheckCollector(Collector):
             "mismatches": state.mismatches,
             "last_check": state.last,
         }
-        path = os.path.join(ctx.log_dir, REPORT_FILE)
         try:
             with state.lock:
-                with open(path + ".tmp", "w", encoding="utf-8") as fh:
-                    json.dump(data, fh, indent=1)
-                os.replace(path + ".tmp", path)
+                write_artifact(ctx.log_dir, REPORT_FILE, json.dumps(data, indent=1))
         except OSError as exc:
+            path = os.path.join(ctx.log_dir, REPORT_FILE)
             logger.warning("msmon[rank %d]: could not write %s: %s", ctx.rank, path, exc)
 
     def _flush(self) -> None:
