@@ -1,5 +1,7 @@
-"""One collector per kind of tensor. Collectors record rows into the step buffer; they know
-nothing about files, nor about TrainerMon (they see its StepContext only).
+"""One collector per feature: a file, or a folder where a feature has several jobs
+(replica_check/, l2_features/, nan_origin/). Collectors record rows into the step buffer and
+write a side file only through output.artifacts; they know nothing about TrainerMon (they see
+its StepContext only).
 
 Importing a collector's module registers it (collectors.registry); every one is imported here.
 """
