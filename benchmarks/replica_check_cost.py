@@ -69,7 +69,7 @@ def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     from msmon import TrainerMon
-    from msmon.collectors.replica_check import own_group
+    from msmon.collectors.replica_check.group import own_group
     from msmon.stats.fingerprint import Fingerprinter
 
     spec = MODELS[args.model]

@@ -27,7 +27,8 @@ from l2_models import AttentionLM, MoEModel  # noqa: E402
 
 
 def run(device: torch.device, dtype: torch.dtype, features: bool, steps: int, out: str) -> dict:
-    from msmon import TrainerMon, l2_math
+    from msmon import TrainerMon
+    from msmon.collectors.l2_features import tensor_math as l2_math
 
     torch.manual_seed(0)
     model = AttentionLM(vocab=256, d_model=512, heads=8, kv_heads=2, layers=4).to(device, dtype)

@@ -20,7 +20,7 @@ from .collectors import registry
 from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
 from .collectors.grads import GradCollector
-from .collectors.l2_features import resolve_targets
+from .collectors.l2_features.targets import resolve_targets
 from .collectors.structure import STRUCT, StructCollector
 from .config import ConfigError, MonitorConfig, load_config, parse_ops
 from .hooks.core.adapter_choice import adapter_for

@@ -20,7 +20,9 @@ import torch
 from conftest import MLP, ROOT, train_steps
 from msmon import TrainerMon
 from msmon.anomaly.dump import AnomalyDumpWriter
-from msmon.collectors.replica_check import CALL_ID_BASE, GRAD, NO_GRAD, WEIGHT, Entry, compare
+from msmon.collectors.replica_check.collector import CALL_ID_BASE
+from msmon.collectors.replica_check.compare import compare
+from msmon.collectors.replica_check.entries import GRAD, NO_GRAD, WEIGHT, Entry
 from msmon.config import ConfigError, ReplicaCheckConfig, parse_config
 from msmon.offline.analyse.reading import read_dumps
 from msmon.offline.analyse.verdict import order_events, verdict
@@ -153,7 +155,7 @@ def test_edits_to_replica_check_during_the_run_are_ignored_with_a_warning(write_
 def test_the_exchange_is_not_counted_as_the_trainings_communication():
     """Under cc_distribution every torch.distributed collective is reported to listeners; the
     replica check's own all_gather goes around that wrapper."""
-    from msmon.collectors.replica_check import exchange, own_group
+    from msmon.collectors.replica_check.group import exchange, own_group
     from msmon.hooks import torch_distributed as cc
 
     seen = []

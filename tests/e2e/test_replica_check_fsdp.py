@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_replica_check import CHECK, clean_env, dump_records, msmon_run, reports
 
-from msmon.collectors.replica_check import GRAD, WEIGHT
+from msmon.collectors.replica_check.entries import GRAD, WEIGHT
 
 PARAMS = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
 

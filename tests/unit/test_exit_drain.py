@@ -23,7 +23,7 @@ def _gather(rank: int) -> tuple[object, list[torch.Tensor]]:
 
 
 def _rank(rank: int, tmp: str) -> None:
-    from msmon.collectors.replica_check import exchange, own_group
+    from msmon.collectors.replica_check.group import exchange, own_group
     from msmon.runtime import agreement
     from msmon.runtime.shards import _all_gather
     from msmon.system import exit_drain

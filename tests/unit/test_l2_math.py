@@ -1,6 +1,6 @@
-"""The L2 feature math (msmon.l2_math) against direct computations: svdvals/matrix_norm for the
-spectral norm, the full softmax over every head for attention, the explicit cosine matrix for
-MoE router weights."""
+"""The L2 feature math (msmon.collectors.l2_features.tensor_math) against direct computations:
+svdvals/matrix_norm for the spectral norm, the full softmax over every head for attention, the
+explicit cosine matrix for MoE router weights."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import l2_reference as direct
-from msmon import l2_math as M
+from msmon.collectors.l2_features import tensor_math as M
 
 
 def seed(n: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:

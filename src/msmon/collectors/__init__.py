@@ -1,17 +1,20 @@
-"""One collector per kind of tensor. Collectors record rows into the step buffer; they know
-nothing about files, nor about TrainerMon (they see its StepContext only).
+"""One collector per feature: a file, or a folder where a feature has several jobs
+(replica_check/, l2_features/, nan_origin/). Collectors record rows into the step buffer and
+write a side file only through output.artifacts; they know nothing about TrainerMon (they see
+its StepContext only).
 
 Importing a collector's module registers it (collectors.registry); every one is imported here.
 """
 
-from . import comm, replica_check, stack_info  # noqa: F401  (registration)
+from . import comm, stack_info  # noqa: F401  (registration)
 from .activations import ActivationCollector, MicroStepTracker
 from .base import Collector, MonitoredParam
 from .grads import GradCollector
-from .l2_features import L2FeatureCollector
-from .nan_origin import NanOriginCollector
+from .l2_features.collector import L2FeatureCollector
+from .nan_origin.collector import NanOriginCollector
 from .optimizer_state import OptimizerStateCollector
 from .params import ParamCollector
+from .replica_check import collector as replica_check_collector  # noqa: F401  (registration)
 from .structure import StructCollector
 from .sync_grads import SyncGradCollector
 

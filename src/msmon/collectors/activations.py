@@ -31,7 +31,8 @@ from ..runtime.selection import xy_targets
 from ..runtime.step_context import StepContext
 from ..stats.engine import tensor_stats
 from .base import Collector
-from .module_io import CallCounter, call_name, select
+from .l2_features.targets import l2_enabled
+from .module_io import CallCounter, call_name, in_backward, select
 from .registry import register
 
 logger = logging.getLogger("msmon")
@@ -49,11 +50,6 @@ def _graphs_compiled() -> bool:
         return bool(counters is not None and counters["stats"]["unique_graphs"])
     except (KeyError, TypeError):
         return False
-
-
-def in_backward() -> bool:
-    """True while the autograd engine is running (checkpoint recomputation happens here)."""
-    return torch._C._current_graph_task_id() != -1
 
 
 class _Target:
@@ -287,8 +283,6 @@ class ActivationCollector(Collector):
 
 
 def _tracker_enabled(cfg: MonitorConfig, ctx: StepContext) -> bool:
-    from .l2_features import l2_enabled
-
     return cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled or l2_enabled(cfg, ctx)
 
 

@@ -31,9 +31,8 @@ from ..runtime.step_context import StepContext
 from ..stats.combine import combine_rows
 from ..stats.engine import batch_stats
 from ..stats.inputs import local_tensor
-from .activations import in_backward
 from .base import Collector
-from .module_io import iter_tensors
+from .module_io import in_backward, iter_tensors
 from .registry import register
 
 logger = logging.getLogger("msmon")

@@ -16,6 +16,12 @@ import torch
 from ..config import TensorSpec
 
 
+def in_backward() -> bool:
+    """True while the autograd engine is running: a module called now is checkpoint recomputation,
+    not a new forward."""
+    return torch._C._current_graph_task_id() != -1
+
+
 def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         yield value

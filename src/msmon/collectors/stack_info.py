@@ -14,25 +14,26 @@ left as it is.
 from __future__ import annotations
 
 import csv
+import io
 import linecache
 import os
 import sys
 from types import FrameType
-from typing import cast
 
 import torch
 
-import msmon
-
 from ..hooks.core import guest_hooks
+from ..output.artifacts import write_artifact
 from ..runtime.step_context import StepContext
 from .base import Collector
 from .registry import register
 
 FILE_NAME = "stack_info.csv"
 MAX_FRAMES = 128
-# both are packages imported from files: their __file__ is set
-_SKIPPED = tuple(os.path.dirname(os.path.abspath(cast(str, m.__file__))) + os.sep for m in (torch, msmon))
+# torch is a package imported from files (its __file__ is set); msmon's folder is this file's
+# parent's, found without importing the package above the collectors
+_MSMON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIPPED = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, _MSMON_DIR + os.sep)
 
 
 def capture_stack(frame: FrameType | None = None, limit: int = MAX_FRAMES) -> str:
@@ -84,12 +85,11 @@ class StackInfoCollector(Collector):
         if not self.stacks or self.path is None:
             return
         order = {name: i for i, (_, name) in enumerate(self.modules)}
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.writer(fh, lineterminator="\n")
-            writer.writerow(["module_name", "stack_info"])
-            writer.writerows([name, self.stacks[name]] for name in sorted(self.stacks, key=order.__getitem__))
-        os.replace(tmp, self.path)
+        text = io.StringIO()
+        writer = csv.writer(text, lineterminator="\n")
+        writer.writerow(["module_name", "stack_info"])
+        writer.writerows([name, self.stacks[name]] for name in sorted(self.stacks, key=order.__getitem__))
+        write_artifact(os.path.dirname(self.path), FILE_NAME, text.getvalue())
         self.stacks = {}
         self.detach()  # modules not called in the first step are not waited for
         self._hooks.clear()

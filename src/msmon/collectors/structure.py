@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from ..hooks.core import guest_hooks
+from ..output.artifacts import write_artifact
 from ..runtime.step_context import StepContext
-from .activations import in_backward
 from .base import Collector
-from .module_io import describe, iter_tensors, structure_of
+from .module_io import describe, in_backward, iter_tensors, structure_of
 from .registry import register
 
 STRUCT = "structure"  # the registry key of StructCollector
@@ -90,13 +90,7 @@ class StructCollector(Collector):
 
     def write(self, base_dir: str) -> str:
         out_dir = os.path.join(base_dir, "module_struct", f"rank{self.ctx.rank}")
-        os.makedirs(out_dir, exist_ok=True)
-        path = os.path.join(out_dir, "module_struct.json")
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(self.struct, fh, indent=2)
-        os.replace(tmp, path)
-        return path
+        return write_artifact(out_dir, "module_struct.json", json.dumps(self.struct, indent=2), make_directory=True)
 
     def render_tree(self) -> str:
         lines = []

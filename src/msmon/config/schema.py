@@ -86,7 +86,7 @@ class AlertConfig:
 @dataclass
 class ReplicaCheckConfig:
     """Compare fingerprints of replicated weights (and reduced gradients) across data-parallel
-    ranks every `every` steps (collectors/replica_check.py)."""
+    ranks every `every` steps (collectors/replica_check/)."""
 
     enable: bool = key(False, doc="compare the data-parallel ranks' replicated weights")
     every: int = key(100, doc="steps between two comparisons", minimum=1)

@@ -61,7 +61,7 @@ def claim(optimizer: Any) -> None:
 def attach(session: Session, models: Any, optimizer: Any, when: str) -> TrainerMon | None:
     """A TrainerMon on the optimizer a framework built, with `models` (a module or the list of
     virtual-pipeline chunks); None when it cannot be attached (reported, training goes on)."""
-    from ..collectors.l2_features import l2_targets_error
+    from ..collectors.l2_features.targets import l2_targets_error
 
     if optimizer is None or is_attached(optimizer) or not session.may_attach():
         return None

@@ -461,7 +461,7 @@ def test_an_l2_target_naming_no_module_stops_an_unmodified_job_before_training(w
 
 
 def test_a_config_edit_switches_features_on_and_keeps_the_warm_vectors(tmp_path, output_dir):
-    from msmon.collectors import l2_features
+    from msmon.collectors.l2_features import collector as l2_features
 
     def write(cfg, stamp):
         path.write_text(json.dumps(cfg))

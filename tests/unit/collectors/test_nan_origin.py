@@ -10,7 +10,7 @@ import torch
 
 from conftest import MLP
 from msmon import TrainerMon
-from msmon.collectors import nan_origin
+from msmon.collectors.nan_origin import collector as nan_origin
 from msmon.origin import find_origin
 from msmon.output.records import RowKey
 

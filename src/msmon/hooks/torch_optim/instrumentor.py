@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
 
-from ...collectors.l2_features import l2_targets_error, l2_targets_nowhere
+from ...collectors.l2_features.targets import l2_targets_error, l2_targets_nowhere
 from ...config import ConfigError
 from ...system.distributed import current_rank
 from .. import Session

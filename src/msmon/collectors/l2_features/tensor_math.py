@@ -3,7 +3,7 @@
 Every function here reads its inputs, never writes them, and returns 0-d float tensors on the
 inputs' device without reading a value on the host (no `.item()`, no boolean-mask indexing,
 no data-dependent branch), so a hook can call it without synchronising with the device. The
-collector (collectors/l2_features.py) owns the state (warm-start vectors, sampled rows).
+collector (collector.py) owns the state (warm-start vectors, sampled rows).
 
 - Spectral norm ``σ₁(W) = ‖W‖₂`` by power iteration on WᵀW over a block of BLOCK vectors
   (subspace iteration with a Rayleigh–Ritz estimate), warm-started from the previous step's
@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .config import SA_ORDERS
+from ...config import SA_ORDERS
 
 ATTENTION_ROWS = 32  # query rows sampled per head (fewer when the score block would exceed the budget)
 ATTENTION_BUDGET = 1 << 22  # score elements per call: 16 MiB of float32

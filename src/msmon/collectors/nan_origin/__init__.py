@@ -1,0 +1,1 @@
+"""The first NaN/Inf's origin: the finiteness flags recorded per module input and output (collector.py)."""

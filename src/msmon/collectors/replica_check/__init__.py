@@ -1,0 +1,1 @@
+"""The replica check (collector.py): data-parallel replicas compared by bit-exact fingerprints."""
