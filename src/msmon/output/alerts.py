@@ -11,8 +11,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..anomaly.dump import AnomalyDumpWriter
+from ..anomaly.origin import Origin, find_origin
 from ..anomaly.rules import Alert, RuleEngine
-from ..origin import Origin, find_origin
 from .handoff import StepConsumer
 from .records import RowKey, StepRecord
 from .sinks.base import naming

@@ -10,8 +10,8 @@ import torch
 
 from conftest import MLP
 from msmon import TrainerMon
+from msmon.anomaly.origin import find_origin
 from msmon.collectors.nan_origin import collector as nan_origin
-from msmon.origin import find_origin
 from msmon.output.records import RowKey
 
 # How the flags are told: by reading each tensor (the origin alone), or by the rows the

@@ -2,7 +2,7 @@
 
 Each flag is a 0-d bool tensor computed on the device (is the sum finite? one reduction, no
 sync) and appended to the step buffer in execution order; the writer thread resolves the
-origin once per step, after the step's single copy to the host (see msmon.origin). A tensor
+origin once per step, after the step's single copy to the host (see msmon.anomaly.origin). A tensor
 the activation collector has read this step is not read again: its statistics row tells
 (msmon.runtime.row_finiteness). Hence this collector's hooks run after the activation collector's.
 Forward: flags of every module's inputs (pre-hook) and outputs (post-hook). Backward: flags of
