@@ -29,6 +29,7 @@ from .hooks.core.pipeline import pipeline_position
 from .hooks.core.registry import frameworks
 from .output.directory import ensure_writable, output_base_dir
 from .output.rank_output import RankOutput, report_cost
+from .output.sinks import check_formats
 from .runtime import dedupe, selection
 from .runtime.cost import describe
 from .runtime.naming import model_chunks
@@ -65,6 +66,7 @@ class TrainerMon:
         lifecycle.setup_logging()
         self.config_file_path = os.path.abspath(config_file_path)  # still polled after a chdir
         config = load_config(self.config_file_path)
+        check_formats(config, self.config_file_path)
         self.ctx = StepContext(current_rank(), config, output_base_dir())
         rank = self.ctx.rank
         self.process_group = process_group

@@ -25,6 +25,7 @@ BAD_VERSIONS = {
     ),
     "nan": ("monitor.json", b'{"wg_distribution": true, "format": "csv", "ops": ["norm"], "eps": NaN}'),
     "syntax-error": ("monitor.json", b'{"wg_distribution": true, "format": "csv" "ops": ["norm"]}'),
+    "unknown-format": ("monitor.json", b'{"wg_distribution": true, "format": ["csv", "parquet"], "ops": ["norm"]}'),
     "unknown-key": ("monitor.json", b'{"wg_distribution": true, "format": "csv", "opps": ["norm"]}'),
     "truncated": ("monitor.json", b'{"wg_distribution": true, "format": "csv", "ops": ["no'),
     "empty-json": ("monitor.json", b""),
@@ -85,6 +86,22 @@ def test_an_invalid_edit_keeps_the_old_config_and_a_later_valid_edit_takes_effec
     logged = errors()
     assert len(logged) == 1 and "\n" not in logged[0] and "rank 0" in logged[0], logged
     assert len(parses) == 2  # the bad version once, the good one once: not every step
+
+
+def test_an_edit_naming_an_unknown_format_is_refused_with_the_message_trainermon_gives(tmp_path, output_dir, errors):
+    path = tmp_path / "monitor.json"
+    write_version(path, json.dumps(GOOD).encode(), 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    train_steps(model, optimizer, 1)  # step 0
+    write_version(path, json.dumps({**GOOD, "format": ["csv", "parquet"]}).encode(), 2_000_000_000)
+    train_steps(model, optimizer, 2)  # step 1 reads the edit and keeps csv; 2 keeps on
+    mon.close()
+    assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "grad_reduced")} == {0, 1, 2}
+    (logged,) = errors()
+    assert logged.endswith(f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'tensorboard']")
 
 
 def test_two_versions_in_one_mtime_tick_the_second_is_read(tmp_path, output_dir, errors):

@@ -6,11 +6,10 @@ file, and `text` turns a file's bytes into a mapping (encoding, full-width punct
 alias bound). Never imports torch.
 """
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 from .parsing import load_config, parse_config, parse_ops, read_config_file
 from .schema import (
     ALERT_RULES,
-    FORMATS,
     L2_HOOKS,
     MSPROBE_ONLY_KEYS,
     SA_ORDERS,
@@ -26,7 +25,6 @@ from .schema import (
 
 __all__ = [
     "ALERT_RULES",
-    "FORMATS",
     "L2_HOOKS",
     "MSPROBE_ONLY_KEYS",
     "SA_ORDERS",
@@ -39,6 +37,7 @@ __all__ = [
     "MonitorConfig",
     "ReplicaCheckConfig",
     "TensorSpec",
+    "did_you_mean",
     "load_config",
     "parse_config",
     "parse_ops",

@@ -10,7 +10,6 @@ fails silently or loudly for nothing.
 from __future__ import annotations
 
 import copy
-import difflib
 import logging
 import math
 import os
@@ -20,11 +19,10 @@ from typing import Any
 
 from ..stats.ops import OPS
 from ..system.short_repr import short_repr
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 from .schema import (
     ALERT_RULES,
     BOOL_KEYS,
-    FORMATS,
     INT_KEYS,
     L2_HOOKS,
     MSPROBE_ONLY_KEYS,
@@ -80,13 +78,6 @@ def _expect_positive(key: str, value: Any) -> float:
     return float(value)
 
 
-def _suggest(word: Any, choices: Any) -> str:
-    if not isinstance(word, str):  # a YAML key can be a number, a date or null
-        return ""
-    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.5)
-    return f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
-
-
 def _parse_ops(value: Any) -> list[str]:
     if isinstance(value, str):
         value = [value]
@@ -95,7 +86,7 @@ def _parse_ops(value: Any) -> list[str]:
     ops: list[str] = []
     for op in value:
         if op not in OPS:
-            raise ConfigError(f"ops: unknown op {short_repr(op)}; valid ops are {list(OPS)}{_suggest(op, OPS)}")
+            raise ConfigError(f"ops: unknown op {short_repr(op)}; valid ops are {list(OPS)}{did_you_mean(op, OPS)}")
         if op not in ops:
             ops.append(op)
     if not ops:
@@ -109,14 +100,11 @@ def parse_ops(value: Any) -> list[str]:
 
 
 def _parse_format(value: Any) -> list[str]:
+    """The shape of `format` only: which names are formats is the output's to say (a sink file
+    each), checked by `msmon.output.sinks.check_formats` where the config is loaded for use."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
-        raise ConfigError(f"format: expected one of {list(FORMATS)} or a list of them, got {short_repr(value)}")
-    for item in items:
-        if item not in FORMATS:
-            raise ConfigError(
-                f"format: unknown format {short_repr(item)}; expected {list(FORMATS)}{_suggest(item, FORMATS)}"
-            )
+        raise ConfigError(f"format: expected an output format's name or a list of them, got {short_repr(value)}")
     return list(dict.fromkeys(items))
 
 
@@ -137,7 +125,7 @@ def _parse_targets(value: Any) -> dict[str, dict[str, TensorSpec]]:
             if slot not in TARGET_SLOTS:
                 raise ConfigError(
                     f"targets[{short_repr(name)}]: unknown key {short_repr(slot)}; expected {list(TARGET_SLOTS)}"
-                    f"{_suggest(slot, TARGET_SLOTS)}"
+                    f"{did_you_mean(slot, TARGET_SLOTS)}"
                 )
             parsed[slot] = TensorSpec.parse(text, f"targets[{short_repr(name)}][{short_repr(slot)}]")
         targets[name] = parsed
@@ -155,7 +143,8 @@ def _parse_l2_targets(value: Any) -> dict[str, list[str]]:
     for hook, names in value.items():
         if hook not in L2_HOOKS:
             raise ConfigError(
-                f"l2_targets: unknown hook {short_repr(hook)}; expected {list(L2_HOOKS)}{_suggest(str(hook), L2_HOOKS)}"
+                f"l2_targets: unknown hook {short_repr(hook)}; expected {list(L2_HOOKS)}"
+                + did_you_mean(str(hook), L2_HOOKS)
             )
         if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
             raise ConfigError(
@@ -193,7 +182,7 @@ def _parse_cc(value: Any) -> CCConfig:
         elif key in ("enable", "cc_pre_hook", "cc_log_only"):
             setattr(cc, key, _expect_bool(where, item))
         else:
-            raise ConfigError(f"cc_distribution: unknown key {short_repr(key)}{_suggest(key, keys_of(CCConfig))}")
+            raise ConfigError(f"cc_distribution: unknown key {short_repr(key)}{did_you_mean(key, keys_of(CCConfig))}")
     return cc
 
 
@@ -214,7 +203,7 @@ def _parse_alert(value: Any) -> AlertConfig:
             for i, rule in enumerate(item):
                 alert.rules.append(_parse_rule(rule, f"alert.rules[{i}]"))
         else:
-            raise ConfigError(f"alert: unknown key {short_repr(key)}{_suggest(key, keys_of(AlertConfig))}")
+            raise ConfigError(f"alert: unknown key {short_repr(key)}{did_you_mean(key, keys_of(AlertConfig))}")
     return alert
 
 
@@ -232,7 +221,7 @@ def _parse_replica_check(value: Any) -> ReplicaCheckConfig:
             check.every = _expect_int("replica_check.every", item, 1)
         else:
             raise ConfigError(
-                f"replica_check: unknown key {short_repr(key)}{_suggest(str(key), keys_of(ReplicaCheckConfig))}; "
+                f"replica_check: unknown key {short_repr(key)}{did_you_mean(str(key), keys_of(ReplicaCheckConfig))}; "
                 "expected 'enable', 'every' and 'grads'"
             )
     return check
@@ -247,7 +236,7 @@ def _parse_rule(rule: Any, where: str) -> AlertRuleConfig:
     if name not in ALERT_RULES:
         raise ConfigError(
             f"{where}.rule_name: unknown rule {short_repr(name)}; "
-            f"expected {list(ALERT_RULES)}{_suggest(str(name), ALERT_RULES)}"
+            f"expected {list(ALERT_RULES)}{did_you_mean(str(name), ALERT_RULES)}"
         )
     extra = set(rule) - {"rule_name", "args"}
     if extra:
@@ -318,7 +307,7 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             cfg.replica_check = _parse_replica_check(value)
         else:
             raise ConfigError(
-                f"unknown config key {short_repr(key)}{_suggest(key, VALID_KEYS)}; "
+                f"unknown config key {short_repr(key)}{did_you_mean(key, VALID_KEYS)}; "
                 f"valid keys are {', '.join(VALID_KEYS)}"
             )
     if cfg.recording_l2_features != bool(cfg.l2_targets):

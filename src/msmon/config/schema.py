@@ -16,7 +16,6 @@ from typing import Any, Callable
 from ..system.short_repr import short_repr
 from .errors import ConfigError
 
-FORMATS = ("tensorboard", "csv", "api")
 ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
@@ -115,7 +114,9 @@ class MonitorConfig:
     monitor_mbs_grad: bool = key(False, doc="the rank-local weight gradient after every micro-batch")
     cc_distribution: CCConfig = key(doc="collectives (docs/comm.md)", factory=CCConfig)
     alert: AlertConfig = key(doc="alert rules and the anomaly dump (docs/anomaly.md)", factory=AlertConfig)
-    format: list[str] = key(doc=f"where rows go: any of {list(FORMATS)}", factory=lambda: ["tensorboard"])
+    format: list[str] = key(
+        doc="where rows go: any format with a sink file in msmon/output/sinks/", factory=lambda: ["tensorboard"]
+    )
     ops: list[str] = key(
         doc="the statistics of each tensor (msmon.stats.ops)", factory=lambda: ["norm", "min", "max", "mean"]
     )

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from ..config import ConfigError, load_config, read_config_file
+from ..output.sinks import check_formats
 from .bootstrap import job_directory
 from .launch import JOB_SETTINGS, JobClickCommand, job_from_context, launch
 
@@ -55,6 +56,8 @@ def run(ctx: click.Context, config_path: str | None, output_dir: str | None, no_
 
 def _load(config_path: str) -> dict[str, Any]:
     try:
-        return load_config(config_path).raw
+        config = load_config(config_path)
+        check_formats(config, config_path)  # reads the sink files' names: no torch
+        return config.raw
     except ConfigError as exc:
         raise click.ClickException(f"invalid config: {exc}")

@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import ConfigError, MonitorConfig, load_config
+from ..output.sinks import check_formats
 
 if TYPE_CHECKING:
     from .shards import ShardCombiner
@@ -79,6 +80,7 @@ class ConfigReload:
             return None
         try:
             new = load_config(path, allow_empty=False)  # empty: an editor half-way through writing it
+            check_formats(new, path)
             check_fits(new)
         except Exception as exc:
             failure: BaseException | None = exc

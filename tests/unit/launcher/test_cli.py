@@ -56,6 +56,59 @@ def test_an_invalid_config_is_refused_before_the_job_starts(tmp_path):
     assert not marker.exists()
 
 
+# The launcher's process with torch refused: `msmon run` checks the config (the format names
+# included) and starts the job without it.
+NO_TORCH_MSMON = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError(f"torch is blocked in this test: {name}")
+        return None
+
+sys.meta_path.insert(0, NoTorch())
+from msmon.launcher.cli import main
+
+main(args=sys.argv[1:], prog_name="msmon")
+"""
+
+
+def no_torch_msmon(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MSMON_") or k in _KEPT}
+    return subprocess.run(
+        [sys.executable, "-c", NO_TORCH_MSMON, *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_msmon_run_refuses_an_unknown_format_before_torchrun_starts_without_importing_torch(tmp_path):
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"wg_distribution": True, "format": ["csv", "parquet"]}))
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    args = ["run", "--config", str(config), "--nproc-per-node", "2", "--", str(script)]
+    proc = no_torch_msmon(*args)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"Error: invalid config: {config}: format: unknown format 'parquet'; expected ['api', 'csv', 'tensorboard']"
+    ]
+    assert not marker.exists()  # torchrun never started
+
+
+def test_msmon_run_accepts_every_sink_files_format_without_importing_torch(tmp_path, monkeypatch):
+    monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / "monitor_output"))
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"wg_distribution": True, "format": ["api", "csv", "tensorboard"]}))
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    args = ["run", "--config", str(config), "--no-torchrun", "--", str(script)]
+    proc = no_torch_msmon(*args)
+    assert proc.returncode == 0, proc.stderr
+    assert marker.exists()
+
+
 @pytest.mark.parametrize(
     "name, data, message",
     [

@@ -1,28 +1,36 @@
-"""The sinks come from a registry: each sink file registers its Sink class under its format name,
+"""The sinks come from a registry: each sink file, `<format>_sink.py`, registers its Sink class
+under its format name, the format names are the sink files' names (known without importing them),
 and the rank output builds the sinks of the config's `format` from it, by name, in its order."""
 
 from __future__ import annotations
 
+import glob
+import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
 
 from conftest import MLP
 from msmon import TrainerMon
-from msmon.config import FORMATS, parse_config
-from msmon.config import parsing as config_parsing
+from msmon.config import ConfigError, parse_config
 from msmon.output import sinks
-from msmon.output.records import StepRecord
 from msmon.output.sinks.api_sink import ApiSink
 from msmon.output.sinks.base import Sink
 from msmon.output.sinks.csv_sink import CsvSink
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
 
 
-def test_every_format_the_config_accepts_is_a_registered_sink_file_and_no_other():
-    assert set(sinks.registered_formats()) == set(FORMATS)
+def test_the_format_names_are_the_sink_files_names_read_without_importing_them_or_torch():
+    code = (
+        "import sys; from msmon.output import sinks; "
+        "print(sinks.format_names(), sorted(m for m in sys.modules if m.endswith('_sink')), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['api', 'csv', 'tensorboard'] [] False"
+    assert sorted(sinks.registered_formats()) == sinks.format_names()
 
 
 def test_each_sink_class_is_registered_under_the_name_its_log_lines_use():
@@ -46,9 +54,20 @@ def test_a_format_registered_twice_under_one_name_is_refused():
     class Other(Sink):
         pass
 
+    Other.__module__ = "msmon.output.sinks.csv_sink"  # even from the right file
     with pytest.raises(ValueError, match="output format 'csv' is registered twice"):
         sinks.sink_format("csv")(Other)
     assert sinks.registered_formats()["csv"] is CsvSink
+
+
+def test_a_sink_registered_under_a_name_other_than_its_file_is_refused():
+    class Misnamed(Sink):
+        pass
+
+    Misnamed.__module__ = "msmon.output.sinks.csv_sink"
+    with pytest.raises(ValueError, match=r"format 'lines' must be written by a sink file named lines_sink.py, not csv"):
+        sinks.sink_format("lines")(Misnamed)
+    assert "lines" not in sinks.registered_formats()
 
 
 def test_importing_the_sink_registry_loads_no_sink_file_and_no_torch():
@@ -60,42 +79,104 @@ def test_importing_the_sink_registry_loads_no_sink_file_and_no_torch():
     assert out.strip() == "[] False"
 
 
-class _Lines(Sink):
-    """A format of the test's own: one line per row, kept in memory."""
+LINES_SINK = textwrap.dedent(
+    """
+    import json
+    import os
 
-    seen: list[tuple[int, str, str, list[float]]] = []
+    from msmon.output.sinks import sink_format
+    from msmon.output.sinks.base import Sink
 
-    def write(self, record: StepRecord) -> None:
-        self.seen.extend((record.step, k.category, k.name, list(row)) for k, row in zip(record.keys, record.values))
+
+    @sink_format("lines")
+    class LinesSink(Sink):
+        writes_files = True
+
+        def __init__(self, log_dir):
+            os.makedirs(log_dir, exist_ok=True)
+            self.file = open(os.path.join(log_dir, "rows.jsonl"), "a")
+
+        @classmethod
+        def for_rank(cls, log_dir, config):
+            return cls(log_dir)
+
+        def write(self, record):
+            for key, row in zip(record.keys, record.values):
+                line = {"step": record.step, "category": key.category, "name": key.name}
+                self.file.write(json.dumps({**line, **dict(zip(record.ops, map(float, row)))}) + "\\n")
+
+        def flush(self):
+            self.file.flush()
+
+        def close(self):
+            self.file.close()
+    """
+)
 
 
 @pytest.fixture
-def lines_format(monkeypatch):
-    """Register `_Lines` as format "lines", as a new sink file would, and let the config accept it."""
-    monkeypatch.setattr(config_parsing, "FORMATS", (*FORMATS, "lines"))
-    sinks.sink_format("lines")(_Lines)
-    _Lines.seen = []
-    yield _Lines
-    del sinks._REGISTRY["lines"]
+def new_sink_file(tmp_path, monkeypatch):
+    """Write a sink file for a new format, "lines", as a contributor would add one to
+    msmon/output/sinks/: here in a folder of the test's own, added to the package's path."""
+
+    def write(source: str) -> None:
+        folder = tmp_path / "more_sinks"
+        folder.mkdir()
+        (folder / "lines_sink.py").write_text(source)
+        monkeypatch.setattr(sinks, "__path__", [*sinks.__path__, str(folder)])
+
+    yield write
+    sinks._REGISTRY.pop("lines", None)
+    sys.modules.pop("msmon.output.sinks.lines_sink", None)
+    if hasattr(sinks, "lines_sink"):
+        delattr(sinks, "lines_sink")
 
 
-def test_a_sink_registered_under_a_new_format_name_gets_every_recorded_step(write_config, output_dir, lines_format):
+def test_a_new_sink_file_is_a_format_the_config_accepts_and_gets_every_recorded_step(
+    write_config, output_dir, new_sink_file
+):
+    new_sink_file(LINES_SINK)
+    assert sinks.format_names() == ["api", "csv", "lines", "tensorboard"]
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = TrainerMon(write_config({"wg_distribution": True, "format": "lines", "ops": ["norm"]}))
+    monitor = TrainerMon(write_config({"wg_distribution": True, "format": ["lines", "csv"], "ops": ["norm"]}))
     monitor.set_monitor(model, optimizer)
     norms = []
-    for _ in range(2):
+    for _ in range(3):
         model(torch.randn(5, 8)).square().mean().backward()
         norms.append(float(model.fc1.weight.grad.double().norm()))
         optimizer.step()
         optimizer.zero_grad()
     monitor.close()
-    fc1 = [
-        (step, row)
-        for step, category, name, row in lines_format.seen
-        if (category, name) == ("grad_reduced", "fc1.weight")
-    ]
-    assert [step for step, _ in fc1] == [0, 1]
-    assert [row[0] for _, row in fc1] == pytest.approx(norms, rel=1e-6)
+    (rows_file,) = glob.glob(str(output_dir / "**" / "rows.jsonl"), recursive=True)
+    with open(rows_file) as f:
+        rows = [json.loads(line) for line in f]
+    fc1 = [r for r in rows if (r["category"], r["name"]) == ("grad_reduced", "fc1.weight")]
+    assert [r["step"] for r in fc1] == [0, 1, 2]
+    assert [r["norm"] for r in fc1] == pytest.approx(norms, rel=1e-6)
+
+
+def test_a_sink_file_that_registers_no_sink_is_refused_when_the_sinks_are_built(new_sink_file):
+    new_sink_file(LINES_SINK.replace('@sink_format("lines")', ""))
+    with pytest.raises(ValueError, match=r"output/sinks/lines_sink.py declares no Sink with @sink_format\('lines'\)"):
+        sinks.registered_formats()
+
+
+def test_the_config_takes_any_format_name_and_the_sink_registry_refuses_an_unknown_one_with_the_closest():
+    config = parse_config({"format": ["csv", "tensorbord"]})
+    assert config.format == ["csv", "tensorbord"]  # the config checks the shape; the names are the output's
+    with pytest.raises(ConfigError) as err:
+        sinks.check_formats(config, "/jobs/monitor.json")
+    assert str(err.value) == (
+        "/jobs/monitor.json: format: unknown format 'tensorbord'; "
+        "expected ['api', 'csv', 'tensorboard'] (did you mean 'tensorboard'?)"
+    )
+    sinks.check_formats(parse_config({"format": ["api", "csv", "tensorboard"]}))
+
+
+def test_trainermon_refuses_an_unknown_format_before_training_with_the_file_and_the_known_ones(write_config):
+    path = write_config({"wg_distribution": True, "format": ["csv", "parquet"]})
+    with pytest.raises(ConfigError) as err:
+        TrainerMon(path)
+    assert str(err.value) == f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'tensorboard']"
