@@ -7,8 +7,7 @@ the one name to import.
 
 from __future__ import annotations
 
-from ..core.spec import Framework
-from .calls import (
+from ..core.collective_calls import (
     ALWAYS_ASYNC,
     COLLECTIVES,
     UNKNOWN_SITE,
@@ -18,7 +17,7 @@ from .calls import (
     find_call_site,
     tensors_of,
 )
-from .instrumentor import (
+from ..core.collective_listeners import (
     acquire,
     add_listener,
     deliver_completed,
@@ -28,6 +27,7 @@ from .instrumentor import (
     remove_listener,
     uninstrument,
 )
+from ..core.spec import Framework
 
 __all__ = [
     "ALWAYS_ASYNC",

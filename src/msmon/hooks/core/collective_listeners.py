@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .calls import (
+from .collective_calls import (
     ALWAYS_ASYNC,
     COLLECTIVES,
     CollectiveCall,
