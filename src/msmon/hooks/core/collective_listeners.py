@@ -1,11 +1,14 @@
-"""Wrap torch.distributed's collectives so listeners see the tensors that go through them.
+"""The collective-call listener API: wrap torch.distributed's collectives so listeners see the
+tensors that go through them. Below the collectors (the comm collector is a listener) and the
+torch_distributed instrumentor (hooks/torch_distributed/instrumentor.py holds the wrapping for
+the whole process), so both import it from here.
 
-`instrument()` replaces each collective in `torch.distributed` (and `distributed_c10d`, where
+`acquire()` replaces each collective in `torch.distributed` (and `distributed_c10d`, where
 torch's own code looks them up) by a wrapper that tells the registered listeners about the call:
 once at launch (the data before the op) and once when the result is in the buffers (the data
 after it). A synchronous op completes when it returns; an async op (`async_op=True`, isend,
 irecv, batch_isend_irecv) completes when its `Work.wait()` returns, so `Work.wait` is wrapped
-too. The instrumentor knows nothing about statistics: listeners decide what to measure.
+too. The wrappers know nothing about statistics: listeners decide what to measure.
 
 Guarantees, because monitoring must never change or break training:
 - the original collective is called exactly once with the caller's arguments, whatever a
@@ -15,13 +18,14 @@ Guarantees, because monitoring must never change or break training:
   it to a functional collective.
 
 Wrapping is reference counted: the launcher holds it from the moment torch is imported (the
-hooks registry calls `instrument(session)`, which does nothing when the config leaves
-cc_distribution off), and each monitor's collector holds it from attach to detach
-(`acquire()`/`release()`); the originals come back when the last hold goes. Code that
-copied a collective (`from torch.distributed import all_reduce`) before the wrapping keeps the
-original and is not seen; after unwrapping, a copied wrapper just passes through. `P2POp.op` always reads as the current isend/irecv, so P2POps built from either
-version keep working with batch_isend_irecv (torch compares them by identity).
-"""  # noqa: E501
+hooks registry calls the instrumentor's `instrument(session)`, which does nothing when the
+config leaves cc_distribution off), and each monitor's collector holds it from attach to detach
+(`acquire()`/`release()`); the originals come back when the last hold goes. Code that copied a
+collective (`from torch.distributed import all_reduce`) before the wrapping keeps the original
+and is not seen; after unwrapping, a copied wrapper just passes through. `P2POp.op` always reads
+as the current isend/irecv, so P2POps built from either version keep working with
+batch_isend_irecv (torch compares them by identity).
+"""
 
 from __future__ import annotations
 
@@ -65,7 +69,6 @@ _originals: dict[str, Callable[..., Any]] = {}
 _wrappers: dict[str, Callable[..., Any]] = {}
 _original_wait: Callable[..., Any] | None = None
 _refcount = 0
-_session_hold = False
 _lock = threading.RLock()
 _reported: set[str] = set()
 
@@ -280,29 +283,7 @@ def _install_p2p_shim() -> None:
     c10d.P2POp.__msmon_shim__ = True  # type: ignore[attr-defined]
 
 
-# -- instrument / uninstrument ------------------------------------------------------------------
-def instrument(session: Any = None) -> bool:
-    """The launcher's hold (hooks registry): wrap for the whole process, once, when the
-    session's config has cc_distribution on; without a session, unconditionally."""
-    global _session_hold
-    config = getattr(session, "config", None)
-    if config is not None and not config.cc_distribution.enable:
-        return False
-    with _lock:
-        if not _session_hold:
-            _session_hold = acquire()
-        return _session_hold
-
-
-def uninstrument() -> None:
-    """Drop the launcher's hold; the wrappers go when no monitor holds them either."""
-    global _session_hold
-    with _lock:
-        if _session_hold:
-            _session_hold = False
-            release()
-
-
+# -- holding the wrappers -----------------------------------------------------------------------
 def acquire() -> bool:
     """A monitor's hold: wrap the collectives if nobody has yet (counted). False when
     torch.distributed is unavailable."""
