@@ -96,10 +96,10 @@ def test_launcher_leaves_torch_untouched_when_the_config_has_cc_off(world_of_one
     from msmon.hooks import Session
 
     original = dist.all_reduce
-    off = Session.from_file(write_config({"cc_distribution": {"enable": False}}, "off.json"))
+    off = Session.from_file(write_config({"cc_distribution": {"enable": False}}, "off.json"), TrainerMon)
     assert not torch_distributed.instrument(off)
     assert dist.all_reduce is original and not cc.is_instrumented()
-    on = Session.from_file(write_config({"cc_distribution": {"enable": True}}, "on.json"))
+    on = Session.from_file(write_config({"cc_distribution": {"enable": True}}, "on.json"), TrainerMon)
     assert torch_distributed.instrument(on) and dist.all_reduce is not original
     torch_distributed.uninstrument()
     assert dist.all_reduce is original
