@@ -185,13 +185,14 @@ def world_of_one():
     down afterwards."""
     import torch.distributed as dist
 
-    from msmon.hooks import torch_distributed as cc
+    from msmon.hooks import torch_distributed
+    from msmon.hooks.core import collective_listeners as cc
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         yield
     finally:
-        cc.uninstrument()
+        torch_distributed.uninstrument()
         while cc.is_instrumented():
             cc.release()
         dist.destroy_process_group()

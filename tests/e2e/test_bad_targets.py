@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import MLP, ROOT
+from msmon import TrainerMon
 from msmon.hooks import Session, StopBeforeTraining, torch_optim
 from msmon.hooks import handover as framework_attach
 
@@ -28,7 +29,7 @@ def instrumented(write_config, output_dir):
     sessions = []
 
     def start(targets: dict) -> Session:
-        session = Session.from_file(write_config({**CONFIG, "targets": targets}))
+        session = Session.from_file(write_config({**CONFIG, "targets": targets}), TrainerMon)
         torch_optim.instrument(session)
         sessions.append(session)
         return session
@@ -82,7 +83,7 @@ def test_an_optimizer_met_at_its_first_step_stops_before_the_step_runs(write_con
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # built before msmon was loaded
     before = [p.detach().clone() for p in model.parameters()]
-    session = Session.from_file(write_config({**CONFIG, "targets": {"layers.0": {}}}))
+    session = Session.from_file(write_config({**CONFIG, "targets": {"layers.0": {}}}), TrainerMon)
     torch_optim.instrument(session)
     try:
         model(torch.randn(4, 8)).square().mean().backward()
@@ -95,12 +96,12 @@ def test_an_optimizer_met_at_its_first_step_stops_before_the_step_runs(write_con
 
 
 def test_a_framework_optimizer_with_a_target_naming_no_module_stops(write_config, output_dir):
-    session = Session.from_file(write_config({**CONFIG, "targets": {"fc3.weight": {}}}))
+    session = Session.from_file(write_config({**CONFIG, "targets": {"fc3.weight": {}}}), TrainerMon)
     model = MLP()
     with pytest.raises(StopBeforeTraining):
         framework_attach.attach(session, model, torch.optim.SGD(model.parameters(), lr=0.1), "deepspeed.initialize")
     assert "'fc3.weight' names no module or parameter of the model; closest names: fc" in session.error
-    good = Session.from_file(write_config({**CONFIG, "targets": {"fc2.weight": {}}}))
+    good = Session.from_file(write_config({**CONFIG, "targets": {"fc2.weight": {}}}), TrainerMon)
     monitor = framework_attach.attach(good, model, torch.optim.SGD(model.parameters(), lr=0.1), "deepspeed.initialize")
     assert monitor is not None and [mp.name for mp in monitor.params] == ["fc2.weight"]
     monitor.close()
@@ -172,7 +173,7 @@ def test_a_failed_attachment_is_reported_as_such_not_as_no_optimizer_built(write
     from msmon.launcher.bootstrap.worker import WorkerRecord
     from msmon.launcher.run_summary import summary_lines
 
-    session = Session.from_file(write_config(CONFIG))
+    session = Session.from_file(write_config(CONFIG), TrainerMon)
     record = WorkerRecord(str(tmp_path / "workers"), session)
     session.listeners.append(record.on_event)
     blocker = tmp_path / "a_file"

@@ -86,8 +86,8 @@ def test_no_import_cycle_runs_through_a_collector():
 
 def test_collectors_import_nothing_above_them():
     """The msmon package itself counts as above (it is the api's facade). The comm collector
-    listens to the collectives through hooks/torch_distributed, whose listener registry lives
-    beside the instrumentor that wraps them: the one named exception, until it moves below."""
+    listens to the collectives through the listener API in the hooks' core
+    (hooks/core/collective_listeners.py), never through the torch_distributed instrumentor."""
     graph = _import_graph()
     upward = {
         name.removeprefix("msmon.collectors."): sorted(
@@ -96,4 +96,4 @@ def test_collectors_import_nothing_above_them():
         for name, imports in graph.items()
         if name.startswith("msmon.collectors")
     }
-    assert {name: modules for name, modules in upward.items() if modules} == {"comm": ["msmon.hooks.torch_distributed"]}
+    assert {name: modules for name, modules in upward.items() if modules} == {}

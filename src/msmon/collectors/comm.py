@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..hooks import torch_distributed as cc
+from ..hooks.core import collective_listeners as cc
 from ..hooks.core import guest_hooks
+from ..hooks.core.collective_calls import CallSite, CollectiveCall
 from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey
 from ..runtime.step_context import StepContext
 from ..stats.combine import combine_rows
@@ -52,7 +53,7 @@ class CodelineFilter:
         self._compiled = [re.compile(p) for p in patterns]
         self._cache: dict[str, bool] = {}
 
-    def __call__(self, site: cc.CallSite) -> bool:
+    def __call__(self, site: CallSite) -> bool:
         if not self.patterns:
             return True
         where = site.full
@@ -163,7 +164,7 @@ class CommCollector(Collector):
     def wants(self) -> bool:
         return self.enabled and (self.log_only or self.ctx.recording)
 
-    def _on_launch(self, call: cc.CollectiveCall) -> bool:
+    def _on_launch(self, call: CollectiveCall) -> bool:
         if self.log_only:
             self._log_call(call)
             return False
@@ -175,11 +176,11 @@ class CommCollector(Collector):
             self._record(call, "pre", call.inputs, stage)
         return True
 
-    def _on_complete(self, call: cc.CollectiveCall) -> None:
+    def _on_complete(self, call: CollectiveCall) -> None:
         if self.ctx.recording:
             self._record(call, "post", call.outputs, call.extra.get(id(self), FORWARD))
 
-    def _record(self, call: cc.CollectiveCall, phase: str, tensors: list[torch.Tensor], stage: str) -> None:
+    def _record(self, call: CollectiveCall, phase: str, tensors: list[torch.Tensor], stage: str) -> None:
         tensors = [t for t in (local_tensor(x) for x in tensors) if t.numel()]
         if not tensors:
             return
@@ -242,7 +243,7 @@ class CommCollector(Collector):
             ranks = self._group_ranks[id(group)] = dist.get_process_group_ranks(group or dist.group.WORLD)
         return ranks
 
-    def _log_call(self, call: cc.CollectiveCall) -> None:
+    def _log_call(self, call: CollectiveCall) -> None:
         tensors = call.inputs or call.outputs
         dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else "-"
         shape = str(tuple(tensors[0].shape)) if tensors else "-"

@@ -29,6 +29,7 @@ from ..system.distributed import current_rank
 from .core import registry
 from .core.spec import Framework
 from .core.versions import warn_if_unsupported
+from .monitor_factory import AttachedMonitor, MonitorFactory
 
 logger = logging.getLogger("msmon")
 
@@ -45,6 +46,7 @@ class StopBeforeTraining(SystemExit):
 @dataclass
 class Session:
     """What the instrumentors of one process share: the config every monitor is built from,
+    the factory that builds them (given by the layer above: the hooks never import the api),
     the monitors attached so far, and who wants to hear about attachments (the launcher's
     worker record). Created in every process of a job that imports torch; whether the process
     is a training rank is decided when it builds an optimizer (or a framework hands one over):
@@ -52,15 +54,16 @@ class Session:
 
     config_path: str
     config: MonitorConfig
+    build_monitor: MonitorFactory  # a monitor from config_path (launcher/bootstrap/worker.py: the api's TrainerMon)
     pid: int = field(default_factory=os.getpid)
-    monitors: list[Any] = field(default_factory=list)
+    monitors: list[AttachedMonitor] = field(default_factory=list)
     listeners: list[Listener] = field(default_factory=list)
     error: str | None = None  # why the process was stopped before training, if it was
     stood_down: bool = False  # the script built its own TrainerMon: it monitors itself (hooks/explicit.py)
 
     @classmethod
-    def from_file(cls, config_path: str) -> Session:
-        return cls(config_path=os.path.abspath(config_path), config=load_config(config_path))
+    def from_file(cls, config_path: str, build_monitor: MonitorFactory) -> Session:
+        return cls(os.path.abspath(config_path), load_config(config_path), build_monitor)
 
     def in_owner_process(self) -> bool:
         return os.getpid() == self.pid

@@ -1,7 +1,8 @@
-"""The one attach sequence: a TrainerMon built on an optimizer and its model, registered with the
-session, closed and released once the optimizer is garbage-collected, and announced (log line,
-"attached" event). The torch.optim instrumentor uses it for the optimizers a script builds;
-hooks/handover.py for the optimizer a framework built (DeepSpeed, Megatron, accelerate).
+"""The one attach sequence: a monitor (the session's factory builds it: the api's TrainerMon) on an
+optimizer and its model, registered with the session, closed and released once the optimizer is
+garbage-collected, and announced (log line, "attached" event). The torch.optim instrumentor uses
+it for the optimizers a script builds; hooks/handover.py for the optimizer a framework built
+(DeepSpeed, Megatron, accelerate).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -18,24 +19,20 @@ from ..runtime.naming import display
 from ..runtime.selection import check_names as check_targets
 from ..system.distributed import current_rank
 from . import Session, automatic
-
-if TYPE_CHECKING:
-    from ..api import TrainerMon
+from .monitor_factory import AttachedMonitor
 
 logger = logging.getLogger("msmon")
 
 
 def start_monitor(
     session: Session, models: Any, optimizer: Any, when: str, names: list[str], shares_modules_with: Any = None
-) -> TrainerMon:
-    """A TrainerMon on `optimizer` with `models` (a module or a list of chunks), `names` their
+) -> AttachedMonitor:
+    """A monitor on `optimizer` with `models` (a module or a list of chunks), `names` their
     class names for the log. `shares_modules_with`: the monitor that already hooks these
     models' modules (their activations are then recorded once, by it). A failing set_monitor
     closes the monitor and raises (ConfigError for a config that does not fit the model)."""
-    from ..api import TrainerMon
-
     with automatic.building():
-        monitor = TrainerMon(session.config_path)
+        monitor = session.build_monitor(session.config_path)
     monitor.records_modules = shares_modules_with is None
     try:
         monitor.set_monitor(models, optimizer)
@@ -79,12 +76,12 @@ def targets_error(targets: Any, chunks: list[torch.nn.Module], squash: bool) -> 
 
 
 # -- when the optimizer goes -----------------------------------------------------------------------
-def close_when_collected(optimizer: Any, session: Session, monitor: TrainerMon) -> None:
+def close_when_collected(optimizer: Any, session: Session, monitor: AttachedMonitor) -> None:
     """Once the script drops `optimizer`, close its monitor and release it."""
     weakref.finalize(optimizer, on_optimizer_collected, session, monitor)
 
 
-def on_optimizer_collected(session: Session, monitor: TrainerMon) -> None:
+def on_optimizer_collected(session: Session, monitor: AttachedMonitor) -> None:
     """The script dropped the optimizer: write what is pending and let the monitor go."""
     if threading.current_thread().name.startswith("msmon-writer"):
         threading.Thread(target=on_optimizer_collected, args=(session, monitor), daemon=False).start()
@@ -104,7 +101,7 @@ def on_optimizer_collected(session: Session, monitor: TrainerMon) -> None:
     session.emit("closed", monitor=monitor)
 
 
-def module_monitor(session: Session, roots: list[torch.nn.Module]) -> TrainerMon | None:
+def module_monitor(session: Session, roots: list[torch.nn.Module]) -> AttachedMonitor | None:
     """The live monitor that already hooks the modules of all of `roots` (two optimizers over
     parts of one model: its activations are recorded once), or None."""
     for monitor in session.monitors:
@@ -113,7 +110,7 @@ def module_monitor(session: Session, roots: list[torch.nn.Module]) -> TrainerMon
     return None
 
 
-def _hand_modules_over(session: Session, gone: TrainerMon) -> None:
+def _hand_modules_over(session: Session, gone: AttachedMonitor) -> None:
     """`gone` hooked its models' modules for the other optimizers over them too: the first of
     those still monitored takes the modules over from its next forward."""
     if not gone.records_modules:

@@ -18,6 +18,7 @@ from typing import Any
 from ..system import lifecycle
 from . import Session, automatic
 from .attach import on_optimizer_collected
+from .monitor_factory import AttachedMonitor
 
 logger = logging.getLogger("msmon")
 
@@ -45,7 +46,7 @@ def _on_new_monitor(session: Session, monitor: Any) -> None:
     session.emit("explicit", monitor=monitor)
 
 
-def withdraw(session: Session, monitor: Any) -> None:
+def withdraw(session: Session, monitor: AttachedMonitor) -> None:
     """Close an automatic monitor; remove its directory if it recorded nothing there."""
     on_optimizer_collected(session, monitor)  # detach, write what is pending, forget it
     log_dir = monitor.log_dir

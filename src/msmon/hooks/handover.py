@@ -1,5 +1,5 @@
 """An optimizer a framework built (DeepSpeed, Megatron, accelerate's `prepare`): its
-instrumentor hands over the model chunks and the optimizer, gets one TrainerMon through the one
+instrumentor hands over the model chunks and the optimizer, gets one monitor through the one
 attach sequence (attach.py), and tells the torch.optim instrumentor to leave every optimizer
 inside it alone.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import ConfigError
 from ..runtime.naming import model_chunks
@@ -17,9 +17,7 @@ from . import Session, torch_optim
 from .attach import start_monitor, targets_error
 from .core.module_attrs import stored
 from .core.pipeline import pipeline_position
-
-if TYPE_CHECKING:
-    from ..api import TrainerMon
+from .monitor_factory import AttachedMonitor
 
 logger = logging.getLogger("msmon")
 
@@ -58,8 +56,8 @@ def claim(optimizer: Any) -> None:
         torch_optim.claim(opt)
 
 
-def attach(session: Session, models: Any, optimizer: Any, when: str) -> TrainerMon | None:
-    """A TrainerMon on the optimizer a framework built, with `models` (a module or the list of
+def attach(session: Session, models: Any, optimizer: Any, when: str) -> AttachedMonitor | None:
+    """A monitor on the optimizer a framework built, with `models` (a module or the list of
     virtual-pipeline chunks); None when it cannot be attached (reported, training goes on)."""
     from ..collectors.l2_features.targets import l2_targets_error
 

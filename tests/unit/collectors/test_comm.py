@@ -17,7 +17,9 @@ import torch.distributed as dist
 from conftest import MLP, rank_dir, read_csv_rows
 from msmon import TrainerMon
 from msmon.collectors.comm import CodelineFilter
-from msmon.hooks import torch_distributed as cc
+from msmon.hooks import torch_distributed
+from msmon.hooks.core import collective_listeners as cc
+from msmon.hooks.core.collective_calls import COLLECTIVES, CallSite, CollectiveCall
 
 c10d = dist.distributed_c10d
 
@@ -27,22 +29,22 @@ class Recorder:
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str, list[float]]] = []
-        self.sites: list[cc.CallSite] = []
+        self.sites: list[CallSite] = []
 
     def wants(self) -> bool:
         return True
 
-    def on_launch(self, call: cc.CollectiveCall) -> bool:
+    def on_launch(self, call: CollectiveCall) -> bool:
         self.sites.append(call.site)
         self.events.append(("launch", call.op, [t.sum().item() for t in call.inputs]))
         return True
 
-    def on_complete(self, call: cc.CollectiveCall) -> None:
+    def on_complete(self, call: CollectiveCall) -> None:
         self.events.append(("complete", call.op, [t.sum().item() for t in call.outputs]))
 
 
 class Broken(Recorder):
-    def on_launch(self, call: cc.CollectiveCall) -> bool:
+    def on_launch(self, call: CollectiveCall) -> bool:
         raise RuntimeError("listener bug")
 
 
@@ -65,15 +67,15 @@ def msmon_log():
 
 
 def test_instrument_wraps_every_collective_and_uninstrument_restores_the_originals(world_of_one):
-    originals = {name: getattr(c10d, name) for name in cc.COLLECTIVES}
+    originals = {name: getattr(c10d, name) for name in COLLECTIVES}
     original_wait = dist.Work.wait
-    assert cc.instrument()
+    assert torch_distributed.instrument()
     for name, original in originals.items():
         wrapper = getattr(dist, name)
         assert wrapper is not original and wrapper.__wrapped__ is original, name
         assert getattr(c10d, name) is wrapper, name
     assert dist.Work.wait is not original_wait
-    cc.uninstrument()
+    torch_distributed.uninstrument()
     for name, original in originals.items():
         assert getattr(dist, name) is original and getattr(c10d, name) is original, name
     assert dist.Work.wait is original_wait
@@ -81,12 +83,12 @@ def test_instrument_wraps_every_collective_and_uninstrument_restores_the_origina
 
 def test_wrapping_is_counted_so_a_monitor_detach_keeps_the_launchers_wrapping(world_of_one):
     original = dist.all_reduce
-    assert cc.instrument()  # the launcher, when torch is imported
-    assert cc.instrument()  # idempotent: the registry may switch it on again
+    assert torch_distributed.instrument()  # the launcher, when torch is imported
+    assert torch_distributed.instrument()  # idempotent: the registry may switch it on again
     assert cc.acquire()  # a monitor's attach
     cc.release()  # that monitor's detach
     assert dist.all_reduce is not original
-    cc.uninstrument()
+    torch_distributed.uninstrument()
     assert dist.all_reduce is original
 
 
@@ -94,18 +96,18 @@ def test_launcher_leaves_torch_untouched_when_the_config_has_cc_off(world_of_one
     from msmon.hooks import Session
 
     original = dist.all_reduce
-    off = Session.from_file(write_config({"cc_distribution": {"enable": False}}, "off.json"))
-    assert not cc.instrument(off)
+    off = Session.from_file(write_config({"cc_distribution": {"enable": False}}, "off.json"), TrainerMon)
+    assert not torch_distributed.instrument(off)
     assert dist.all_reduce is original and not cc.is_instrumented()
-    on = Session.from_file(write_config({"cc_distribution": {"enable": True}}, "on.json"))
-    assert cc.instrument(on) and dist.all_reduce is not original
-    cc.uninstrument()
+    on = Session.from_file(write_config({"cc_distribution": {"enable": True}}, "on.json"), TrainerMon)
+    assert torch_distributed.instrument(on) and dist.all_reduce is not original
+    torch_distributed.uninstrument()
     assert dist.all_reduce is original
 
 
 def test_sync_collective_is_seen_before_and_after_with_its_result_unchanged(world_of_one):
     recorder = Recorder()
-    cc.instrument()
+    torch_distributed.instrument()
     cc.add_listener(recorder)
     t = torch.arange(4.0)
     dist.all_reduce(t)
@@ -122,7 +124,7 @@ def test_sync_collective_is_seen_before_and_after_with_its_result_unchanged(worl
 
 def test_async_collective_is_measured_when_its_work_is_waited_not_at_launch(world_of_one):
     recorder = Recorder()
-    cc.instrument()
+    torch_distributed.instrument()
     cc.add_listener(recorder)
     t = torch.ones(3)
     work = dist.all_reduce(t, async_op=True)
@@ -136,7 +138,7 @@ def test_async_collective_is_measured_when_its_work_is_waited_not_at_launch(worl
 
 def test_async_work_nobody_waits_on_is_reported_at_step_end_once_completed(world_of_one):
     recorder = Recorder()
-    cc.instrument()
+    torch_distributed.instrument()
     cc.add_listener(recorder)
     work = dist.all_reduce(torch.ones(2), async_op=True)
     deadline = time.monotonic() + 30
@@ -152,7 +154,7 @@ def test_async_work_nobody_waits_on_is_reported_at_step_end_once_completed(world
 
 def test_call_site_is_the_calling_line_outside_torch_and_msmon(world_of_one):
     recorder = Recorder()
-    cc.instrument()
+    torch_distributed.instrument()
     cc.add_listener(recorder)
     line = _line() + 1  # the next line's number: the call's
     dist.all_reduce(torch.ones(1))
@@ -171,7 +173,7 @@ def _line() -> int:
 
 def test_failing_listener_never_stops_the_collective(world_of_one, msmon_log):
     broken, recorder = Broken(), Recorder()
-    cc.instrument()
+    torch_distributed.instrument()
     cc.add_listener(broken)
     cc.add_listener(recorder)
     t = torch.full((2,), 5.0)
@@ -186,20 +188,20 @@ def test_failing_listener_never_stops_the_collective(world_of_one, msmon_log):
 
 def test_p2pop_accepts_both_versions_of_isend_and_keeps_torchs_identity_check(world_of_one):
     original_isend, original_irecv = dist.isend, dist.irecv
-    cc.instrument()
+    torch_distributed.instrument()
     t = torch.ones(2)
     for op, current in [(original_isend, dist.isend), (dist.isend, dist.isend), (original_irecv, dist.irecv)]:
         p2p = dist.P2POp(op, t, 0)
         assert p2p.op is current and p2p.op is getattr(c10d, current.__name__)
     wrapped_isend = dist.isend  # a library that copied the wrapper
-    cc.uninstrument()
+    torch_distributed.uninstrument()
     p2p = dist.P2POp(wrapped_isend, t, 0)
     assert p2p.op is original_isend is c10d.isend
 
 
 def test_codeline_entries_name_a_line_or_are_regular_expressions():
-    def site(path: str, line: int) -> cc.CallSite:
-        return cc.CallSite(path, line, "f")
+    def site(path: str, line: int) -> CallSite:
+        return CallSite(path, line, "f")
 
     everything = CodelineFilter([])
     assert everything(site("/x/train.py", 1))
@@ -236,7 +238,7 @@ def test_compiled_collective_is_traced_by_dynamo_without_a_graph_break(world_of_
     import torch._dynamo
 
     recorder = Recorder()
-    cc.instrument()
+    torch_distributed.instrument()
     cc.add_listener(recorder)
 
     def step(x: torch.Tensor) -> torch.Tensor:

@@ -445,7 +445,7 @@ def test_a_module_called_twice_in_a_micro_step_gives_one_row_the_mean_of_its_cal
 def test_an_l2_target_naming_no_module_stops_an_unmodified_job_before_training(write_config, output_dir):
     from msmon.hooks import Session, StopBeforeTraining, torch_optim
 
-    session = Session.from_file(write_config(config(l2_targets={"linear_hook": ["lm.haed"]})))
+    session = Session.from_file(write_config(config(l2_targets={"linear_hook": ["lm.haed"]})), TrainerMon)
     torch_optim.instrument(session)
     try:
         model = GatedLM()
@@ -502,7 +502,7 @@ def test_an_l2_target_in_another_model_of_the_process_leaves_this_optimizer_alon
     """Two models, two optimizers (a GAN): the features of the model that has the module."""
     from msmon.hooks import Session, torch_optim
 
-    session = Session.from_file(write_config(config(l2_targets={"moe_router_logit_hook": ["moe.router"]})))
+    session = Session.from_file(write_config(config(l2_targets={"moe_router_logit_hook": ["moe.router"]})), TrainerMon)
     torch_optim.instrument(session)
     try:
         lm, moe = AttentionLM(), MoEModel()

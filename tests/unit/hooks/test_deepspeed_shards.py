@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import ALL_OPS
+from msmon import TrainerMon
 from msmon.runtime.shards import combine_gathered
 from msmon.stats.engine import batch_stats
 
@@ -57,7 +58,7 @@ def test_deepspeed_initialize_is_wrapped_while_instrumented_and_restored_after(w
     from msmon.hooks import deepspeed as ds_hook
 
     original = deepspeed.initialize
-    ds_hook.instrument(Session.from_file(write_config({})))
+    ds_hook.instrument(Session.from_file(write_config({}), TrainerMon))
     try:
         assert deepspeed.initialize is not original
         assert deepspeed.initialize.__wrapped__ is original

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import MLP
-from msmon import hooks
+from msmon import TrainerMon, hooks
 from msmon.config import ConfigError
 from msmon.hooks.core import adapter_choice, registry, versions
 from msmon.hooks.core.adapters import OptimizerAdapter
@@ -117,7 +117,7 @@ def test_a_package_exporting_no_framework_spec_is_reported_and_the_others_switch
     monkeypatch.setitem(sys.modules, "msmon.hooks.fake_framework", package)
     monkeypatch.setitem(registry.SWITCHED_ON_BY, "fake_framework", "fake_framework")
     monkeypatch.setattr(hooks, "_enabled", {})
-    session = hooks.Session.from_file(write_config({}))
+    session = hooks.Session.from_file(write_config({}), TrainerMon)
     with caplog.at_level(logging.ERROR, logger="msmon"):
         assert not hooks.instrument("fake_framework", session)
     assert any(
@@ -163,7 +163,7 @@ def test_a_version_outside_supported_warns_once_and_still_switches_on(write_conf
     monkeypatch.setitem(registry.SWITCHED_ON_BY, "fake_framework", "fake_framework")
     monkeypatch.setattr(hooks, "_enabled", {})
     monkeypatch.setattr(versions, "_warned", set())
-    session = hooks.Session.from_file(write_config({}))
+    session = hooks.Session.from_file(write_config({}), TrainerMon)
     with caplog.at_level(logging.WARNING, logger="msmon"):
         assert hooks.instrument("fake_framework", session)
         hooks._enabled.clear()
@@ -220,7 +220,7 @@ def test_instrument_twice_then_uninstrument_gives_back_the_librarys_own_function
     target = lib if owner == library else getattr(lib, owner)
     module = importlib.import_module(instrumentor)
     before = getattr(target, name)
-    session = hooks.Session(config_path="monitor.json", config=MonitorConfig())
+    session = hooks.Session(config_path="monitor.json", config=MonitorConfig(), build_monitor=TrainerMon)
     module.instrument(session)
     wrapped = getattr(target, name)
     module.instrument(session)

@@ -80,7 +80,7 @@ def test_megatron_functions_are_wrapped_on_import_and_restored_after(write_confi
     from msmon.hooks.megatron import instrumentor as meg_hook
 
     original = core_optimizer.get_megatron_optimizer
-    meg_hook.instrument(Session.from_file(write_config({})))
+    meg_hook.instrument(Session.from_file(write_config({}), TrainerMon))
     try:
         assert core_optimizer.get_megatron_optimizer.__wrapped__ is original
     finally:
@@ -92,7 +92,7 @@ def test_the_wrapped_builder_attaches_with_the_model_chunks_as_vpp_stages(write_
     from msmon.hooks import Session
     from msmon.hooks.megatron import instrumentor as meg_hook
 
-    session = Session.from_file(write_config({"param_distribution": True, "format": "csv"}))
+    session = Session.from_file(write_config({"param_distribution": True, "format": "csv"}), TrainerMon)
     chunks = [MLP(), MLP()]
 
     def build(config, model_chunks):  # get_megatron_optimizer's signature; Megatron's own needs CUDA

@@ -35,7 +35,7 @@ CONFIG = {
 @pytest.fixture
 def session(write_config, output_dir):
     """The instrumentor switched on for this test, and everything it did undone after."""
-    session = Session.from_file(write_config(CONFIG))
+    session = Session.from_file(write_config(CONFIG), TrainerMon)
     torch_optim.instrument(session)
     yield session
     torch_optim.uninstrument()
@@ -83,7 +83,7 @@ def test_records_exactly_what_the_trainermon_api_records(write_config, tmp_path,
     for mode in ("api", "auto"):
         monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(tmp_path / mode))
         torch.manual_seed(0)
-        session = Session.from_file(config)
+        session = Session.from_file(config, TrainerMon)
         if mode == "auto":
             torch_optim.instrument(session)
         try:
@@ -400,7 +400,7 @@ def test_a_monitor_that_recorded_no_step_says_why_in_its_summary(
 def test_an_optimizer_built_before_msmon_attaches_at_its_first_step(write_config, output_dir):
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # before instrumentation: unseen
-    session = Session.from_file(write_config(CONFIG))
+    session = Session.from_file(write_config(CONFIG), TrainerMon)
     torch_optim.instrument(session)
     try:
         train(model, optimizer, steps=2, grad_acc=1)
@@ -414,7 +414,7 @@ def test_an_optimizer_built_before_msmon_attaches_at_its_first_step(write_config
 
 
 def test_an_optimizer_whose_model_lacks_the_targets_is_left_alone(write_config, output_dir, caplog):
-    session = Session.from_file(write_config({**CONFIG, "targets": {"fc1": {}}}))
+    session = Session.from_file(write_config({**CONFIG, "targets": {"fc1": {}}}), TrainerMon)
     torch_optim.instrument(session)
     try:
         with caplog.at_level(logging.INFO, logger="msmon"):
@@ -431,7 +431,7 @@ def test_an_optimizer_whose_model_lacks_the_targets_is_left_alone(write_config, 
 
 def test_uninstrument_restores_every_optimizer_class(write_config, output_dir):
     before = {cls: cls.__dict__.get("__init__") for cls in (torch.optim.Optimizer, torch.optim.Adam, torch.optim.SGD)}
-    session = Session.from_file(write_config(CONFIG))
+    session = Session.from_file(write_config(CONFIG), TrainerMon)
     torch_optim.instrument(session)
     assert torch.optim.Adam.__dict__["__init__"] is not before[torch.optim.Adam]
     torch_optim.uninstrument()

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import MLP, read_csv_rows
+from msmon import TrainerMon
 from msmon.hooks import Session, torch_optim
 
 TORCHS_SETSTATE = torch.optim.Optimizer.__dict__["__setstate__"]  # read before any test instruments
@@ -31,7 +32,7 @@ HOOK_DICTS = (
 
 @pytest.fixture
 def session(write_config, output_dir):
-    session = Session.from_file(write_config(CONFIG))
+    session = Session.from_file(write_config(CONFIG), TrainerMon)
     torch_optim.instrument(session)
     yield session
     torch_optim.uninstrument()
@@ -97,7 +98,7 @@ def test_an_optimizer_built_before_msmon_that_loads_a_state_dict_is_still_attach
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # before instrumentation: unseen
     step(model, optimizer)
-    session = Session.from_file(write_config(CONFIG))
+    session = Session.from_file(write_config(CONFIG), TrainerMon)
     torch_optim.instrument(session)
     try:
         optimizer.load_state_dict(optimizer.state_dict())

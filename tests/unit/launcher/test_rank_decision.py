@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from msmon import hooks
+from msmon import TrainerMon, hooks
 from msmon.config import load_config
 from msmon.system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank
 
@@ -20,7 +20,7 @@ class _AskEveryItem(torch.utils.data.Dataset):
         return 2
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        session = hooks.Session(self.config_path, load_config(self.config_path))
+        session = hooks.Session(self.config_path, load_config(self.config_path), TrainerMon)
         return torch.tensor([hooks.in_dataloader_worker(), session.may_attach()])
 
 

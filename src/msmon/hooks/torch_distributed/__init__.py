@@ -1,53 +1,15 @@
-"""torch.distributed: listeners see the tensors that go through its collectives
-(instrumentor.py wraps them; calls.py says what a call is; the comm collector is the listener).
-
-Everything the collector and the tests use is re-exported here, so `hooks.torch_distributed` is
-the one name to import.
+"""torch.distributed: the collectives are wrapped for the whole process while the config has
+cc_distribution on (instrumentor.py, the launcher's hold). What a call is and the listeners that
+see it (the comm collector is one) are the hooks' core: hooks/core/collective_calls.py and
+hooks/core/collective_listeners.py.
 """
 
 from __future__ import annotations
 
 from ..core.spec import Framework
-from .calls import (
-    ALWAYS_ASYNC,
-    COLLECTIVES,
-    UNKNOWN_SITE,
-    CallSite,
-    CollectiveCall,
-    CollectiveListener,
-    find_call_site,
-    tensors_of,
-)
-from .instrumentor import (
-    acquire,
-    add_listener,
-    deliver_completed,
-    instrument,
-    is_instrumented,
-    release,
-    remove_listener,
-    uninstrument,
-)
+from .instrumentor import instrument, uninstrument
 
-__all__ = [
-    "ALWAYS_ASYNC",
-    "COLLECTIVES",
-    "FRAMEWORK",
-    "UNKNOWN_SITE",
-    "CallSite",
-    "CollectiveCall",
-    "CollectiveListener",
-    "acquire",
-    "add_listener",
-    "deliver_completed",
-    "find_call_site",
-    "instrument",
-    "is_instrumented",
-    "release",
-    "remove_listener",
-    "tensors_of",
-    "uninstrument",
-]
+__all__ = ["FRAMEWORK", "instrument", "uninstrument"]
 
 FRAMEWORK = Framework(
     name="torch_distributed",

@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
@@ -42,9 +42,7 @@ from ..attach import module_monitor, on_optimizer_collected, start_monitor, targ
 from ..core.adapter_choice import resolve_optimizer
 from ..core.pipeline import pipeline_position
 from ..module_registry import ModuleTracker, roots_in_memory
-
-if TYPE_CHECKING:  # imported when first used: a script may import msmon.api, and with it torch, first
-    from ...api import TrainerMon
+from ..monitor_factory import AttachedMonitor
 
 logger = logging.getLogger("msmon")
 
@@ -114,7 +112,7 @@ class _Instrumentation:
         self._step_hook: Any = None
         self._original_setstate: Callable[..., None] | None = None
         self._decided: dict[int, weakref.ref] = {}  # id(optimizer) -> optimizer: handled once
-        self._attached: list[tuple[weakref.ref, TrainerMon]] = []  # the monitored optimizers
+        self._attached: list[tuple[weakref.ref, AttachedMonitor]] = []  # the monitored optimizers
         self._lock = threading.RLock()
 
     # -- installing ------------------------------------------------------------------------------

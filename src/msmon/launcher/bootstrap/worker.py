@@ -2,11 +2,13 @@
 
 Started by the job's bootstrap once the script imports torch (`start`), or by
 `import msmon.auto` (`start_here`), in every process that may be a training rank. It builds
-the session every instrumentor shares and switches the instrumentors on as their frameworks
-are imported. The process turns out to be a rank when it builds an optimizer (or a framework
-hands one over): from then on its worker record in the bootstrap directory tells the launcher
-where each monitor wrote. A process that never does is a launcher or a helper and says
-nothing, unless something else shows it was a rank (`unmonitored_rank`).
+the session every instrumentor shares, with the factory of the monitors they attach (the
+api's TrainerMon: the hooks sit below the api and never import it), and switches the
+instrumentors on as their frameworks are imported. The process turns out to be a rank when it
+builds an optimizer (or a framework hands one over): from then on its worker record in the
+bootstrap directory tells the launcher where each monitor wrote. A process that never does is
+a launcher or a helper and says nothing, unless something else shows it was a rank
+(`unmonitored_rank`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import logging
 import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ... import hooks
 from ...hooks import explicit
@@ -25,6 +27,9 @@ from ...system import exit_drain, lifecycle
 from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot
 from .job_directory import DEFAULT_CONFIG
+
+if TYPE_CHECKING:
+    from ...api import TrainerMon
 
 logger = logging.getLogger("msmon")
 
@@ -42,7 +47,7 @@ def start(bootstrap_dir: str) -> hooks.Session:
     settings = boot.read_settings(bootstrap_dir)
     if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
-    session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings))
+    session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings), build_monitor)
     record = WorkerRecord(os.path.join(bootstrap_dir, boot.WORKERS_DIR), session)
     session.listeners.append(record.on_event)
     return _begin(session, record)
@@ -63,7 +68,17 @@ def start_here() -> hooks.Session | None:
         return start(bootstrap_dir)  # under `msmon run`, with sitecustomize disabled (python -E/-I)
     lifecycle.setup_logging()
     config_path = os.environ.get(ENV_CONFIG) or DEFAULT_CONFIG
-    return _begin(hooks.Session.from_file(config_path), None)
+    return _begin(hooks.Session.from_file(config_path, build_monitor), None)
+
+
+def build_monitor(config_path: str) -> TrainerMon:
+    """The monitor of each attachment: the api's TrainerMon on the session's config file. The
+    api, and the collectors, statistics and output under it, is imported at the first
+    attachment (about 90 modules): a process of the job that never attaches (a launcher's, a
+    helper's) does not load it."""
+    from ...api import TrainerMon
+
+    return TrainerMon(config_path)
 
 
 def worker_config_path(bootstrap_dir: str, settings: dict) -> str:

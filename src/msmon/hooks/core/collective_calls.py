@@ -1,6 +1,6 @@
 """What a collective call is, as the listeners see it: the collectives wrapped and, for each, the
 tensors before and after the op; the call's site (the first frame outside torch and msmon); the
-listener protocol. instrumentor.py does the wrapping."""
+listener protocol. collective_listeners.py does the wrapping."""
 
 from __future__ import annotations
 
