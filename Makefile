@@ -34,11 +34,14 @@ demo: $(VENV)/.base
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -q -ra
 
-# ruff (lint and format) and mypy (types); settings in pyproject.toml
+# ruff (lint and format), mypy (types): settings in pyproject.toml; the import contract: the layers
+# and the torch-free modules in .importlinter, no import cycle (tools/import_cycles.py)
 lint: $(VENV)/.lint
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks examples tools
+	$(BIN)/ruff format --check src tests benchmarks examples tools
 	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python tools/import_cycles.py
 
 # mypy alone
 typecheck: $(VENV)/.lint

@@ -1,0 +1,100 @@
+"""The import contract that `make lint` checks: every module of msmon sits in a layer of
+.importlinter, and tools/import_cycles.py finds the cycles import-linter's layers cannot see
+(one inside a layer, one that only a function-level import closes)."""
+
+from __future__ import annotations
+
+import configparser
+import re
+import subprocess
+import sys
+import textwrap
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "src" / "msmon"
+CYCLES = ROOT / "tools" / "import_cycles.py"
+# packages whose __init__ is outside every layer because their modules sit in several: msmon's
+# own (the facade: `msmon.TrainerMon`), hooks (its instrumentors above the collectors, its core
+# below the runtime) and output (its vocabulary below the anomaly layer, its writing side above)
+CONTAINERS = {"msmon", "msmon.hooks", "msmon.output"}
+
+
+def _layer_entries() -> list[str]:
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    layers = config["importlinter:contract:layers"]["layers"]
+    return [name for line in layers.strip().splitlines() for name in re.split(r"[|:]", line) if name.strip()]
+
+
+def _modules() -> list[str]:
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names.append(".".join(parts))
+    return names
+
+
+def test_every_msmon_module_sits_in_a_layer_of_the_import_contract():
+    entries = [e.strip() for e in _layer_entries()]
+    unplaced = [
+        m for m in _modules() if m not in CONTAINERS and not any(m == e or m.startswith(e + ".") for e in entries)
+    ]
+    assert unplaced == [], f"add these modules to a layer in .importlinter: {unplaced}"
+
+
+def _write_package(root, name: str, files: dict[str, str]) -> None:
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for module, text in files.items():
+        (package / f"{module}.py").write_text(textwrap.dedent(text))
+
+
+def _check(root, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(CYCLES), name],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_the_cycle_check_finds_a_cycle_closed_by_a_function_level_import_and_names_its_path(tmp_path):
+    _write_package(
+        tmp_path,
+        "cyclic",
+        {
+            "a": "from . import b\n",
+            "b": "def late():\n    from . import c\n",
+            "c": "from .a import __name__ as _\n",
+        },
+    )
+    result = _check(tmp_path, "cyclic")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "import cycle among 3 modules: cyclic.a -> cyclic.b -> cyclic.c -> cyclic.a" in result.stdout
+
+
+def test_the_cycle_check_ignores_imports_made_only_for_type_checking(tmp_path):
+    _write_package(
+        tmp_path,
+        "typed",
+        {
+            "a": "from . import b\n",
+            "b": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from . import a\n",
+        },
+    )
+    result = _check(tmp_path, "typed")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no import cycle among 3 modules of typed" in result.stdout
+
+
+def test_every_verb_file_of_the_launcher_is_in_the_torch_free_contract():
+    config = configparser.ConfigParser()
+    config.read(ROOT / ".importlinter")
+    torch_free = config["importlinter:contract:torch-free"]["source_modules"].split()
+    verbs = sorted(f"msmon.launcher.{p.stem}" for p in (PACKAGE / "launcher").glob("*_command.py"))
+    assert [v for v in verbs if v not in torch_free] == []
