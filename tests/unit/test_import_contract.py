@@ -91,10 +91,3 @@ def test_the_cycle_check_ignores_imports_made_only_for_type_checking(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no import cycle among 3 modules of typed" in result.stdout
 
-
-def test_every_verb_file_of_the_launcher_is_in_the_torch_free_contract():
-    config = configparser.ConfigParser()
-    config.read(ROOT / ".importlinter")
-    torch_free = config["importlinter:contract:torch-free"]["source_modules"].split()
-    verbs = sorted(f"msmon.launcher.{p.stem}" for p in (PACKAGE / "launcher").glob("*_command.py"))
-    assert [v for v in verbs if v not in torch_free] == []
