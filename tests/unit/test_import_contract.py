@@ -90,4 +90,3 @@ def test_the_cycle_check_ignores_imports_made_only_for_type_checking(tmp_path):
     result = _check(tmp_path, "typed")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "no import cycle among 3 modules of typed" in result.stdout
-

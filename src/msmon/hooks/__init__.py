@@ -5,15 +5,16 @@ A package `hooks/<name>/` exports, in its light `__init__.py` (it never imports 
 heavy parts are imported when first used), one typed `Framework` as `FRAMEWORK`
 (hooks/core/spec.py): how to switch it on and off, the versions it supports, and, where the
 library has them, the adapter of its optimizers, its optimizer classes, msprobe's opt_ty names,
-its parallel groups, its pipeline position and the replica check's exceptions. The registry
-(hooks/core/registry.py) lists the packages in the order they are asked, and the import that
-switches each on.
+its parallel groups, its pipeline position, the replica check's exceptions, the import that
+switches it on and its place in the order frameworks are asked. The registry
+(hooks/core/registry.py) finds the packages in this folder and puts them in that order.
 
-`enable(session)` registers a post-import hook (wrapt) on the module that names each library, so
-an instrumentor is switched on only when the training script imports its library, right away if
-it already did. One that fails is reported once and the others go on.
+`enable(session)` registers a post-import hook (wrapt) on the module each spec names, so an
+instrumentor is switched on only when the training script imports its library, right away if
+it already did. One that fails (to import, to export a Framework, to switch on) is reported once
+and the others go on.
 
-To add a framework: write the folder `hooks/<name>/` and add its line to the registry.
+To add a framework: write the folder `hooks/<name>/`; nothing else names it.
 """
 
 from __future__ import annotations
@@ -103,50 +104,62 @@ def in_dataloader_worker() -> bool:
     return worker is not None and getattr(worker, "_worker_info", None) is not None
 
 
-_enabled: dict[str, Framework] = {}  # registry key -> its spec, once instrumented
+_enabled: dict[str, Framework] = {}  # package name -> its spec, once instrumented
 
 
 def enable(session: Session) -> None:
-    """Switch each instrumentor on when its framework is imported (now, if it already is)."""
+    """Switch each instrumentor on when its framework is imported (now, if it already is).
+    Each package's light `__init__` is imported here, for the import that switches it on; one
+    that cannot be, or exports no Framework, is reported once and never switched on."""
     import wrapt
 
-    for trigger in dict.fromkeys(registry.SWITCHED_ON_BY.values()):
-        wrapt.register_post_import_hook(_on_import(trigger, session), trigger)
+    specs = registry.frameworks()
+    for trigger in dict.fromkeys(spec.switched_on_by for spec in specs):
+        names = [spec.name for spec in specs if spec.switched_on_by == trigger]
+        wrapt.register_post_import_hook(_on_import(names, session), trigger)
 
 
-def _on_import(trigger: str, session: Session) -> Callable[[Any], None]:
+def _on_import(names: list[str], session: Session) -> Callable[[Any], None]:
     def hook(_module: Any) -> None:
         if not session.in_owner_process():
             return
-        for name, wanted in registry.SWITCHED_ON_BY.items():
-            if wanted == trigger:
-                instrument(name, session)
+        for name in names:  # in the order frameworks are asked
+            instrument(name, session)
 
     return hook
 
 
-def instrument(name: str, session: Session) -> bool:
-    """Import instrumentor package `name` (a key of the registry) and switch it on; False when
-    it is absent or failed."""
-    if name in _enabled:
-        return True
+def _load(name: str) -> Framework | None:
+    """The spec of instrumentor package `name`; None, with an error logged, when it cannot be
+    imported or exports no Framework, and None unreported when there is no such package."""
     package = f"{__name__}.{name}"
     try:
-        framework = registry.load(name)
+        return registry.load(name)
     except ModuleNotFoundError as exc:
-        if exc.name == package:  # not written yet: nothing to switch on
-            return False
-        logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), package, exc)
-        return False
+        if exc.name != package:  # else not written: nothing to switch on
+            logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), package, exc)
     except Exception as exc:
         logger.error("msmon[rank %d]: instrumentor %s cannot be imported: %r", current_rank(), package, exc)
+    return None
+
+
+def instrument(name: str, session: Session) -> bool:
+    """Import instrumentor package `name` (a folder of hooks/) and switch it on; False when it
+    is absent or failed."""
+    if name in _enabled:
+        return True
+    framework = _load(name)
+    if framework is None:
         return False
-    warn_if_unsupported(framework.distribution, framework.supported, registry.SWITCHED_ON_BY.get(name))
+    warn_if_unsupported(framework.distribution, framework.supported, framework.switched_on_by)
     try:
         framework.instrument(session)
     except Exception as exc:  # one framework's failure leaves the others on, and training untouched
         logger.error(
-            "msmon[rank %d]: instrumentor %s failed to switch on and stays off: %r", current_rank(), package, exc
+            "msmon[rank %d]: instrumentor %s failed to switch on and stays off: %r",
+            current_rank(),
+            f"{__name__}.{name}",
+            exc,
         )
         return False
     _enabled[name] = framework

@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import textwrap
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,18 +17,30 @@ from conftest import MLP
 from msmon import TrainerMon, hooks
 from msmon.config import ConfigError
 from msmon.hooks.core import adapter_choice, registry, versions
-from msmon.hooks.core.adapters import OptimizerAdapter
 from msmon.hooks.core.spec import Framework
 
 
-def test_every_registered_package_exports_a_framework_spec_named_as_its_folder():
+def test_every_package_in_the_hooks_folder_but_core_exports_a_framework_spec_named_as_its_folder():
+    folders = sorted(p.name for p in Path(hooks.__file__).parent.iterdir() if (p / "__init__.py").is_file())
     specs = registry.frameworks()
-    assert [spec.name for spec in specs] == list(registry.SWITCHED_ON_BY)
+    assert sorted(spec.name for spec in specs) == [name for name in folders if name != "core"]
     for spec in specs:
         assert isinstance(spec, Framework), spec
         assert callable(spec.instrument) and callable(spec.uninstrument), spec.name
         assert isinstance(spec.distribution, str) and isinstance(spec.supported, str), spec.name
+        assert isinstance(spec.switched_on_by, str) and isinstance(spec.precedence, int), spec.name
         versions.in_range("1.0", spec.supported)  # parses
+
+
+def test_the_frameworks_are_asked_by_precedence_most_specific_first_and_each_switched_on_by_its_library():
+    assert [(spec.name, spec.switched_on_by) for spec in registry.frameworks()] == [
+        ("megatron", "megatron.core"),
+        ("deepspeed", "deepspeed"),
+        ("fsdp", "torch.distributed.fsdp"),
+        ("torch_optim", "torch"),
+        ("torch_distributed", "torch"),
+    ]
+    assert [spec.precedence for spec in registry.frameworks()] == sorted(s.precedence for s in registry.frameworks())
 
 
 def test_torch_optim_whose_adapter_fits_any_optimizer_is_asked_after_every_framework_with_adapters():
@@ -73,59 +87,152 @@ def test_framework_optimizer_classes_come_from_the_packages():
     assert {"DeepSpeedZeroOptimizer_Stage3", "BF16_Optimizer", "ChainedOptimizer", "MegatronOptimizer"} <= names
 
 
-class _FakeOptimizer(torch.optim.SGD):
-    """An optimizer class only the fake framework below knows."""
-
-
-class _FakeAdapter(OptimizerAdapter):
-    family = "fake"
-
-
 def _fake_package(monkeypatch, spec: Framework) -> None:
+    """A package msmon.hooks.fake_framework held in sys.modules only (not in the hooks folder)."""
     package = types.ModuleType("msmon.hooks.fake_framework")
     package.FRAMEWORK = spec
     monkeypatch.setitem(sys.modules, "msmon.hooks.fake_framework", package)
 
 
-def test_a_new_framework_is_one_package_exporting_a_spec_and_one_registry_line(monkeypatch):
-    """The adapter choice and the pipeline position read the new spec; nothing else is told."""
-    _fake_package(
-        monkeypatch,
-        Framework(
-            name="fake_framework",
-            distribution="msmon-fake-framework",
-            supported="",
-            instrument=lambda session: None,
-            uninstrument=lambda: None,
-            adapter_for=lambda opt: _FakeAdapter(opt) if isinstance(opt, _FakeOptimizer) else None,
-        ),
-    )
-    monkeypatch.setattr(registry, "SWITCHED_ON_BY", {"fake_framework": "fake_framework", **registry.SWITCHED_ON_BY})
+@pytest.fixture
+def hooks_folder(tmp_path, monkeypatch):
+    """A second folder on msmon.hooks.__path__: a package written there is a package of hooks/, as if
+    written in src/msmon/hooks/. Its packages are forgotten again after the test."""
+    folder = tmp_path / "hooks"
+    folder.mkdir()
+    monkeypatch.setattr(hooks, "__path__", [*hooks.__path__, str(folder)])
     registry.frameworks.cache_clear()
-    try:
-        model = MLP()
-        mine, plain = _FakeOptimizer(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)
-        assert type(adapter_choice.adapter_for(mine)) is _FakeAdapter
-        assert type(adapter_choice.adapter_for(plain)).__name__ == "TorchOptimAdapter"
-    finally:
-        registry.frameworks.cache_clear()
+    yield folder
+    registry.frameworks.cache_clear()
+    for package in folder.iterdir():
+        name = f"msmon.hooks.{package.name}"
+        for module in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[module]
+        if hasattr(hooks, package.name):
+            delattr(hooks, package.name)
 
 
-def test_a_package_exporting_no_framework_spec_is_reported_and_the_others_switch_on(write_config, monkeypatch, caplog):
-    package = types.ModuleType("msmon.hooks.fake_framework")
-    package.FRAMEWORK = {"name": "fake_framework"}  # the untyped shape of old
-    monkeypatch.setitem(sys.modules, "msmon.hooks.fake_framework", package)
-    monkeypatch.setitem(registry.SWITCHED_ON_BY, "fake_framework", "fake_framework")
+def _write_package(folder: Path, name: str, init: str) -> None:
+    (folder / name).mkdir()
+    (folder / name / "__init__.py").write_text(textwrap.dedent(init))
+
+
+# a whole new framework: its folder's __init__.py, and nothing else anywhere
+NEW_FRAMEWORK = """
+    \"""A library msmon did not know: it fits any optimizer, and says when it is switched on.\"""
+
+    from ..core.adapters import OptimizerAdapter
+    from ..core.spec import Framework
+
+
+    class NewAdapter(OptimizerAdapter):
+        family = "{name}"
+
+
+    def instrument(session):
+        session.emit("{name} switched on")
+
+
+    FRAMEWORK = Framework(
+        name="{name}",
+        switched_on_by="{trigger}",
+        precedence={precedence},
+        distribution="{name}",
+        supported="",
+        instrument=instrument,
+        uninstrument=lambda: None,
+        adapter_for=NewAdapter,
+    )
+"""
+
+
+@pytest.mark.parametrize(("precedence", "asked_before"), [(25, "fsdp"), (95, "torch_distributed")])
+def test_a_new_framework_folder_exporting_only_its_spec_is_found_and_asked_in_its_precedence_order(
+    hooks_folder, precedence, asked_before
+):
+    """Nothing but the folder names it: the registry finds it, and the adapter choice asks it
+    before torch_optim (whose adapter fits any optimizer) only when its precedence says so."""
+    _write_package(
+        hooks_folder, "new_framework", NEW_FRAMEWORK.format(name="new_framework", trigger="x", precedence=precedence)
+    )
+    names = [spec.name for spec in registry.frameworks()]
+    assert names[names.index("new_framework") + 1] == asked_before
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)  # held here: adapters hold it weakly
+    family = adapter_choice.adapter_for(optimizer).family
+    assert family == ("new_framework" if precedence < registry.load("torch_optim").precedence else "torch")
+
+
+def _enable_in_a_new_process(folder: Path, config: str, then: str = "") -> subprocess.CompletedProcess:
+    """hooks.enable in a fresh process (it switches the real instrumentors on for good) with
+    `folder` on msmon.hooks.__path__; prints the session's events and the packages switched on,
+    before and after running `then`."""
+    code = textwrap.dedent(
+        f"""
+        from msmon import hooks
+        hooks.__path__.append({str(folder)!r})
+        events = []
+        session = hooks.Session.from_file({config!r}, build_monitor=lambda path: None)
+        session.listeners.append(lambda event, info: events.append(event))
+        hooks.enable(session)
+        print(events, sorted(hooks._enabled))
+        {then}
+        print(events, sorted(hooks._enabled))
+        """
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=folder.parent)
+
+
+def test_a_new_framework_folder_is_switched_on_when_its_library_is_imported_in_precedence_order(
+    hooks_folder, write_config
+):
+    """Two new packages switched on by the same import: asked by precedence, not by name; the
+    libraries already imported (torch) switched theirs on right away."""
+    _write_package(
+        hooks_folder,
+        "alpha_framework",
+        NEW_FRAMEWORK.format(name="alpha_framework", trigger="new_library", precedence=95),
+    )
+    _write_package(
+        hooks_folder, "zeta_framework", NEW_FRAMEWORK.format(name="zeta_framework", trigger="new_library", precedence=5)
+    )
+    (hooks_folder.parent / "new_library.py").write_text("")
+    out = _enable_in_a_new_process(hooks_folder, write_config({}), then="import new_library").stdout.splitlines()
+    assert out == [
+        "[] ['torch_distributed', 'torch_optim']",
+        "['zeta_framework switched on', 'alpha_framework switched on'] "
+        "['alpha_framework', 'torch_distributed', 'torch_optim', 'zeta_framework']",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("init", "reason"),
+    [
+        ("FRAMEWORK = {'name': 'fake_framework'}  # the untyped shape of old", "not a Framework"),
+        ("", "exports no FRAMEWORK"),
+    ],
+)
+def test_a_package_exporting_no_framework_spec_is_reported_and_the_others_switch_on(
+    hooks_folder, write_config, monkeypatch, caplog, init, reason
+):
+    _write_package(hooks_folder, "fake_framework", init)
     monkeypatch.setattr(hooks, "_enabled", {})
     session = hooks.Session.from_file(write_config({}), TrainerMon)
     with caplog.at_level(logging.ERROR, logger="msmon"):
         assert not hooks.instrument("fake_framework", session)
     assert any(
-        "fake_framework cannot be imported" in r.getMessage() and "not a Framework" in r.getMessage()
-        for r in caplog.records
+        "fake_framework cannot be imported" in r.getMessage() and reason in r.getMessage() for r in caplog.records
     )
-    with pytest.raises(TypeError, match="not a Framework"):
+    with pytest.raises(TypeError, match=reason):
         registry.load("fake_framework")
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="msmon"):
+        assert "fake_framework" not in [spec.name for spec in registry.frameworks()]
+        assert len(registry.frameworks()) == 5  # reported once: the answer is kept
+    assert [r.getMessage().count("fake_framework cannot be imported") for r in caplog.records] == [1]
+    run = _enable_in_a_new_process(hooks_folder, write_config({}))
+    assert run.stdout.splitlines() == ["[] ['torch_distributed', 'torch_optim']"] * 2
+    assert run.stderr.count("fake_framework cannot be imported") == 1 and reason in run.stderr
 
 
 @pytest.mark.parametrize(
@@ -145,12 +252,13 @@ def test_version_ranges(version, supported, inside):
 
 
 def test_a_version_outside_supported_warns_once_and_still_switches_on(write_config, monkeypatch, caplog):
-    registry.frameworks()  # cached before the registry gets its fake line
     switched_on = []
     _fake_package(
         monkeypatch,
         Framework(
             name="fake_framework",
+            switched_on_by="fake_framework",  # where the version is read when the distribution is not installed
+            precedence=50,
             distribution="msmon-fake-framework",  # not installed: the version is its module's __version__
             supported=">=1.0,<2.0",
             instrument=switched_on.append,
@@ -160,7 +268,6 @@ def test_a_version_outside_supported_warns_once_and_still_switches_on(write_conf
     library = types.ModuleType("fake_framework")
     library.__version__ = "2.5.0"
     monkeypatch.setitem(sys.modules, "fake_framework", library)
-    monkeypatch.setitem(registry.SWITCHED_ON_BY, "fake_framework", "fake_framework")
     monkeypatch.setattr(hooks, "_enabled", {})
     monkeypatch.setattr(versions, "_warned", set())
     session = hooks.Session.from_file(write_config({}), TrainerMon)

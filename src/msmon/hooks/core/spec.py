@@ -1,5 +1,6 @@
 """What a framework package declares: one typed `Framework`, exported by its light
-`hooks/<name>/__init__.py` as `FRAMEWORK`, so the layers that ask about frameworks (adapter
+`hooks/<name>/__init__.py` as `FRAMEWORK`. The registry (hooks/core/registry.py) finds the
+folders itself, so the spec is all a new framework writes; and the layers that ask about frameworks (adapter
 choice, parallel groups, the pipeline stage, the replica check) read typed fields instead of
 probing modules for optional names.
 
@@ -17,6 +18,17 @@ if TYPE_CHECKING:
     from .. import Session
     from .adapters import OptimizerAdapter
 
+# `precedence` of the framework packages (lower is asked first; ties go by name). The most
+# specific first: torch_optim, whose adapter fits any optimizer, after every framework built on
+# torch.optim; gaps leave room for a new framework between two others.
+#
+#   precedence  package             switched_on_by
+#   10          megatron            megatron.core
+#   20          deepspeed           deepspeed
+#   30          fsdp                torch.distributed.fsdp
+#   90          torch_optim         torch
+#   100         torch_distributed   torch
+
 Position = tuple[int, list[int]]  # (pipeline stage, global ranks of the pipeline group)
 ReplicaRule = Callable[[Any], "str | None"]  # why a parameter is not a replica, None when it is
 
@@ -28,6 +40,10 @@ class Framework:
 
     #: the package's folder in hooks/ (also the registry's key)
     name: str
+    #: the module whose import switches the package on (right away when already imported)
+    switched_on_by: str
+    #: its place in the order frameworks are asked, lower first (the table above)
+    precedence: int
     #: the distribution whose installed version is checked when the package switches on
     distribution: str
     #: the versions msmon was built and tested against (">=0.17,<0.20"): outside, one warning

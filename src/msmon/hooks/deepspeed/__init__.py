@@ -78,6 +78,8 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
 
 FRAMEWORK = Framework(
     name="deepspeed",
+    switched_on_by="deepspeed",
+    precedence=20,
     distribution="deepspeed",
     supported=">=0.17,<0.20",  # the layout of adapters.py; tested on 0.19.8
     instrument=instrument,

@@ -57,6 +57,8 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
 
 FRAMEWORK = Framework(
     name="fsdp",
+    switched_on_by="torch.distributed.fsdp",
+    precedence=30,
     distribution="torch",
     supported=">=2.13,<2.14",  # verified by tests/e2e/test_fsdp_e2e.py (FSDP2's reduce seam is torch-internal)
     instrument=instrument,

@@ -83,6 +83,8 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
 
 FRAMEWORK = Framework(
     name="megatron",
+    switched_on_by="megatron.core",
+    precedence=10,
     distribution="megatron-core",
     supported=">=0.16,<0.17",  # the layout of adapters.py; tested on 0.16.1
     instrument=instrument,

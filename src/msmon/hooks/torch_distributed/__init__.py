@@ -13,6 +13,8 @@ __all__ = ["FRAMEWORK", "instrument", "uninstrument"]
 
 FRAMEWORK = Framework(
     name="torch_distributed",
+    switched_on_by="torch",
+    precedence=100,
     distribution="torch",
     supported=">=2.1,<2.14",  # pyproject's floor; tested on 2.13
     instrument=instrument,

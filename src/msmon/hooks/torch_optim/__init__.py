@@ -65,6 +65,8 @@ def suppressed() -> Iterator[None]:
 
 FRAMEWORK = Framework(
     name="torch_optim",
+    switched_on_by="torch",
+    precedence=90,  # after every framework built on torch.optim: its adapter fits any optimizer
     distribution="torch",
     supported=">=2.1,<2.14",  # pyproject's floor; tested on 2.13
     instrument=instrument,
