@@ -45,7 +45,7 @@ def csv_flat(table: torch.Tensor, ndigits: int) -> list[float]:
     is too large to round in a double, or the exponent search misjudged the first digit. Those values (and
     non-finite ones) are formatted by `csv_value` itself, so the result is identical.
 
-    The native kernel computes it where it is loaded (msmon.native: the same float64
+    The native kernel computes it where it is loaded (msmon.stats.native: the same float64
     operations, so the same doubles); torch ops otherwise. The kernel is preferred for memory,
     not time: the twenty-odd torch kernels below are code that nothing else in a training
     process runs, and touching it made about 1.2 MiB of libtorch resident (docs/performance.md).
