@@ -7,36 +7,9 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from pathlib import Path
 
-import msmon
-
-PACKAGE = Path(msmon.__file__).parent
-
-
-def _msmon_imports(path: Path) -> set[str]:
-    """The msmon modules a file imports, function-level imports included, TYPE_CHECKING blocks not."""
-    module = "msmon." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    found: set[str] = set()
-    tree = ast.parse(path.read_text())
-    skipped = {
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for child in ast.walk(node)
-    }
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("msmon")}
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
-            if target.startswith("msmon"):
-                found |= {target} if node.module else {f"{target}.{alias.name}" for alias in node.names}
-    return found
+from import_walk import PACKAGE
+from import_walk import msmon_imports as _msmon_imports
 
 
 def _layer_imports(folder: str) -> dict[str, set[str]]:

@@ -4,12 +4,8 @@ instrumentors), function-level imports included, TYPE_CHECKING blocks not."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
+from import_walk import PACKAGE, module_name, module_of, msmon_imports
 
-import msmon
-
-PACKAGE = Path(msmon.__file__).parent
 ABOVE_COLLECTORS = (
     "msmon.monitor",
     "msmon.api",
@@ -24,44 +20,13 @@ ABOVE_COLLECTORS = (
 )
 
 
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE).with_suffix("").parts
-    return ".".join(("msmon",) + (parts[:-1] if parts[-1] == "__init__" else parts))
-
-
 def _import_graph() -> dict[str, set[str]]:
     """Every msmon module and the msmon modules it imports: `from a import b` counts as module
     `a.b` where that is a module, else as `a`."""
-    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
-
-    def module_of(name: str) -> str:
-        while name not in paths and "." in name:
-            name = name.rsplit(".", 1)[0]
-        return name
-
-    graph: dict[str, set[str]] = {}
-    for name, path in paths.items():
-        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-        tree = ast.parse(path.read_text())
-        skipped = {
-            id(child)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-            for child in ast.walk(node)
-        }
-        found: set[str] = set()
-        for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
-            if isinstance(node, ast.Import):
-                found |= {module_of(a.name) for a in node.names if a.name.split(".")[0] == "msmon"}
-            elif isinstance(node, ast.ImportFrom):
-                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-                target = ".".join(base + ([node.module] if node.module else []))
-                if target.split(".")[0] == "msmon":
-                    found |= {module_of(f"{target}.{a.name}") for a in node.names}
-        graph[name] = found - {name}
-    return graph
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {
+        name: {module_of(imported, paths) for imported in msmon_imports(path)} - {name} for name, path in paths.items()
+    }
 
 
 def test_no_import_cycle_runs_through_a_collector():

@@ -7,7 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from test_bottom_layers import PACKAGE, _msmon_imports
+from import_walk import PACKAGE
+from import_walk import msmon_imports as _msmon_imports
 
 ALLOWED = ("msmon.stats", "msmon.config", "msmon.system")
 

@@ -7,50 +7,18 @@ TYPE_CHECKING blocks not."""
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
-
 import torch
 
 from conftest import MLP
+from import_walk import PACKAGE
+from import_walk import module_name as _module_name
+from import_walk import msmon_imports as _msmon_imports
 from msmon import TrainerMon
 from msmon.hooks import Session, torch_optim
 
-HOOKS = Path(torch_optim.__file__).parents[1]
-PACKAGE = HOOKS.parent
+HOOKS = PACKAGE / "hooks"
 # the instrumentors outside the library packages
 INSTRUMENTORS = ("msmon.hooks.attach", "msmon.hooks.handover", "msmon.hooks.explicit", "msmon.hooks.automatic")
-
-
-def _module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _msmon_imports(path: Path) -> set[str]:
-    """The msmon names a file imports (`from a import b` gives `a.b`), function-level imports
-    included, TYPE_CHECKING blocks not."""
-    module = _module_name(path)
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    tree = ast.parse(path.read_text())
-    skipped = {
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for child in ast.walk(node)
-    }
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "msmon"}
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
-            target = ".".join(base + ([node.module] if node.module else []))
-            if target.split(".")[0] == "msmon":
-                found |= {f"{target}.{alias.name}" for alias in node.names}
-    return found
 
 
 def _is_in(name: str, modules: tuple[str, ...]) -> bool:
