@@ -172,19 +172,10 @@ class BackgroundWriter:
                 sink.write(record)
                 for feature_record in features:  # L2 features: their own columns, no alert rules
                     sink.write(feature_record)
-            except OSError as exc:
-                if sink.writes_files:
+            except Exception as exc:
+                if isinstance(exc, OSError) and sink.writes_files:  # the disk failed: all output stops
                     self.stop_output(step, exc)
                     continue
-                logger.error(
-                    "msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
-                    self.rank,
-                    sink.name,
-                    step,
-                    exc,
-                )
-                self.sinks.remove(sink)
-            except Exception as exc:
                 logger.error(
                     "msmon[rank %d]: the %s sink failed at step %d and is switched off: %r",
                     self.rank,
