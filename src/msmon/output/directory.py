@@ -5,11 +5,8 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-import uuid
-from datetime import datetime
 
 from ..config import ConfigError
-from ..config.time_range import TIME_FORMAT
 
 ENV_OUTPUT_DIR = "MONITOR_OUTPUT_DIR"
 DEFAULT_OUTPUT_DIR = "monitor_output"
@@ -32,11 +29,6 @@ def ensure_writable(path: str) -> None:
             f"output directory {os.path.abspath(path)} is not writable ({exc.strerror or exc}); "
             f"set {ENV_OUTPUT_DIR} to a writable directory"
         ) from None
-
-
-def rank_dir_name(rank: int) -> str:
-    """`<local time %b%d_%H-%M-%S>-rank<r>-<short uid>`, the msprobe layout."""
-    return f"{datetime.now().strftime(TIME_FORMAT)}-rank{rank}-{uuid.uuid4().hex[:8]}"
 
 
 def stopped_output(step: int, exc: OSError, path: str | None = None) -> dict:

@@ -5,6 +5,20 @@ them without importing torch."""
 from __future__ import annotations
 
 import re
+import uuid
+from datetime import datetime
+
+from ..config.time_range import TIME_FORMAT
+
+# a rank's output directory, `<local time %b%d_%H-%M-%S>-rank<r>-<short uid>`: the msprobe layout,
+# written by rank_dir_name and parsed by RANK_DIR (append_output, msmon convert)
+RANK_DIR = re.compile(r"^(?P<time>[A-Za-z]{3}\d{2}_\d{2}-\d{2}-\d{2})-rank(?P<rank>\d+)-")
+
+
+def rank_dir_name(rank: int) -> str:
+    """The name of a new output directory of `rank`, now: the name RANK_DIR parses back."""
+    return f"{datetime.now().strftime(TIME_FORMAT)}-rank{rank}-{uuid.uuid4().hex[:8]}"
+
 
 DUMP_DIR = "anomaly_detected"  # <out>/anomaly_detected/rank<r>/anomaly.jsonl
 DUMP_FILE = "anomaly.jsonl"

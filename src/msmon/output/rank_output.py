@@ -19,8 +19,8 @@ from ..system.environment import ENV_BOOTSTRAP_DIR
 from ..system.thread_priority import writer_nice
 from . import resume
 from .alerts import AlertConsumer
-from .directory import rank_dir_name, stopped_line, stopped_output
-from .layout import CONFIG_FILE, SUMMARY_FILE
+from .directory import stopped_line, stopped_output
+from .layout import CONFIG_FILE, SUMMARY_FILE, rank_dir_name
 from .sinks import build_sinks
 from .sinks.api_sink import ApiSink
 from .writer import BackgroundWriter

@@ -33,13 +33,10 @@ from typing import Any
 
 from ..config import ConfigError
 from ..config.time_range import TIME_FORMAT, parse_time
-from .directory import rank_dir_name
-from .layout import CSV_FILE
+from .layout import CSV_FILE, RANK_DIR, rank_dir_name
 
 logger = logging.getLogger("msmon")
 
-# `<time>-rank<r>-...`: msmon's and msprobe's per-rank output directories
-RANK_DIR = re.compile(r"^(?P<time>[A-Za-z]{3}\d{2}_\d{2}-\d{2}-\d{2})-rank(?P<rank>\d+)-")
 SUPERSEDED = "superseded_from_step{step}"
 
 _claimed: set[str] = set()  # rank directories taken by monitors of this process

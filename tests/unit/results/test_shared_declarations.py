@@ -94,3 +94,16 @@ def test_the_csv_sinks_file_names_are_read_back_alike_by_append_output_msmon_db_
         "grad_reduced_0-3_from1.csv": [(1, [("fc1.weight", [("norm", 2.0), ("max", 3.0)])])],
         "grad_reduced_4-7.csv": [(5, [("fc1.weight", [("norm", 4.0), ("max", 5.0)])])],
     }
+
+
+def test_a_rank_directory_name_is_written_and_parsed_back_by_output_layout_alone():
+    from datetime import datetime
+
+    from msmon.config.time_range import TIME_FORMAT
+    from msmon.output import layout
+
+    name = layout.rank_dir_name(13)
+    match = layout.RANK_DIR.match(name)
+    assert match is not None and int(match["rank"]) == 13
+    datetime.strptime(match["time"], TIME_FORMAT)  # the time prefix parses with the config's format
+    assert name != layout.rank_dir_name(13)  # a fresh uid each time: two monitors of a rank never share one

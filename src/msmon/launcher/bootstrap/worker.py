@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from ... import hooks
 from ...hooks import explicit
-from ...output.directory import ENV_OUTPUT_DIR, output_base_dir, rank_dir_name
+from ...output.directory import ENV_OUTPUT_DIR, output_base_dir
+from ...output.layout import rank_dir_name
 from ...system import exit_drain, lifecycle
 from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from ...output.layout import CONFIG_FILE
-from ...output.resume import RANK_DIR, rank_dirs
+from ...output.layout import CONFIG_FILE, RANK_DIR
+from ...output.resume import rank_dirs
 
 MSPROBE_RANK = re.compile(r"^rank(?P<rank>\d+)$")
 
