@@ -128,6 +128,7 @@ class DistributedAdapter(_MegatronAdapter):
         opt = optimizer
         self.group = getattr(opt, "data_parallel_group", None)
         self.all_params = [p for buffer in getattr(opt, "buffers", []) for p in buffer.params]
+        self._in_buffers = frozenset(id(p) for p in self.all_params)  # asked every step: built once
         self.main_of: dict[int, torch.Tensor] = {}
         self.span_of: dict[int, tuple[int, int]] = {}  # this rank's range of the flattened param
         for model_groups, shard_groups in (
@@ -158,14 +159,16 @@ class DistributedAdapter(_MegatronAdapter):
         return first.new_empty(0) if first is not None else torch.empty(0)
 
     def _weights(self, params: list[torch.Tensor]) -> dict[int, Any]:
-        known = {id(p) for p in self.all_params}
-        return {id(p): Shard(self.main_of.get(id(p), self._empty()), self.group) for p in params if id(p) in known}
+        return {
+            id(p): Shard(self.main_of.get(id(p), self._empty()), self.group)
+            for p in params
+            if id(p) in self._in_buffers
+        }
 
     def _grads(self, params: list[torch.Tensor], grad_of: Callable) -> dict[int, Any]:
-        known = {id(p) for p in self.all_params}
         out = {}
         for p in params:
-            if id(p) not in known:
+            if id(p) not in self._in_buffers:
                 continue
             local = self._empty()
             grad = grad_of(p)
@@ -181,10 +184,9 @@ class DistributedAdapter(_MegatronAdapter):
         rank holds none of it)."""
         if stepping is not self.inner:
             return {}
-        known = {id(p) for p in self.all_params}
         out = {}
         for p in params:
-            if id(p) not in known:
+            if id(p) not in self._in_buffers:
                 continue
             main = self.main_of.get(id(p))
             grad = main.grad if main is not None else None
@@ -197,10 +199,9 @@ class DistributedAdapter(_MegatronAdapter):
         template = next(iter(local.values()), None)
         if template is None:
             return {}
-        known = {id(p) for p in self.all_params}
         out = {}
         for p in params:
-            if id(p) not in known:
+            if id(p) not in self._in_buffers:
                 continue
             m = local.get(id(p))
             if m is None:  # nothing of p on this rank: an empty piece, with the shared hyperparameters
