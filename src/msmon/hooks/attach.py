@@ -122,6 +122,5 @@ def _hand_modules_over(session: Session, gone: AttachedMonitor) -> None:
             and any(m is g for m in monitor.models for g in gone.models)
         ):
             monitor.records_modules = True
-            if monitor.attached and monitor.active:
-                monitor.rebuild_collectors()
+            monitor.rebuild_collectors()  # a no-op before set_monitor or on a rank that records nothing
             return
