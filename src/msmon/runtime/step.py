@@ -159,6 +159,7 @@ class StepRunner:
         for collector in self.built.collectors:
             collector.end_step()
         ctx.rows_read.clear()
+        ctx.losses.clear()
         ctx.grad_hooks.clear()
         structure = self.built.structure
         if structure is not None and structure.enabled and ctx.recording:

@@ -58,6 +58,10 @@ class StepContext:
         self.grad_acc_steps: int | None = config.grad_acc_steps
         self.use_main_grad = False
         self.tracker: MicroStepTracker | None = None  # forward/backward micro-steps, when built
+        # the step's losses as the script computed them (unscaled, 0-d, on the device, one per
+        # micro-step in order), put here by the loss collector (loss_distribution) and read by
+        # whatever compares ranks; cleared at the end of every step
+        self.losses: list[torch.Tensor] = []
         self.cost = CostMeter()
         self.failed: set[str] = set()  # collectors switched off by a failure (logged once each)
         self.kept: dict[str, Any] = {}  # what a collector keeps across rebuilds (collector key -> state)
