@@ -21,6 +21,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from ... import hooks
+from ...config.resolved import resolved
 from ...hooks import explicit
 from ...output.directory import ENV_OUTPUT_DIR, output_base_dir
 from ...output.layout import rank_dir_name
@@ -191,14 +192,16 @@ class Unmonitored:
             "alerts": 0,
             "first_nonfinite": None,
             "last_step": None,
+            "next_step": None,
             "output_stopped": None,
             "note": reason,
         }
         try:
             os.makedirs(log_dir, exist_ok=True)
-            for name, data in (("config.json", session.config.raw), ("summary.json", summary)):
+            for name, data in (("config.json", resolved(session.config)), ("summary.json", summary)):
                 with open(os.path.join(log_dir, name), "w", encoding="utf-8") as fh:
                     json.dump(data, fh, indent=2)
+                    fh.write("\n")
         except OSError as exc:  # the process ends anyway; the launcher's line still says why
             logger.debug("msmon[rank %d]: cannot write %s: %s", rank, log_dir, exc)
             return None
