@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from .connection import DatabaseError, connect
 from .load_report import LoadReport
 from .loader import Loader
+from .scan import has_output
 
 
 def load(
@@ -28,6 +29,11 @@ def load(
             raise DatabaseError(
                 f"{directory} is not a directory (expected a monitor output directory, $MONITOR_OUTPUT_DIR)"
             )
+    if not any(has_output(directory) for directory in directories):
+        raise DatabaseError(
+            f"no msmon output in {', '.join(directories)}: no CSV, TensorBoard events, summary.json, config.json "
+            "or anomaly dump; give the folder the run wrote to ($MONITOR_OUTPUT_DIR, default monitor_output)"
+        )
     con = connect(database)
     try:
         return Loader(con, database, tmp_dir).load(directories, progress)
