@@ -50,6 +50,7 @@ def start(bootstrap_dir: str) -> hooks.Session:
     if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
     session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings), build_monitor)
+    session.stop_said_by_launcher = True  # the worker record carries the reason to the launcher's one line
     record = WorkerRecord(os.path.join(bootstrap_dir, boot.WORKERS_DIR), session)
     session.listeners.append(record.on_event)
     return _begin(session, record)
