@@ -32,17 +32,28 @@ class SummaryLanes:
         self._text_metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
         self._tensor, self._shape, self._string = TensorProto, TensorShapeProto, types_pb2.DT_STRING
         self._prefixes: dict[tuple[str, str], bytes] = {}
+        self._keys: list[RowKey] = []
+        self._groups: list[tuple[str, list[int], torch.Tensor]] = []
+
+    def _grouped(self, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
+        """(category, its rows, the same as an index tensor) of the step's keys; kept while the
+        keys stay the same, as they do from step to step (the comparison of the same RowKey
+        objects is one C loop, grouping them again a Python loop per row)."""
+        if keys != self._keys:
+            rows: dict[str, list[int]] = {}
+            for i, key in enumerate(keys):
+                rows.setdefault(key.category, []).append(i)
+            self._keys = list(keys)
+            self._groups = [(category, index, torch.tensor(index)) for category, index in rows.items()]
+        return self._groups
 
     def entries(self, keys: list[RowKey], ops: list[str], table: torch.Tensor) -> list[bytes]:
         """The lanes' scalar entries and the holders' text entry of a step's [rows, ops] table."""
-        rows: dict[str, list[int]] = {}
-        for i, key in enumerate(keys):
-            rows.setdefault(key.category, []).append(i)
         prefixes: list[bytes] = []
         maxima: list[torch.Tensor] = []
         lines = ["| category | op | max | tensor |", "|---|---|---|---|"]
-        for category, index in rows.items():
-            values, where = table.index_select(0, torch.tensor(index)).max(dim=0)
+        for category, index, rows in self._grouped(keys):
+            values, where = table.index_select(0, rows).max(dim=0)
             maxima.append(values)
             holders = where.tolist()
             for j, (op, value) in enumerate(zip(ops, values.tolist())):
