@@ -31,3 +31,6 @@ class StepConsumer:
 
     def output_stopped(self) -> None:
         """A write to disk failed: write nothing more to disk (keep doing the rest)."""
+
+    def writer_closed(self) -> None:
+        """The writer has handed over its last step: finish with it (a bounded wait at most)."""
