@@ -10,8 +10,10 @@ import math
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from test_replica_check import clean_env, dump_records, msmon_run
 
 RANKS, BAD_RANK, BAD_STEP, STEPS = 4, 2, 7, 11
@@ -86,3 +88,77 @@ def test_the_rank_fed_corrupted_batches_is_named_first_at_that_step_as_one_ranks
         BAD_RANK,
         BAD_STEP,
     )
+
+
+# -- the loss joins when the loss collector fills StepContext.losses -------------------------------
+LOSS_RANKS, LOSS_RANK, LOSS_STEP, LOSS_STEPS = 3, 1, 4, 7
+
+
+def _loss_rank(rank: int, tmp: str) -> None:
+    """One rank of a 3-rank DDP job using the API, two micro-steps a step (no_sync on the
+    first); the script puts each micro-step's loss into the monitor's StepContext.losses, as
+    the loss collector does. From step 4 on rank 1 adds 100 to its loss: its gradients are
+    unchanged, only its loss departs."""
+    import os
+
+    import torch.distributed as dist
+
+    from msmon import TrainerMon
+
+    os.environ["MONITOR_OUTPUT_DIR"] = f"{tmp}/out"
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=LOSS_RANKS)
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(6, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = TrainerMon(f"{tmp}/monitor.json")
+    monitor.set_monitor(model, optimizer, grad_acc_steps=2)
+    gen = torch.Generator().manual_seed(10 + rank)
+    means = []
+    for step in range(LOSS_STEPS):
+        losses = []
+        for micro in range(2):
+            x = torch.randn(64, 6, generator=gen)
+            loss = model(x).pow(2).mean() + (100.0 if rank == LOSS_RANK and step >= LOSS_STEP else 0.0)
+            if micro == 0:
+                with model.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+            monitor.ctx.losses.append(loss.detach())  # what the loss collector does
+            losses.append(loss.item())
+        means.append(sum(losses) / 2)
+        optimizer.step()
+        optimizer.zero_grad()
+    monitor.close()
+    (Path(tmp) / f"means_rank{rank}.json").write_text(json.dumps(means))
+    dist.destroy_process_group()
+
+
+@pytest.mark.e2e
+def test_a_rank_whose_loss_alone_departs_is_named_by_its_mean_loss(tmp_path):
+    import torch.multiprocessing as mp
+
+    config = {
+        "wg_distribution": True,
+        "ops": ["norm"],
+        "format": "csv",
+        "alert": {"rules": [{"rule_name": "AnomalyRankOutlier"}], "dump": True},
+    }
+    (tmp_path / "monitor.json").write_text(json.dumps(config))
+    mp.spawn(_loss_rank, args=(str(tmp_path),), nprocs=LOSS_RANKS, join=True)
+    means = [json.loads((tmp_path / f"means_rank{r}.json").read_text()) for r in range(LOSS_RANKS)]
+    records = dump_records(tmp_path)
+    assert list(records) == [LOSS_RANK]
+    assert [r["step"] for r in records[LOSS_RANK]] == list(range(LOSS_STEP, LOSS_STEPS))
+    for record in records[LOSS_RANK]:
+        step = record["step"]
+        assert (record["name"], record["category"], record["op"], record["statistic"]) == (
+            "loss",
+            "loss",
+            "loss",
+            "loss",
+        )
+        assert record["also"] == []  # its gradients are those of the other ranks' kind
+        # the mean of the two micro-steps' losses, as the script computed them
+        assert record["value"] == pytest.approx(means[LOSS_RANK][step], rel=1e-6)
+        assert record["rank_values"] == pytest.approx({str(r): means[r][step] for r in range(LOSS_RANKS)}, rel=1e-6)

@@ -10,9 +10,11 @@ of outliers cannot move it (a mean and a standard deviation follow the outlier t
 expose). k is the rule's `threshold` (DEFAULT_K = 5). The floor matters with few ranks: three of
 four healthy values can lie close together by chance, MAD then is tiny and the fourth, healthy
 too, would look far away; rank-local statistics of different batches differ by a fraction of
-their size, so s is never below FLOOR (10 %) of |m|: with k = 5 a rank is named only when its
-value is more than half the median away from it. The test needs MIN_RANKS (3) values: with two,
-neither is the odd one out.
+their size, so s is never below FLOOR (15 %) of |m|. With k = 5 a rank is named only when its
+value is more than 0.75 |m| away from the median: above 1.75 times it, or below a quarter of it
+(a rank fed zeros or a constant). Where the ranks' healthy spread is wider than that (a few
+samples per rank: the loss of 8 samples can be twice that of 8 others), raise k. The test needs
+MIN_RANKS (3) values: with two, neither is the odd one out.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 DEFAULT_K = 5.0
 MAD_SCALE = 1.4826
-FLOOR = 0.1
+FLOOR = 0.15
 MIN_RANKS = 3
 
 
