@@ -193,7 +193,7 @@ class StatisticsConsumer(StepConsumer):
         if state.off is not None:
             return
         loss = None
-        for step in [s for s in state.losses if s <= record.step]:
+        for step in [s for s in list(state.losses) if s <= record.step]:  # list(): one C call, safe
             host, events = state.losses.pop(step)
             if step == record.step:
                 for event in events:
