@@ -68,6 +68,9 @@ def test_the_rank_fed_corrupted_batches_is_named_first_at_that_step_as_one_ranks
     assert tensor["median"] == pytest.approx(statistics.median(norms), rel=1e-5)
     assert first["group_ranks"] == [0, 1, 2, 3] and first["score"] > first["threshold"] == 5
     assert [a["statistic"] for a in first["also"]] == ["gradient norm"]  # its gradient departs too
+    for rank in range(RANKS):  # summary.json counts the rule's alerts with the others'
+        (summary,) = (tmp_path / "out").glob(f"*-rank{rank}-*/summary.json")
+        assert json.loads(summary.read_text())["alerts"] == (STEPS - BAD_STEP if rank == BAD_RANK else 0)
 
     analysed = subprocess.run(
         [sys.executable, "-m", "msmon.launcher", "analyse", "-d", str(tmp_path / "out" / "anomaly_detected")],

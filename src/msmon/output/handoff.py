@@ -25,6 +25,7 @@ class StepConsumer:
     write of the step is; the consumer is called again at the next step."""
 
     name = "consumer"
+    alerts_raised = 0  # the alerts it raised (summary.json counts them with the rules')
 
     def consume(self, record: StepRecord, batch: HostBatch) -> None:
         raise NotImplementedError

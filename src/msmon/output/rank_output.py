@@ -111,7 +111,8 @@ class RankOutput:
     @property
     def alerts_raised(self) -> int:
         """Alerts of the whole run (summary.json)."""
-        return self.alerts.alerts_raised if self.alerts is not None else 0
+        own = self.alerts.alerts_raised if self.alerts is not None else 0
+        return own + sum(watcher.alerts_raised for watcher in self.watchers)
 
     @property
     def first_origin(self) -> dict | None:

@@ -188,6 +188,10 @@ class StatisticsConsumer(StepConsumer):
     def __init__(self, state: OutlierState) -> None:
         self.state = state
 
+    @property
+    def alerts_raised(self) -> int:  # type: ignore[override]  # a count kept by the exchange thread
+        return self.state.alarms
+
     def consume(self, record: StepRecord, batch: HostBatch) -> None:
         state = self.state
         if state.off is not None:
