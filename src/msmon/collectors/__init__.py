@@ -14,6 +14,7 @@ from .l2_features.collector import L2FeatureCollector
 from .nan_origin.collector import NanOriginCollector
 from .optimizer_state import OptimizerStateCollector
 from .params import ParamCollector
+from .rank_outlier import collector as rank_outlier_collector  # noqa: F401  (registration)
 from .replica_check import collector as replica_check_collector  # noqa: F401  (registration)
 from .structure import StructCollector
 from .sync_grads import SyncGradCollector

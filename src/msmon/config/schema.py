@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..system.short_repr import short_repr
 from .errors import ConfigError
 
-ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
+ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan", "AnomalyRankOutlier")
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
 SA_ORDERS = ("s,b,h,d", "b,s,h,d", "b,h,s,d")  # "b,h,s,d" (F.scaled_dot_product_attention's): msmon
@@ -77,7 +77,9 @@ class AlertRuleConfig:
 
 @dataclass
 class AlertConfig:
-    rules: list[AlertRuleConfig] = key(doc="AnomalyTurbulence (with a threshold) and AnomalyNan", factory=list)
+    rules: list[AlertRuleConfig] = key(
+        doc="AnomalyTurbulence (with a threshold), AnomalyNan and AnomalyRankOutlier", factory=list
+    )
     dump: bool = key(False, doc="append every alert to the anomaly dump (docs/anomaly.md)")
     max_lines_per_step: int = key(10, doc="msmon: alert lines logged per step and rank", minimum=0)
 
