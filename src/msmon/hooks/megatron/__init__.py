@@ -19,6 +19,7 @@ from .groups import groups_of_process, pipeline_position
 if TYPE_CHECKING:
     from .. import Session
     from ..core.adapters import OptimizerAdapter
+    from ..core.backward_calls import LossScaling
 
 __all__ = ["FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
 
@@ -81,6 +82,24 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
     return megatron_adapter(optimizer)
 
 
+def loss_scaling() -> LossScaling:
+    """Megatron's `grad_scale_func` is its optimizer's `scale_loss(loss) = get_loss_scale() * loss`
+    (each class that defines its own is wrapped)."""
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    from ..core.backward_calls import LossScaling, Scaler
+
+    classes, todo = [], [MegatronOptimizer]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo.extend(cls.__subclasses__())
+    scale_of = lambda optimizer: optimizer.get_loss_scale()  # noqa: E731
+    return LossScaling(
+        scalers=tuple(Scaler(cls, "scale_loss", scale_of) for cls in classes if "scale_loss" in cls.__dict__)
+    )
+
+
 FRAMEWORK = Framework(
     name="megatron",
     switched_on_by="megatron.core",
@@ -95,4 +114,5 @@ FRAMEWORK = Framework(
     groups_of_process=groups_of_process,
     pipeline_position=pipeline_position,
     replica_exclusion=replica_exclusion,
+    loss_scaling=loss_scaling,
 )
