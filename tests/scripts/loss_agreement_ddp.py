@@ -4,9 +4,9 @@ computes itself.
 
 Each step runs `acc` micro-batches, all but the last under `no_sync()`, through a GradScaler
 (on CPU; `scaler` in argv) or plainly. Alongside, an unwrapped copy of the model (loaded from
-the DDP model's weights at the start of every step) runs plain autograd on the same
-micro-batches through torch.autograd.grad: their sum is the rank-local gradient; the DDP model's `.grad`, unscaled by the
-scaler, is the all-reduced one. cos and |local|/|reduced| of their concatenations, in float64,
+the DDP model's weights at the start of every step) runs the same micro-batches through
+torch.autograd.grad: their sum is the rank-local gradient; the DDP model's `.grad`, unscaled
+by the scaler, is the all-reduced one. cos and |local|/|reduced| of their concatenations, in float64,
 are the truth for the agreement rows. Rank 1's inputs are scaled by 3 from step `skew_step` on,
 so its gradient departs from the average.
 

@@ -240,10 +240,15 @@ class GradCollector(Collector):
         """End of a backward pass DDP reduced: the local sums kept against the reduced `.grad`."""
         ctx = self.ctx
         self._agree_task = None
-        pairs = [(local, ctx.grad_of(ctx.params[i].param)) for i, local in self.local.items()]
-        pairs = [(a, b) for a, b in pairs if b is not None and not is_sparse(b) and a.shape == b.shape]
-        if pairs:
-            self._agreed = grad_agreement.agreement([a for a, _ in pairs], [b for _, b in pairs])
+        local: list[torch.Tensor] = []
+        reduced: list[torch.Tensor] = []
+        for index, kept in self.local.items():
+            grad = ctx.grad_of(ctx.params[index].param)
+            if grad is not None and not is_sparse(grad) and grad.shape == kept.shape:
+                local.append(kept)
+                reduced.append(grad)
+        if local:
+            self._agreed = grad_agreement.agreement(local, reduced)
         acc = ctx.grad_acc_steps
         if acc is not None and self.micro_steps_seen() >= acc:  # the step's last: the copies go back now
             self._drop_local()

@@ -218,11 +218,15 @@ def _wrap_scaler(original: Callable[..., Any], scaler: Any) -> Callable[..., Any
         ):
             key = id(result)
             # the entry goes with the scaled tensor (its id may be reused once it is gone)
-            ref = weakref.ref(result, lambda _r, key=key: _scaled.pop(key, None))
+            ref = weakref.ref(result, functools.partial(_forget, key))
             _scaled[key] = (ref, outputs.detach(), scaler.scale_of(self))
         return result
 
     return scale
+
+
+def _forget(key: int, _ref: weakref.ref) -> None:
+    _scaled.pop(key, None)
 
 
 def _wrap_entry_point(original: Callable[..., Any], _entry: Any) -> Callable[..., Any]:
