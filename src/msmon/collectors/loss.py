@@ -13,7 +13,9 @@ is recorded instead (torch's GradScaler, Megatron's grad_scale_func, DeepSpeed's
 engine.backward: each framework declares its scaler). A backward call on a tensor of several
 elements, or on several tensors at once, has no loss to record: no row, and one log line says so.
 A script that calls backward twice per forward (two losses) gets two rows, as the gradient
-hooks count two micro-batches.
+hooks count two micro-batches. A backward pass that reaches none of the monitored parameters
+(another model's: a GAN's discriminator, a frozen reference) is not this monitor's: a
+post-accumulate hook per parameter, a flag set and nothing else, tells them apart.
 """
 
 from __future__ import annotations
@@ -52,8 +54,12 @@ class LossCollector(Collector):
         self.micro_steps = 0  # backward passes seen this step
         self._listening: backward_calls.Listening | None = None
         self._said: set[str] = set()
+        self._reached = False  # a monitored parameter's gradient was accumulated since the last backward call
 
     def attach(self) -> None:
+        for mp in self.ctx.params:
+            if mp.param.requires_grad:
+                self.handles.append(mp.param.register_post_accumulate_grad_hook(self._on_accumulated))
         self._listening = backward_calls.listen(
             self.guard(self._on_loss), self.guard(self._on_skipped), loss_scaling_in_use(self.ctx)
         )
@@ -64,7 +70,13 @@ class LossCollector(Collector):
             self._listening = None
         super().detach()
 
+    def _on_accumulated(self, _param: torch.Tensor) -> None:
+        self._reached = True  # the whole hook: it runs once per parameter and backward pass
+
     def _on_loss(self, loss: torch.Tensor, _scale: torch.Tensor | None) -> None:
+        reached, self._reached = self._reached, False
+        if not reached and self.handles:  # another model's backward pass (its own monitor records it)
+            return
         ctx = self.ctx
         micro = self.micro_steps
         self.micro_steps += 1

@@ -115,3 +115,19 @@ def test_close_puts_backward_and_the_scaler_back_and_nothing_is_recorded_after(w
     optimizer.step()
     mon.close()
     assert (torch.Tensor.backward, torch.autograd.backward, torch.amp.GradScaler.scale) == originals
+
+
+def test_a_backward_pass_of_another_model_is_not_this_monitors_loss(write_config, output_dir):
+    mon, model, optimizer = monitored(write_config)
+    other = MLP()  # not monitored: a frozen reference, a GAN's other half
+    mine = []
+    for _ in range(2):
+        other(torch.randn(5, 8)).square().mean().backward()
+        loss = model(torch.randn(5, 8)).square().mean()
+        loss.backward()
+        other(torch.randn(5, 8)).abs().mean().backward()
+        mine.append(loss.item())
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    assert loss_rows(output_dir) == {(step, 0): as_written(v) for step, v in enumerate(mine)}

@@ -3,7 +3,8 @@
 While at least one listener is registered (the loss collector, the gradient agreement),
 `torch.Tensor.backward` and `torch.autograd.backward` are wrapped process-wide: the outermost
 call (Tensor.backward calls autograd.backward; one call is seen once) hands its tensor to the
-listeners when it is one floating-point element, and says once why not otherwise. The wrappers
+listeners, once the pass has run, when it is one floating-point element, and says why not
+otherwise (a listener tells from its own gradient hooks whether the pass reached its model). The wrappers
 only read what they are given; the call itself goes on unchanged. When the last listener
 leaves, every replaced attribute is put back.
 
@@ -132,29 +133,28 @@ def _replace_method(what: Scaler | EntryPoint, wrap: Callable[[Any, Any], Any]) 
         _replaced.replace(what.owner, what.name, lambda original: wrap(original, what))
 
 
-def _notify(tensors: Any) -> None:
-    """The outermost backward call's tensor(s), to the listeners."""
+def _loss_of(tensors: Any) -> tuple[torch.Tensor, Any] | None:
+    """(unscaled loss, scale) of the outermost backward call's tensor(s), None when it has no
+    loss (the listeners are told why)."""
     if isinstance(tensors, Sequence) and not isinstance(tensors, torch.Tensor):
         if len(tensors) != 1:
             _skipped("a backward call on several tensors at once (their sum is no one loss)")
-            return
+            return None
         tensors = tensors[0]
     if not isinstance(tensors, torch.Tensor):
-        return  # a gradient edge: nothing to record
+        return None  # a gradient edge: nothing to record
     tensor = tensors
     if tensor.numel() != 1 or not tensor.is_floating_point():
         if tensor.numel() != 1:
             _skipped("a backward call on a tensor of several elements, not a scalar loss")
-        return
+        return None
     scale = None
     remembered = _scaled.get(id(tensor))
     if remembered is not None and remembered[0]() is tensor:
         _, loss, scale = remembered
     else:
         loss = tensor.detach()
-    loss = loss.reshape(())
-    for listener in list(_listeners):
-        listener.on_loss(loss, scale)
+    return loss.reshape(()), scale
 
 
 def _skipped(why: str) -> None:
@@ -162,14 +162,26 @@ def _skipped(why: str) -> None:
         listener.on_skipped(why)
 
 
-def _seen(tensors: Any) -> None:
-    """Tell the listeners about the outermost call; a failure here is the listeners' own
-    (they are guarded), anything else must not stop the backward pass."""
+def _seen(tensors: Any) -> tuple[torch.Tensor, Any] | None:
+    """The loss of the outermost call, read before it runs (a scaled tensor is looked up while
+    it is alive); a failure here must not stop the backward pass."""
     if _state.depth == 0 and _listeners:
         try:
-            _notify(tensors)
+            return _loss_of(tensors)
         except Exception as exc:  # contained: monitoring must never break training
             _failed(exc)
+    return None
+
+
+def _deliver(found: tuple[torch.Tensor, Any] | None) -> None:
+    """After the backward pass: the listeners can tell whether it reached their parameters."""
+    if found is None:
+        return
+    try:
+        for listener in list(_listeners):
+            listener.on_loss(*found)
+    except Exception as exc:  # the listeners are guarded; this is for anything else
+        _failed(exc)
 
 
 def _failed(exc: Exception) -> None:
@@ -182,12 +194,14 @@ def _failed(exc: Exception) -> None:
 
 
 def _run(original: Callable[..., Any], tensors: Any, args: tuple, kwargs: dict) -> Any:
-    _seen(tensors)
+    found = _seen(tensors)
     _state.depth += 1
     try:
-        return original(*args, **kwargs)
+        result = original(*args, **kwargs)
     finally:
         _state.depth -= 1
+    _deliver(found)
+    return result
 
 
 def _wrap_tensor_backward(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -232,11 +246,13 @@ def _forget(key: int, _ref: weakref.ref) -> None:
 def _wrap_entry_point(original: Callable[..., Any], _entry: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def entry(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-        _seen(loss)
+        found = _seen(loss)
         _state.depth += 1  # its own backward calls run on a scaled copy: not reported
         try:
-            return original(self, loss, *args, **kwargs)
+            result = original(self, loss, *args, **kwargs)
         finally:
             _state.depth -= 1
+        _deliver(found)
+        return result
 
     return entry
