@@ -109,6 +109,7 @@ class GradCollector(Collector):
         self.agreeing = False
         self._agree_task: int | None = None
         self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._buffers: dict[int, torch.Tensor] = {}  # the agreement's copies, kept across steps
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -132,13 +133,19 @@ class GradCollector(Collector):
 
     def detach(self) -> None:
         self._drop_local()
+        self._buffers.clear()
         super().detach()
 
-    def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """Copy `.grad` before DDP reduces it, and add each later micro-batch's gradient to the
-        copy in a tensor hook (it sees the gradient before it is accumulated); the hook exists
-        only while the copy does."""
-        local = grad.detach().clone()
+    def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, more: bool = True) -> torch.Tensor:
+        """Copy `.grad` before DDP reduces it, and (when `more` micro-batches may follow) add each
+        later micro-batch's gradient to the copy in a tensor hook (it sees the gradient before it
+        is accumulated); the hook exists only while the copy does. For the gradient agreement the
+        copy goes into a buffer kept across steps: a fresh allocation of that size is first-touch
+        page faults on a CPU, which cost more than the copy."""
+        local = grad.detach().clone() if not self.agreeing else self._buffer(index, grad)
+        if not more:
+            self.local[index] = local
+            return local
 
         def on_incoming_grad(incoming: torch.Tensor) -> None:
             local.add_(incoming)  # our own copy; the gradient itself is only read
@@ -147,6 +154,12 @@ class GradCollector(Collector):
         self.local[index] = local
         self._adding[index] = param.register_hook(_unserializable(self.guard(on_incoming_grad)))
         return local
+
+    def _buffer(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(index)
+        if buffer is None or buffer.shape != grad.shape or buffer.dtype != grad.dtype or buffer.device != grad.device:
+            buffer = self._buffers[index] = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        return buffer.copy_(grad.detach())
 
     def _drop_local(self) -> None:
         for handle in self._adding.values():
@@ -203,7 +216,7 @@ class GradCollector(Collector):
                 self._agree_at_end()
             # about to be reduced, and more micro-batches follow (or the agreement needs it)
             if not reduced_before and (not last or self.agreeing):
-                self._keep_local(index, param, grad)
+                self._keep_local(index, param, grad, more=not last)
         local = self.local.get(index)
         if local is not None:
             return local
