@@ -23,7 +23,8 @@ are then in the same scale (a GradScaler's, or none) and nothing has clipped the
 Not available, said once in the log (docs/loss.md): a single process (the local gradient is
 the reduced one); frameworks that reduce in their own buffers or keep a shard of the reduced
 gradient (DeepSpeed, Megatron, FSDP: `hooks_unreduced` adapters), where msmon has no whole
-reduced gradient beside the local one in this version.
+reduced gradient beside the local one in this version; and data parallelism without a DDP
+module (a manual all-reduce), where nothing tells when the reduction happens.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ def agreement(local: list[torch.Tensor], reduced: list[torch.Tensor]) -> tuple[t
     dot = dots.double().sum()
     local_norm, reduced_norm = local_sq.sqrt(), reduced_sq.sqrt()
     return dot / (local_norm * reduced_norm), local_norm / reduced_norm
+
+
+def of_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The agreement of (local, reduced) pairs, leaving out a missing, sparse or reshaped
+    reduced gradient; None when no pair is left."""
+    kept = [(a, b) for a, b in pairs if b is not None and b.layout == torch.strided and a.shape == b.shape]
+    if not kept:
+        return None
+    return agreement([a for a, _ in kept], [b for _, b in kept])
 
 
 def add_rows(buffer, ops: list[str], cos: torch.Tensor, ratio: torch.Tensor) -> None:

@@ -253,15 +253,8 @@ class GradCollector(Collector):
         """End of a backward pass DDP reduced: the local sums kept against the reduced `.grad`."""
         ctx = self.ctx
         self._agree_task = None
-        local: list[torch.Tensor] = []
-        reduced: list[torch.Tensor] = []
-        for index, kept in self.local.items():
-            grad = ctx.grad_of(ctx.params[index].param)
-            if grad is not None and not is_sparse(grad) and grad.shape == kept.shape:
-                local.append(kept)
-                reduced.append(grad)
-        if local:
-            self._agreed = grad_agreement.agreement(local, reduced)
+        pairs = [(kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()]
+        self._agreed = grad_agreement.of_pairs(pairs) or self._agreed
         acc = ctx.grad_acc_steps
         if acc is not None and self.micro_steps_seen() >= acc:  # the step's last: the copies go back now
             self._drop_local()
@@ -336,6 +329,9 @@ class GradCollector(Collector):
             return
         if self._agreed is not None:
             grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *self._agreed)
+        elif self.agreeing and "grad_agreement" not in ctx.kept:
+            ctx.kept["grad_agreement"] = why = "no DDP module reduced the monitored gradients in this step"
+            grad_agreement.say_unavailable(ctx.rank, why)
         if not ctx.config.monitor_mbs_grad and self.last_rows:
             indices = list(self.last_rows)
             keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
