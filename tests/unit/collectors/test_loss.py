@@ -131,3 +131,45 @@ def test_a_backward_pass_of_another_model_is_not_this_monitors_loss(write_config
         optimizer.zero_grad()
     mon.close()
     assert loss_rows(output_dir) == {(step, 0): as_written(v) for step, v in enumerate(mine)}
+
+
+class HalfPrecisionScaler:
+    """A framework's loss scaler, as Megatron's optimizer is one: `scale_loss(loss) = scale * loss`."""
+
+    def __init__(self) -> None:
+        self.scale = torch.tensor(256.0)
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.scale * loss
+
+
+class Engine:
+    """A framework's entry point, as DeepSpeed's engine is one: `backward(loss)` runs backward on
+    a scaled copy of the loss."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / 4 * 1024).backward()
+
+
+def test_a_frameworks_declared_scaler_and_entry_point_give_the_unscaled_loss_and_nothing_else():
+    from msmon.hooks.core import backward_calls
+
+    scaling = backward_calls.LossScaling(
+        scalers=(backward_calls.Scaler(HalfPrecisionScaler, "scale_loss", lambda s: s.scale),),
+        entry_points=(backward_calls.EntryPoint(Engine, "backward"),),
+    )
+    originals = (HalfPrecisionScaler.__dict__["scale_loss"], Engine.__dict__["backward"])
+    seen: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    listening = backward_calls.listen(lambda loss, scale: seen.append((loss, scale)), lambda why: None, [scaling])
+    try:
+        weight = torch.nn.Parameter(torch.randn(3))
+        losses = [(weight * torch.randn(3)).sum() for _ in range(2)]
+        scaler = HalfPrecisionScaler()
+        scaler.scale_loss(losses[0]).backward()
+        Engine().backward(losses[1])
+    finally:
+        listening.stop()
+    assert (HalfPrecisionScaler.__dict__["scale_loss"], Engine.__dict__["backward"]) == originals  # put back
+    assert len(seen) == 2
+    assert torch.equal(seen[0][0], losses[0].detach()) and seen[0][1] is scaler.scale
+    assert torch.equal(seen[1][0], losses[1].detach()) and seen[1][1] is None

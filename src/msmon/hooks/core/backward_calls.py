@@ -55,10 +55,12 @@ class Scaler:
 
 @dataclass(frozen=True)
 class EntryPoint:
-    """A method `owner.name(self, loss, ...)` that runs backward on a scaled copy of `loss`."""
+    """A method `owner.name(self, loss, ...)` that runs backward on a scaled copy of `loss`, or
+    (`method=False`) a module's function `owner.name(loss, ...)` that runs backward itself."""
 
-    owner: type
+    owner: Any
     name: str
+    method: bool = True
 
 
 @dataclass(frozen=True)
@@ -243,13 +245,13 @@ def _forget(key: int, _ref: weakref.ref) -> None:
     _scaled.pop(key, None)
 
 
-def _wrap_entry_point(original: Callable[..., Any], _entry: Any) -> Callable[..., Any]:
+def _wrap_entry_point(original: Callable[..., Any], entry_point: Any) -> Callable[..., Any]:
     @functools.wraps(original)
-    def entry(self: Any, loss: Any, *args: Any, **kwargs: Any) -> Any:
-        found = _seen(loss)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        found = _seen(args[1 if entry_point.method else 0] if len(args) > int(entry_point.method) else None)
         _state.depth += 1  # its own backward calls run on a scaled copy: not reported
         try:
-            result = original(self, loss, *args, **kwargs)
+            result = original(*args, **kwargs)
         finally:
             _state.depth -= 1
         _deliver(found)

@@ -84,10 +84,11 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
 
 def loss_scaling() -> LossScaling:
     """Megatron's `grad_scale_func` is its optimizer's `scale_loss(loss) = get_loss_scale() * loss`
-    (each class that defines its own is wrapped)."""
+    (each class that defines its own is wrapped); its `custom_backward(output, grad)` runs the
+    autograd engine directly, so it is watched as well."""
     from megatron.core.optimizer.optimizer import MegatronOptimizer
 
-    from ..core.backward_calls import LossScaling, Scaler
+    from ..core.backward_calls import EntryPoint, LossScaling, Scaler
 
     classes, todo = [], [MegatronOptimizer]
     while todo:
@@ -95,8 +96,12 @@ def loss_scaling() -> LossScaling:
         classes.append(cls)
         todo.extend(cls.__subclasses__())
     scale_of = lambda optimizer: optimizer.get_loss_scale()  # noqa: E731
+    from megatron.core.pipeline_parallel import schedules
+
     return LossScaling(
-        scalers=tuple(Scaler(cls, "scale_loss", scale_of) for cls in classes if "scale_loss" in cls.__dict__)
+        scalers=tuple(Scaler(cls, "scale_loss", scale_of) for cls in classes if "scale_loss" in cls.__dict__),
+        # with deallocate_pipeline_outputs, backward_step runs the engine itself, not through backward
+        entry_points=(EntryPoint(schedules, "custom_backward", method=False),),
     )
 
 
