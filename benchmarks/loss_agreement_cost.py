@@ -7,8 +7,10 @@ The gradient agreement exists only under data parallelism, so this runs the refe
 torch thread each, monitored with `wg`, `wg+loss` and `wg+agreement` (workloads.CONFIGS). One
 job per configuration and round, each its own torchrun; the configurations take turns round
 after round (the order rotates), so a load that comes and goes on a shared machine falls on
-all of them. A job's figures are its ranks' medians of the timed steps: the step's wall time on
-the training thread, and the monitor's own clock on it (summary `monitor_seconds`). The
+all of them. A job's figures are its ranks' medians of the timed steps: the step's wall time,
+the training thread's CPU time (what a load on the machine disturbs least: time spent waiting
+for the CPU or for gloo is not counted), and the monitor's own clock on the training thread
+(summary `monitor_seconds`). The
 comparison is paired: each configuration against the wg job of the same round, as a
 percentage of that wg step; the table gives the median of the rounds and their spread.
 """
@@ -55,17 +57,19 @@ def inner(args: argparse.Namespace) -> None:
     monitor.set_monitor(ddp, optimizer)
     gen = torch.Generator().manual_seed(rank)
     device = torch.device("cpu")
-    times = []
+    times, cpu = [], []
     for step in range(args.warmup + args.steps):
         batch = spec.batch_of(gen, device)
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         train_step(ddp, optimizer, batch)
         if step >= args.warmup:
             times.append(time.perf_counter() - started)
+            cpu.append(time.thread_time() - started_cpu)
     summary = monitor.summary()
     monitor.close()
     result = {
         "step_ms": 1e3 * statistics.median(times),
+        "step_cpu_ms": 1e3 * statistics.median(cpu),
         "monitor_ms_per_step": 1e3 * summary["monitor_seconds"] / (args.warmup + args.steps),
     }
     with open(os.path.join(args.workdir, f"rank{rank}.json"), "w", encoding="utf-8") as fh:
@@ -119,13 +123,17 @@ def main() -> None:
     print(f"{args.model}, DDP 2 gloo ranks, 1 thread each, {args.steps} timed steps per job, {args.rounds} rounds")
     wg_steps = [r["wg"]["step_ms"] for r in rounds]
     print(f"wg step: median {statistics.median(wg_steps):.1f} ms (rounds {min(wg_steps):.1f} to {max(wg_steps):.1f})")
+    wg_cpu = [r["wg"]["step_cpu_ms"] for r in rounds]
+    print(f"wg step, training thread CPU time: median {statistics.median(wg_cpu):.1f} ms")
     for config in CHOICES[1:]:
         wall = [100 * (r[config]["step_ms"] - r["wg"]["step_ms"]) / r["wg"]["step_ms"] for r in rounds]
+        cpu = [100 * (r[config]["step_cpu_ms"] - r["wg"]["step_cpu_ms"]) / r["wg"]["step_cpu_ms"] for r in rounds]
         own = [
             100 * (r[config]["monitor_ms_per_step"] - r["wg"]["monitor_ms_per_step"]) / r["wg"]["step_ms"]
             for r in rounds
         ]
         print(f"{config} - wg, step wall time: {spread(wall)} of the wg step")
+        print(f"{config} - wg, training thread CPU time per step: {spread(cpu)} of the wg step's")
         print(f"{config} - wg, monitor's own clock on the training thread: {spread(own)} of the wg step")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
