@@ -1,7 +1,8 @@
 """loss_distribution and grad_agreement on 2 real DDP ranks (torchrun, gloo), through a
 GradScaler: the loss rows are the script's own unscaled losses, the agreement rows the cos and
 norm ratio the script computes itself from its own local and all-reduced gradients; both read
-back from CSV, from TensorBoard's own reader, and from `msmon db` (CSV and TensorBoard-only)."""
+back from CSV, from TensorBoard's own reader, and from `msmon db` (CSV and TensorBoard-only).
+The same job with no monitor has bit-identical losses and weights."""
 
 from __future__ import annotations
 
@@ -76,6 +77,10 @@ def test_loss_rows_are_the_scripts_unscaled_losses_and_agreement_its_own_cos_and
     for rank in (0, 1):
         truth = torch.load(tmp_path / f"truth_rank{rank}.pt")
         losses, agreement = truth["losses"], truth["agreement"]
+        # monitoring changed nothing: the same job with no monitor has the same losses and weights, bit for bit
+        plain = truth["plain"]
+        assert all(torch.equal(loss, plain["losses"][key]) for key, loss in losses.items())
+        assert all(torch.equal(w, plain["weights"][name]) for name, w in truth["weights"].items())
         directory = rank_dir(out, rank)
         # CSV: one row per micro-step, the unscaled loss (the scale was 4096)
         rows = {(int(r["step"]), int(r["micro_step"])): float(r["value"]) for r in read_csv_rows(directory, "loss")}

@@ -10,6 +10,9 @@ by the scaler, is the all-reduced one. cos and |local|/|reduced| of their concat
 are the truth for the agreement rows. Rank 1's inputs are scaled by 3 from step `skew_step` on,
 so its gradient departs from the average.
 
+The same job runs again with no monitor: its losses and final weights are saved beside, to be
+bit-identical with the monitored run's.
+
 argv: config, out dir, acc, steps, skew_step, [scaler]. Run with torchrun --nproc-per-node 2.
 """
 
@@ -29,19 +32,18 @@ def flat(tensors) -> torch.Tensor:
     return torch.cat([t.reshape(-1).double() for t in tensors])
 
 
-def main() -> None:
-    config, out, acc, steps, skew_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    use_scaler = "scaler" in sys.argv[6:]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+def train(config: str | None, acc: int, steps: int, skew_step: int, use_scaler: bool) -> dict:
+    """The job, monitored with `config` or (None) plainly: the script's losses, its own
+    agreement and the final weights."""
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = MLP()
     reference = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    mon = TrainerMon(config)
+    mon = TrainerMon(config) if config is not None else None
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    mon.set_monitor(ddp, optimizer, grad_acc_steps=acc)
+    if mon is not None:
+        mon.set_monitor(ddp, optimizer, grad_acc_steps=acc)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, enabled=use_scaler)
     gen = torch.Generator().manual_seed(100 + rank)
     losses, agreement = {}, {}
@@ -68,8 +70,20 @@ def main() -> None:
         scaler.step(optimizer)
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
-    mon.close()
-    torch.save({"losses": losses, "agreement": agreement}, os.path.join(out, f"truth_rank{rank}.pt"))
+    if mon is not None:
+        mon.close()
+    return {"losses": losses, "agreement": agreement, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+
+
+def main() -> None:
+    config, out, acc, steps, skew_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    use_scaler = "scaler" in sys.argv[6:]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    monitored = train(config, acc, steps, skew_step, use_scaler)
+    plain = train(None, acc, steps, skew_step, use_scaler)  # the same job with no monitor: the losses to match
+    monitored["plain"] = plain
+    torch.save(monitored, os.path.join(out, f"truth_rank{dist.get_rank()}.pt"))
     dist.destroy_process_group()
 
 
