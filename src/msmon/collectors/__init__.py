@@ -11,6 +11,7 @@ from .activations import ActivationCollector, MicroStepTracker
 from .base import Collector, MonitoredParam
 from .grads import GradCollector
 from .l2_features.collector import L2FeatureCollector
+from .loss import LossCollector
 from .nan_origin.collector import NanOriginCollector
 from .optimizer_state import OptimizerStateCollector
 from .params import ParamCollector
@@ -26,6 +27,7 @@ __all__ = [
     "MicroStepTracker",
     "GradCollector",
     "L2FeatureCollector",
+    "LossCollector",
     "NanOriginCollector",
     "OptimizerStateCollector",
     "ParamCollector",

@@ -114,6 +114,10 @@ class MonitorConfig:
     param_distribution: bool = key(False, doc="weights before and after the optimizer step")
     wg_distribution: bool = key(False, doc="weight gradients, before and after the data-parallel reduction")
     monitor_mbs_grad: bool = key(False, doc="the rank-local weight gradient after every micro-batch")
+    loss_distribution: bool = key(False, doc="msmon: the loss of every micro-step, unscaled (docs/loss.md)")
+    grad_agreement: bool = key(
+        False, doc="msmon: cos and norm ratio of the rank-local and the reduced gradient (docs/loss.md)"
+    )
     cc_distribution: CCConfig = key(doc="collectives (docs/comm.md)", factory=CCConfig)
     alert: AlertConfig = key(doc="alert rules and the anomaly dump (docs/anomaly.md)", factory=AlertConfig)
     format: list[str] = key(
