@@ -28,7 +28,7 @@ $(VENV)/.lint: pyproject.toml $(VENV)/.base
 demo: $(VENV)/.base
 	MONITOR_OUTPUT_DIR=$(OUT) $(BIN)/msmon run --config examples/monitor.json --nproc-per-node 2 \
 		-- examples/train_tiny_gpt.py --steps 20
-	@echo "Monitor output is in $(OUT)/ (CSV and TensorBoard per rank: tensorboard --logdir $(OUT));"
+	@echo "Monitor output is in $(OUT)/ (CSV and TensorBoard per rank: $(BIN)/tensorboard --logdir $(OUT));"
 	@echo "anomalies, if any: $(BIN)/msmon analyse -d $(OUT)/anomaly_detected"
 
 test: $(VENV)/.test

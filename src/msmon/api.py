@@ -303,7 +303,8 @@ class TrainerMon:
             "alerts": self.output.alerts_raised,
             "first_nonfinite": self.output.first_origin,
             **self.ctx.cost.report(self.writer.cpu_seconds if self.writer else None),
-            "last_step": self.step,
+            "last_step": self.step - 1 if self.step > 0 else None,  # the last step trained
+            "next_step": self.step,
             "output_stopped": self.output_stopped,
             **({"note": note} if (note := self._nothing_recorded_because()) else {}),
         }

@@ -103,7 +103,9 @@ def test_a_resumed_run_without_a_start_step_continues_after_the_last_one(write_c
     assert set(csv_norms(earlier)) == {(s, n) for s in range(5) for n in PARAMS}
     assert [s for s, _ in tb_norms(earlier)] == list(range(5))
     assert not list(earlier.glob("superseded_*"))
-    assert json.loads((earlier / "summary.json").read_text())["last_step"] == 5
+    summary = (earlier / "summary.json").read_text()
+    assert json.loads(summary)["last_step"] == 4 and json.loads(summary)["next_step"] == 5  # steps 0-4
+    assert summary.endswith("}\n")
 
 
 def test_a_range_that_selects_no_directory_is_an_error_before_training(write_config, output_dir):

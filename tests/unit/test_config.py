@@ -391,3 +391,30 @@ def test_every_config_key_is_declared_once_in_the_schema_with_a_type_a_default_a
     assert {k: v for k, v in empty.items() if k != "raw"} == {
         k: v for k, v in dataclasses.asdict(schema.MonitorConfig()).items() if k != "raw"
     }
+
+
+def test_tensorboard_layout_defaults_to_msprobes_and_refuses_another_value():
+    assert parse_config({}).tensorboard_layout == "msprobe"
+    assert parse_config({"tensorboard_layout": "by_rank"}).tensorboard_layout == "by_rank"
+    for bad in ("per_rank", 1, None):
+        with pytest.raises(ConfigError, match=r"tensorboard_layout: expected one of \['msprobe', 'by_rank'\]"):
+            parse_config({"tensorboard_layout": bad})
+
+
+def test_the_resolved_config_holds_every_key_and_parses_back_to_itself():
+    from msmon.config import VALID_KEYS
+    from msmon.config.resolved import resolved
+
+    given = {
+        "targets": {"fc1": {"input": "tuple[2]:0"}},
+        "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}], "dump": True},
+        "cc_distribution": {"enable": True},
+        "append_output": ["Dec03_21-34-40", None],
+    }
+    written = resolved(parse_config(given))
+    assert list(written) == list(VALID_KEYS)
+    assert written["targets"] == given["targets"] and written["alert"]["rules"] == given["alert"]["rules"]
+    assert written["cc_distribution"] == {"enable": True, "cc_codeline": [], "cc_pre_hook": False, "cc_log_only": False}
+    assert written["nan_origin"] is True  # None in the file: on, since an alert rule is set
+    assert written["ops"] == ["norm", "min", "max", "mean"] and written["format"] == ["tensorboard"]
+    assert resolved(parse_config(written)) == written

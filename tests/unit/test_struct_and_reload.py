@@ -16,7 +16,7 @@ from msmon import TrainerMon
 from msmon.config import TensorSpec
 
 
-def test_print_struct_writes_the_tree_and_stops_cleanly(tmp_path):
+def test_print_struct_writes_the_tree_with_the_names_targets_takes_and_stops_cleanly(tmp_path):
     config = tmp_path / "monitor.json"
     config.write_text(json.dumps({"print_struct": True}))
     script = tmp_path / "train.py"
@@ -26,7 +26,8 @@ def test_print_struct_writes_the_tree_and_stops_cleanly(tmp_path):
         sys.path.insert(0, {str(ROOT / "tests")!r})
         from conftest import MLP
         from msmon import TrainerMon
-        model = MLP(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model = torch.nn.Sequential(); model.add_module("block", MLP())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
         mon = TrainerMon({str(config)!r}); mon.set_monitor(model, opt)
         for step in range(5):
             model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
@@ -46,12 +47,15 @@ def test_print_struct_writes_the_tree_and_stops_cleanly(tmp_path):
     assert "trained step" not in proc.stdout  # stopped inside the first optimizer step
     stop_lines = [l for l in proc.stdout.splitlines() if "stopping after step 0 as print_struct asks" in l]  # noqa: E741
     assert len(stop_lines) == 1
-    assert "fc1  [input tensor: size=(4, 8), dtype=torch.float32" in proc.stdout
+    # the dotted name, as `targets` takes it, indented under its parent
+    assert "\n  block.fc1  [input tensor: size=(4, 8), dtype=torch.float32" in proc.stdout
     struct = json.loads((out / "module_struct" / "rank0" / "module_struct.json").read_text())
-    assert struct["fc1"]["input"] == {"config": "tensor", "0": "size=(4, 8), dtype=torch.float32"}
-    assert struct["fc2"]["output"] == {"config": "tensor", "0": "size=(4, 4), dtype=torch.float32"}
-    assert struct["fc2"]["output_grad"] == {"config": "tensor", "0": "size=(4, 4), dtype=torch.float32"}
-    assert struct["act"]["input_grad"]["0"] == "size=(4, 16), dtype=torch.float32"
+    printed = [line.split()[0] for line in proc.stdout.splitlines() if line.lstrip().startswith("block")]
+    assert printed == list(struct) == ["block", "block.fc1", "block.act", "block.fc2"]
+    assert struct["block.fc1"]["input"] == {"config": "tensor", "0": "size=(4, 8), dtype=torch.float32"}
+    assert struct["block.fc2"]["output"] == {"config": "tensor", "0": "size=(4, 4), dtype=torch.float32"}
+    assert struct["block.fc2"]["output_grad"] == {"config": "tensor", "0": "size=(4, 4), dtype=torch.float32"}
+    assert struct["block.act"]["input_grad"]["0"] == "size=(4, 16), dtype=torch.float32"
     for entry in struct.values():
         for slot in entry.values():
             TensorSpec.parse(slot["config"], "printed config")  # what targets accepts

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ..hooks.core import collective_listeners as cc
 from ..hooks.core import guest_hooks
 from ..hooks.core.collective_calls import CallSite, CollectiveCall
-from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey
+from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey, format_tag
 from ..runtime.step_context import StepContext
 from ..stats.combine import combine_rows
 from ..stats.engine import batch_stats
@@ -71,9 +71,9 @@ class CollectiveKey(RowKey):
     """A collective's row: name `{op}@{site}/{pre|post}`, tagged msprobe's way for collectives,
     `{op}@{site}/rank{r}/{pre|post}` (sinks append `_{stat}`), not `{vpp}:{name}/rank{r}/other`."""
 
-    def tag(self, rank: int) -> str:
+    def tag(self, rank: int | None) -> str:
         op, _, phase = self.name.rpartition("/")
-        return f"{op}/rank{rank}/{phase}"
+        return format_tag(op, rank, phase)
 
 
 @dataclass

@@ -96,7 +96,7 @@ class StructCollector(Collector):
         lines = []
         for name, entry in self.struct.items():
             depth = name.count(".") if name else 0
-            label = name.rsplit(".", 1)[-1] if name else "(root)"
+            label = name or "(root)"  # the whole dotted name: what `targets` takes, ready to copy
             parts = []
             for slot in ("input", "output"):
                 if slot in entry:

@@ -28,6 +28,7 @@ from .schema import (
     MSPROBE_ONLY_KEYS,
     SA_ORDERS,
     TARGET_SLOTS,
+    TENSORBOARD_LAYOUTS,
     VALID_KEYS,
     AlertConfig,
     AlertRuleConfig,
@@ -164,6 +165,15 @@ def _parse_sa_order(value: Any) -> str:
     return order
 
 
+def _parse_tensorboard_layout(value: Any) -> str:
+    if value not in TENSORBOARD_LAYOUTS:
+        raise ConfigError(
+            f"tensorboard_layout: expected one of {list(TENSORBOARD_LAYOUTS)} (msprobe: the rank in every tag; "
+            f"by_rank: tags without the rank, one TensorBoard run per rank), got {short_repr(value)}"
+        )
+    return str(value)
+
+
 def _parse_cc(value: Any) -> CCConfig:
     if not isinstance(value, dict):
         raise ConfigError(f"cc_distribution: expected an object, got {short_repr(value)}")
@@ -285,6 +295,8 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             cfg.alert = _parse_alert(value)
         elif key == "format":
             cfg.format = _parse_format(value)
+        elif key == "tensorboard_layout":
+            cfg.tensorboard_layout = _parse_tensorboard_layout(value)
         elif key == "ops":
             cfg.ops = _parse_ops(value)
         elif key == "eps":

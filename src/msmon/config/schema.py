@@ -19,6 +19,7 @@ from .errors import ConfigError
 ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan", "AnomalyRankOutlier")
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
+TENSORBOARD_LAYOUTS = ("msprobe", "by_rank")  # msprobe: the rank in every tag; by_rank: one run per rank
 SA_ORDERS = ("s,b,h,d", "b,s,h,d", "b,h,s,d")  # "b,h,s,d" (F.scaled_dot_product_attention's): msmon
 MSPROBE_ONLY_KEYS: dict[str, str] = {}  # msprobe key -> what msmon does instead; accepted with a warning
 
@@ -122,6 +123,11 @@ class MonitorConfig:
     alert: AlertConfig = key(doc="alert rules and the anomaly dump (docs/anomaly.md)", factory=AlertConfig)
     format: list[str] = key(
         doc="where rows go: any format with a sink file in msmon/output/sinks/", factory=lambda: ["tensorboard"]
+    )
+    tensorboard_layout: str = key(
+        "msprobe",
+        doc="msprobe: tags `{name}/rank{r}/{category}_{op}`; by_rank: no rank in the tag (ranks overlay as "
+        "runs) plus per-category summary lanes (docs/tensorboard.md)",
     )
     ops: list[str] = key(
         doc="the statistics of each tensor (msmon.stats.ops)", factory=lambda: ["norm", "min", "max", "mean"]

@@ -61,6 +61,7 @@ class Session:
     listeners: list[Listener] = field(default_factory=list)
     error: str | None = None  # why the process was stopped before training, if it was
     stood_down: bool = False  # the script built its own TrainerMon: it monitors itself (hooks/explicit.py)
+    stop_said_by_launcher: bool = False  # under `msmon run`: its end-of-job line gives a stop's reason, once
 
     @classmethod
     def from_file(cls, config_path: str, build_monitor: MonitorFactory) -> Session:
@@ -80,8 +81,12 @@ class Session:
         """Stop this process before training: one error line, the reason kept for the
         launcher's end-of-job summary, exit code 2."""
         self.error = reason
-        logger.error(
-            "msmon[rank %d]: invalid config %s: %s; stopping before training", current_rank(), self.config_path, reason
+        logger.log(
+            logging.DEBUG if self.stop_said_by_launcher else logging.ERROR,
+            "msmon[rank %d]: invalid config %s: %s; stopping before training",
+            current_rank(),
+            self.config_path,
+            reason,
         )
         self.emit("stopped", reason=reason)
         raise StopBeforeTraining(2)

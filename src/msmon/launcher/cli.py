@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from pathlib import Path
 
 import click
@@ -36,11 +37,30 @@ def verb_commands(folder: Path = Path(__file__).parent, package: str = __package
     return commands
 
 
+def first_sentence(help_text: str) -> str:
+    """A command's summary for `msmon --help`: the first sentence of its help, whole. Click
+    would cut it to the room left on one line ("Order the anomalies of every rank in time and
+    print the..."); given as short_help, it is wrapped instead."""
+    paragraph = re.sub(r"\s+", " ", help_text.strip().split("\n\n")[0])
+    match = re.match(r"(.+?\.)(?:\s|$)", paragraph)
+    return match.group(1) if match else paragraph
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="msmon")
 def main() -> None:
     """Training-state monitor for PyTorch (msprobe monitor compatible)."""
 
 
+def whole_summaries(group: click.Group) -> None:
+    """Every command of `group` (and of its subgroups: `convert`'s) listed with its first sentence whole."""
+    for command in group.commands.values():
+        if not command.short_help and command.help:
+            command.short_help = first_sentence(command.help)
+        if isinstance(command, click.Group):
+            whole_summaries(command)
+
+
 for _command in verb_commands():
     main.add_command(_command)
+whole_summaries(main)

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from ..offline.convert.csv_to_tb import csv_to_tensorboard
-from ..offline.convert.sources import ConvertError, default_output, find_ranks
+from ..offline.convert.sources import ConvertError, default_output, find_ranks, one_per_rank
 from ..offline.convert.tags import LAYOUTS
 from ..offline.convert.tb_to_csv import tensorboard_to_csv
 
@@ -105,7 +105,8 @@ def convert() -> None:
     type=click.Choice(LAYOUTS),
     default="msmon",
     show_default=True,
-    help="msmon: the live sink's tags, one events file per rank directory; msprobe: msprobe's "
+    help="msmon: the live sink's tags, one events file per rank directory; by_rank: the same without "
+    "the rank in the tag (tensorboard_layout by_rank: ranks overlay in one chart); msprobe: msprobe's "
     "csv2tensorboard layout (rank<r>/<category>/, tags vp<vpp>:<name>/<op>).",
 )
 @click.option("--category", "categories", multiple=True, help="Only these categories (repeatable), e.g. grad_reduced.")
@@ -127,6 +128,11 @@ def csv2tb(
 ) -> None:
     """CSV files of each rank to TensorBoard events."""
     sources = _ranks(directory, time_start, time_end)
+    if layout == "msprobe":
+        try:
+            one_per_rank(sources, os.path.abspath(directory))
+        except ConvertError as exc:
+            raise click.ClickException(str(exc))
     output = os.path.abspath(output or default_output(directory, "csv2tensorboard"))
     values = _run(
         csv_to_tensorboard,

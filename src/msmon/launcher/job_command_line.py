@@ -11,7 +11,9 @@ import shutil
 import sys
 from dataclasses import dataclass
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+# torchrun itself, through msmon's entry point: the same main, quiet where the ranks stopped on
+# msmon's config error (bootstrap/torchrun.py)
+TORCHRUN = [sys.executable, "-m", "msmon.launcher.bootstrap.torchrun"]
 # python flags that skip sitecustomize: -E and -I ignore PYTHONPATH, -S skips site entirely
 _NO_SITECUSTOMIZE_FLAGS = set("EIS")
 SCRIPT, MODULE, PROGRAM = "script", "module", "program"

@@ -79,7 +79,7 @@ def launch(
         env = job_directory.job_environment(os.environ, directory, output_dir)
         lock = job_directory.lock_fd(directory)
         code = run_child(command.argv(), env, () if lock is None else (lock,))
-        for line in run_summary.summary_lines(run_summary.worker_records(directory), mode):
+        for line in run_summary.summary_lines(run_summary.worker_records(directory), mode, config_source):
             click.echo(line, err=True)
     finally:
         if os.environ.get(ENV_KEEP_BOOTSTRAP):

@@ -41,7 +41,36 @@ def _read_summary(log_dir: str) -> dict[str, Any] | None:
         return None
 
 
-def summary_lines(records: list[dict[str, Any]], mode: str) -> list[str]:
+def config_errors(records: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """{reason: ranks} of the workers a config error stopped before training."""
+    errors: dict[str, list[Any]] = {}
+    for record in records:
+        if record.get("error"):
+            errors.setdefault(record["error"], []).append(record.get("rank", "?"))
+    return errors
+
+
+def _error_lines(records: list[dict[str, Any]], config_source: str | None) -> list[str]:
+    """One line per distinct config error, however many ranks it stopped: the ranks said it
+    to the launcher alone (their worker records), so that it is read once, not once per rank."""
+    errors = config_errors(records)
+    stopped = {rank for ranks in errors.values() for rank in ranks}
+    unmonitored = [r.get("rank", "?") for r in records if not r.get("error") and not r.get("monitors")]
+    lines = []
+    for reason, ranks in errors.items():
+        where = (
+            "every rank"
+            if len(ranks) == len(records) or len(errors) == 1 and len(stopped) + len(unmonitored) == len(records)
+            else "rank" + ("s " if len(ranks) > 1 else " ") + ", ".join(map(str, ranks))
+        )
+        lines.append(
+            f"msmon: invalid config{f' {config_source}' if config_source else ''}: {reason}; "
+            f"{where} stopped before training"
+        )
+    return lines
+
+
+def summary_lines(records: list[dict[str, Any]], mode: str, config_source: str | None = None) -> list[str]:
     """What the launcher prints when the job ends."""
     if not records:
         return [
@@ -49,16 +78,12 @@ def summary_lines(records: list[dict[str, Any]], mode: str) -> list[str]:
             "or -S, or a launcher that drops PYTHONPATH, skips msmon's sitecustomize: add `import msmon.auto` "
             "at the top of the training script (see docs/launcher.md)."
         ]
-    lines = []
-    stopped = any(record.get("error") for record in records)
+    lines = _error_lines(records, config_source)
+    stopped = bool(lines)
     for record in records:
         where = f"rank {record.get('rank', '?')}"
         monitors = record.get("monitors", [])
-        if record.get("error"):
-            lines.append(f"msmon: {where}: stopped before training, invalid config: {record['error']}")
-            continue
-        if not monitors and stopped:
-            lines.append(f"msmon: {where}: nothing was monitored (the job stopped on another rank's config error)")
+        if record.get("error") or (not monitors and stopped):  # said in the config error's line
             continue
         if not monitors:
             skipped = record.get("skipped", [])

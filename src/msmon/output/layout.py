@@ -38,6 +38,35 @@ def csv_file_name(category: str, first: int, last: int, start: int | None = None
     return f"{category}_{first}-{last}" + ("" if start is None else f"_from{start}") + ".csv"
 
 
-def format_tag(display: str, rank: int, what: str) -> str:
-    """A metric tag without the op, `{display}/rank{r}/{what}`: the one tag format (sinks append `_{op}`)."""
-    return f"{display}/rank{rank}/{what}"
+def format_tag(display: str, rank: int | None, what: str) -> str:
+    """A metric tag without the op, `{display}/rank{r}/{what}`: the one tag format (sinks append
+    `_{op}`). `rank` None: the by_rank layout's `{display}/{what}`, the rank told by the run
+    (the rank directory) instead, so that TensorBoard overlays the ranks of one tensor."""
+    return f"{display}/{what}" if rank is None else f"{display}/rank{rank}/{what}"
+
+
+def without_rank(tag: str, rank: int) -> str:
+    """A tag made with `format_tag(display, rank, what)` in the by_rank layout: its `/rank{r}/`
+    component removed (histogram and image tags, which collectors build with the rank)."""
+    return tag.replace(f"/rank{rank}/", "/", 1)
+
+
+# by_rank's summary lanes (tensorboard_sink): per category and op, the largest value over the
+# step's tensors, `summary/{category}/{op}_max`, and one text table per step naming the tensor
+# that holds each (SUMMARY_HOLDERS_TAG). Readers of tensor rows skip every tag under SUMMARY_ROOT.
+SUMMARY_ROOT = "summary/"
+SUMMARY_HOLDERS_TAG = "summary/max_holders"
+
+
+def summary_tag(category: str, op: str) -> str:
+    """The summary lane of `op` over the tensors of `category`: `summary/{category}/{op}_max`."""
+    return f"{SUMMARY_ROOT}{category}/{op}_max"
+
+
+def tag_with_rank(tag: str, rank: int) -> str:
+    """A by_rank tag `{display}/{what}` with the rank its run stands for put back,
+    `{display}/rank{r}/{what}`, the form the tag parsers read; a tag that has one is kept."""
+    head, sep, last = tag.rpartition("/")
+    if not sep or re.fullmatch(r"rank\d+", head.rpartition("/")[2]):
+        return tag
+    return f"{head}/rank{rank}/{last}"

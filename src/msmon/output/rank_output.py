@@ -15,6 +15,7 @@ from typing import Any, Callable
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.rules import RuleEngine, build_rules
 from ..config import MonitorConfig
+from ..config.resolved import resolved
 from ..system.environment import ENV_BOOTSTRAP_DIR
 from ..system.thread_priority import writer_nice
 from . import resume
@@ -62,7 +63,8 @@ class RankOutput:
             config_path = os.path.join(self.log_dir, CONFIG_FILE)
             try:
                 with open(config_path, "w", encoding="utf-8") as fh:
-                    json.dump(config.raw, fh, indent=2)
+                    json.dump(resolved(config), fh, indent=2)
+                    fh.write("\n")
                 sinks = build_sinks(config.format, self.log_dir, config)
             except OSError as exc:
                 self._failed(exc, config_path)
@@ -144,6 +146,7 @@ class RankOutput:
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(summary, fh, indent=2)
+                fh.write("\n")
             os.replace(tmp, path)
         except OSError as exc:
             try:

@@ -103,9 +103,10 @@ class RowKey:
         base = f"{self.vpp_stage}:{self.name}"
         return base if self.micro_step is None else f"{base}:{self.micro_step}"
 
-    def tag(self, rank: int) -> str:
+    def tag(self, rank: int | None) -> str:
         """The metric tag without the op: `{vpp}:{name}[:{micro}]/rank{r}/{category}` (for an L2
-        feature, msprobe's word instead of the category: `.../rank0/qkt`)."""
+        feature, msprobe's word instead of the category: `.../rank0/qkt`); rank None: without
+        the `rank{r}` part (the by_rank layout)."""
         feature = COLUMN_CATEGORIES.get(self.category)
         return format_tag(self.display_name(), rank, feature[0] if feature else self.category)
 
@@ -125,7 +126,7 @@ class DirectionKey(RowKey):
     CATEGORY = OTHER
     TASK = "mg_direction"
 
-    def tag(self, rank: int) -> str:
+    def tag(self, rank: int | None) -> str:
         return format_tag(self.display_name(), rank, self.TASK)
 
 

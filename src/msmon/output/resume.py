@@ -221,7 +221,10 @@ def last_step(directory: str) -> int | None:
     steps: list[int] = []
     try:
         with open(os.path.join(directory, "summary.json"), encoding="utf-8") as fh:
-            next_step = json.load(fh).get("last_step")
+            summary = json.load(fh)
+        # next_step: the step after the last one trained; summaries written before it existed
+        # held that number under last_step
+        next_step = summary.get("next_step", summary.get("last_step"))
         if isinstance(next_step, int) and next_step > 0:
             steps.append(next_step - 1)
     except (OSError, ValueError, AttributeError):

@@ -312,3 +312,45 @@ def test_bootstrap_dirs_left_by_kill_9_are_removed_by_the_next_run_and_live_jobs
     proc = msmon("run", "--no-torchrun", "--", str(SCRIPTS / "launcher_sleep.py"), str(tmp_path / "last"), "0", env=env)
     assert proc.returncode == 0, proc.stderr
     assert _job_dirs(tmp) == set()  # its job ended too: now it is stale
+
+
+def test_the_top_level_help_lists_each_commands_first_sentence_whole():
+    from msmon.launcher.cli import first_sentence
+
+    result = CliRunner().invoke(main, ["--help"], terminal_width=80)
+    assert result.exit_code == 0
+    listing = result.output.split("Commands:")[1]
+    assert "..." not in listing  # click's cut-off summaries
+    flat = " ".join(listing.split())
+    for name, command in main.commands.items():
+        sentence = first_sentence(command.help or "")
+        assert sentence.endswith(".") and f"{name} {sentence}" in flat, name
+    convert = CliRunner().invoke(main, ["convert", "--help"], terminal_width=80)
+    flat = " ".join(convert.output.split("Commands:")[1].split())
+    assert "tb2csv TensorBoard events of each rank to CSV files, as the live CSV sink writes them." in flat
+
+
+def test_the_shell_completion_the_readme_documents_completes_msmons_verbs():
+    readme = (ROOT / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if "_MSMON_COMPLETE=bash_source msmon" in line)
+    assert line.startswith('eval "$(_MSMON_COMPLETE=bash_source msmon)"')
+    program = Path(sys.executable).parent / "msmon"  # the console script pip installs beside python
+    source = subprocess.run(
+        [str(program)], env=dict(os.environ, _MSMON_COMPLETE="bash_source"), capture_output=True, text=True
+    )
+    assert source.returncode == 0 and "complete -o nosort -F _msmon_completion msmon" in source.stdout
+    words = subprocess.run(
+        [str(program)],
+        env=dict(os.environ, _MSMON_COMPLETE="bash_complete", COMP_WORDS="msmon con", COMP_CWORD="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert words.stdout.split() == ["plain,convert"]
+
+
+def test_the_demos_tensorboard_hint_is_a_command_that_exists():
+    makefile = (ROOT / "Makefile").read_text()
+    (hint,) = [line for line in makefile.splitlines() if "--logdir" in line]
+    program = hint.split("--logdir")[0].split()[-1]
+    assert program == "$(BIN)/tensorboard"  # not a bare `tensorboard`: the .venv is not on PATH
+    assert (Path(sys.executable).parent / "tensorboard").is_file()  # $(BIN): the bin folder of the venv's python

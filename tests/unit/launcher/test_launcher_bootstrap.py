@@ -152,7 +152,15 @@ def test_the_job_command_passes_torchrun_options_through_in_order(tmp_path):
     script.write_text("")
     options = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400", "--standalone"]
     command = parse(options, [str(script), "--lr", "0.1"], use_torchrun=True)
-    assert command.argv() == [sys.executable, "-m", "torch.distributed.run", *options, str(script), "--lr", "0.1"]
+    assert command.argv() == [
+        sys.executable,
+        "-m",
+        "msmon.launcher.bootstrap.torchrun",
+        *options,
+        str(script),
+        "--lr",
+        "0.1",
+    ]
     module = parse(["--nproc-per-node", "2"], ["-m", "pkg.train", "--x"], use_torchrun=True)
     assert module.argv()[-5:] == ["--nproc-per-node", "2", "-m", "pkg.train", "--x"]
     assert parse([], ["--module", "pkg.train", "--x"], use_torchrun=False).argv() == [

@@ -3,6 +3,8 @@ a non-zero exit, and leave the file as it was."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 
@@ -63,7 +65,9 @@ def test_msmon_report_on_a_duckdb_database_that_is_not_msmons_says_so_in_one_lin
 
 
 def test_a_database_msmon_db_made_is_still_brought_up_to_date_and_reported(tmp_path):
-    (tmp_path / "out").mkdir()
+    rank_dir = tmp_path / "out" / "Dec06_00-00-00-rank0-0a1b2c3d"
+    rank_dir.mkdir(parents=True)
+    (rank_dir / "summary.json").write_text(json.dumps({"rank": 0, "steps_recorded": 0, "note": "no step ran"}))
     database = tmp_path / "run.duckdb"
     for _ in range(2):  # made, then brought up to date
         result = CliRunner().invoke(main, ["db", "-d", str(tmp_path / "out"), "-o", str(database)])

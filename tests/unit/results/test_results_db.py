@@ -339,6 +339,24 @@ def test_msmon_db_says_what_is_wrong_with_a_missing_directory(tmp_path):
     assert result.exit_code == 1 and "is not a directory" in result.output
 
 
+def test_msmon_db_and_report_on_a_folder_without_msmon_output_fail_in_one_line_and_write_nothing(tmp_path):
+    folder = tmp_path / "not_output"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "notes.txt").write_text("no monitor output here")
+    for argv, written in (
+        (["db", "-d", str(folder), "-o", str(tmp_path / "x.duckdb")], tmp_path / "x.duckdb"),
+        (["report", "-d", str(folder), "-o", str(tmp_path / "x.html")], tmp_path / "x.html"),
+    ):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 1, argv
+        (line,) = result.output.splitlines()
+        assert line == (
+            f"Error: no msmon output in {folder}: no CSV, TensorBoard events, summary.json, config.json or anomaly "
+            "dump; give the folder the run wrote to ($MONITOR_OUTPUT_DIR, default monitor_output)"
+        )
+        assert not written.exists()
+
+
 def test_the_torch_free_readers_use_the_writers_names():
     assert schema.OPS is OPS
     assert (scan.DUMP_FILE, scan.MSPROBE_DUMP_FILE) == (output_names.DUMP_FILE, output_names.MSPROBE_DUMP_FILE)

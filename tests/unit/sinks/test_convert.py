@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -144,6 +145,22 @@ def test_msprobe_tag_layout_round_trips(write_config, output_dir, tmp_path):
     assert set(result) == {"grad_reduced_0-1.csv", "actv_0-1.csv"}
     for name in result:
         assert result[name] == original[name], name
+
+
+def test_csv2tb_msprobe_refuses_two_runs_of_a_rank_before_writing_anything(write_config, output_dir, tmp_path):
+    monitored_run(write_config, steps=1)
+    first = rank_dir(output_dir)
+    second = output_dir / (first.name[:-8] + "0" * 8)
+    shutil.copytree(first, second)  # a second run of rank 0 in the same folder
+    out = tmp_path / "new_dir"
+    proc = msmon_cli("csv2tb", "-d", str(output_dir), "--tags", "msprobe", "-o", str(out))
+    assert proc.returncode == 1
+    assert f"holds 2 directories of rank 0 ({second.name}, {first.name})" in proc.stderr  # in name order
+    assert "--time-start/--time-end" in proc.stderr and "exists and is not empty" not in proc.stderr
+    assert not out.exists()  # refused before writing anything
+    proc = msmon_cli("csv2tb", "-d", str(first), "--tags", "msprobe", "-o", str(out))  # one run: converted
+    assert proc.returncode == 0, proc.stderr
+    assert ("vp0:fc1.weight/norm", 0) in tb_values(out / "rank0" / "grad_reduced")
 
 
 def test_float32_simple_values_are_read_by_event_accumulator_scalars(write_config, output_dir, tmp_path):

@@ -21,6 +21,7 @@ import socket
 from typing import TYPE_CHECKING, Any
 
 from ... import hooks
+from ...config.resolved import resolved
 from ...hooks import explicit
 from ...output.directory import ENV_OUTPUT_DIR, output_base_dir
 from ...output.layout import rank_dir_name
@@ -49,6 +50,7 @@ def start(bootstrap_dir: str) -> hooks.Session:
     if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
     session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings), build_monitor)
+    session.stop_said_by_launcher = True  # the worker record carries the reason to the launcher's one line
     record = WorkerRecord(os.path.join(bootstrap_dir, boot.WORKERS_DIR), session)
     session.listeners.append(record.on_event)
     return _begin(session, record)
@@ -191,14 +193,16 @@ class Unmonitored:
             "alerts": 0,
             "first_nonfinite": None,
             "last_step": None,
+            "next_step": None,
             "output_stopped": None,
             "note": reason,
         }
         try:
             os.makedirs(log_dir, exist_ok=True)
-            for name, data in (("config.json", session.config.raw), ("summary.json", summary)):
+            for name, data in (("config.json", resolved(session.config)), ("summary.json", summary)):
                 with open(os.path.join(log_dir, name), "w", encoding="utf-8") as fh:
                     json.dump(data, fh, indent=2)
+                    fh.write("\n")
         except OSError as exc:  # the process ends anyway; the launcher's line still says why
             logger.debug("msmon[rank %d]: cannot write %s: %s", rank, log_dir, exc)
             return None

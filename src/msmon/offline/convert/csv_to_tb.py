@@ -123,7 +123,9 @@ def csv_to_tensorboard(
     categories: Iterable[str] | None = None,
     progress: Progress | None = None,
 ) -> int:
-    """Convert one rank's CSV files; returns the number of values written."""
+    """Convert one rank's CSV files; returns the number of values written. `layout` "by_rank":
+    the tags of tensorboard_layout by_rank (no rank in the tag; the summary lanes are the live
+    sink's alone, not written here)."""
     if layout not in LAYOUTS:
         raise ConvertError(f"unknown tag layout {layout!r}; expected one of {list(LAYOUTS)}")
     wanted = set(categories) if categories else None
@@ -150,7 +152,7 @@ def csv_to_tensorboard(
         for path, match in files:
             writer = writer_for(match["category"])
             config = os.path.join(source.path, CONFIG_FILE)
-            if layout == "msmon" and os.path.isfile(config):  # ndigits and step windows, for the way back
+            if layout != "msprobe" and os.path.isfile(config):  # ndigits and step windows, for the way back
                 target = os.path.join(output, source.name, CONFIG_FILE)
                 if not os.path.exists(target):
                     shutil.copyfile(config, target)
@@ -162,7 +164,7 @@ def csv_to_tensorboard(
                         prefix = msprobe_tag(row)
                         values.extend((f"{prefix}/{op}", v, origin + [op]) for op, v in cells)
                     else:
-                        prefix = msmon_tag(row, source.rank)
+                        prefix = msmon_tag(row, None if layout == "by_rank" else source.rank)
                         values.extend((f"{prefix}_{op}", v, origin + [op]) for op, v in cells)
                 writer.write(step, values)
     finally:

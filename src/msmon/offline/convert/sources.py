@@ -55,6 +55,22 @@ def find_ranks(path: str, time_start: str | None = None, time_end: str | None = 
     return sorted(sources, key=lambda s: (s.rank, s.name))
 
 
+def one_per_rank(sources: list[RankSource], path: str) -> None:
+    """msprobe's layout holds one directory per rank (`rank{r}/{category}/`): refuse, before
+    writing anything, a folder holding several runs of a rank."""
+    seen: dict[int, list[str]] = {}
+    for source in sources:
+        seen.setdefault(source.rank, []).append(source.name)
+    several = {rank: names for rank, names in seen.items() if len(names) > 1}
+    if several:
+        rank, names = min(several.items())
+        raise ConvertError(
+            f"{path} holds {len(names)} directories of rank {rank} ({', '.join(names)}): msprobe's layout "
+            "(--tags msprobe) has one folder per rank; pick one run with --time-start/--time-end or -d "
+            "<rank directory>, or keep msmon's tags (--tags msmon), which convert each directory apart"
+        )
+
+
 def default_output(path: str, what: str) -> str:
     """`<monitor output>/<now>-<what>`, beside the rank directories (msprobe's default)."""
     path = os.path.abspath(path)

@@ -6,16 +6,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...output.layout import format_tag
+from ...output.layout import SUMMARY_ROOT, format_tag
 from ...output.records import COLLECTIVE_PHASES, OTHER, TENSOR_CATEGORIES, DirectionKey
 
 # what the last part of a live tag, `{word}_{op}`, starts with: a category, mg_direction or a
 # collective's phase; the longer words first, so that `exp_avg_sq_norm` is not exp_avg's `sq_norm`
 TAG_WORDS = sorted((*TENSOR_CATEGORIES, DirectionKey.TASK, *COLLECTIVE_PHASES), key=len, reverse=True)
 COLLECTIVE = re.compile(rf"^(?P<op>.+@.+)/(?P<phase>{'|'.join(COLLECTIVE_PHASES)})$")  # a collective's row name
-MSMON_TAG = re.compile(r"^(?P<display>.+)/rank(?P<rank>\d+)/(?P<last>[^/]+)$")
+# the live tag, `{display}/rank{r}/{last}`, or the by_rank layout's `{display}/{last}` (the rank is its run's)
+MSMON_TAG = re.compile(r"^(?P<display>.+?)(?:/rank(?P<rank>\d+))?/(?P<last>[^/]+)$")
 MSPROBE_TAG = re.compile(r"^vp(?P<vpp>\d+):(?P<rest>.+)/(?P<op>[^/]+)$")
-LAYOUTS = ("msmon", "msprobe")
+LAYOUTS = ("msmon", "msprobe", "by_rank")  # by_rank: msmon's tags without the rank (tensorboard_layout)
 META_KEY = "msmon"  # summary_description of a converted tag: its row, so reading it back needs no parsing
 
 
@@ -27,12 +28,12 @@ class Row:
     micro_step: str  # "" when the row has none
 
 
-def msmon_tag(row: Row, rank: int) -> str:
-    """The live TensorBoard sink's tag of a CSV row, without `_{op}`."""
+def msmon_tag(row: Row, rank: int | None) -> str:
+    """The live TensorBoard sink's tag of a CSV row, without `_{op}` (rank None: the by_rank layout's)."""
     if row.category == OTHER:
         collective = COLLECTIVE.match(row.name)
         if collective:
-            return f"{collective['op']}/rank{rank}/{collective['phase']}"
+            return format_tag(collective["op"], rank, collective["phase"])
         return format_tag(f"{row.vpp_stage}:{row.name}", rank, DirectionKey.TASK)
     display = f"{row.vpp_stage}:{row.name}" + (f":{row.micro_step}" if row.micro_step != "" else "")
     return format_tag(display, rank, row.category)
@@ -44,7 +45,10 @@ def msprobe_tag(row: Row) -> str:
 
 
 def parse_msmon_tag(tag: str) -> tuple[Row, str] | None:
-    """(row, op) of a live msmon tag; None for tags that are no statistic of a row."""
+    """(row, op) of a live msmon tag, in either tensorboard_layout; None for tags that are no
+    statistic of a row (the by_rank summary lanes among them)."""
+    if tag.startswith(SUMMARY_ROOT):
+        return None
     match = MSMON_TAG.match(tag)
     if not match:
         return None

@@ -8,9 +8,10 @@ import logging
 import os
 from typing import Any
 
-from ...output.csv_cell import csv_value
+from ...output.csv_cell import count_value, csv_value
 from ...output.layout import csv_file_name
 from ...output.records import MICRO_STEP_CATEGORIES
+from ...stats.ops import COUNT_OPS
 from ..event_reader import tolerant_accumulator
 from .sources import Progress, RankSource, fresh_dir, no_progress, rank_config
 from .tags import META_KEY, Row, parse_msmon_tag, parse_msprobe_tag
@@ -145,7 +146,13 @@ def tensorboard_to_csv(
                         current = (base, ops)
                     assert writer is not None  # opened with the first `current`
                     cells = [row.vpp_stage, row.name, str(step)] + ([row.micro_step] if micro else [])
-                    writer.writerow(cells + [repr(csv_value(v, digits)) for v in values.values()])
+                    writer.writerow(
+                        cells
+                        + [
+                            repr(count_value(v) if op in COUNT_OPS else csv_value(v, digits))
+                            for op, v in values.items()
+                        ]
+                    )
                     written += 1
         finally:
             if fh is not None:

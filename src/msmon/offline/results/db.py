@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from .connection import DatabaseError, connect
 from .load_report import LoadReport
 from .loader import Loader
+from .scan import has_output
 
 
 def load(
@@ -28,8 +29,27 @@ def load(
             raise DatabaseError(
                 f"{directory} is not a directory (expected a monitor output directory, $MONITOR_OUTPUT_DIR)"
             )
+    new = not os.path.exists(database)
     con = connect(database)
     try:
-        return Loader(con, database, tmp_dir).load(directories, progress)
+        loader = Loader(con, database, tmp_dir)  # what is wrong with an existing database is said first
+        if not any(has_output(directory) for directory in directories):
+            raise NoOutputError(
+                f"no msmon output in {', '.join(directories)}: no CSV, TensorBoard events, summary.json, "
+                "config.json or anomaly dump; give the folder the run wrote to ($MONITOR_OUTPUT_DIR, default "
+                "monitor_output)"
+            )
+        return loader.load(directories, progress)
+    except NoOutputError:
+        con.close()
+        if new:  # no empty database left behind
+            for path in (database, database + ".wal"):
+                if os.path.exists(path):
+                    os.remove(path)
+        raise
     finally:
         con.close()
+
+
+class NoOutputError(DatabaseError):
+    """The folders given hold nothing msmon wrote."""

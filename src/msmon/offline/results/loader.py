@@ -229,7 +229,7 @@ class Loader:
     def _load_tensorboard(self, f: FoundFile, reload: bool, skip: int, csv_categories: set[str]) -> None:
         file_id = self._id_for(f)
         try:
-            rows = read_events(f.path, skip, csv_categories)
+            rows = read_events(f.path, skip, csv_categories, f.rank)
         except Exception as exc:  # a corrupt event file is reported, the rest is loaded
             self.report.problems.append(f"{f.path}: cannot be read as TensorBoard events ({exc}); skipped")
             return

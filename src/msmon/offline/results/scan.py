@@ -69,6 +69,15 @@ def rank_of_dir(directory: str) -> int | None:
         return None
 
 
+def has_output(root: str) -> bool:
+    """Whether any file under `root` is one msmon writes (stops at the first: a real output
+    folder answers at once)."""
+    for _directory, _dirs, names in os.walk(root):
+        if any(classify(name) is not None for name in names):
+            return True
+    return False
+
+
 def scan(root: str) -> list[FoundFile]:
     """Every loadable file under `root`, in a stable order (directory, then name)."""
     found: list[FoundFile] = []

@@ -2,7 +2,9 @@
 skipped and counted, the rest of the file kept).
 
 A scalar's tag is `{vpp}:{name}[:{micro}]/rank{r}/{category}_{op}` (tensorboard_sink); a
-histogram's `{vpp}:{name}/rank{r}/{category}_hist`, its edges `[min] + bucket_limit`. TensorBoard
+histogram's `{vpp}:{name}/rank{r}/{category}_hist`, its edges `[min] + bucket_limit`. In the
+by_rank layout (tensorboard_layout) the tags have no `rank{r}/`: the rank is the directory's,
+and the summary lanes (`summary/...`) are left out, being derived from the rows themselves. TensorBoard
 keeps scalars as float32, so where a rank directory also has CSV files of a category, those
 (rounded to `ndigits`, but from the float64 statistics) are the rows kept and the event file's
 scalars of that category are left out, so no value is counted twice.
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...output.layout import SUMMARY_ROOT, tag_with_rank
 from ...output.records import COLUMN_CATEGORIES
 from ..analyse.reading import parse_tag
 from ..event_reader import EventReader
@@ -33,11 +36,15 @@ class EventRows:
     positions: dict[tuple[str, int, str], int] = field(default_factory=dict)  # (category, vpp, name): index in its step
     duplicates: int = 0  # scalars left out: the same category is in CSV files
     foreign: int = 0  # values whose tag is not msmon's
+    lanes: int = 0  # values of the by_rank summary lanes, left out
     corrupt: int = 0  # records skipped: their checksum failed (sinks/event_reader.py)
 
 
-def _parse(tag: str) -> tuple[int, int, str, int | None, str, str] | None:
-    """(rank, vpp, name, micro, category, op-or-'hist') of an msmon tag, or None."""
+def _parse(tag: str, rank: int | None = None) -> tuple[int, int, str, int | None, str, str] | None:
+    """(rank, vpp, name, micro, category, op-or-'hist') of an msmon tag, or None; `rank`: the
+    directory's, for a by_rank tag, which has none."""
+    if rank is not None:
+        tag = tag_with_rank(tag, rank)
     try:
         vpp, name, micro, task = parse_tag(tag)
         rank = int(tag.split("/")[-2][len("rank") :])
@@ -54,8 +61,9 @@ def _parse(tag: str) -> tuple[int, int, str, int | None, str, str] | None:
     return rank, vpp, name, micro, category, op
 
 
-def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
-    """Rows of the events after the first `skip` ones; scalars of `csv_categories` left out."""
+def read_events(path: str, skip: int, csv_categories: set[str], rank: int | None = None) -> EventRows:
+    """Rows of the events after the first `skip` ones; scalars of `csv_categories` left out.
+    `rank`: the rank directory's, the rank of by_rank tags."""
     out = EventRows()
     tags: dict[str, Any] = {}
     reader = EventReader(path)
@@ -69,7 +77,10 @@ def read_events(path: str, skip: int, csv_categories: set[str]) -> EventRows:
         for value in event.summary.value:
             parsed = tags.get(value.tag, False)
             if parsed is False:
-                parsed = tags[value.tag] = _parse(value.tag)
+                parsed = tags[value.tag] = None if value.tag.startswith(SUMMARY_ROOT) else _parse(value.tag, rank)
+            if parsed is None and value.tag.startswith(SUMMARY_ROOT):
+                out.lanes += 1
+                continue
             if parsed is None:
                 out.foreign += 1
                 continue

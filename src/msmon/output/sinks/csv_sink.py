@@ -14,7 +14,8 @@ from typing import IO, TYPE_CHECKING
 
 import torch
 
-from ..csv_cell import csv_value
+from ...stats.ops import COUNT_OPS
+from ..csv_cell import count_value, csv_value
 from ..layout import csv_file_name
 from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from . import sink_format
@@ -105,6 +106,11 @@ class CsvSink(Sink):
         step = f"{record.step},"
         flat = self._rounded(record)
         width = len(record.ops)
+        counts = [j for j, op in enumerate(record.ops) if op in COUNT_OPS]
+        if counts:  # nans, infs: integers in the cell
+            for start in range(0, len(flat), width):
+                for j in counts:
+                    flat[start + j] = count_value(flat[start + j])
         for row, key in enumerate(record.keys):
             if key.category not in handles:
                 micro = key.micro_step is not None or key.category in MICRO_STEP_CATEGORIES

@@ -20,11 +20,13 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
+from ..layout import without_rank
 from ..records import RowKey, StepRecord
 from ..tfrecord import RecordFile
 from . import sink_format, summary_wire
 from .base import Sink, naming
 from .heatmap import Heatmaps
+from .summary_lanes import SummaryLanes
 
 if TYPE_CHECKING:
     from ...config import MonitorConfig
@@ -37,15 +39,16 @@ logger = logging.getLogger("msmon")
 @sink_format("tensorboard")
 class TensorBoardSink(Sink):
     """Scalars tagged `{vpp}:{name}/rank{r}/{category}_{op}`; histograms for update/ratio, and
-    their heatmap images when the step's meta asks for them (heatmap_visualize)."""
+    their heatmap images when the step's meta asks for them (heatmap_visualize). `by_rank`
+    (tensorboard_layout): the tags without `rank{r}/`, plus the per-category summary lanes."""
 
     writes_files = True
 
     @classmethod
     def for_rank(cls, log_dir: str, config: MonitorConfig) -> TensorBoardSink:
-        return cls(log_dir)
+        return cls(log_dir, by_rank=config.tensorboard_layout == "by_rank")
 
-    def __init__(self, log_dir: str) -> None:
+    def __init__(self, log_dir: str, by_rank: bool = False) -> None:
         from tensorboard.compat.proto.event_pb2 import Event, SourceMetadata
         from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
         from tensorboard.summary.writer.event_file_writer import _global_uid
@@ -55,6 +58,7 @@ class TensorBoardSink(Sink):
         self._log_dir = log_dir
         self._prefix_cache: dict[tuple, list[bytes]] = {}
         self._heatmaps = Heatmaps()
+        self._lanes = SummaryLanes(self._summary) if by_rank else None
         self._open_file()
 
     def _open_file(self) -> None:
@@ -86,16 +90,21 @@ class TensorBoardSink(Sink):
         if prefixes is None:
             if len(self._prefix_cache) >= _MAX_CACHED_ROWS:
                 self._prefix_cache.clear()
-            tag = key.tag(rank)
+            tag = key.tag(None if self._lanes is not None else rank)
             prefixes = self._prefix_cache[cache_key] = [summary_wire.scalar_prefix(f"{tag}_{op}") for op in ops]
         return prefixes
 
     def write(self, record: StepRecord) -> None:
         prefixes = [p for key in record.keys for p in self._prefixes(key, record.rank, record.ops)]
-        parts = [summary_wire.scalars(prefixes, summary_wire.float32_bytes(self._table_of(record)))] if prefixes else []
+        table = self._table_of(record) if prefixes else None
+        parts = [summary_wire.scalars(prefixes, summary_wire.float32_bytes(table))] if table is not None else []
+        if self._lanes is not None and table is not None:
+            parts.extend(self._lanes.entries(record.keys, record.ops, table))
         value = self._summary.Value
         heatmap = record.meta.get("heatmap", False)
         for tag, edges, counts in record.histograms:
+            if self._lanes is not None:
+                tag = without_rank(tag, record.rank)
             histogram = self._histogram_of(edges, counts)
             if histogram is not None:
                 parts.append(summary_wire.entry(value(tag=tag, histo=histogram).SerializeToString()))

@@ -1,0 +1,76 @@
+"""The by_rank layout's summary lanes: a handful of TensorBoard series per rank instead of one
+per tensor and op.
+
+For each category of the step (grad_reduced, actv, ...) and each op, the largest value over the
+category's tensors is a scalar `summary/{category}/{op}_max`, and one text table per step
+(`summary/max_holders`) names the tensor holding each. A NaN is the largest value (torch.max
+propagates it), so a lane turns NaN at the step a tensor of its category does, and the table
+names the first such tensor. Computed on the writer thread from the host table the sink writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..layout import SUMMARY_HOLDERS_TAG, summary_tag
+from ..records import RowKey
+from . import summary_wire
+
+
+class SummaryLanes:
+    """The lanes' Summary.value entries of one step, for the TensorBoard sink."""
+
+    def __init__(self, summary: Any) -> None:  # tensorboard's Summary class
+        from tensorboard.compat.proto import types_pb2
+        from tensorboard.compat.proto.summary_pb2 import SummaryMetadata
+        from tensorboard.compat.proto.tensor_pb2 import TensorProto
+        from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+
+        self._value = summary.Value
+        self._text_metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
+        self._tensor, self._shape, self._string = TensorProto, TensorShapeProto, types_pb2.DT_STRING
+        self._prefixes: dict[tuple[str, str], bytes] = {}
+        self._keys: list[RowKey] = []
+        self._groups: list[tuple[str, list[int], torch.Tensor]] = []
+
+    def _grouped(self, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
+        """(category, its rows, the same as an index tensor) of the step's keys; kept while the
+        keys stay the same, as they do from step to step (the comparison of the same RowKey
+        objects is one C loop, grouping them again a Python loop per row)."""
+        if keys != self._keys:
+            rows: dict[str, list[int]] = {}
+            for i, key in enumerate(keys):
+                rows.setdefault(key.category, []).append(i)
+            self._keys = list(keys)
+            self._groups = [(category, index, torch.tensor(index)) for category, index in rows.items()]
+        return self._groups
+
+    def entries(self, keys: list[RowKey], ops: list[str], table: torch.Tensor) -> list[bytes]:
+        """The lanes' scalar entries and the holders' text entry of a step's [rows, ops] table."""
+        prefixes: list[bytes] = []
+        maxima: list[torch.Tensor] = []
+        lines = ["| category | op | max | tensor |", "|---|---|---|---|"]
+        for category, index, rows in self._grouped(keys):
+            values, where = table.index_select(0, rows).max(dim=0)
+            maxima.append(values)
+            holders = where.tolist()
+            for j, (op, value) in enumerate(zip(ops, values.tolist())):
+                prefixes.append(self._prefix(category, op))
+                lines.append(f"| {category} | {op} | {value:.6g} | {keys[index[holders[j]]].display_name()} |")
+        if not prefixes:
+            return []
+        scalars = summary_wire.scalars(prefixes, summary_wire.float32_bytes(torch.cat(maxima)))
+        return [scalars, summary_wire.entry(self._text("\n".join(lines)))]
+
+    def _prefix(self, category: str, op: str) -> bytes:
+        prefix = self._prefixes.get((category, op))
+        if prefix is None:
+            prefix = self._prefixes[(category, op)] = summary_wire.scalar_prefix(summary_tag(category, op))
+        return prefix
+
+    def _text(self, markdown: str) -> bytes:
+        """A serialized Summary.Value of TensorBoard's text plugin (a scalar string tensor)."""
+        tensor = self._tensor(dtype=self._string, tensor_shape=self._shape(), string_val=[markdown.encode("utf-8")])
+        return self._value(tag=SUMMARY_HOLDERS_TAG, metadata=self._text_metadata, tensor=tensor).SerializeToString()
