@@ -17,6 +17,7 @@ from ..system.short_repr import short_repr
 from .errors import ConfigError
 
 ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
+ON_NAN = ("continue", "stop")  # alert.on_nan: what a non-finite statistic does to the job
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
 SA_ORDERS = ("s,b,h,d", "b,s,h,d", "b,h,s,d")  # "b,h,s,d" (F.scaled_dot_product_attention's): msmon
@@ -80,6 +81,11 @@ class AlertConfig:
     rules: list[AlertRuleConfig] = key(doc="AnomalyTurbulence (with a threshold) and AnomalyNan", factory=list)
     dump: bool = key(False, doc="append every alert to the anomaly dump (docs/anomaly.md)")
     max_lines_per_step: int = key(10, doc="msmon: alert lines logged per step and rank", minimum=0)
+    on_nan: str = key(
+        "continue",
+        doc='msmon: "stop" ends the job, on every rank, after the step whose statistics hold a NaN or inf '
+        '(output flushed, dump written, exit code 3); "continue" trains on (docs/anomaly.md)',
+    )
 
 
 @dataclass

@@ -31,3 +31,6 @@ class StepConsumer:
 
     def output_stopped(self) -> None:
         """A write to disk failed: write nothing more to disk (keep doing the rest)."""
+
+    def close(self) -> None:
+        """The run is over (every step consumed): say what is left to say."""

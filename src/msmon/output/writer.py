@@ -104,6 +104,11 @@ class BackgroundWriter:
                 "msmon[rank %d]: the writer is stuck; %d steps are not written", self.rank, self._queue.qsize()
             )
         self._thread.join(timeout=60)
+        for consumer in self.consumers:
+            try:
+                consumer.close()
+            except Exception as exc:  # pragma: no cover - reported, never raised at exit
+                logger.warning("msmon[rank %d]: closing the %s failed: %r", self.rank, consumer.name, exc)
         for sink in list(self.sinks):
             if sink not in self.sinks:
                 continue  # closed when the output stopped

@@ -24,6 +24,7 @@ from ... import hooks
 from ...hooks import explicit
 from ...output.directory import ENV_OUTPUT_DIR, output_base_dir
 from ...output.layout import rank_dir_name
+from ...output.runs import ENV_RUN_ID
 from ...system import exit_drain, lifecycle
 from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot
@@ -48,6 +49,8 @@ def start(bootstrap_dir: str) -> hooks.Session:
     settings = boot.read_settings(bootstrap_dir)
     if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
+    if settings.get("run_id") and not os.environ.get(ENV_RUN_ID):
+        os.environ[ENV_RUN_ID] = settings["run_id"]
     session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings), build_monitor)
     record = WorkerRecord(os.path.join(bootstrap_dir, boot.WORKERS_DIR), session)
     session.listeners.append(record.on_event)

@@ -255,6 +255,7 @@ def event_from_record(record: Any, path: str = "") -> AnomalyEvent:
         message=str(record.get("message") or ""),
         group_mates=[m for m in mates if isinstance(m, int)] if isinstance(mates, list) else [],
         file=path,
+        run_id=record["run_id"] if isinstance(record.get("run_id"), str) else None,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ...output.layout import CONFIG_FILE, RANK_DIR
 from ...output.resume import rank_dirs
+from ...output.runs import RunChoiceError, choice_lines, choose_run, group_runs
 
 MSPROBE_RANK = re.compile(r"^rank(?P<rank>\d+)$")
 
@@ -53,6 +54,19 @@ def find_ranks(path: str, time_start: str | None = None, time_end: str | None = 
             + (f" with a time prefix between {time_start} and {time_end}" if time_range else "")
         )
     return sorted(sources, key=lambda s: (s.rank, s.name))
+
+
+def of_run(sources: list[RankSource], run: str | None, verb: str) -> tuple[list[RankSource], list[str]]:
+    """The sources of the run `run` (None: the newest; "all": every one), and the lines that
+    name it and the others (output/runs.py)."""
+    try:
+        chosen, others = choose_run(group_runs({s.path: s.rank for s in sources}), run)
+    except RunChoiceError as exc:
+        raise ConvertError(str(exc)) from None
+    if chosen is None:
+        return sources, []
+    kept = set(chosen.dirs)
+    return [s for s in sources if s.path in kept], choice_lines(chosen, others, verb)
 
 
 def default_output(path: str, what: str) -> str:

@@ -19,9 +19,14 @@ from .loader import Loader
 
 
 def load(
-    directories: Iterable[str], database: str, progress: bool | None = None, tmp_dir: str | None = None
+    directories: Iterable[str],
+    database: str,
+    progress: bool | None = None,
+    tmp_dir: str | None = None,
+    run: str | None = None,
 ) -> LoadReport:
-    """Load (or bring up to date) `database` from the monitor output `directories`."""
+    """Load (or bring up to date) `database` from the run `run` (None: the newest; "all": every
+    run) of the monitor output `directories`."""
     directories = list(directories)
     for directory in directories:  # before the database file is created
         if not os.path.isdir(directory):
@@ -30,6 +35,6 @@ def load(
             )
     con = connect(database)
     try:
-        return Loader(con, database, tmp_dir).load(directories, progress)
+        return Loader(con, database, tmp_dir).load(directories, progress, run)
     finally:
         con.close()
