@@ -73,6 +73,7 @@ def read_dump_files(paths: Iterable[str]) -> DumpSet:
                 event.op,
                 event.rule,
                 repr(event.value),
+                event.run_id,  # two runs of a deterministic job write the same records
             )
             if identity not in seen:  # the same node's directory copied in twice
                 seen.add(identity)
