@@ -67,12 +67,18 @@ def run_of(rank_dir: Path) -> str:
 
 def rank_dirs(out: Path) -> list[Path]:
     """The rank directories, rank 0's first."""
-    return sorted((Path(p) for p in glob.glob(str(out / "*-rank*-*"))), key=lambda p: (p.name.split("-rank")[1], p.name))
+    return sorted(
+        (Path(p) for p in glob.glob(str(out / "*-rank*-*"))), key=lambda p: (p.name.split("-rank")[1], p.name)
+    )
 
 
 def dump_records(out: Path, rank: int) -> list[dict]:
     lines = (out / "anomaly_detected" / f"rank{rank}" / "anomaly.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines]
+
+
+def dump_records_of(out: Path, rank: int, run_id: str) -> list[dict]:
+    return [r for r in dump_records(out, rank) if r["run_id"] == run_id]
 
 
 def test_three_jobs_in_one_directory_stop_on_nan_quiet_alerts_struct_and_runs_read_apart(tmp_path):
@@ -159,6 +165,17 @@ def test_three_jobs_in_one_directory_stop_on_nan_quiet_alerts_struct_and_runs_re
     con.close()
     mixed = msmon("db", "-d", str(out), "-o", str(other))  # one database holds one run
     assert mixed.returncode != 0 and f"holds run {first_run}" in mixed.stderr
+
+    # msmon analyse reads the newest run's records of the shared dump, --run another's
+    analysed = msmon("analyse", "-d", str(out / "anomaly_detected"))
+    assert analysed.returncode == 0 and f"msmon analyse: run {second_run}  started " in analysed.stderr
+    result = json.loads((out / "anomaly_detected" / "msmon_analyse.json").read_text())
+    assert result["total"] == anomalies
+    analysed = msmon("analyse", "-d", str(out / "anomaly_detected"), "--run", first_run)
+    assert analysed.returncode == 0 and "1 other run(s) here" in analysed.stderr
+    result = json.loads((out / "anomaly_detected" / "msmon_analyse.json").read_text())
+    assert result["total"] == sum(len(dump_records_of(out, rank, first_run)) for rank in (0, 1))
+    assert (result["nan_origin"]["rank"], result["nan_origin"]["name"]) == (1, "blocks.1.fc2.output")
 
     report = msmon("report", "-d", str(out), "-o", str(tmp_path / "report.html"))
     assert report.returncode == 0 and f"run {second_run}" in report.stderr

@@ -165,3 +165,23 @@ def test_the_end_of_job_lines_name_the_first_non_finite_value_in_training_order_
         f"msmon: run 20261206-031500-abcdef; next: msmon analyse -d {out / 'anomaly_detected'} (the first anomaly "
         f"across ranks), msmon report -d {out} --run 20261206-031500-abcdef -o report.html (one HTML page)"
     )
+
+
+def test_analyse_reads_the_newest_run_of_a_dump_copied_without_its_rank_directories(tmp_path):
+    dump = tmp_path / "anomaly_detected" / "rank0"
+    dump.mkdir(parents=True)
+    record = {"rank": 0, "stage": "forward", "name": "fc1.output", "category": "actv", "rule": "AnomalyNan"}
+    runs = {"20261201-100000-aaaaaa": [2, 5], "20261202-100000-bbbbbb": [7]}
+    lines = [json.dumps({**record, "step": step, "run_id": run}) for run, steps in runs.items() for step in steps]
+    (dump / "anomaly.jsonl").write_text("\n".join(lines) + "\n")
+    directory = str(tmp_path / "anomaly_detected")
+
+    def analysed(*args: str) -> dict:
+        result = CliRunner().invoke(main, ["analyse", "-d", directory, *args])
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / "anomaly_detected" / "msmon_analyse.json").read_text())
+
+    assert analysed()["first_anomaly"]["step"] == 7  # the newest id: ids sort by start time
+    assert analysed("--run", "20261201")["total"] == 2
+    assert analysed("--run", "all")["total"] == 3
+    assert CliRunner().invoke(main, ["analyse", "-d", directory, "--run", "2026120"]).exit_code == 2

@@ -11,8 +11,10 @@ from typing import Any
 
 from ...anomaly.event import NAN_ORIGIN_RULE
 from ...output.layout import DUMP_DIR, DUMP_FILE, MSPROBE_DUMP_FILE
+from ...output.runs import RunChoiceError
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 from .reading import read_dumps
+from .run_choice import of_chosen_run
 from .verdict import first_per_rank, format_table, order_events, verdict
 
 RANK_FOLDER = re.compile(r"^rank\d+$")  # the dump's folder of one rank: anomaly_detected/rank<r>/
@@ -56,9 +58,11 @@ def _dump_folders(directory: str) -> list[str]:
     return []
 
 
-def _clean(directory: str, output: str | None, folders: list[str]) -> int:
+def _clean(directory: str, output: str | None, folders: list[str], run: str | None = None) -> int:
     """A run whose dump is on and empty: no anomaly, said so, and the reports written (exit 0)."""
-    text = f"No anomaly: the anomaly dump of {len(folders)} rank(s) under {directory} holds no record."
+    text = f"No anomaly: the anomaly dump of {len(folders)} rank(s) under {directory} holds no record" + (
+        f" of {run}." if run else "."
+    )
     print(text)
     result = {
         "directory": os.path.abspath(directory),
@@ -84,8 +88,11 @@ def _clean(directory: str, output: str | None, folders: list[str]) -> int:
     return 0
 
 
-def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps: list[int] | None = None) -> int:
-    """Read every rank's anomaly dump under `directory`, print the first `top_k` anomalies in
+def run_analyse(
+    directory: str, output: str | None = None, top_k: int = 8, steps: list[int] | None = None, run: str | None = None
+) -> int:
+    """Read every rank's anomaly dump under `directory` (the records of the run `run`, by
+    default the newest: run_choice.py), print the first `top_k` anomalies in
     training order and a verdict, and write msmon's report and msprobe's anomaly_analyse.json
     where `output_paths` says. Returns the exit code: 0 on success (a run whose dump is on
     and empty, too: no anomaly), 1 when there is nothing to analyse (no dump) or the result
@@ -124,7 +131,16 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
             file=err,
         )
         return 1
-    ordered = order_events(dumps.events)
+    try:
+        events, run_id, lines = of_chosen_run(dumps.events, directory, run)
+    except RunChoiceError as exc:
+        print(f"msmon analyse: {exc}", file=err)
+        return 2
+    for line in lines:
+        print(line, file=err)
+    if not events:
+        return _clean(directory, output, _dump_folders(directory), f"run {run_id}")
+    ordered = order_events(events)
     wanted = set(steps or ())
     selected = [e for e in ordered if e.step in wanted] if steps else ordered
     if steps and not selected:
