@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -87,7 +88,7 @@ class Run:
         return f"{self.run_id}  started {when}, {ranks} rank{'s' if ranks != 1 else ''}"
 
 
-def group_runs(rank_dirs: dict[str, int | None]) -> list[Run]:
+def group_runs(rank_dirs: Mapping[str, int | None]) -> list[Run]:
     """The runs of the rank directories ({directory: rank}), oldest first."""
     runs: dict[str, Run] = {}
     for directory, rank in rank_dirs.items():

@@ -48,8 +48,11 @@ def of_chosen_run(
         if len(matches) != 1:
             raise RunChoiceError(f"--run {wanted}: {len(matches) or 'no'} run(s) with that id in the dump: {ids}")
         chosen_id = matches[0]
-    others = [i for i in ids if i != chosen_id]
+    other_ids = [i for i in ids if i != chosen_id]
     lines = [f"msmon analyse: run {chosen_id}"]
-    if others:
-        lines.append(f"msmon analyse: the dump holds {len(others)} other run(s) (--run ID, or --run all): {others}")
+    if other_ids:
+        lines.append(
+            f"msmon analyse: the dump holds {len(other_ids)} other run(s) (--run ID, or --run all): "
+            f"{', '.join(other_ids)}"
+        )
     return [e for e in events if e.run_id == chosen_id], chosen_id, lines
