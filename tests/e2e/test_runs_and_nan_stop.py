@@ -110,7 +110,7 @@ def test_three_jobs_in_one_directory_stop_on_nan_quiet_alerts_struct_and_runs_re
     with open(first_dirs[1] / f"actv_{INJECT_STEP}-{INJECT_STEP}.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert [float(r["infs"]) for r in rows if r["name"] == "blocks.1.fc2.output"] == [1.0]
-    origin_line = "msmon: first non-finite value: rank 1 step 3, forward output of blocks.1.fc2 (micro-step 0)"
+    origin_line = "msmon: first non-finite value: rank 1 step 3 micro-step 0, forward blocks.1.fc2.output"
     assert origin_line in stop.stderr.splitlines()
 
     # 2. on_nan "continue": trains on; one line per rule and tensor, the repeats counted at the end

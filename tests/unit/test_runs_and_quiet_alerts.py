@@ -150,8 +150,8 @@ def test_the_end_of_job_lines_name_the_first_non_finite_value_in_training_order_
     out = tmp_path / "out"
     (out / "anomaly_detected").mkdir(parents=True)
     origins = {  # rank 0 meets it in the optimizer, after rank 1's forward made it, in the same step
-        0: {"step": 3, "rank": 0, "stage": "optimizer", "micro_step": None, "description": "gradient of w"},
-        1: {"step": 3, "rank": 1, "stage": "forward", "micro_step": 0, "description": "forward output of fc2"},
+        0: {"step": 3, "rank": 0, "stage": "optimizer", "micro_step": None, "tensor": "fc1.weight"},
+        1: {"step": 3, "rank": 1, "stage": "forward", "micro_step": 0, "tensor": "fc2.output"},
     }
     records = []
     for rank, origin in origins.items():
@@ -160,7 +160,7 @@ def test_the_end_of_job_lines_name_the_first_non_finite_value_in_training_order_
         (log_dir / "summary.json").write_text(json.dumps({"steps_recorded": 4, "alerts": 2, "first_nonfinite": origin}))
         records.append({"rank": rank, "monitors": [{"rank": rank, "log_dir": str(log_dir), "output_base": str(out)}]})
     lines = summary_lines(records, "run", str(out), "20261206-031500-abcdef")
-    assert lines[2] == "msmon: first non-finite value: rank 1 step 3, forward output of fc2"
+    assert lines[2] == "msmon: first non-finite value: rank 1 step 3 micro-step 0, forward fc2.output"
     assert lines[3] == (
         f"msmon: run 20261206-031500-abcdef; next: msmon analyse -d {out / 'anomaly_detected'} (the first anomaly "
         f"across ranks), msmon report -d {out} --run 20261206-031500-abcdef -o report.html (one HTML page)"

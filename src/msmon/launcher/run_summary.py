@@ -109,8 +109,10 @@ def _training_order(origin: dict[str, Any]) -> tuple:
 
 
 def describe_origin(origin: dict[str, Any]) -> str:
-    what = origin.get("description") or f"{origin.get('stage', '?')} {origin.get('tensor') or origin.get('module')}"
-    return f"first non-finite value: rank {origin.get('rank', '?')} step {origin['step']}, {what}"
+    """'first non-finite value: rank 1 step 3 micro-step 0, forward blocks.1.fc2.output'."""
+    micro = f" micro-step {origin['micro_step']}" if origin.get("micro_step") is not None else ""
+    what = f"{origin.get('stage', '?')} {origin.get('tensor') or origin.get('module') or '?'}"
+    return f"first non-finite value: rank {origin.get('rank', '?')} step {origin['step']}{micro}, {what}"
 
 
 def _next_steps(records: list[dict[str, Any]], run_id: str | None) -> list[str]:

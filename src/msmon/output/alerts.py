@@ -105,7 +105,6 @@ class AlertConsumer(StepConsumer):
                 "tensor": origin.tensor,
                 "micro_step": origin.micro_step,
                 "vpp_stage": origin.vpp_stage,
-                "description": origin.describe(),
             }
         category = origin.category or ("actv" if origin.stage == "forward" else "actv_grad")
         key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step, origin.stage)
