@@ -40,8 +40,10 @@ def test_rank_directories_group_into_runs_and_the_newest_is_chosen_unless_one_is
     assert sorted(by_id["20261201-100000-aaaaaa"].dirs) == sorted(old) and by_id[NO_RUN].dirs == [legacy]
     assert by_id["20261202-100000-bbbbbb"].ranks == {0, 1}
 
-    chosen, others = choose_run(runs, None)  # the newest by start time: the unlabelled one, made last
-    assert chosen is not None and chosen.run_id == NO_RUN and len(others) == 2
+    chosen, others = choose_run(runs, None)  # the newest with an id, though the unlabelled one is newer
+    assert chosen is not None and chosen.run_id == "20261202-100000-bbbbbb" and len(others) == 2
+    assert choose_run(runs, NO_RUN)[0] == by_id[NO_RUN]
+    assert choose_run([by_id[NO_RUN]], None)[0] == by_id[NO_RUN]  # the only run
     chosen, others = choose_run(runs, "20261201")  # a unique start of an id
     assert chosen is not None and chosen.dirs == by_id["20261201-100000-aaaaaa"].dirs
     assert choose_run(runs, ALL_RUNS) == (None, [])

@@ -114,11 +114,12 @@ class RunChoiceError(ValueError):
 
 def choose_run(runs: list[Run], wanted: str | None) -> tuple[Run | None, list[Run]]:
     """(the run to read, the others): `wanted` (a run id or a unique start of one), else the
-    newest. (None, []) for ALL_RUNS or when there is nothing to choose from."""
+    newest run with an id (the directories without one, msprobe's, older msmon's, converted
+    copies, only when there is no other). (None, []) for ALL_RUNS or nothing to choose from."""
     if not runs or wanted == ALL_RUNS:
         return None, []
     if wanted is None:
-        chosen = runs[-1]
+        chosen = ([r for r in runs if r.run_id != NO_RUN] or runs)[-1]
     else:
         matches = [r for r in runs if r.run_id == wanted] or [r for r in runs if r.run_id.startswith(wanted)]
         if len(matches) != 1:
@@ -139,7 +140,7 @@ def of_run(run_id: str | None, chosen: Run | None) -> bool:
 
 def choice_lines(chosen: Run | None, others: list[Run], verb: str) -> list[str]:
     """What a reader says about the run it read: the run, then the others, one line each."""
-    if chosen is None:
+    if chosen is None or (chosen.run_id == NO_RUN and not others):  # no run ids at all: nothing to say
         return []
     lines = [f"msmon {verb}: run {chosen.line()}"]
     if others:
