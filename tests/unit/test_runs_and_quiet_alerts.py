@@ -187,3 +187,26 @@ def test_analyse_reads_the_newest_run_of_a_dump_copied_without_its_rank_director
     assert analysed("--run", "20261201")["total"] == 2
     assert analysed("--run", "all")["total"] == 3
     assert CliRunner().invoke(main, ["analyse", "-d", directory, "--run", "2026120"]).exit_code == 2
+
+
+def test_on_nan_stop_in_one_process_ends_it_after_the_step_with_its_output_written(write_config, output_dir):
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    config = {"wg_distribution": True, "format": "csv", "ops": ["norm", "nans"]}
+    config["alert"] = {"rules": [{"rule_name": "AnomalyNan"}], "dump": True, "on_nan": "stop"}
+    mon = TrainerMon(write_config(config))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+    finished = []
+    with pytest.raises(SystemExit) as stopped:
+        for step in range(6):
+            x = torch.full((2, 8), math.nan) if step == 2 else torch.randn(2, 8)
+            model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            finished.append(step)
+    assert stopped.value.code == 3 and finished == [0, 1]  # step 2's optimizer.step() did not return
+    (rank_dir,) = output_dir.glob("*-rank0-*")
+    summary = json.loads((rank_dir / "summary.json").read_text())  # the monitor closed first
+    assert summary["steps_recorded"] == 3
+    records = [json.loads(line) for line in (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").open()]
+    assert {r["step"] for r in records} == {2}  # the step's alerts written before the exit
