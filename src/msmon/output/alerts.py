@@ -67,8 +67,9 @@ class AlertConsumer(StepConsumer):
         self.repeats = previous.repeats
         previous.repeats = {}  # its close says nothing: this one says it at the end
 
-    def close(self) -> None:
-        """One line per rule and tensor that alerted more than once: the count and the steps."""
+    def writer_closed(self) -> None:
+        """The run is over, every step consumed: one line per rule and tensor that alerted more
+        than once, with the count and the steps."""
         for (rule, *_), seen in self.repeats.items():
             if seen.count > 1:
                 logger.warning(
