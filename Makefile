@@ -25,11 +25,19 @@ $(VENV)/.lint: pyproject.toml $(VENV)/.base
 	$(BIN)/pip install -q -e '.[lint]'
 	touch $@
 
-demo: $(VENV)/.base
+# msmon db and msmon report: the [db] extra (DuckDB)
+$(VENV)/.db: pyproject.toml $(VENV)/.base
+	$(BIN)/pip install -q -e '.[db]'
+	touch $@
+
+# the guided path: a monitored 2-rank job, its anomalies across ranks, one HTML page of the run
+demo: $(VENV)/.base $(VENV)/.db
 	MONITOR_OUTPUT_DIR=$(OUT) $(BIN)/msmon run --config examples/monitor.json --nproc-per-node 2 \
 		-- examples/train_tiny_gpt.py --steps 20
-	@echo "Monitor output is in $(OUT)/ (CSV and TensorBoard per rank: $(BIN)/tensorboard --logdir $(OUT));"
-	@echo "anomalies, if any: $(BIN)/msmon analyse -d $(OUT)/anomaly_detected"
+	$(BIN)/msmon analyse -d $(OUT)/anomaly_detected
+	$(BIN)/msmon report -d $(OUT) -o $(OUT)/report.html
+	@echo "Monitor output is in $(OUT)/ (CSV and TensorBoard per rank: $(BIN)/tensorboard --logdir $(OUT))."
+	@echo "The report of the run: $(abspath $(OUT)/report.html)"
 
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -q -ra

@@ -151,7 +151,9 @@ def test_the_end_of_job_summary_gives_a_config_error_once_whatever_the_ranks_it_
     from msmon.launcher.run_summary import summary_lines
 
     error = {"monitors": [], "skipped": [], "error": "targets: 'x' names no module"}
-    lines = summary_lines([{"rank": 0, **error}, {"rank": 1, "monitors": [], "skipped": []}], "run", "m.json")
+    lines = summary_lines(
+        [{"rank": 0, **error}, {"rank": 1, "monitors": [], "skipped": []}], "run", config_source="m.json"
+    )
     assert lines == ["msmon: invalid config m.json: targets: 'x' names no module; every rank stopped before training"]
     # rank 1 was stopped by torchrun
     monitored = {"rank": 2, "monitors": [{"rank": 2, "log_dir": None}], "skipped": []}

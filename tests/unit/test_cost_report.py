@@ -123,7 +123,8 @@ def test_the_launcher_line_carries_each_rank_cost(tmp_path):
             ],
         }
     ]
-    (line,) = run_summary.summary_lines(records, "run")
+    line, next_steps = run_summary.summary_lines(records, "run")
+    assert next_steps.startswith("msmon: run (no id); next: msmon report -d ")
     assert line.startswith(
         "msmon: rank 0: 7 steps recorded, 0 alerts raised, monitor cost 2.5 % of step time "
         "(1.5 ms of 60.0 ms per step on the training thread; writer thread 0.7 ms CPU per step) -> "

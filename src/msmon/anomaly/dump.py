@@ -18,6 +18,7 @@ from typing import Any
 
 from ..output.layout import DUMP_DIR, DUMP_FILE
 from ..output.records import RowKey, StepRecord
+from ..output.runs import current_run_id
 from .event import FIELDS, STAGES, json_number
 from .rules import Alert
 
@@ -40,6 +41,7 @@ class AnomalyDumpWriter:
         self.group_mates = list(group_mates)
         self._lock = threading.Lock()
         self._tail_checked = False
+        self.run_id = current_run_id()  # each record says which run wrote it (output/runs.py)
 
     def record(self, step: int, alert: Alert) -> dict[str, Any]:
         """The dump record of one alert (what a line of anomaly.jsonl holds)."""
@@ -97,6 +99,8 @@ class AnomalyDumpWriter:
                 full["tag"] = key.tag(full["rank"])
             ordered = {k: full[k] for k in FIELDS if k in full}
             ordered.update((k, v) for k, v in full.items() if k not in ordered)
+            if self.run_id is not None:
+                ordered.setdefault("run_id", self.run_id)
             lines.append(json.dumps(ordered, allow_nan=False))
         if not lines:
             return

@@ -26,6 +26,7 @@ from .schema import (
     INT_KEYS,
     L2_HOOKS,
     MSPROBE_ONLY_KEYS,
+    ON_NAN,
     SA_ORDERS,
     TARGET_SLOTS,
     TENSORBOARD_LAYOUTS,
@@ -205,6 +206,10 @@ def _parse_alert(value: Any) -> AlertConfig:
             alert.dump = _expect_bool("alert.dump", item)
         elif key == "max_lines_per_step":
             alert.max_lines_per_step = _expect_int("alert.max_lines_per_step", item, 0)
+        elif key == "on_nan":
+            if item not in ON_NAN:
+                raise ConfigError(f"alert.on_nan: expected one of {list(ON_NAN)}, got {short_repr(item)}")
+            alert.on_nan = item
         elif key == "inform":
             logger.warning("msmon: alert.inform (messaging) is not supported; alerts are logged and dumped")
         elif key == "rules":

@@ -17,6 +17,7 @@ from ..system.short_repr import short_repr
 from .errors import ConfigError
 
 ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan", "AnomalyRankOutlier")
+ON_NAN = ("continue", "stop")  # alert.on_nan: what a non-finite statistic does to the job
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
 TENSORBOARD_LAYOUTS = ("msprobe", "by_rank")  # msprobe: the rank in every tag; by_rank: one run per rank
@@ -83,6 +84,11 @@ class AlertConfig:
     )
     dump: bool = key(False, doc="append every alert to the anomaly dump (docs/anomaly.md)")
     max_lines_per_step: int = key(10, doc="msmon: alert lines logged per step and rank", minimum=0)
+    on_nan: str = key(
+        "continue",
+        doc='msmon: "stop" ends the job, on every rank, after the step whose statistics hold a NaN or inf '
+        '(output flushed, dump written, exit code 3); "continue" trains on (docs/anomaly.md)',
+    )
 
 
 @dataclass

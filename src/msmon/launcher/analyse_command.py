@@ -65,6 +65,12 @@ def _is_int(text: str) -> bool:
     help="How many of the first anomalies to print.",
 )
 @click.option("-s", "--steps", type=int, multiple=True, help="Only these steps: -s 3 4 5.")
-def analyse(directory: str, output: str | None, top_k: int, steps: tuple[int, ...]) -> None:
+@click.option(
+    "--run",
+    "run",
+    metavar="ID",
+    help="The run whose records to read (its id, or the start of it; `all`: every run). Default: the newest.",
+)
+def analyse(directory: str, output: str | None, top_k: int, steps: tuple[int, ...], run: str | None) -> None:
     """Order the anomalies of every rank in time and print the first ones."""
-    sys.exit(run_analyse(directory, output, top_k, list(steps) or None))
+    sys.exit(run_analyse(directory, output, top_k, list(steps) or None, run))

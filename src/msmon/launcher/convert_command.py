@@ -10,7 +10,7 @@ from typing import Any, Callable
 import click
 
 from ..offline.convert.csv_to_tb import csv_to_tensorboard
-from ..offline.convert.sources import ConvertError, default_output, find_ranks, one_per_rank
+from ..offline.convert.sources import ConvertError, default_output, find_ranks, of_run, one_per_rank
 from ..offline.convert.tags import LAYOUTS
 from ..offline.convert.tb_to_csv import tensorboard_to_csv
 
@@ -27,11 +27,15 @@ def _progress(enabled: bool) -> Callable[..., Any] | None:
     return bar
 
 
-def _ranks(directory: str, time_start: str | None, time_end: str | None) -> list[Any]:
+def _ranks(directory: str, time_start: str | None, time_end: str | None, run: str | None) -> list[Any]:
+    """The rank directories to convert: of the run `run` (default: the newest), in the time range."""
     try:
-        return find_ranks(directory, time_start, time_end)
+        sources, lines = of_run(find_ranks(directory, time_start, time_end), run, "convert")
     except (ConvertError, ValueError) as exc:
         raise click.ClickException(str(exc))
+    for line in lines:
+        click.echo(line, err=True)
+    return sources
 
 
 def _run(work: Callable[..., int], sources: list[Any], jobs: int, what: str, **kwargs: Any) -> int:
@@ -75,6 +79,13 @@ _SOURCE_OPTIONS = [
     ),
     click.option("--time-start", help="Only rank directories whose time prefix is at or after this (Dec03_21-34-40)."),
     click.option("--time-end", help="Only rank directories whose time prefix is at or before this."),
+    click.option(
+        "--run",
+        "run",
+        metavar="ID",
+        help="The run to convert (its id, or the start of it; `all`: every run). Default: the newest; "
+        "the others are listed.",
+    ),
     click.option(
         "-j",
         "--jobs",
@@ -121,13 +132,14 @@ def csv2tb(
     output: str | None,
     time_start: str | None,
     time_end: str | None,
+    run: str | None,
     jobs: int,
     layout: str,
     categories: tuple[str, ...],
     float32: bool,
 ) -> None:
     """CSV files of each rank to TensorBoard events."""
-    sources = _ranks(directory, time_start, time_end)
+    sources = _ranks(directory, time_start, time_end, run)
     if layout == "msprobe":
         try:
             one_per_rank(sources, os.path.abspath(directory))
@@ -160,12 +172,13 @@ def tb2csv(
     output: str | None,
     time_start: str | None,
     time_end: str | None,
+    run: str | None,
     jobs: int,
     steps_per_file: int | None,
     ndigits: int | None,
 ) -> None:
     """TensorBoard events of each rank to CSV files, as the live CSV sink writes them."""
-    sources = _ranks(directory, time_start, time_end)
+    sources = _ranks(directory, time_start, time_end, run)
     output = os.path.abspath(output or default_output(directory, "tensorboard2csv"))
     rows = _run(
         tensorboard_to_csv, sources, jobs, "tb->csv", output=output, steps_per_file=steps_per_file, ndigits=ndigits

@@ -5,6 +5,7 @@ the end-of-job summary."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 from typing import Any
@@ -13,11 +14,14 @@ import click
 
 from ..config import ConfigError
 from ..output.directory import ensure_writable, output_base_dir
+from ..output.runs import new_run_id
 from . import run_summary
 from .bootstrap import job_directory
 from .job_command_line import JobCommand, UsageError, parse, sitecustomize_disabled_by
 
 ENV_KEEP_BOOTSTRAP = "MSMON_KEEP_BOOTSTRAP"
+STRUCT_SCRATCH = "struct_output"  # `msmon struct`: where its ranks write, inside the bootstrap directory
+STRUCT_DIR = "module_struct"  # what `msmon struct` keeps: <output>/module_struct/rank<r>/module_struct.json
 
 
 class JobClickCommand(click.Command):
@@ -74,12 +78,22 @@ def launch(
             "(see docs/launcher.md)",
             err=True,
         )
-    directory = job_directory.create(config, config_source, command.launcher, mode, output_dir)
+    run_id = new_run_id() if mode == "run" else None
+    scratch = None
+    if mode == "struct":  # its rank directories would read as a run of their own: they stay in the scratch
+        scratch = job_directory.scratch_dir(STRUCT_SCRATCH)
+        output_dir = scratch
+    directory = job_directory.create(config, config_source, command.launcher, mode, output_dir, run_id)
     try:
-        env = job_directory.job_environment(os.environ, directory, output_dir)
+        env = job_directory.job_environment(os.environ, directory, output_dir, run_id)
         lock = job_directory.lock_fd(directory)
         code = run_child(command.argv(), env, () if lock is None else (lock,))
-        for line in run_summary.summary_lines(run_summary.worker_records(directory), mode, config_source):
+        if scratch is not None:
+            keep_structure(scratch, base)
+        lines = run_summary.summary_lines(
+            run_summary.worker_records(directory), mode, base, run_id, config_source=config_source
+        )
+        for line in lines:
             click.echo(line, err=True)
     finally:
         if os.environ.get(ENV_KEEP_BOOTSTRAP):
@@ -87,7 +101,25 @@ def launch(
             click.echo(f"msmon: bootstrap directory kept: {directory}", err=True)
         else:
             job_directory.remove(directory)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     return code
+
+
+def keep_structure(scratch: str, base: str) -> None:
+    """Move what `msmon struct`'s ranks wrote that is worth keeping, the module trees, from the
+    scratch to `base`/module_struct/rank<r>/ (an earlier tree of the same rank is replaced); the
+    rest (rank directories, config, summary) goes with the scratch, so no later reader of `base`
+    takes it for a run."""
+    source = os.path.join(scratch, STRUCT_DIR)
+    if not os.path.isdir(source):
+        return
+    target = os.path.join(base, STRUCT_DIR)
+    os.makedirs(target, exist_ok=True)
+    for name in sorted(os.listdir(source)):
+        destination = os.path.join(target, name)
+        shutil.rmtree(destination, ignore_errors=True)
+        shutil.move(os.path.join(source, name), destination)
 
 
 def run_child(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> int:

@@ -38,6 +38,13 @@ from ..offline.results.schema import SchemaError, require_msmon
     type=click.Path(dir_okay=False),
     help="The HTML file to write.",
 )
+@click.option(
+    "--run",
+    "run",
+    metavar="ID",
+    help="The run to read (its id, or the start of it; `all`: every run together). Default: the newest; "
+    "the others are listed.",
+)
 @click.option("--title", help="The page's title (default: msmon report).")
 @click.option(
     "--max-steps",
@@ -57,6 +64,7 @@ from ..offline.results.schema import SchemaError, require_msmon
 def report(
     directories: tuple[str, ...],
     database: str | None,
+    run: str | None,
     output: str,
     title: str | None,
     max_steps: int,
@@ -81,7 +89,7 @@ def report(
         else:
             path = database
         if directories:
-            for line in load(directories, path, progress).lines():
+            for line in load(directories, path, progress, run=run).lines():
                 click.echo(line, err=True)
         con = connect(path, read_only=True)
         try:

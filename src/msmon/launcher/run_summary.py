@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from ..output.directory import describe_stopped
-from ..output.layout import SUMMARY_FILE
+from ..output.layout import DUMP_DIR, SUMMARY_FILE
 from ..runtime.cost import describe
 from .bootstrap.boot import WORKERS_DIR
 
@@ -70,8 +70,17 @@ def _error_lines(records: list[dict[str, Any]], config_source: str | None) -> li
     return lines
 
 
-def summary_lines(records: list[dict[str, Any]], mode: str, config_source: str | None = None) -> list[str]:
-    """What the launcher prints when the job ends."""
+def summary_lines(
+    records: list[dict[str, Any]],
+    mode: str,
+    output_base: str | None = None,
+    run_id: str | None = None,
+    *,
+    config_source: str | None = None,
+) -> list[str]:
+    """What the launcher prints when the job ends: a line per monitor, then (`msmon run`) the
+    first non-finite value and where to look next. output_base: where `msmon struct` keeps the
+    module trees; config_source: the config file, named in a config error's line."""
     if not records:
         return [
             "msmon: no training process loaded msmon, so nothing was monitored. Python started with -E, -I "
@@ -97,17 +106,73 @@ def summary_lines(records: list[dict[str, Any]], mode: str, config_source: str |
             )
             continue
         for monitor in monitors:
-            lines.append(_monitor_line(monitor, mode, len(monitors) > 1))
+            lines.append(_monitor_line(monitor, mode, len(monitors) > 1, output_base))
+    if mode == "run":
+        lines += _next_steps(records, run_id)
     return lines
 
 
-def _monitor_line(monitor: dict[str, Any], mode: str, several: bool) -> str:
+def _first_origin(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The earliest first non-finite value of the ranks' summaries (by step, then rank)."""
+    origins = []
+    for record in records:
+        for monitor in record.get("monitors", []):
+            summary = _read_summary(monitor["log_dir"]) if monitor.get("log_dir") else None
+            origin = (summary or {}).get("first_nonfinite")
+            if isinstance(origin, dict) and isinstance(origin.get("step"), int):
+                origins.append(origin)
+    return min(origins, key=_training_order) if origins else None
+
+
+_STAGE_ORDER = {"forward": 0, "backward": 1, "optimizer": 2}
+
+
+def _training_order(origin: dict[str, Any]) -> tuple:
+    """Step, micro-step (a whole-step value last), forward before backward before the optimizer, rank."""
+    micro = origin.get("micro_step")
+    return (
+        origin["step"],
+        micro if isinstance(micro, int) else float("inf"),
+        _STAGE_ORDER.get(origin.get("stage", ""), len(_STAGE_ORDER)),
+        origin.get("rank", 0),
+    )
+
+
+def describe_origin(origin: dict[str, Any]) -> str:
+    """'first non-finite value: rank 1 step 3 micro-step 0, forward blocks.1.fc2.output'."""
+    micro = f" micro-step {origin['micro_step']}" if origin.get("micro_step") is not None else ""
+    what = f"{origin.get('stage', '?')} {origin.get('tensor') or origin.get('module') or '?'}"
+    return f"first non-finite value: rank {origin.get('rank', '?')} step {origin['step']}{micro}, {what}"
+
+
+def _next_steps(records: list[dict[str, Any]], run_id: str | None) -> list[str]:
+    """The first non-finite value, and the commands that read the run."""
+    bases = sorted({m["output_base"] for r in records for m in r.get("monitors", []) if m.get("log_dir")})
+    if not bases:
+        return []
+    lines = []
+    origin = _first_origin(records)
+    if origin is not None:
+        lines.append(f"msmon: {describe_origin(origin)}")
+    out = _shown(bases[0])
+    run = f" --run {run_id}" if run_id else ""
+    analyse = (
+        f"msmon analyse -d {os.path.join(out, DUMP_DIR)} (the first anomaly across ranks), "
+        if os.path.isdir(os.path.join(bases[0], DUMP_DIR))
+        else ""
+    )
+    lines.append(
+        f"msmon: run {run_id or '(no id)'}; next: {analyse}msmon report -d {out}{run} -o report.html (one HTML page)"
+    )
+    return lines
+
+
+def _monitor_line(monitor: dict[str, Any], mode: str, several: bool, output_base: str | None = None) -> str:
     where = f"rank {monitor.get('rank', '?')}" + (f" {monitor['optimizer']}" if several else "")
     log_dir = monitor.get("log_dir")
     if mode == "struct":
-        path = os.path.join(
-            monitor["output_base"], "module_struct", f"rank{monitor.get('rank', 0)}", "module_struct.json"
-        )
+        base = output_base or monitor["output_base"]
+        path = os.path.join(base, "module_struct", f"rank{monitor.get('rank', 0)}", "module_struct.json")
         if os.path.isfile(path):
             return f"msmon: {where}: module structure written to {_shown(path)}"
         return f"msmon: {where}: no module structure was written (the script made no optimizer step?)"

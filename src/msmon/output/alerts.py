@@ -3,11 +3,17 @@
 A consumer of the writer (output.handoff): the rank output hands it to the writer, which gives
 it every step after the sinks, on the writer thread, so rule evaluation costs the training thread
 nothing. The counts (alerts raised, the first non-finite origin) go to summary.json.
+
+After a NaN, every later step alerts again on the same tensors; a line per step and tensor would
+bury the first one. So a rule alerting on a tensor is logged once, the first time; its repeats are
+counted, and at the end of the run one line per rule and tensor gives the count and the steps.
+The dump keeps every alert.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..anomaly.dump import AnomalyDumpWriter
@@ -23,6 +29,22 @@ if TYPE_CHECKING:
 logger = logging.getLogger("msmon")
 
 
+@dataclass
+class Repeats:
+    """In how many steps one rule alerted on one tensor: the first alert is logged, the rest counted."""
+
+    tag: str
+    count: int
+    first_step: int
+    last_step: int
+
+
+def _tensor(alert: Alert) -> tuple:
+    """(rule, tensor): micro-steps and ops of one tensor share one line."""
+    key = alert.key
+    return alert.rule, key.category, key.name, key.vpp_stage, key.train_stage
+
+
 class AlertConsumer(StepConsumer):
     """Scans each step with the rules, names the first non-finite value (nan_origin), logs up to
     `lines_per_step` alerts and appends them all to the anomaly dump, once one is set."""
@@ -36,11 +58,30 @@ class AlertConsumer(StepConsumer):
         self.dump: AnomalyDumpWriter | None = None
         self.alerts_raised = 0
         self.first_origin: dict | None = None
+        self.repeats: dict[tuple, Repeats] = {}  # (rule, tensor) -> its alerts so far
 
     def continue_from(self, previous: AlertConsumer) -> None:
         """Carry on the counts of the pipeline this one replaces (an edit of the output settings
         restarts the writer; summary.json counts the whole run)."""
         self.alerts_raised, self.first_origin = previous.alerts_raised, previous.first_origin
+        self.repeats = previous.repeats
+        previous.repeats = {}  # its close says nothing: this one says it at the end
+
+    def writer_closed(self) -> None:
+        """The run is over, every step consumed: one line per rule and tensor that alerted more
+        than once, with the count and the steps."""
+        for (rule, *_), seen in self.repeats.items():
+            if seen.count > 1:
+                logger.warning(
+                    "msmon alert [rank %d] %s on %s: alerted in %d steps, %d to %d (the first one logged; all in "
+                    "the anomaly dump)",
+                    self.rank,
+                    rule,
+                    seen.tag,
+                    seen.count,
+                    seen.first_step,
+                    seen.last_step,
+                )
 
     def consume(self, record: StepRecord, batch: HostBatch) -> None:
         alerts = self.rules.scan(record.keys, record.ops, None, record.table) if self.rules is not None else []
@@ -55,8 +96,8 @@ class AlertConsumer(StepConsumer):
 
     def _origin_alert(self, record: StepRecord, origin: Origin) -> Alert:
         message = f"first non-finite value: {origin.describe()}, all that fed it was finite"
-        logger.warning("msmon[rank %d] step %d: %s", self.rank, record.step, message)
         if self.first_origin is None:
+            logger.warning("msmon[rank %d] step %d: %s", self.rank, record.step, message)
             self.first_origin = {
                 "step": record.step,
                 "rank": self.rank,
@@ -70,9 +111,23 @@ class AlertConsumer(StepConsumer):
         key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step, origin.stage)
         return Alert(key, origin.call_id, "nonfinite", float("nan"), None, "NanOrigin", message)
 
+    def _new(self, step: int, alerts: list[Alert]) -> list[Alert]:
+        """The alerts of a rule on a tensor not alerted before (the others are counted)."""
+        new = []
+        for alert in alerts:
+            seen = self.repeats.get(_tensor(alert))
+            if seen is None:
+                self.repeats[_tensor(alert)] = Repeats(alert.key.tag(self.rank), 1, step, step)
+                new.append(alert)
+            elif seen.last_step != step:
+                seen.count += 1
+                seen.last_step = step
+        return new
+
     def _report(self, record: StepRecord, alerts: list[Alert]) -> None:
         self.alerts_raised += len(alerts)
-        for alert in alerts[: self.lines_per_step]:
+        shown = self._new(record.step, alerts)
+        for alert in shown[: self.lines_per_step]:
             history = "none" if alert.history is None else f"{alert.history:.6g}"
             logger.warning(
                 "msmon alert [rank %d] step %d micro-step %s %s %s=%.6g history=%s (%s): %s",
@@ -86,12 +141,12 @@ class AlertConsumer(StepConsumer):
                 alert.rule,
                 alert.message,
             )
-        if len(alerts) > self.lines_per_step:
+        if len(shown) > self.lines_per_step:
             logger.warning(
                 "msmon alert [rank %d] step %d: %d more alerts not shown (see the anomaly dump)",
                 self.rank,
                 record.step,
-                len(alerts) - self.lines_per_step,
+                len(shown) - self.lines_per_step,
             )
         if self.dump is not None:
             try:

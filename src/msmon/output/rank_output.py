@@ -23,6 +23,7 @@ from .alerts import AlertConsumer
 from .directory import stopped_line, stopped_output
 from .handoff import StepConsumer
 from .layout import CONFIG_FILE, SUMMARY_FILE, rank_dir_name
+from .runs import current_run_id, write_run_file
 from .sinks import build_sinks
 from .sinks.api_sink import ApiSink
 from .writer import BackgroundWriter
@@ -50,6 +51,9 @@ class RankOutput:
         """The rank directory (a new one, or the earlier run's with append_output) and the writer."""
         try:
             self.log_dir, self.resume = resume.open_rank_dir(self.output_base, self.rank, config.append_output)
+            run_id = current_run_id()
+            if run_id is not None:
+                write_run_file(self.log_dir, run_id, self.rank)
         except OSError as exc:
             self.log_dir = os.path.join(self.output_base, rank_dir_name(self.rank))
             self._failed(exc, self.log_dir)

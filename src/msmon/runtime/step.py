@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import MonitorConfig
-from ..system.stop import StopAfterStruct, stop_after_struct, stop_with_the_others
+from ..system.stop import StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
 from . import selection
+from .nan_stop import NanStop
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
 from .step_context import StepContext
-from .transfer import stage_to_host
+from .transfer import HostBatch, stage_to_host
 
 if TYPE_CHECKING:  # types only: the collectors and the rank's output are built above and handed in
     from ..collectors.base import Collector
@@ -69,6 +70,8 @@ class StepRunner:
         self.built = Built()
         self.steps_recorded = 0
         self.unhook: Callable[[], None] | None = None
+        # alert.on_nan "stop", fixed now: every rank must ask the others at every step (nan_stop.py)
+        self.nan_stop = NanStop(ctx.config.module_ranks) if ctx.config.alert.on_nan == "stop" else None
 
     # -- hooks on the optimizer -----------------------------------------------------------------
     def hook(self, adapter: Any) -> None:
@@ -131,7 +134,7 @@ class StepRunner:
         try:
             self._run_callbacks("after_update")
             self._finish_step()
-        except StopAfterStruct:
+        except StopRun:
             raise
         except Exception as exc:  # the step bookkeeping itself must never break training
             logger.error(
@@ -148,8 +151,9 @@ class StepRunner:
 
     def _finish_step(self) -> None:
         ctx = self.ctx
+        batch = None
         if ctx.recording:
-            self._hand_over_rows()
+            batch = self._hand_over_rows()
         else:
             ctx.buffer.clear()
         if not self.grad_acc_given and ctx.grad_acc_steps is None:
@@ -161,6 +165,10 @@ class StepRunner:
         ctx.rows_read.clear()
         ctx.losses.clear()
         ctx.grad_hooks.clear()
+        if self.nan_stop is not None:
+            with_nonfinite = self.nan_stop.ranks_with_nonfinite(batch)
+            if with_nonfinite:
+                stop_on_nan(ctx.rank, ctx.step, with_nonfinite, self._close, self.nan_stop.all_closed)
         structure = self.built.structure
         if structure is not None and structure.enabled and ctx.recording:
             stop_after_struct(structure, ctx.output_base, ctx.rank, ctx.step, self._close)
@@ -177,18 +185,20 @@ class StepRunner:
             for collector in self.built.collectors:
                 collector.detach()
 
-    def _hand_over_rows(self) -> None:
+    def _hand_over_rows(self) -> HostBatch | None:
         """The recorded step's rows: sharded ones combined, all copied to the host once, and
-        handed to the writer thread."""
+        handed to the writer thread (returned too: alert.on_nan reads it)."""
         ctx = self.ctx
         ctx.shards.flush()  # sharded tensors: every rank's piece statistics, combined
         keys, chunks, hists, flag_keys, flags = ctx.buffer.take()
         writer = self.output.writer
+        batch = None
         if (keys or hists or flags is not None) and writer is not None:
             batch = stage_to_host(keys, chunks, len(ctx.step_ops), hists, flag_keys, flags)
             writer.submit(ctx.step, ctx.step_ops, batch, {"heatmap": True} if ctx.config.heatmap_visualize else None)
         self.window.recorded_one()
         self.steps_recorded += 1
+        return batch
 
     def _stop_with_the_others(self) -> None:
         stop_with_the_others(self.ctx.rank, self.ctx.step, self._close)

@@ -1,18 +1,34 @@
 """Runs that end early on purpose: print_struct stops after the step that wrote the module tree,
-and ranks outside module_ranks stop with the recording ranks (rather than hang in a collective)."""
+ranks outside module_ranks stop with the recording ranks (rather than hang in a collective), and
+`alert.on_nan: "stop"` ends the job after a step with a NaN or an inf (runtime/nan_stop.py)."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Callable
 
 import torch
+
+from .environment import ENV_BOOTSTRAP_DIR
 
 if TYPE_CHECKING:  # a type only: system/ sits below the collectors
     from ..collectors.structure import StructCollector
 
 
-class StopAfterStruct(SystemExit):
+class StopRun(SystemExit):
+    """A stop msmon asks for after a step: it passes through the step's own error handling."""
+
+
+class StopAfterStruct(StopRun):
     """Raised after print_struct wrote the module tree: a clean stop (exit code 0)."""
+
+
+class StopOnNan(StopRun):
+    """Raised on every monitored rank after the step in which one of them met a NaN or an inf,
+    under `alert.on_nan: "stop"`: the job fails (exit code NAN_EXIT_CODE)."""
+
+
+NAN_EXIT_CODE = 3
 
 
 def stop_after_struct(
@@ -23,8 +39,11 @@ def stop_after_struct(
     if rank == 0 or not torch.distributed.is_initialized():
         print(struct.render_tree(), flush=True)
     close()
+    # under `msmon struct` the ranks write into a scratch the launcher moves the tree out of: the
+    # launcher names where it lands
+    where = "" if os.environ.get(ENV_BOOTSTRAP_DIR) else f" to {path}"
     print(
-        f"msmon: module structure of rank {rank} written to {path}; stopping after step {step} as print_struct asks",
+        f"msmon: module structure of rank {rank} written{where}; stopping after step {step} as print_struct asks",
         flush=True,
     )
     raise StopAfterStruct(0)
@@ -35,3 +54,19 @@ def stop_with_the_others(rank: int, step: int, close: Callable[[], None]) -> Non
     close()
     print(f"msmon: rank {rank} stops after step {step} with the recording ranks", flush=True)
     raise StopAfterStruct(0)
+
+
+def stop_on_nan(
+    rank: int, step: int, ranks: list[int], close: Callable[[], None], all_closed: Callable[[], None]
+) -> None:
+    """Close the monitor (pending steps, the anomaly dump, summary.json written), wait for the
+    other ranks to have closed theirs (`all_closed`), say why, stop the process with NAN_EXIT_CODE."""
+    close()
+    all_closed()
+    print(
+        f"msmon[rank {rank}]: non-finite statistics at step {step} on rank{'s' if len(ranks) > 1 else ''} "
+        f"{', '.join(map(str, ranks))}; the job stops after this step as alert.on_nan asks "
+        f"(exit code {NAN_EXIT_CODE}); the output and the anomaly dump are complete",
+        flush=True,
+    )
+    raise StopOnNan(NAN_EXIT_CODE)

@@ -272,12 +272,18 @@ def test_malformed_and_truncated_files_are_reported_by_name_and_skipped(tmp_path
 
 
 def test_an_empty_directory_is_a_clear_message_and_exit_1(tmp_path, capsys):
-    (tmp_path / "rank0").mkdir()  # a healthy run leaves empty rank directories
-    assert run_analyse(str(tmp_path)) == 1
+    assert run_analyse(str(tmp_path)) == 1  # no dump at all: the dump was off, or this is not a run
     assert "no anomaly dump under" in capsys.readouterr().err
     assert run_analyse(str(tmp_path / "missing")) == 1
     assert "is not a directory" in capsys.readouterr().err
     assert not (tmp_path / REPORT_FILE).exists() and not (tmp_path / MSPROBE_ANALYSE_FILE).exists()
+
+
+def test_a_healthy_run_with_the_dump_on_is_no_anomaly_and_exit_0(tmp_path, capsys):
+    (tmp_path / "rank0").mkdir()  # a healthy run leaves empty rank directories
+    assert run_analyse(str(tmp_path)) == 0
+    assert "No anomaly" in capsys.readouterr().out
+    assert json.loads((tmp_path / REPORT_FILE).read_text())["total"] == 0
 
 
 def test_files_with_no_readable_record_exit_1(tmp_path, capsys):

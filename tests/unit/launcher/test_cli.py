@@ -186,11 +186,17 @@ def test_no_torchrun_runs_one_process_with_the_default_config(tmp_path):
     (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
     assert {r["step"] for r in read_csv_rows(Path(rank_dir), "grad_reduced")} == {"0", "1", "2"}
     assert (Path(rank_dir) / "config.json").exists()
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("msmon: rank 0: 3 steps recorded, 0 alerts raised, monitor cost ") and last.endswith(
-        Path(rank_dir).name
+    rank_line, next_line = proc.stderr.strip().splitlines()[-2:]
+    assert rank_line.startswith("msmon: rank 0: 3 steps recorded, 0 alerts raised, monitor cost ")
+    assert rank_line.endswith(Path(rank_dir).name)
+    assert "% of step time" in rank_line and "steps recorded; monitor cost" not in proc.stderr  # the launcher's only
+    # the default config dumps its alerts, so `msmon analyse` has a dump to read; the last line says where
+    assert (out / "anomaly_detected" / "rank0").is_dir()
+    run_id = json.loads((Path(rank_dir) / "run.json").read_text())["runs"][0]["run_id"]
+    assert next_line == (
+        f"msmon: run {run_id}; next: msmon analyse -d {out / 'anomaly_detected'} (the first anomaly across ranks), "
+        f"msmon report -d {out} --run {run_id} -o report.html (one HTML page)"
     )
-    assert "% of step time" in last and "steps recorded; monitor cost" not in proc.stderr  # the launcher's line only
 
 
 @pytest.mark.e2e
@@ -204,7 +210,7 @@ def test_no_torchrun_runs_a_python_command_line_as_it_is(tmp_path):
     assert proc.stdout.count("step ") == 3
     (rank_dir,) = glob.glob(str(out / "*-rank0-*"))
     assert {r["step"] for r in read_csv_rows(Path(rank_dir), "grad_reduced")} == {"0", "1", "2"}
-    assert proc.stderr.strip().splitlines()[-1].startswith("msmon: rank 0: 3 steps recorded")
+    assert proc.stderr.strip().splitlines()[-2].startswith("msmon: rank 0: 3 steps recorded")  # then the next steps
 
 
 @pytest.mark.e2e

@@ -32,6 +32,7 @@ except ImportError:  # pragma: no cover - not POSIX: no locks, nothing is taken 
     fcntl = None  # type: ignore[assignment]
 
 from ...output.directory import ENV_OUTPUT_DIR
+from ...output.runs import ENV_RUN_ID
 from . import boot
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,7 +47,12 @@ _held: dict[str, int] = {}  # bootstrap directory -> the descriptor holding its 
 
 
 def create(
-    config: Mapping[str, Any], config_source: str | None, launcher: str, mode: str, output_dir: str | None
+    config: Mapping[str, Any],
+    config_source: str | None,
+    launcher: str,
+    mode: str,
+    output_dir: str | None,
+    run_id: str | None = None,
 ) -> str:
     """Write a fresh bootstrap directory and return its path.
 
@@ -66,6 +72,7 @@ def create(
         "config": CONFIG_FILE,
         "config_source": os.path.abspath(config_source) if config_source else None,
         "output_dir": os.path.abspath(output_dir) if output_dir else None,
+        "run_id": run_id,
         "msmon_path": os.path.dirname(os.path.dirname(os.path.dirname(HERE))),
     }
     with open(os.path.join(directory, boot.SETTINGS_FILE), "w", encoding="utf-8") as fh:
@@ -73,9 +80,19 @@ def create(
     return directory
 
 
-def job_environment(base: Mapping[str, str], bootstrap_dir: str, output_dir: str | None) -> dict[str, str]:
-    """`base` with the bootstrap first on PYTHONPATH and the output directory set."""
-    env = {k: v for k, v in base.items() if k not in _STALE}
+def scratch_dir(what: str) -> str:
+    """A fresh temporary directory of a job (`msmon struct`'s output) that the launcher removes."""
+    return tempfile.mkdtemp(prefix=f"msmon-{what}-")
+
+
+def job_environment(
+    base: Mapping[str, str], bootstrap_dir: str, output_dir: str | None, run_id: str | None = None
+) -> dict[str, str]:
+    """`base` with the bootstrap first on PYTHONPATH, the output directory and the run id set
+    (a run id inherited from an enclosing job is dropped: this job is a run of its own)."""
+    env = {k: v for k, v in base.items() if k not in _STALE and k != ENV_RUN_ID}
+    if run_id:
+        env[ENV_RUN_ID] = run_id
     python_path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = bootstrap_dir + (os.pathsep + python_path if python_path else "")
     env[boot.ENV_BOOTSTRAP_DIR] = bootstrap_dir

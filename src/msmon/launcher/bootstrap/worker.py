@@ -25,6 +25,7 @@ from ...config.resolved import resolved
 from ...hooks import explicit
 from ...output.directory import ENV_OUTPUT_DIR, output_base_dir
 from ...output.layout import rank_dir_name
+from ...output.runs import ENV_RUN_ID
 from ...system import exit_drain, lifecycle
 from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot
@@ -49,6 +50,8 @@ def start(bootstrap_dir: str) -> hooks.Session:
     settings = boot.read_settings(bootstrap_dir)
     if settings.get("output_dir") and not os.environ.get(ENV_OUTPUT_DIR):
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
+    if settings.get("run_id") and not os.environ.get(ENV_RUN_ID):
+        os.environ[ENV_RUN_ID] = settings["run_id"]
     session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings), build_monitor)
     session.stop_said_by_launcher = True  # the worker record carries the reason to the launcher's one line
     record = WorkerRecord(os.path.join(bootstrap_dir, boot.WORKERS_DIR), session)

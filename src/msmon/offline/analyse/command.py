@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Any
 
 from ...anomaly.event import NAN_ORIGIN_RULE
-from ...output.layout import DUMP_FILE, MSPROBE_DUMP_FILE
+from ...output.layout import DUMP_DIR, DUMP_FILE, MSPROBE_DUMP_FILE
+from ...output.runs import RunChoiceError
 from .kind import dump_ranks, fault_kind
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 from .reading import read_dumps
+from .run_choice import of_chosen_run
 from .verdict import first_per_rank, format_table, order_events, verdict
 
+RANK_FOLDER = re.compile(r"^rank\d+$")  # the dump's folder of one rank: anomaly_detected/rank<r>/
 REPORT_FILE = "msmon_analyse.json"  # msmon's report; msprobe's layout is MSPROBE_ANALYSE_FILE
 
 
@@ -40,11 +44,61 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps: list[int] | None = None) -> int:
-    """Read every rank's anomaly dump under `directory`, print the first `top_k` anomalies in
+def _dump_folders(directory: str) -> list[str]:
+    """The `rank<r>` folders the anomaly dump made under `directory` (or its anomaly_detected):
+    the dump makes them as the monitor starts, so a run with the dump on and no alert has them
+    and no dump file."""
+    for folder in (directory, os.path.join(directory, DUMP_DIR)):
+        try:
+            names = sorted(os.listdir(folder))
+        except OSError:
+            continue
+        found = [n for n in names if RANK_FOLDER.match(n) and os.path.isdir(os.path.join(folder, n))]
+        if found:
+            return found
+    return []
+
+
+def _clean(directory: str, output: str | None, folders: list[str], run: str | None = None) -> int:
+    """A run whose dump is on and empty: no anomaly, said so, and the reports written (exit 0)."""
+    text = f"No anomaly: the anomaly dump of {len(folders)} rank(s) under {directory} holds no record" + (
+        f" of {run}." if run else "."
+    )
+    print(text)
+    result = {
+        "directory": os.path.abspath(directory),
+        "files": [],
+        "skipped": [],
+        "skipped_records": 0,
+        "steps": None,
+        "total": 0,
+        "ranks": [],
+        "verdict": text,
+        "first_anomaly": None,
+        "kind": None,
+        "nan_origin": None,
+        "first_per_rank": {},
+        "top_k": [],
+    }
+    report, msprobe = output_paths(directory, output)
+    for path, data in ((report, result), (msprobe, msprobe_records([]))):
+        try:
+            _write_json(path, data)
+        except OSError as exc:
+            print(f"msmon analyse: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def run_analyse(
+    directory: str, output: str | None = None, top_k: int = 8, steps: list[int] | None = None, run: str | None = None
+) -> int:
+    """Read every rank's anomaly dump under `directory` (the records of the run `run`, by
+    default the newest: run_choice.py), print the first `top_k` anomalies in
     training order and a verdict, and write msmon's report and msprobe's anomaly_analyse.json
-    where `output_paths` says. Returns the exit code: 0 on success, 1 when there is nothing to
-    analyse or the result cannot be written, 2 for a bad argument."""
+    where `output_paths` says. Returns the exit code: 0 on success (a run whose dump is on
+    and empty, too: no anomaly), 1 when there is nothing to analyse (no dump) or the result
+    cannot be written, 2 for a bad argument."""
     err = sys.stderr
     if top_k < 1:
         print(f"msmon analyse: -k must be at least 1, got {top_k}", file=err)
@@ -64,6 +118,8 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
             f"msmon analyse: skipped {dumps.skipped_records} malformed record{'s' if dumps.skipped_records > 1 else ''}",  # noqa: E501
             file=err,
         )
+    if not dumps.files and _dump_folders(directory):
+        return _clean(directory, output, _dump_folders(directory))
     if not dumps.files:
         print(
             f"msmon analyse: no anomaly dump under {directory}: no rank*/{DUMP_FILE} (nor msprobe's "
@@ -77,7 +133,16 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
             file=err,
         )
         return 1
-    ordered = order_events(dumps.events)
+    try:
+        events, run_id, lines = of_chosen_run(dumps.events, directory, run)
+    except RunChoiceError as exc:
+        print(f"msmon analyse: {exc}", file=err)
+        return 2
+    for line in lines:
+        print(line, file=err)
+    if not events:
+        return _clean(directory, output, _dump_folders(directory), f"run {run_id}")
+    ordered = order_events(events)
     wanted = set(steps or ())
     selected = [e for e in ordered if e.step in wanted] if steps else ordered
     if steps and not selected:

@@ -38,6 +38,7 @@ class AnomalyEvent:
     message: str = ""
     group_mates: list[int] = field(default_factory=list)
     file: str = ""
+    run_id: str | None = None  # the run that wrote it (output/runs.py); None: a dump without run ids
 
     def order_key(self) -> tuple:
         micro = self.micro_step if self.micro_step is not None else math.inf

@@ -73,6 +73,7 @@ def read_dump_files(paths: Iterable[str]) -> DumpSet:
                 event.op,
                 event.rule,
                 repr(event.value),
+                event.run_id,  # two runs of a deterministic job write the same records
             )
             if identity not in seen:  # the same node's directory copied in twice
                 seen.add(identity)
@@ -255,6 +256,7 @@ def event_from_record(record: Any, path: str = "") -> AnomalyEvent:
         message=str(record.get("message") or ""),
         group_mates=[m for m in mates if isinstance(m, int)] if isinstance(mates, list) else [],
         file=path,
+        run_id=record["run_id"] if isinstance(record.get("run_id"), str) else None,
     )
 
 

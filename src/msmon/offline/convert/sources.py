@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ...output.layout import CONFIG_FILE, RANK_DIR
 from ...output.resume import rank_dirs
+from ...output.runs import RunChoiceError, choice_lines, choose_run, group_runs
 
 MSPROBE_RANK = re.compile(r"^rank(?P<rank>\d+)$")
 
@@ -69,6 +70,19 @@ def one_per_rank(sources: list[RankSource], path: str) -> None:
             "(--tags msprobe) has one folder per rank; pick one run with --time-start/--time-end or -d "
             "<rank directory>, or keep msmon's tags (--tags msmon), which convert each directory apart"
         )
+
+
+def of_run(sources: list[RankSource], run: str | None, verb: str) -> tuple[list[RankSource], list[str]]:
+    """The sources of the run `run` (None: the newest; "all": every one), and the lines that
+    name it and the others (output/runs.py)."""
+    try:
+        chosen, others = choose_run(group_runs({s.path: s.rank for s in sources}), run)
+    except RunChoiceError as exc:
+        raise ConvertError(str(exc)) from None
+    if chosen is None:
+        return sources, []
+    kept = set(chosen.dirs)
+    return [s for s in sources if s.path in kept], choice_lines(chosen, others, verb)
 
 
 def default_output(path: str, what: str) -> str:

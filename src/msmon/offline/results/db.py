@@ -20,9 +20,14 @@ from .scan import has_output
 
 
 def load(
-    directories: Iterable[str], database: str, progress: bool | None = None, tmp_dir: str | None = None
+    directories: Iterable[str],
+    database: str,
+    progress: bool | None = None,
+    tmp_dir: str | None = None,
+    run: str | None = None,
 ) -> LoadReport:
-    """Load (or bring up to date) `database` from the monitor output `directories`."""
+    """Load (or bring up to date) `database` from the run `run` (None: the newest; "all": every
+    run) of the monitor output `directories`."""
     directories = list(directories)
     for directory in directories:  # before the database file is created
         if not os.path.isdir(directory):
@@ -39,7 +44,7 @@ def load(
                 "config.json or anomaly dump; give the folder the run wrote to ($MONITOR_OUTPUT_DIR, default "
                 "monitor_output)"
             )
-        return loader.load(directories, progress)
+        return loader.load(directories, progress, run)
     except NoOutputError:
         con.close()
         if new:  # no empty database left behind

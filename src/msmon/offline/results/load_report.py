@@ -25,9 +25,10 @@ class LoadReport:
     tb_duplicates: int = 0
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    run_lines: list[str] = field(default_factory=list)  # the run loaded and the others (output/runs.py)
 
     def lines(self) -> list[str]:
-        out = [
+        out = self.run_lines + [
             f"msmon db: {self.new} new, {self.grown} grown, {self.reloaded} changed and reloaded, "
             f"{self.unchanged} unchanged files; {self.values:,} values and {self.histograms:,} histograms added"
             + ("" if self.anomalies is None else f"; {self.anomalies:,} anomaly records")

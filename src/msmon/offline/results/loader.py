@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ...anomaly.event import FIELDS
+from ...output.runs import ALL_RUNS, Run, RunChoiceError, choice_lines, choose_run, group_runs, of_run
 from ..analyse.reading import read_dump_files
 from ..analyse.verdict import order_events
 from . import schema
@@ -59,6 +60,7 @@ class Loader:
         self.next_id = (one_row(con.execute("SELECT coalesce(max(id), -1) FROM files"))[0]) + 1
         self.new_ids: dict[str, int] = {}
         self.loaded_at = datetime.now()
+        self.run: Run | None = None  # the run loaded (None: every run, or rank directories of no run)
 
     def _id_for(self, f: FoundFile) -> int:
         old = self.known.get(f.path)
@@ -70,7 +72,9 @@ class Loader:
         return self.new_ids[f.path]
 
     # -- planning ---------------------------------------------------------------------------------
-    def load(self, directories: Iterable[str], progress: bool | None = None) -> LoadReport:
+    def load(self, directories: Iterable[str], progress: bool | None = None, run: str | None = None) -> LoadReport:
+        """Load the run `run` (a run id, its unique start, or ALL_RUNS; None: the newest) of the
+        directories' rank directories, and its records of the anomaly dumps."""
         directories = list(directories)
         found: list[FoundFile] = []
         for directory in directories:
@@ -80,7 +84,7 @@ class Loader:
                 )
             found += scan(directory)
         unique = {f.path: f for f in found}  # -d given twice, or a directory inside another
-        found = list(unique.values())
+        found = self._of_run(list(unique.values()), run)
         on_disk = set(unique)
         self.report.missing = sum(1 for p in self.known if p not in on_disk and not os.path.exists(p))
         csv_work: list[tuple[FoundFile, CsvWork]] = []
@@ -121,6 +125,31 @@ class Loader:
         self.con.execute("INSERT INTO meta VALUES ('roots', ?), ('last_load', ?)", [roots, self.loaded_at.isoformat()])
         self.report.seconds = time.perf_counter() - self.started
         return self.report
+
+    def _of_run(self, found: list[FoundFile], wanted: str | None) -> list[FoundFile]:
+        """The files of the chosen run (the anomaly dumps whole: their records are chosen as they
+        are read); the run is remembered, and a database holds one run."""
+        rank_dirs = {f.rank_dir: f.rank for f in found if f.kind != ANOMALIES}
+        try:
+            self.run, others = choose_run(group_runs(rank_dirs), wanted)
+        except RunChoiceError as exc:
+            raise DatabaseError(str(exc)) from None
+        self.report.run_lines = choice_lines(self.run, others, "db")
+        chosen = self.run.run_id if self.run is not None else ALL_RUNS if wanted == ALL_RUNS else None
+        if chosen is None:  # no rank directory (only the anomaly dumps): no run to choose
+            return found
+        row = self.con.execute("SELECT value FROM meta WHERE key = 'run'").fetchone()
+        if row is not None and row[0] != chosen:
+            raise DatabaseError(
+                f"{self.report.database} holds run {row[0]}; load run {chosen} into another database (-o), "
+                f"or add --run {row[0]} to bring this one up to date"
+            )
+        if row is None:
+            self.con.execute("INSERT INTO meta VALUES ('run', ?)", [chosen])
+        if self.run is None:
+            return found
+        kept = set(self.run.dirs)
+        return [f for f in found if f.kind == ANOMALIES or f.rank_dir in kept]
 
     def _roots(self) -> list[str]:
         row = self.con.execute("SELECT value FROM meta WHERE key = 'roots'").fetchone()
@@ -329,6 +358,7 @@ class Loader:
         )
         dumps = read_dump_files(paths)
         self.report.problems += dumps.problems
+        dumps.events = [e for e in dumps.events if of_run(e.run_id, self.run)]
         ordered = order_events(dumps.events)
         rows = []
         for seq, e in enumerate(ordered):
