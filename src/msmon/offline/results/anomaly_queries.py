@@ -4,6 +4,7 @@ non-finite origin."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -35,13 +36,30 @@ def anomaly_events(con: DuckDBPyConnection) -> list[AnomalyEvent]:
     return events
 
 
+def fault_kind(con: DuckDBPyConnection, ordered: list[AnomalyEvent]) -> dict[str, Any] | None:
+    """The kind of fault `msmon analyse` tells for the first anomaly ("one rank's data", "one
+    rank's copy of the model", "all ranks together": its `kind` in msmon_analyse.json), or None
+    when it tells none. The one place the report asks for it: analyse's kind.py is looked up
+    when the report runs, so a msmon whose analyse does not tell kinds yet shows the verdict
+    alone. The job's ranks are every rank that wrote output to the database."""
+    try:
+        module = importlib.import_module("msmon.offline.analyse.kind")
+    except ImportError:
+        return None
+    job_ranks = {r[0] for r in con.execute("SELECT DISTINCT rank FROM files WHERE rank IS NOT NULL").fetchall()}
+    kind = module.fault_kind(ordered, job_ranks)
+    return None if kind is None else dict(kind.to_json())
+
+
 def anomalies(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
-    """The verdict of `msmon analyse`, the first anomalies, and a bounded timeline across ranks."""
+    """The verdict of `msmon analyse` and its kind, the first anomalies, and a bounded timeline
+    across ranks."""
     ordered = anomaly_events(con)
     if not ordered:
         return {
             "total": 0,
             "verdict": verdict([]),
+            "kind": None,
             "first": [],
             "points": [],
             "rules": [],
@@ -81,6 +99,7 @@ def anomalies(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
     return {
         "total": len(ordered),
         "verdict": verdict(ordered),
+        "kind": fault_kind(con, ordered),
         "rules": rules,
         "points": points,
         "sampled": len(shown) < len(ordered),
