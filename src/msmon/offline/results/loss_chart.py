@@ -29,14 +29,15 @@ _NONFINITE = """CASE WHEN bool_or(isnan(value)) THEN 'nan' WHEN bool_or(value = 
 
 
 def number(value: float | None) -> float | str | None:
-    """A value for the page's JSON: 6 significant digits; a non-finite one as its name."""
+    """A value for the page's JSON, as recorded (the loss to the last digit); a non-finite one as
+    its name."""
     if value is None:
         return None
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
-    return float(f"{value:.6g}")
+    return float(value)
 
 
 def loss_chart(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
