@@ -11,8 +11,12 @@ import csv
 import importlib.util
 import json
 import math
+import os
+import re
 import statistics
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,7 @@ import pytest
 duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
 from test_results_db import GENERATOR, csv_values  # noqa: E402
+from test_results_report import chromium  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 from msmon.offline.analyse.reading import read_dumps  # noqa: E402
@@ -30,10 +35,6 @@ SPIKE_TENSOR = 2  # the generator's per_category // 3 with 8 tensors per categor
 
 
 def synthetic(out: Path, ranks: int, steps: int, tensors: int, *extra: str) -> Path:
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     args = ["--ranks", str(ranks), "--steps", str(steps), "--tensors", str(tensors), "--processes", "2", *extra]
     subprocess.run([sys.executable, str(GENERATOR), "-o", str(out), *args], check=True, env=env, capture_output=True)
@@ -304,3 +305,121 @@ def test_a_512_rank_page_is_bounded_and_its_rank_charts_do_not_grow_with_ranks(t
         sizes[ranks] = len(json.dumps(charts))
     assert pages[512] < 1_000_000, pages
     assert sizes[512] < 1.05 * sizes[32], sizes
+
+
+SECTIONS = (
+    "overview",
+    "loss-section",
+    "anomalies-section",
+    "heatmaps-section",
+    "outliers-section",
+    "spread-section",
+    "cost-section",
+)
+
+
+def click_row(category: str, row: int) -> str:
+    """A script that clicks row `row` of the category's heatmap, as a user would (heatmaps of up
+    to 40 rows draw rows 14 px high below a 20 px step axis)."""
+    return f"""
+      var cv = document.querySelector("#heat-{category} .heat canvas"), box = cv.getBoundingClientRect();
+      cv.dispatchEvent(new MouseEvent("click",
+        {{ clientX: box.left + 300, clientY: box.top + 20 + {row} * 14 + 7, bubbles: true }}));"""
+
+
+def only(section: str) -> str:
+    """A script that leaves one section on the page, for its screenshot."""
+    return f"""
+      document.querySelectorAll("main > section, #notes, header").forEach(function (s) {{
+        if (s.id !== "{section}") s.style.display = "none"; }});
+      if ("{section}" === "heatmaps-section") document.querySelectorAll("#heatmaps > div").forEach(function (s) {{
+        if (s.id !== "heat-grad_unreduced") s.style.display = "none"; }});"""
+
+
+def with_script(page: Path, script: str, name: str) -> Path:
+    """A copy of the page with `script` run after the page's own (the test's click or layout)."""
+    copy = page.with_name(name)
+    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", f"<script>{script}</script></body>"))
+    return copy
+
+
+def browse(browser: str, profile: Path, page: Path, *args: str) -> subprocess.CompletedProcess:
+    flags = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-extensions",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--virtual-time-budget=5000",
+    ]
+    return subprocess.run([*flags, *args, page.as_uri()], capture_output=True, text=True, timeout=120)
+
+
+def console(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if ":CONSOLE" in line]
+
+
+@pytest.mark.browser
+def test_the_page_draws_every_section_and_a_clicked_row_over_steps_in_headless_chromium(six, forty, tmp_path):
+    browser = chromium()
+    _, database, data = six
+    page = tmp_path / "report.html"
+    con = duckdb.connect(database, read_only=True)
+    report_html.build(con, str(page), database)
+    con.close()
+    profile = tmp_path / "profile"
+    dom = browse(browser, profile, page, "--dump-dom")
+    assert not console(dom), "the page wrote to the console:\n" + "\n".join(console(dom))
+    assert 'data-rendered="ok"' in re.search(r"<body[^>]*>", dom.stdout)[0], dom.stderr[-2000:]
+    overview = dom.stdout[dom.stdout.index('<section id="overview">') :]
+    assert overview.index('id="verdict"') < overview.index('class="cards"'), "the verdict first"
+    assert 'id="loss-chart" data-lines="6" data-mode="lines"' in dom.stdout
+    assert dom.stdout.count("<tr>") > 16 + 8, "the outlier table's and the movers' rows"
+    assert "(rank 3)" in dom.stdout and "turned non-finite" in dom.stdout
+    # a click on a heatmap row draws that tensor over steps, a line per rank
+    clicked = browse(browser, profile, with_script(page, click_row("grad_unreduced", 2), "clicked.html"), "--dump-dom")
+    assert not console(clicked), "\n".join(console(clicked))
+    assert 'data-shown="grad_unreduced/norm/2"' in clicked.stdout
+    assert '<div class="row-chart" data-row="2" data-lines="6" data-mode="lines">' in clicked.stdout
+    assert f"grad_unreduced norm · {heatmap(data, 'grad_unreduced')['rows'][2]}" in clicked.stdout
+    # a screenshot per section (the heatmap one with the clicked row's chart under it)
+    for section in SECTIONS:
+        script = only(section) + (click_row("grad_unreduced", 2) if section == "heatmaps-section" else "")
+        shot = tmp_path / f"{section}.png"
+        browse(
+            browser,
+            profile,
+            with_script(page, script, f"{section}.html"),
+            "--hide-scrollbars",
+            "--window-size=1400,1000",
+            f"--screenshot={shot}",
+        )
+        assert shot.is_file() and shot.stat().st_size > 15_000, f"{section}: a drawn section, not a blank page"
+        print(f"screenshot: {shot}")
+    # above 16 ranks the clicked row is the band, its median and the ranks that depart
+    _, database, _ = forty
+    wide = tmp_path / "wide.html"
+    con = duckdb.connect(database, read_only=True)
+    report_html.build(con, str(wide), database)
+    con.close()
+    clicked = browse(
+        browser, profile, with_script(wide, click_row("grad_unreduced", 2), "wide-clicked.html"), "--dump-dom"
+    )
+    assert not console(clicked), "\n".join(console(clicked))
+    assert '<div class="row-chart" data-row="2" data-lines="5" data-mode="band">' in clicked.stdout
+    assert 'id="loss-chart" data-lines="4" data-mode="band"' in clicked.stdout
+    shot = tmp_path / "band.png"
+    browse(
+        browser,
+        profile,
+        with_script(wide, only("heatmaps-section") + click_row("grad_unreduced", 2), "wide-shot.html"),
+        "--hide-scrollbars",
+        "--window-size=1400,1000",
+        f"--screenshot={shot}",
+    )
+    assert shot.is_file() and shot.stat().st_size > 15_000
+    print(f"screenshot: {shot}")
