@@ -4,7 +4,8 @@ Heatmap rows follow `tensors.position`, the order the monitor wrote the tensors 
 The long table is scanned once: `per_step` (a temp table) holds, for each tensor, op, step and
 micro-step, the largest finite |value| over ranks, whether any rank had a non-finite one, and
 the finite min and max with the ranks that hold them, the rank that holds the largest |value|,
-the lowest rank with a non-finite one and which non-finite value it was. The loss has a chart of
+the lowest rank with a non-finite one and which non-finite value it was (`nf`: DuckDB orders
+NaN above inf, so the max of the non-finite values is NaN if any was, else inf, else -inf). The loss has a chart of
 its own (loss_chart.py), not a heatmap. Heatmaps, top movers and the rank spread
 are read from it, so their cost follows tensors x steps, not ranks. Whatever the size of the
 run, a heatmap has at most `max_rows` x `max_steps` cells: neighbouring steps (and tensors, in
@@ -60,8 +61,7 @@ def build_per_step(con: DuckDBPyConnection) -> None:
           arg_max(rank, value) FILTER (WHERE isfinite(value)) AS hi_rank,
           arg_max(rank, abs(value)) FILTER (WHERE isfinite(value)) AS v_rank,
           min(rank) FILTER (WHERE NOT isfinite(value)) AS bad_rank,
-          CASE WHEN bool_or(isnan(value)) THEN 'nan' WHEN bool_or(value = 'inf'::DOUBLE) THEN 'inf'
-            WHEN bool_or(value = '-inf'::DOUBLE) THEN '-inf' END AS nf
+          max(value) FILTER (WHERE NOT isfinite(value)) AS nf
         FROM metrics WHERE category NOT IN ({OWN_CHARTS})
         GROUP BY category, op, vpp_stage, name, step, micro_step""")
 
@@ -192,9 +192,7 @@ def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[
     rows = con.execute(f"""
         WITH s AS (
           SELECT category, op, vpp_stage, name, step, max(v) AS v, arg_max(v_rank, v) AS v_rank,
-            bool_or(bad) AS bad, min(bad_rank) AS bad_rank,
-            CASE WHEN bool_or(nf = 'nan') THEN 'nan' WHEN bool_or(nf = 'inf') THEN 'inf'
-              WHEN bool_or(nf = '-inf') THEN '-inf' END AS nf
+            bool_or(bad) AS bad, min(bad_rank) AS bad_rank, max(nf) AS nf
           FROM per_step GROUP BY ALL),
         l AS (
           SELECT *, lag(v) OVER w AS pv, lag(step) OVER w AS ps, lag(bad) OVER w AS pbad,
@@ -213,7 +211,8 @@ def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[
         ORDER BY category, op, flagged DESC, CASE WHEN flagged = 1 THEN step END, score DESC, step, name
         """).fetchall()
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for category, op, vpp, name, ps, step, pv, v, score, flagged, p_rank, rank, p_nf, nf in rows:
+    for category, op, vpp, name, ps, step, pv, v, score, flagged, p_rank, rank, p_bad, bad in rows:
+        p_nf, nf = _nonfinite_name(p_bad), _nonfinite_name(bad)
         out.setdefault(category, {}).setdefault(op, []).append(
             {
                 "name": name,
@@ -230,6 +229,12 @@ def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[
             }
         )
     return out
+
+
+def _nonfinite_name(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
 
 
 def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int) -> dict[str, Any]:

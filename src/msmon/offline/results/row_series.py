@@ -45,11 +45,7 @@ def row_series(
     info = {"mode": mode, "ranks": len(ranks), "step_width": width * factor, "columns": math.ceil(columns / factor)}
     if not maps or not columns:
         return info
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE series_rank AS
-        SELECT r.category, m.op, r.row, (m.step - {first}) // {info["step_width"]} AS b, m.rank,
-          max(abs(m.value)) FILTER (WHERE isfinite(m.value)) AS v, bool_or(NOT isfinite(m.value)) AS bad
-        FROM metrics m JOIN heatmap_rows r USING (category, vpp_stage, name) GROUP BY ALL""")
+    _per_rank_points(con, first, info["step_width"])
     points: dict[tuple[str, str], dict[tuple[int, int, int], Point]] = {}
     outliers: dict[tuple[str, int], list[int]] = {}
     if mode == "lines":
@@ -63,7 +59,8 @@ def row_series(
                 SELECT s.* FROM series_rank s JOIN outlier_ranks o USING (category, row, rank)""").fetchall():
             line = len(BAND_LINES) + outliers[(category, row)].index(rank)
             points.setdefault((category, op), {})[(row, line, b)] = (v, bool(bad))
-    con.execute("DROP TABLE series_rank")
+    con.execute("DROP VIEW series_rank")
+    con.execute("DROP TABLE series_merged")
     for heatmap in maps:
         table = points.get((heatmap["category"], heatmap["op"]), {})
         grid = [
@@ -79,6 +76,37 @@ def row_series(
     if mode == "lines":
         info["line_ranks"] = ranks
     return info
+
+
+def _per_rank_points(con: DuckDBPyConnection, first: int, width: int) -> None:
+    """The view series_rank: (category, op, row, b, rank, v, bad), one point per rank. A rank's
+    point is one value of the long table where nothing is merged into it (one step per column,
+    one tensor per row, one micro-step): those are read straight from the table each time, as a
+    hash aggregation over every value costs ten times the scan. Only categories where several
+    values make one point are aggregated, into a table."""
+    merged = {"''"}
+    if width > 1:
+        merged |= {f"'{r[0]}'" for r in con.execute("SELECT DISTINCT category FROM heatmap_rows").fetchall()}
+    else:
+        merged |= {
+            f"'{r[0]}'"
+            for r in con.execute("""
+            SELECT DISTINCT category FROM heatmap_rows GROUP BY category, row HAVING count(*) > 1
+            UNION SELECT DISTINCT category FROM per_step GROUP BY category, op, vpp_stage, name, step
+              HAVING count(*) > 1""").fetchall()
+        }
+    point = f"r.category, m.op, r.row, (m.step - {first}) // {width} AS b, m.rank"
+    source = "FROM metrics m JOIN heatmap_rows r USING (category, vpp_stage, name)"
+    categories = ", ".join(sorted(merged))
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE series_merged AS
+        SELECT {point}, max(abs(m.value)) FILTER (WHERE isfinite(m.value)) AS v, bool_or(NOT isfinite(m.value)) AS bad
+        {source} WHERE r.category IN ({categories}) GROUP BY ALL""")
+    con.execute(f"""
+        CREATE OR REPLACE TEMP VIEW series_rank AS
+        SELECT {point}, CASE WHEN isfinite(m.value) THEN abs(m.value) END AS v, NOT isfinite(m.value) AS bad
+        {source} WHERE r.category NOT IN ({categories})
+        UNION ALL SELECT * FROM series_merged""")
 
 
 def _band_points(con: DuckDBPyConnection, points: dict[tuple[str, str], dict[tuple[int, int, int], Point]]) -> None:
