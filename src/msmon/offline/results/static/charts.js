@@ -58,10 +58,11 @@ window.msmonCharts = function (h) {
       l.values.forEach(function (v, i) {  /* a lone point has no segment: a dot */
         if (finite(v) && !finite(l.values[i - 1]) && !finite(l.values[i + 1])) { ctx.beginPath(); ctx.arc(X(o.x[i]), Y(v), 2, 0, 7); ctx.fill(); }
       });
-      ctx.fillStyle = "#d62728";
-      l.values.forEach(function (v, i) {  /* non-finite: a red triangle on the top edge */
+      ctx.fillStyle = l.colour; ctx.strokeStyle = "#d62728"; ctx.lineWidth = 1.5;
+      l.values.forEach(function (v, i) {  /* non-finite: a triangle in the line's colour, outlined red, on the top edge */
         if (typeof v !== "string") return;
-        var x = X(o.x[i]); ctx.beginPath(); ctx.moveTo(x - 4, T - 2); ctx.lineTo(x + 4, T - 2); ctx.lineTo(x, T + 6); ctx.fill();
+        var x = X(o.x[i]); ctx.beginPath(); ctx.moveTo(x - 4, T - 2); ctx.lineTo(x + 4, T - 2); ctx.lineTo(x, T + 6); ctx.closePath();
+        ctx.fill(); ctx.stroke();
       });
     });
     ctx.lineWidth = 1;
@@ -84,7 +85,7 @@ window.msmonCharts = function (h) {
   function legend(lines, band) {
     return el("div", { cls: "legend" }, (band ? [el("span", null, [el("span", { cls: "sw", style: "background:rgba(44,111,187,0.25)" }), band])] : [])
       .concat(lines.map(function (l) { return el("span", null, [el("span", { cls: "sw", style: "background:" + l.colour }), l.label]); }))
-      .concat([el("span", { text: "▼ non-finite" })]));
+      .concat([el("span", { text: "▼ non-finite (in the line's colour)" })]));
   }
 
   /* A heatmap row over steps: one line per rank, or the band and the outlier ranks. */
