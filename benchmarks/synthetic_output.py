@@ -27,7 +27,8 @@ With `--loss`, each rank also has the loss files a `loss_distribution` monitor w
 per micro-step, `--micro-steps` of them): a falling curve, a little different on every rank,
 NaN on the NaN rank from the NaN step on. With `--bad-data`, from 40 % of the run one rank is
 fed bad batches: its loss is 3x, its unreduced gradients 4x and its activations 2x the other
-ranks' (no NaN, no alert), while its replicated tensors stay the same as everyone's.
+ranks' (no NaN), while its replicated tensors stay the same as everyone's; its dump has the
+AnomalyRankOutlier record the rank-outlier rule writes at that step.
 """
 
 from __future__ import annotations
@@ -222,6 +223,23 @@ def write_loss(plan: Plan, rank_dir: str, rank: int) -> int:
 def write_anomalies(plan: Plan, out: str, rank: int) -> int:
     """The dump records the rules would have written for this rank; returns how many."""
     records: list[dict] = []
+    if rank == plan.bad_rank and plan.bad_step < plan.steps:  # the rank-outlier rule's record
+        value, others = plan.norm("actv", rank, 0, plan.bad_step), plan.norm("actv", 0, 0, plan.bad_step)
+        records.append(
+            {
+                "step": plan.bad_step,
+                "micro_step": 0,
+                "stage": "forward",
+                "call_id": 0,
+                "name": plan.names["actv"][0],
+                "category": "actv",
+                "op": "norm",
+                "value": value,
+                "history": others,
+                "rule": "AnomalyRankOutlier",
+                "message": f"rank {rank}'s activation norm {value:.6g} departs from the ranks' median {others:.6g}",
+            }
+        )
     if rank == plan.spike_rank:
         i = plan.spike_tensor
         records.append(
