@@ -423,3 +423,29 @@ def test_the_page_draws_every_section_and_a_clicked_row_over_steps_in_headless_c
     )
     assert shot.is_file() and shot.stat().st_size > 15_000
     print(f"screenshot: {shot}")
+
+
+def test_a_long_run_averages_the_loss_and_merges_the_row_charts_steps_within_their_budget(six):
+    out, database, _ = six
+    con = duckdb.connect(database, read_only=True)
+    data = queries.report_data(con, queries.Limits(loss_points=10, series_values=35 * 8 * 6 * 10))
+    con.close()
+    chart = data["loss"]
+    assert (chart["points"], chart["step_width"], chart["x"][:3]) == (10, 2, [0.0, 2.0, 4.0])
+    loss = loss_values(out)
+    for line in chart["lines"]:
+        for point, got in enumerate(line["values"]):
+            merged = [v for (r, s, _), v in loss.items() if r == line["rank"] and s // 2 == point]
+            # the mean of the merged losses; non-finite where any of them was
+            assert got == (
+                "nan" if any(map(math.isnan, merged)) else pytest.approx(statistics.fmean(merged), rel=1e-12)
+            )
+    # 35 heatmaps of 8 rows of 6 ranks' lines over 20 steps is twice the budget: two steps per point
+    assert (data["series"]["step_width"], data["series"]["columns"]) == (2, 10)
+    h = heatmap(data, "grad_unreduced")
+    codes = codes_of(h["series"]["data"])
+    reference = per_rank(csv_values(out), "grad_unreduced", h["rows"][0])
+    for rank in range(6):
+        for point in range(10):
+            want = max(abs(v) for s in (2 * point, 2 * point + 1) for v in reference[(rank, s)])
+            assert value_of(codes[rank * 10 + point], h["series"]) == pytest.approx(want, rel=1e-3)

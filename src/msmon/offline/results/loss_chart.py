@@ -4,8 +4,8 @@ The rows are the `loss` category (`loss_*.csv`, column `value`, one row per micr
 rank; `"loss_distribution": true`). Up to Limits.line_ranks ranks, a line per rank; above, the
 band of the ranks' min, median and max, with the lines of the Limits.outlier_lines ranks that
 depart most from the median (robust.py), so the page stays the same size at any number of
-ranks. Up to Limits.loss_points points per line: a longer run is shown as the mean of the
-finite losses of neighbouring steps.
+ranks. Up to Limits.loss_points points per line: a longer run is shown as the mean of
+neighbouring steps' losses (non-finite where any of them was, as a heatmap cell).
 """
 
 from __future__ import annotations

@@ -84,12 +84,11 @@ def _per_rank_points(con: DuckDBPyConnection, first: int, width: int) -> None:
     one tensor per row, one micro-step): those are read straight from the table each time, as a
     hash aggregation over every value costs ten times the scan. Only categories where several
     values make one point are aggregated, into a table."""
-    merged = {"''"}
     if width > 1:
-        merged |= {f"'{r[0]}'" for r in con.execute("SELECT DISTINCT category FROM heatmap_rows").fetchall()}
+        merged = {r[0] for r in con.execute("SELECT DISTINCT category FROM heatmap_rows").fetchall()}
     else:
-        merged |= {
-            f"'{r[0]}'"
+        merged = {
+            r[0]
             for r in con.execute("""
             SELECT DISTINCT category FROM heatmap_rows GROUP BY category, row HAVING count(*) > 1
             UNION SELECT DISTINCT category FROM per_step GROUP BY category, op, vpp_stage, name, step
@@ -97,7 +96,8 @@ def _per_rank_points(con: DuckDBPyConnection, first: int, width: int) -> None:
         }
     point = f"r.category, m.op, r.row, (m.step - {first}) // {width} AS b, m.rank"
     source = "FROM metrics m JOIN heatmap_rows r USING (category, vpp_stage, name)"
-    categories = ", ".join(sorted(merged))
+    # category names are file-name words (output/layout.py's CSV_FILE); '' stands for none
+    categories = ", ".join(f"'{c}'" for c in sorted(merged)) or "''"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE series_merged AS
         SELECT {point}, max(abs(m.value)) FILTER (WHERE isfinite(m.value)) AS v, bool_or(NOT isfinite(m.value)) AS bad
