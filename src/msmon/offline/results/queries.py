@@ -51,19 +51,26 @@ def _ops(con: DuckDBPyConnection, category: str) -> list[str]:
 def build_per_step(con: DuckDBPyConnection) -> None:
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE per_step AS
-        SELECT category, op, vpp_stage, name, step, micro_step,
-          max(abs(value)) FILTER (WHERE isfinite(value)) AS v,
-          bool_or(NOT isfinite(value)) AS bad,
-          count(*) AS n,
-          min(value) FILTER (WHERE isfinite(value)) AS lo,
-          max(value) FILTER (WHERE isfinite(value)) AS hi,
-          arg_min(rank, value) FILTER (WHERE isfinite(value)) AS lo_rank,
-          arg_max(rank, value) FILTER (WHERE isfinite(value)) AS hi_rank,
-          arg_max(rank, abs(value)) FILTER (WHERE isfinite(value)) AS v_rank,
-          min(rank) FILTER (WHERE NOT isfinite(value)) AS bad_rank,
-          max(value) FILTER (WHERE NOT isfinite(value)) AS nf
-        FROM metrics WHERE category NOT IN ({OWN_CHARTS})
-        GROUP BY category, op, vpp_stage, name, step, micro_step""")
+        WITH a AS (
+          SELECT category, op, vpp_stage, name, step, micro_step,
+            max(abs(value)) FILTER (WHERE isfinite(value)) AS v,
+            bool_or(NOT isfinite(value)) AS bad,
+            count(*) AS n,
+            min(value) FILTER (WHERE isfinite(value)) AS lo,
+            max(value) FILTER (WHERE isfinite(value)) AS hi,
+            arg_min(rank, value) FILTER (WHERE isfinite(value)) AS lo_rank,
+            arg_max(rank, value) FILTER (WHERE isfinite(value)) AS hi_rank,
+            arg_max(rank, abs(value)) FILTER (WHERE isfinite(value)) AS v_rank
+          FROM metrics WHERE category NOT IN ({OWN_CHARTS})
+          GROUP BY category, op, vpp_stage, name, step, micro_step),
+        b AS (  -- the few non-finite values, apart: one filtered scan, not two more aggregates per group
+          SELECT category, op, vpp_stage, name, step, coalesce(micro_step, -1) AS m,
+            min(rank) AS bad_rank, max(value) AS nf
+          FROM metrics WHERE NOT isfinite(value) AND category NOT IN ({OWN_CHARTS})
+          GROUP BY ALL)
+        SELECT a.*, b.bad_rank, b.nf FROM a LEFT JOIN b
+          ON (a.category, a.op, a.vpp_stage, a.name, a.step, coalesce(a.micro_step, -1))
+           = (b.category, b.op, b.vpp_stage, b.name, b.step, b.m)""")
 
 
 def overview(con: DuckDBPyConnection) -> dict[str, Any]:
