@@ -91,7 +91,10 @@ def machine() -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         # msmon's statistics path, inherited by every worker: the native kernel when it is built
         # (the default) unless MSMON_NATIVE_STATS=0; each worker records what it used
-        "native_stats": os.environ.get("MSMON_NATIVE_STATS", "") not in ("0", "false", "no", "off"),
+        "native_stats": os.environ.get("MSMON_NATIVE_STATS", "") not in ("0", "false", "no", "off")
+        and os.environ.get("MSMON_DEVICE_PATH", "").strip().lower() not in ("1", "true", "yes", "on"),
+        # MSMON_DEVICE_PATH=1: the accelerators' code on the CPU (msmon.stats.device_path)
+        "device_path": os.environ.get("MSMON_DEVICE_PATH", "").strip().lower() in ("1", "true", "yes", "on"),
     }
 
 
@@ -195,7 +198,13 @@ def main() -> None:
     print(
         f"\n{m['cpu']}, {m['cores']} cores, torch {m['torch']} ({m['threads']} threads); load average "
         f"{results['load_before'][0]:.2f} before, {results['load_after'][0]:.2f} after; {args.pairs} pairs each"
-        + ("." if m["native_stats"] else "; msmon with MSMON_NATIVE_STATS=0 (torch reductions).")
+        + (
+            "; msmon on the accelerator path (MSMON_DEVICE_PATH=1)."
+            if m.get("device_path")
+            else "."
+            if m["native_stats"]
+            else "; msmon with MSMON_NATIVE_STATS=0 (torch reductions)."
+        )
     )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

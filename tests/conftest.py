@@ -106,6 +106,28 @@ def torch_statistics(monkeypatch, native_cache):
 
 
 @pytest.fixture
+def device_path(monkeypatch):
+    """The accelerator path on the CPU (MSMON_DEVICE_PATH=1), in this process and its children."""
+    from msmon.stats import device_path as path
+
+    monkeypatch.setenv(path.ENV, "1")
+    path.refresh()
+    yield
+    monkeypatch.delenv(path.ENV)
+    path.refresh()
+
+
+@pytest.fixture(autouse=True)
+def host_path_by_default(monkeypatch):
+    """Tests take the CPU's own path unless they ask for the accelerator's (a CI machine's
+    environment must not choose for them)."""
+    from msmon.stats import device_path as path
+
+    monkeypatch.delenv(path.ENV, raising=False)
+    path.refresh()
+
+
+@pytest.fixture
 def output_dir(tmp_path, monkeypatch):
     out = tmp_path / "monitor_output"
     monkeypatch.setenv("MONITOR_OUTPUT_DIR", str(out))

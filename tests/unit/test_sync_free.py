@@ -8,8 +8,8 @@ entry points that read a tensor without dispatching (`tolist`, `numpy`, `float()
 wrapped. An unmonitored step reads nothing, so every read counted is the monitor's.
 
 The statistics take one CPU-only shortcut (a finite 0-d CPU witness proves a NaN/Inf count
-zero; reading it waits for nothing). `stats.CPU_SHORTCUTS = False` turns it off, so the CPU
-runs exactly the accelerators' logic: that run must read nothing at all.
+zero; reading it waits for nothing). MSMON_DEVICE_PATH=1 turns every CPU-only route off, so the
+CPU runs exactly the accelerators' code: that run must read nothing at all.
 """
 
 from __future__ import annotations
@@ -185,8 +185,8 @@ def test_an_unmonitored_step_reads_nothing_back_so_the_check_sees_only_the_monit
 
 
 @pytest.fixture
-def accelerator_logic(monkeypatch):
-    monkeypatch.setattr(stats, "CPU_SHORTCUTS", False)
+def accelerator_logic(device_path):
+    """MSMON_DEVICE_PATH=1: exactly the code an accelerator takes."""
 
 
 def test_every_collector_on_the_torch_path_reads_nothing_back_during_forward_and_backward(
@@ -197,8 +197,9 @@ def test_every_collector_on_the_torch_path_reads_nothing_back_during_forward_and
 
 
 def test_every_collector_with_the_native_kernel_reads_nothing_back_during_forward_and_backward(
-    world_of_one, accelerator_logic, write_config, output_dir, monkeypatch
+    world_of_one, write_config, output_dir, monkeypatch
 ):
+    monkeypatch.setattr(stats, "CPU_SHORTCUTS", False)  # the kernel, without the CPU's witness reads
     monkeypatch.setenv(native.ENV, "1")
     native._loaded, native._tried = None, False
     if native.load() is None:
@@ -238,3 +239,13 @@ def test_the_step_end_adds_no_host_read_to_the_optimizers_own(
     """AdamW reads its CPU step counters itself; the monitor's statistics, alerts and the copy
     to the writer (non-blocking on an accelerator) add none on the training thread."""
     assert reads_in_optimizer_steps(FULL_CONFIG, write_config) == reads_in_optimizer_steps(None, write_config)
+
+
+def test_the_device_path_switch_turns_off_the_native_kernel_and_the_cpu_shortcuts(device_path, monkeypatch):
+    monkeypatch.setenv(native.ENV, "1")
+    native._loaded, native._tried = None, False
+    assert native.readable_rows() is None
+    from msmon.stats.device_path import host_code
+
+    assert not host_code(torch.device("cpu"))
+    assert not stats._reads_are_free(torch.zeros(2))

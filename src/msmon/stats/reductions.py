@@ -11,8 +11,8 @@ measured (docs/performance.md):
 - nan/inf counts are skipped when provably zero: min and max (or the sum) are finite only
   if no element is NaN or infinite. Reading that CPU scalar waits for nothing. On
   accelerators the counts are always computed on the device, so nothing synchronises
-  (`CPU_SHORTCUTS = False` makes the CPU take that read-free path too: the sync-free test
-  runs the accelerators' logic that way).
+  (MSMON_DEVICE_PATH=1, msmon.stats.device_path, makes the CPU take the accelerators' code
+  throughout; `CPU_SHORTCUTS = False` turns off this read alone).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import threading
 
 import torch
 
+from .device_path import host_code
 from .inputs import RESULT_DTYPE, _accumulate_dtype, _to_device, zero_threshold
 from .plan import _Plan
 
@@ -35,7 +36,7 @@ CPU_SHORTCUTS = True  # read CPU scalars to skip provably-zero counts (see the m
 
 def _reads_are_free(t: torch.Tensor) -> bool:
     """Whether reading `t`'s values on the host waits for nothing (a CPU tensor)."""
-    return CPU_SHORTCUTS and t.device.type == "cpu"
+    return CPU_SHORTCUTS and host_code(t.device)
 
 
 class _Scratch(threading.local):
@@ -66,7 +67,7 @@ _scratch = _Scratch()
 def _count_small(t: torch.Tensor, threshold: float) -> torch.Tensor:
     """Number of elements with |x| < threshold (0-d). On the CPU, for at most CHUNK
     elements, through the scratch buffer: nothing of the tensor's size is allocated."""
-    if t.device.type != "cpu":
+    if not host_code(t.device):
         return torch.count_nonzero(t.abs() < threshold)
     if t.numel() > CHUNK:  # only non-contiguous tensors get here (contiguous ones are chunked)
         return torch.count_nonzero(t.abs() < threshold)
@@ -106,7 +107,7 @@ def _chunked(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -
 
 def _one(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
     """All reductions of one tensor, as 0-d tensors by field."""
-    if t.device.type == "cpu" and t.numel() > CHUNK and t.is_contiguous():
+    if host_code(t.device) and t.numel() > CHUNK and t.is_contiguous():
         return _chunked(t, plan, threshold, acc)
     out = {}
     if plan.norm:
@@ -123,7 +124,7 @@ def _one(t: torch.Tensor, plan: _Plan, threshold: float, acc: torch.dtype) -> di
 def _each(ts: list[torch.Tensor], plan: _Plan, threshold: float, acc: torch.dtype) -> dict[str, torch.Tensor]:
     """Columns ([n] tensors by field) of tensors reduced one by one (norms in one call)."""
     lists: dict[str, list[torch.Tensor]] = {name: [] for name in plan.fields}
-    batch_norm = plan.norm and not any(t.device.type == "cpu" and t.numel() > CHUNK for t in ts)
+    batch_norm = plan.norm and not any(host_code(t.device) and t.numel() > CHUNK for t in ts)
     for t in ts:
         values = _one(t, plan.without_norm if batch_norm else plan, threshold, acc)
         for name, value in values.items():

@@ -9,6 +9,7 @@ from typing import cast
 
 import torch
 
+from .device_path import host_code
 from .inputs import RESULT_DTYPE, _as_stat_input, _to_device
 from .reductions import _MIN_SEGMENTS, CHUNK, SMALL, _layout
 from .threads import _cpu_threads
@@ -20,7 +21,7 @@ def _sign_mismatch(g: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torc
     """(count of elements with sign(g) != sign(m), whether either holds a NaN) of two flat
     tensors of one size, as 0-d tensors; one temporary pair per chunk. torch.sign(NaN) is 0,
     so NaNs are looked for apart, in the maxima."""
-    chunk = CHUNK if g.device.type == "cpu" else _SIGN_CHUNK
+    chunk = CHUNK if host_code(g.device) else _SIGN_CHUNK
     counts, nans = [], []
     for start in range(0, g.numel(), chunk):
         gc, mc = g[start : start + chunk], m[start : start + chunk]

@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 
 from ...system.torch_threads import training_team
+from .. import device_path
 from ..ops import FIELDS
 from . import build
 
@@ -186,7 +187,10 @@ def stats_rows() -> Optional[Callable[..., torch.Tensor]]:
 
 def readable_rows() -> Optional[Callable[..., Optional[torch.Tensor]]]:
     """stats_rows' function, giving None instead of raising where a tensor is not eligible(),
-    so that the caller checks and packs the tensors in one pass; None when not loaded."""
+    so that the caller checks and packs the tensors in one pass; None when not loaded, and on
+    the accelerator path (MSMON_DEVICE_PATH=1: msmon.stats.device_path), which has no such kernel."""
+    if device_path.on():
+        return None
     module = _module()
     return None if module is None else module.readable_rows
 
