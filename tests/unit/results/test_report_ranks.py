@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import csv
-import importlib.util
 import json
 import math
 import os
@@ -28,7 +27,7 @@ from test_results_report import chromium  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 from msmon.offline.analyse.reading import read_dumps  # noqa: E402
-from msmon.offline.analyse.verdict import order_events  # noqa: E402
+from msmon.offline.analyse.verdict import order_events, verdict  # noqa: E402
 from msmon.offline.results import cells, db, queries, report_html  # noqa: E402
 
 SPIKE_TENSOR = 2  # the generator's per_category // 3 with 8 tensors per category
@@ -273,16 +272,13 @@ def test_top_movers_name_the_rank_and_list_a_turn_to_non_finite_first(six):
     assert spike["after_rank"] == 3 and spike["before_nonfinite"] is None and spike["factor"] > 5
 
 
-def test_the_verdict_is_analyse_and_its_kind_is_shown_where_analyse_tells_one(six):
+def test_the_verdict_is_analyse_and_its_kind_in_words_is_rank_1s_data(six):
     out, _, data = six
     ordered = order_events(read_dumps(str(out / "anomaly_detected")).events)
-    if importlib.util.find_spec("msmon.offline.analyse.kind") is None:
-        assert data["anomalies"]["kind"] is None, "no kind where analyse tells none"
-    else:
-        from msmon.offline.analyse.kind import fault_kind
-
-        told = fault_kind(ordered, set(range(6)))
-        assert data["anomalies"]["kind"] == (told.to_json() if told else None)
+    # generator: rank 1 is fed bad batches from step 8, and its AnomalyRankOutlier record is the first anomaly
+    assert data["anomalies"]["verdict"] == verdict(ordered, set(range(6)))
+    kind = data["anomalies"]["kind"]
+    assert (kind["kind"], kind["rank"], kind["step"]) == ("one rank's data", 1, 8)
 
 
 def test_a_512_rank_page_is_bounded_and_its_rank_charts_do_not_grow_with_ranks(tmp_path):
@@ -378,6 +374,7 @@ def test_the_page_draws_every_section_and_a_clicked_row_over_steps_in_headless_c
     overview = dom.stdout[dom.stdout.index('<section id="overview">') :]
     assert overview.index('id="verdict"') < overview.index('class="cards"'), "the verdict first"
     assert 'id="loss-chart" data-lines="6" data-mode="lines"' in dom.stdout
+    assert "Kind of fault: one rank's data" in overview[: overview.index('class="cards"')]
     assert dom.stdout.count("<tr>") > 16 + 8, "the outlier table's and the movers' rows"
     assert "(rank 3)" in dom.stdout and "turned non-finite" in dom.stdout
     # a click on a heatmap row draws that tensor over steps, a line per rank

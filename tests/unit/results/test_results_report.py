@@ -115,7 +115,7 @@ def test_the_anomaly_section_is_msmon_analyse_verdict(run):
     ordered = order_events(read_dumps(str(out / "anomaly_detected")).events)
     anomalies = data["anomalies"]
     assert anomalies["total"] == len(ordered)
-    assert anomalies["verdict"] == verdict(ordered)
+    assert anomalies["verdict"] == verdict(ordered, set(range(4)))
     assert anomalies["origin"]["rule"] == "NanOrigin" and anomalies["origin"]["rank"] == 3
     assert [e["description"] for e in anomalies["first"]] == [e.to_json()["description"] for e in ordered[:20]]
 
