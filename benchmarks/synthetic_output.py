@@ -21,6 +21,14 @@ Three things happen in it, so a report has something to show:
 - non-finite values: at 80 % of the run one rank's activation of a middle layer turns NaN,
   and every later layer and, on every rank, the reduced gradients follow (NanOrigin and
   AnomalyNan records, written with msmon's own AnomalyDumpWriter).
+
+With `--loss`, each rank also has the loss files a `loss_distribution` monitor writes
+(`loss_{first}-{last}.csv`, header `vpp_stage,name,step,micro_step,value`, the row `loss`, one
+per micro-step, `--micro-steps` of them): a falling curve, a little different on every rank,
+NaN on the NaN rank from the NaN step on. With `--bad-data`, from 40 % of the run one rank is
+fed bad batches: its loss is 3x, its unreduced gradients 4x and its activations 2x the other
+ranks' (no NaN), while its replicated tensors stay the same as everyone's; its dump has the
+AnomalyRankOutlier record the rank-outlier rule writes at that step.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from msmon.anomaly.dump import AnomalyDumpWriter  # noqa: E402
 OPS = ("norm", "min", "max", "mean", "zeros", "nans", "infs")
 CATEGORIES = ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq")
 PER_RANK = ("actv", "grad_unreduced")
+LOSS = "loss"  # the category, and the row's name, of the loss (loss_distribution)
 SCALE = {"actv": 30.0, "grad_unreduced": 0.1, "grad_reduced": 0.1, "exp_avg": 0.01, "exp_avg_sq": 1e-3}
 
 
@@ -83,6 +92,10 @@ class Plan:
             self.per_category // 2,
         )
         self.names = {c: names(c, self.per_category) for c in CATEGORIES}
+        self.loss, self.micro_steps = args.loss, args.micro_steps
+        self.bad_step = int(self.steps * 0.4) if args.bad_data else self.steps + 1
+        self.bad_rank = self.ranks // 4
+        self.bad_factor = {"actv": 2.0, "grad_unreduced": 4.0, LOSS: 3.0}
 
     def norm(self, category: str, rank: int, i: int, step: int) -> float:
         layer_scale = 10.0 ** (2.0 * i / max(1, self.per_category - 1) - 1.0)
@@ -96,9 +109,18 @@ class Plan:
             and step == self.spike_step
         ):
             value *= 50.0
+        if category in PER_RANK and rank == self.bad_rank and step >= self.bad_step:
+            value *= self.bad_factor[category]
         if category not in PER_RANK and rank == self.desync_rank and step >= self.desync_step:
             value *= 1.001
         return value
+
+    def loss_value(self, rank: int, step: int, micro: int) -> float:
+        """The loss of one micro-step: falling over the run, 3 % apart across ranks."""
+        if rank == self.nan_rank and step >= self.nan_step:
+            return math.nan
+        value = (2.5 * math.exp(-3.0 * step / max(1, self.steps)) + 0.3) * (1.0 + 0.03 * noise(rank, step, micro, 9))
+        return value * (self.bad_factor[LOSS] if rank == self.bad_rank and step >= self.bad_step else 1.0)
 
     def nonfinite(self, category: str, rank: int, i: int, step: int) -> bool:
         if step < self.nan_step:
@@ -120,8 +142,8 @@ def _cells(values: list[float]) -> str:
     return ",".join(repr(round(v, 6)) for v in values)
 
 
-def write_rank(job: tuple[Plan, str, int]) -> int:
-    """One rank's directory; returns the number of CSV rows written."""
+def write_rank(job: tuple[Plan, str, int]) -> tuple[int, int]:
+    """One rank's directory; returns the number of CSV rows and of values written."""
     plan, out, rank = job
     rank_dir = os.path.join(out, f"Dec03_16-40-51-rank{rank}-{int((noise(rank, 7) + 1.0) * 2**31):08x}")
     os.makedirs(rank_dir, exist_ok=True)
@@ -140,8 +162,13 @@ def write_rank(job: tuple[Plan, str, int]) -> int:
                     rows += 1
             with open(os.path.join(rank_dir, f"{category}_{first}-{last}.csv"), "w", encoding="utf-8") as fh:
                 fh.write("\n".join(lines) + "\n")
+    values = rows * len(OPS)
+    if plan.loss:
+        loss_rows = write_loss(plan, rank_dir, rank)
+        rows, values = rows + loss_rows, values + loss_rows
     config = {
         "targets": {},
+        "loss_distribution": plan.loss,
         "wg_distribution": True,
         "mv_distribution": True,
         "xy_distribution": True,
@@ -175,12 +202,44 @@ def write_rank(job: tuple[Plan, str, int]) -> int:
     }
     with open(os.path.join(rank_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
+    return rows, values
+
+
+def write_loss(plan: Plan, rank_dir: str, rank: int) -> int:
+    """The rank's loss files: one row per micro-step, `--window` steps per file."""
+    rows = 0
+    for first in range(0, plan.steps, plan.window):
+        last = first + plan.window - 1
+        lines = ["vpp_stage,name,step,micro_step,value"]
+        for step in range(first, min(last + 1, plan.steps)):
+            for micro in range(plan.micro_steps):
+                lines.append(f"0,{LOSS},{step},{micro},{_cells([plan.loss_value(rank, step, micro)])}")
+                rows += 1
+        with open(os.path.join(rank_dir, f"{LOSS}_{first}-{last}.csv"), "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
     return rows
 
 
 def write_anomalies(plan: Plan, out: str, rank: int) -> int:
     """The dump records the rules would have written for this rank; returns how many."""
     records: list[dict] = []
+    if rank == plan.bad_rank and plan.bad_step < plan.steps:  # the rank-outlier rule's record
+        value, others = plan.norm("actv", rank, 0, plan.bad_step), plan.norm("actv", 0, 0, plan.bad_step)
+        records.append(
+            {
+                "step": plan.bad_step,
+                "micro_step": 0,
+                "stage": "forward",
+                "call_id": 0,
+                "name": plan.names["actv"][0],
+                "category": "actv",
+                "op": "norm",
+                "value": value,
+                "history": others,
+                "rule": "AnomalyRankOutlier",
+                "message": f"rank {rank}'s activation norm {value:.6g} departs from the ranks' median {others:.6g}",
+            }
+        )
     if rank == plan.spike_rank:
         i = plan.spike_tensor
         records.append(
@@ -256,13 +315,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--tensors", type=int, default=200, help="rows per rank and step, over five categories")
     parser.add_argument("--window", type=int, default=1, help="steps per CSV file (step_count_per_record)")
+    parser.add_argument("--loss", action="store_true", help="also the loss files (loss_distribution)")
+    parser.add_argument("--micro-steps", type=int, default=1, help="loss rows per step (with --loss)")
+    parser.add_argument("--bad-data", action="store_true", help="one rank fed bad batches from 40 %% of the run")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     plan = Plan(args)
     started = time.perf_counter()
     jobs = [(plan, args.output, rank) for rank in range(args.ranks)]
     with Pool(args.processes) as pool:
-        rows = sum(pool.imap_unordered(write_rank, jobs, chunksize=1))
+        counts = list(pool.imap_unordered(write_rank, jobs, chunksize=1))
+    rows, values = sum(c[0] for c in counts), sum(c[1] for c in counts)
     print(
         json.dumps(
             {
@@ -271,8 +334,8 @@ def main() -> None:
                 "steps": args.steps,
                 "rows_per_step": plan.per_category * len(CATEGORIES),
                 "csv_rows": rows,
-                "values": rows * len(OPS),
-                "files": args.ranks * len(CATEGORIES) * math.ceil(args.steps / args.window),
+                "values": values,
+                "files": args.ranks * (len(CATEGORIES) + plan.loss) * math.ceil(args.steps / args.window),
                 "seconds": round(time.perf_counter() - started, 1),
             }
         )

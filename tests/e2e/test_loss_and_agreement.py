@@ -53,6 +53,9 @@ def database_rows(out, tmp_path, name: str) -> dict[tuple, float]:
 
 @pytest.mark.e2e
 def test_loss_rows_are_the_scripts_unscaled_losses_and_agreement_its_own_cos_and_ratio(tmp_path):
+    duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
+    from msmon.offline.results import queries
+
     config = tmp_path / "monitor.json"
     config.write_text(
         json.dumps(
@@ -118,3 +121,13 @@ def test_loss_rows_are_the_scripts_unscaled_losses_and_agreement_its_own_cos_and
     assert from_events.keys() == expected.keys()
     for key, value in expected.items():
         assert from_events[key] == pytest.approx(value, rel=1e-6), key
+    # msmon report: the loss chart is each rank's line of its own losses, a point per micro-step
+    con = duckdb.connect(str(tmp_path / "csv.duckdb"), read_only=True)
+    data = queries.report_data(con)
+    con.close()
+    chart = data["loss"]
+    assert (chart["mode"], chart["ranks"], chart["micro_steps"]) == ("lines", 2, ACC)
+    for line in chart["lines"]:
+        want = [expected[(line["rank"], "loss", s, m, "value")] for s in range(STEPS) for m in range(ACC)]
+        assert line["values"] == [close(v) for v in want]
+    assert "loss" not in {h["category"] for h in data["heatmaps"]}

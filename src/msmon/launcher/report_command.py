@@ -71,9 +71,11 @@ def report(
     max_rows: int,
     progress: bool | None,
 ) -> None:
-    """Write one HTML page (no network needed to view it) with, per category and op, a heatmap
-    of tensors x steps and the top movers, the anomaly timeline across ranks with msmon
-    analyse's verdict, the spread of replicated tensors across ranks, and the monitor's cost.
+    """Write one HTML page (no network needed to view it) with msmon analyse's verdict and the
+    kind of fault at the top, the loss per rank, the anomaly timeline across ranks, per category
+    and op a heatmap of tensors x steps (a click on a row: that tensor per rank over steps) with
+    the top movers, the per-rank outliers of rank-local tensors, the spread of replicated
+    tensors across ranks, and the monitor's cost.
 
     \b
     msmon report -d monitor_output -o report.html

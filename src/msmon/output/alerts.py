@@ -13,6 +13,7 @@ The dump keeps every alert.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -109,7 +110,8 @@ class AlertConsumer(StepConsumer):
             }
         category = origin.category or ("actv" if origin.stage == "forward" else "actv_grad")
         key = RowKey(category, origin.tensor, origin.vpp_stage, origin.micro_step, origin.stage)
-        return Alert(key, origin.call_id, "nonfinite", float("nan"), None, "NanOrigin", message)
+        op, value = _first_nonfinite(record, key)
+        return Alert(key, origin.call_id, op, value, None, "NanOrigin", message)
 
     def _new(self, step: int, alerts: list[Alert]) -> list[Alert]:
         """The alerts of a rule on a tensor not alerted before (the others are counted)."""
@@ -153,3 +155,22 @@ class AlertConsumer(StepConsumer):
                 self.dump.write(record, alerts)
             except OSError as exc:  # the writer stops the rank's output, naming the dump
                 raise naming(exc, self.dump.path)
+
+
+def _first_nonfinite(record: StepRecord, key: RowKey) -> tuple[str, float]:
+    """The origin tensor's first non-finite statistic in its row of the step (`norm`, inf for an
+    Inf), so the dump says which value it was; ("nonfinite", nan) when the tensor has no row
+    (its finiteness flag alone says it was NaN or Inf, not which)."""
+    for i, row_key in enumerate(record.keys):
+        same = (row_key.category, row_key.name, row_key.vpp_stage, row_key.micro_step) == (
+            key.category,
+            key.name,
+            key.vpp_stage,
+            key.micro_step,
+        )
+        if same and row_key.op is None:
+            row = record.table[i].tolist() if record.table is not None else record.values[i]
+            for op, value in zip(record.ops, row):
+                if not math.isfinite(value):
+                    return op, value
+    return "nonfinite", math.nan

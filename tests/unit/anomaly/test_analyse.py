@@ -188,6 +188,26 @@ def test_a_nan_origin_record_sorts_with_the_alert_on_the_same_tensor(tmp_path, c
     assert "That is the first non-finite origin" in result["verdict"]
 
 
+def test_an_origin_record_that_names_its_inf_is_printed_as_inf_and_an_older_one_without_a_value(tmp_path, capsys):
+    write_dump(
+        tmp_path,
+        2,
+        [rec(2, 9, 0, "backward", 0, 30, "layers.3.input", "actv_grad", rule="NanOrigin", op="norm", value="inf")],
+    )
+    assert run_analyse(str(tmp_path)) == 0
+    assert "layers.3 (first non-finite, norm=inf; NanOrigin)." in capsys.readouterr().out
+    assert analysed(tmp_path)["nan_origin"]["value"] == "inf"
+    older = tmp_path / "older"
+    write_dump(
+        older,
+        2,
+        [rec(2, 9, 0, "backward", 0, 30, "layers.3.input", "actv_grad", rule="NanOrigin", op="nonfinite", value="nan")],
+    )
+    assert run_analyse(str(older)) == 0
+    printed = capsys.readouterr().out
+    assert "(first non-finite; NanOrigin)." in printed and "nan;" not in printed
+
+
 def test_a_non_finite_value_made_outside_any_module_is_explained_as_such(tmp_path):
     write_dump(tmp_path, 0, [rec(0, 2, 0, "forward", 0, 7, "head.input", "actv", rule="NanOrigin", op="nonfinite")])
     assert run_analyse(str(tmp_path)) == 0
@@ -572,10 +592,14 @@ def test_inf_injected_on_rank_1_at_step_5_is_named_by_dump_ordering_and_verdict(
         1.0,
     )
     assert {r["stage"] for r in rank0 if r["step"] == 5} == {"optimizer"}
+    # the origin record names the value it found: the norm of a tensor holding an inf is inf, not nan
+    origins = [r for r in rank1 if r["rule"] == "NanOrigin"]
+    assert [(r["name"], r["op"], r["value"]) for r in origins][0] == ("blocks.1.fc2.output", "norm", "inf")
     capsys.readouterr()
     assert run_analyse(str(dumps), top_k=3) == 0
     printed = capsys.readouterr().out
     assert "First anomaly: rank 1, step 5, micro-step 1, forward output of blocks.1.fc2 (inf" in printed
+    assert "nan" not in printed.split("First anomaly:")[1].split(".")[0], "an inf is never called nan"
     assert "rank 0 at step 5 optimizer" in printed
     result = analysed(dumps)
     first = result["first_anomaly"]

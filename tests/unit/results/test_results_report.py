@@ -23,7 +23,7 @@ from conftest import ROOT  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
 from msmon.offline.analyse.reading import read_dumps  # noqa: E402
 from msmon.offline.analyse.verdict import order_events, verdict  # noqa: E402
-from msmon.offline.results import db, queries, report_html  # noqa: E402
+from msmon.offline.results import cells, db, queries, report_html  # noqa: E402
 from msmon.output.records import REPLICATED_CATEGORIES  # noqa: E402
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
@@ -49,7 +49,7 @@ def decode(heatmap: dict) -> list[int]:
 
 def cell_value(code: int, heatmap: dict) -> float:
     span = heatmap["hi"] - heatmap["lo"]
-    return 10 ** (heatmap["lo"] + (code - queries.FIRST_LEVEL) / (queries.LAST_LEVEL - queries.FIRST_LEVEL) * span)
+    return 10 ** (heatmap["lo"] + (code - cells.FIRST_LEVEL) / (cells.LAST_LEVEL - cells.FIRST_LEVEL) * span)
 
 
 def test_a_heatmap_cell_is_the_largest_value_over_ranks_and_non_finite_shows_as_such(run):
@@ -85,8 +85,8 @@ def test_a_heatmap_cell_is_the_largest_value_over_ranks_and_non_finite_shows_as_
                 for k, v in reference.items()
                 if k[2] == "actv" and k[3] == name and k[4] == step and k[6] == "norm"
             )
-            assert (codes[row * columns + step] == queries.NONFINITE) == bad, (name, step)
-    assert queries.NONFINITE in codes, "the synthetic run's NaN shows"
+            assert (codes[row * columns + step] == cells.NONFINITE) == bad, (name, step)
+    assert cells.NONFINITE in codes, "the synthetic run's NaN shows"
 
 
 def test_the_injected_spike_is_the_top_mover_and_the_desynchronised_rank_tops_the_spread(run):
@@ -115,7 +115,7 @@ def test_the_anomaly_section_is_msmon_analyse_verdict(run):
     ordered = order_events(read_dumps(str(out / "anomaly_detected")).events)
     anomalies = data["anomalies"]
     assert anomalies["total"] == len(ordered)
-    assert anomalies["verdict"] == verdict(ordered)
+    assert anomalies["verdict"] == verdict(ordered, set(range(4)))
     assert anomalies["origin"]["rule"] == "NanOrigin" and anomalies["origin"]["rank"] == 3
     assert [e["description"] for e in anomalies["first"]] == [e.to_json()["description"] for e in ordered[:20]]
 

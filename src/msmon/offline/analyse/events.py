@@ -67,8 +67,9 @@ class AnomalyEvent:
         return f"{self.stage} {self.category} {self.name}"
 
     def symptom(self) -> str:
-        if self.rule == NAN_ORIGIN_RULE:
-            return "first non-finite"
+        if self.rule == NAN_ORIGIN_RULE:  # which value, where the record says (older dumps: op "nonfinite")
+            known = self.op not in (None, "nonfinite") and self.value is not None
+            return f"first non-finite, {self.op}={self.value:g}" if known else "first non-finite"
         if self.rule == REPLICA_RULE:
             return "copies differ across data-parallel replicas"
         if self.op == "nans" or (self.value is not None and math.isnan(self.value)):

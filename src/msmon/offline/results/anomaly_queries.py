@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ...anomaly.event import FIELDS, NAN_ORIGIN_RULE
 from ...output.records import BACKWARD, FORWARD, OPTIMIZER
 from ..analyse.events import AnomalyEvent
+from ..analyse.kind import fault_kind
 from ..analyse.verdict import first_per_rank, verdict
 from .limits import Limits
 
@@ -35,13 +36,28 @@ def anomaly_events(con: DuckDBPyConnection) -> list[AnomalyEvent]:
     return events
 
 
+def job_ranks(con: DuckDBPyConnection) -> set[int]:
+    """Every rank that wrote output to the database: the job's ranks, for the verdict's kind."""
+    return {r[0] for r in con.execute("SELECT DISTINCT rank FROM files WHERE rank IS NOT NULL").fetchall()}
+
+
+def _kind_json(ordered: list[AnomalyEvent], ranks: set[int]) -> dict[str, Any] | None:
+    """The kind of fault `msmon analyse` tells for the first anomaly ("one rank's data", "one
+    rank's copy of the model", "all ranks together": its `kind` in msmon_analyse.json), or None
+    when it tells none. The page shows it in words at the top (static/charts.js, verdictBox)."""
+    kind = fault_kind(ordered, ranks)
+    return None if kind is None else dict(kind.to_json())
+
+
 def anomalies(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
-    """The verdict of `msmon analyse`, the first anomalies, and a bounded timeline across ranks."""
+    """The verdict of `msmon analyse` and its kind, the first anomalies, and a bounded timeline
+    across ranks."""
     ordered = anomaly_events(con)
     if not ordered:
         return {
             "total": 0,
             "verdict": verdict([]),
+            "kind": None,
             "first": [],
             "points": [],
             "rules": [],
@@ -50,6 +66,7 @@ def anomalies(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
             "first_per_rank": 0,
             "ranks": 0,
         }
+    ranks = job_ranks(con)
     rules = sorted({e.rule or "?" for e in ordered})
     budget = limits.timeline_points
     if len(ordered) <= budget:
@@ -80,7 +97,8 @@ def anomalies(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
     firsts = first_per_rank(ordered)
     return {
         "total": len(ordered),
-        "verdict": verdict(ordered),
+        "verdict": verdict(ordered, ranks),
+        "kind": _kind_json(ordered, ranks),
         "rules": rules,
         "points": points,
         "sampled": len(shown) < len(ordered),

@@ -3,7 +3,10 @@
 Heatmap rows follow `tensors.position`, the order the monitor wrote the tensors in.
 The long table is scanned once: `per_step` (a temp table) holds, for each tensor, op, step and
 micro-step, the largest finite |value| over ranks, whether any rank had a non-finite one, and
-the finite min and max with the ranks that hold them. Heatmaps, top movers and the rank spread
+the finite min and max with the ranks that hold them, the rank that holds the largest |value|,
+the lowest rank with a non-finite one and which non-finite value it was (`nf`: DuckDB orders
+NaN above inf, so the max of the non-finite values is NaN if any was, else inf, else -inf). The loss has a chart of
+its own (loss_chart.py), not a heatmap. Heatmaps, top movers and the rank spread
 are read from it, so their cost follows tensors x steps, not ranks. Whatever the size of the
 run, a heatmap has at most `max_rows` x `max_steps` cells: neighbouring steps (and tensors, in
 the order the monitor wrote them) are merged, keeping the largest value, and the page says so.
@@ -11,24 +14,26 @@ the order the monitor wrote them) are merged, keeping the largest value, and the
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 import statistics
-import struct
 from typing import TYPE_CHECKING, Any
 
 from ...output.records import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
 from .anomaly_queries import anomalies, first_nonfinite
 from .bulk import insert_rows
+from .cells import encode_cells, encode_ranks
 from .limits import Limits
+from .loss_chart import LOSS_CATEGORY, loss_chart
+from .rank_outliers import rank_outliers
+from .row_series import row_series
 from .schema import OPS
 from .sql import one_row
 
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection
 
-EMPTY, ZERO, NONFINITE, FIRST_LEVEL, LAST_LEVEL = 0, 1, 2, 3, 65535
+OWN_CHARTS = f"'{LOSS_CATEGORY}'"  # categories drawn by a chart of their own, not as heatmaps
 
 
 def _categories(con: DuckDBPyConnection) -> list[str]:
@@ -44,17 +49,28 @@ def _ops(con: DuckDBPyConnection, category: str) -> list[str]:
 
 
 def build_per_step(con: DuckDBPyConnection) -> None:
-    con.execute("""
+    con.execute(f"""
         CREATE OR REPLACE TEMP TABLE per_step AS
-        SELECT category, op, vpp_stage, name, step, micro_step,
-          max(abs(value)) FILTER (WHERE isfinite(value)) AS v,
-          bool_or(NOT isfinite(value)) AS bad,
-          count(*) AS n,
-          min(value) FILTER (WHERE isfinite(value)) AS lo,
-          max(value) FILTER (WHERE isfinite(value)) AS hi,
-          arg_min(rank, value) FILTER (WHERE isfinite(value)) AS lo_rank,
-          arg_max(rank, value) FILTER (WHERE isfinite(value)) AS hi_rank
-        FROM metrics GROUP BY category, op, vpp_stage, name, step, micro_step""")
+        WITH a AS (
+          SELECT category, op, vpp_stage, name, step, micro_step,
+            max(abs(value)) FILTER (WHERE isfinite(value)) AS v,
+            bool_or(NOT isfinite(value)) AS bad,
+            count(*) AS n,
+            min(value) FILTER (WHERE isfinite(value)) AS lo,
+            max(value) FILTER (WHERE isfinite(value)) AS hi,
+            arg_min(rank, value) FILTER (WHERE isfinite(value)) AS lo_rank,
+            arg_max(rank, value) FILTER (WHERE isfinite(value)) AS hi_rank,
+            arg_max(rank, abs(value)) FILTER (WHERE isfinite(value)) AS v_rank
+          FROM metrics WHERE category NOT IN ({OWN_CHARTS})
+          GROUP BY category, op, vpp_stage, name, step, micro_step),
+        b AS (  -- the few non-finite values, apart: one filtered scan, not two more aggregates per group
+          SELECT category, op, vpp_stage, name, step, coalesce(micro_step, -1) AS m,
+            min(rank) AS bad_rank, max(value) AS nf
+          FROM metrics WHERE NOT isfinite(value) AND category NOT IN ({OWN_CHARTS})
+          GROUP BY ALL)
+        SELECT a.*, b.bad_rank, b.nf FROM a LEFT JOIN b
+          ON (a.category, a.op, a.vpp_stage, a.name, a.step, coalesce(a.micro_step, -1))
+           = (b.category, b.op, b.vpp_stage, b.name, b.step, b.m)""")
 
 
 def overview(con: DuckDBPyConnection) -> dict[str, Any]:
@@ -98,27 +114,6 @@ def _step_buckets(con: DuckDBPyConnection, limits: Limits) -> tuple[int, int, in
     return first, width, math.ceil(span / width)
 
 
-def _encode(cells: list[list[tuple[float | None, bool]]]) -> tuple[str, float | None, float | None]:
-    """Cells as base64 little-endian uint16 codes on a log scale over the heatmap's own range
-    (lo and hi are None when no cell holds a positive value)."""
-    logs = [math.log10(v) for row in cells for v, bad in row if v is not None and v > 0 and not bad]
-    lo, hi = (min(logs), max(logs)) if logs else (0.0, 0.0)
-    scale = (LAST_LEVEL - FIRST_LEVEL) / (hi - lo) if hi > lo else 0.0
-    codes = []
-    for row in cells:
-        for v, bad in row:
-            if bad:
-                codes.append(NONFINITE)
-            elif v is None:
-                codes.append(EMPTY)
-            elif v <= 0:
-                codes.append(ZERO)
-            else:
-                codes.append(FIRST_LEVEL + round((math.log10(v) - lo) * scale))
-    data = base64.b64encode(struct.pack(f"<{len(codes)}H", *codes)).decode("ascii")
-    return (data, lo, hi) if logs else (data, None, None)
-
-
 def _label(vpp: int, name: str, several_vpp: bool) -> str:
     return f"{vpp}:{name}" if several_vpp else name
 
@@ -128,7 +123,9 @@ def heatmaps(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One heatmap per category and op: tensors (rows, in the order the monitor wrote them) x
     steps (columns); a cell is the largest finite |value| over ranks, micro-steps and the
-    tensors and steps merged into it, or non-finite when any of them was."""
+    tensors and steps merged into it, or non-finite when any of them was, with the rank that
+    holds it (for a non-finite cell, the lowest rank with a non-finite value). Leaves the
+    temp table heatmap_rows (which row each tensor is in) for the line charts."""
     first, width, columns = _step_buckets(con, limits)
     out: list[dict[str, Any]] = []
     if not columns:
@@ -165,15 +162,20 @@ def heatmaps(
         tmp_dir,
     )
     cells: dict[tuple[str, str], dict[tuple[int, int], tuple[float | None, bool]]] = {}
-    for category, op, row, b, v, bad in con.execute(f"""
-            SELECT p.category, p.op, r.row, (p.step - {first}) // {width} AS b, max(p.v), bool_or(p.bad)
+    holders: dict[tuple[str, str], dict[tuple[int, int], int | None]] = {}
+    for category, op, row, b, v, bad, v_rank, bad_rank in con.execute(f"""
+            SELECT p.category, p.op, r.row, (p.step - {first}) // {width} AS b, max(p.v), bool_or(p.bad),
+              arg_max(p.v_rank, p.v), min(p.bad_rank)
             FROM per_step p JOIN heatmap_rows r USING (category, vpp_stage, name) GROUP BY ALL""").fetchall():
         cells.setdefault((category, op), {})[(row, b)] = (v, bool(bad))
+        holders.setdefault((category, op), {})[(row, b)] = bad_rank if bad else v_rank
     for category in _categories(con):
         for op in _ops(con, category):
             table = cells.get((category, op), {})
             grid = [[table.get((r, b), (None, False)) for b in range(columns)] for r in range(len(labels[category]))]
-            data, lo, hi = _encode(grid)
+            data, lo, hi = encode_cells(grid)
+            held = holders.get((category, op), {})
+            ranks = [held.get((r, b)) for r in range(len(labels[category])) for b in range(columns)]
             out.append(
                 {
                     "category": category,
@@ -182,6 +184,7 @@ def heatmaps(
                     "tensors": len(tensors[category]),
                     "tensors_per_row": per_row[category],
                     "data": data,
+                    "ranks": encode_ranks(ranks),
                     "lo": lo,
                     "hi": hi,
                 }
@@ -190,34 +193,55 @@ def heatmaps(
 
 
 def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[dict[str, Any]]]]:
-    """The largest step-to-step changes of max |value| over ranks, per category and op."""
+    """The largest step-to-step changes of max |value| over ranks, per category and op, with the
+    rank that holds the value on each side; a step where a value turned non-finite (or finite
+    again) is a change too, flagged, and listed first, earliest first."""
     rows = con.execute(f"""
         WITH s AS (
-          SELECT category, op, vpp_stage, name, step, max(v) AS v FROM per_step WHERE v IS NOT NULL
-          GROUP BY ALL),
+          SELECT category, op, vpp_stage, name, step, max(v) AS v, arg_max(v_rank, v) AS v_rank,
+            bool_or(bad) AS bad, min(bad_rank) AS bad_rank, max(nf) AS nf
+          FROM per_step GROUP BY ALL),
         l AS (
-          SELECT *, lag(v) OVER w AS pv, lag(step) OVER w AS ps FROM s
+          SELECT *, lag(v) OVER w AS pv, lag(step) OVER w AS ps, lag(bad) OVER w AS pbad,
+            lag(v_rank) OVER w AS pv_rank, lag(bad_rank) OVER w AS pbad_rank, lag(nf) OVER w AS pnf FROM s
           WINDOW w AS (PARTITION BY category, op, vpp_stage, name ORDER BY step)),
         scored AS (
-          SELECT category, op, vpp_stage, name, ps, step, pv, v, abs(log10(v) - log10(pv)) AS score FROM l
-          WHERE v > 0 AND pv > 0)
-        SELECT category, op, vpp_stage, name, ps, step, pv, v, score FROM scored
-        QUALIFY row_number() OVER (PARTITION BY category, op ORDER BY score DESC, step, name) <= {limits.movers}
-        ORDER BY category, op, score DESC""").fetchall()
+          SELECT *, CASE WHEN bad <> pbad THEN 1 ELSE 0 END AS flagged,
+            CASE WHEN bad = pbad THEN abs(log10(v) - log10(pv)) END AS score FROM l
+          WHERE ps IS NOT NULL AND (bad <> pbad OR (NOT bad AND v > 0 AND pv > 0)))
+        SELECT category, op, vpp_stage, name, ps, step, pv, v, score, flagged,
+          CASE WHEN pbad THEN pbad_rank ELSE pv_rank END, CASE WHEN bad THEN bad_rank ELSE v_rank END,
+          CASE WHEN pbad THEN pnf END, CASE WHEN bad THEN nf END
+        FROM scored
+        QUALIFY row_number() OVER (PARTITION BY category, op, flagged
+          ORDER BY CASE WHEN flagged = 1 THEN step END, score DESC, step, name) <= {limits.movers}
+        ORDER BY category, op, flagged DESC, CASE WHEN flagged = 1 THEN step END, score DESC, step, name
+        """).fetchall()
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for category, op, vpp, name, ps, step, pv, v, score in rows:
+    for category, op, vpp, name, ps, step, pv, v, score, flagged, p_rank, rank, p_bad, bad in rows:
+        p_nf, nf = _nonfinite_name(p_bad), _nonfinite_name(bad)
         out.setdefault(category, {}).setdefault(op, []).append(
             {
                 "name": name,
                 "vpp_stage": vpp,
                 "from_step": ps,
                 "step": step,
-                "before": pv,
-                "after": v,
-                "factor": 10**score if v >= pv else -(10**score),
+                "before": None if p_nf else pv,
+                "after": None if nf else v,
+                "before_rank": p_rank,
+                "after_rank": rank,
+                "before_nonfinite": p_nf,
+                "after_nonfinite": nf,
+                "factor": None if flagged else (10**score if v >= pv else -(10**score)),
             }
         )
     return out
+
+
+def _nonfinite_name(value: float | None) -> str | None:
+    if value is None:
+        return None
+    return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
 
 
 def rank_spread(con: DuckDBPyConnection, limits: Limits, first: int, width: int) -> dict[str, Any]:
@@ -309,11 +333,21 @@ def report_data(con: DuckDBPyConnection, limits: Limits | None = None, tmp_dir: 
     limits = limits or Limits()
     build_per_step(con)
     maps, steps = heatmaps(con, limits, tmp_dir)
+    ranks = [
+        r[0]
+        for r in con.execute(
+            f"SELECT DISTINCT rank FROM metrics WHERE category NOT IN ({OWN_CHARTS}) ORDER BY rank"
+        ).fetchall()
+    ]
+    series = row_series(con, limits, maps, steps, ranks)
     return {
         "overview": overview(con),
         "steps": steps,
+        "series": series,
         "limits": limits.__dict__,
         "heatmaps": maps,
+        "loss": loss_chart(con, limits),
+        "rank_outliers": rank_outliers(con, limits),
         "movers": movers(con, limits),
         "spread": rank_spread(con, limits, steps["first_step"], steps["step_width"]),
         "anomalies": anomalies(con, limits),

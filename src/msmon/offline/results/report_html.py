@@ -1,6 +1,7 @@
 """`msmon report`: one self-contained HTML page built from the database.
 
-Everything the page needs is inside it: the CSS, the script (static/report.js, no library) and
+Everything the page needs is inside it: the CSS, the scripts (static/charts.js and report.js, no
+library) and
 the data as one JSON block. Nothing is fetched when it is viewed, so it can be mailed, attached
 to an issue or opened on a machine without network. Its size is bounded by limits.Limits,
 not by the size of the run.
@@ -65,19 +66,22 @@ def render(data: dict[str, Any], title: str) -> str:
 <main>
 <section id="overview"></section>
 <div id="notes"></div>
-<section><h2>Anomalies</h2><div id="anomalies"></div></section>
-<section><h2>Statistics: tensors × steps</h2>
+<section id="loss-section"><h2>Loss per rank</h2><div id="loss"></div></section>
+<section id="anomalies-section"><h2>Anomalies</h2><div id="anomalies"></div></section>
+<section id="heatmaps-section"><h2>Statistics: tensors × steps</h2>
 <p class="muted">One heatmap per category and op: a row per tensor in the order the monitor wrote them, a column per step;
 the colour is the largest |value| over all ranks (and micro-steps), on a log scale of the heatmap's own range.
-Hover a cell for its value.</p>
+Hover a cell for its value and the rank that holds it; click a row for that tensor over steps, rank by rank.</p>
 <div id="heatmaps"></div></section>
-<section><h2>Spread across data-parallel ranks</h2><div id="spread"></div></section>
-<section><h2>The monitor's own cost</h2><div id="cost"></div></section>
+<section id="outliers-section"><h2>Per-rank outliers of rank-local tensors</h2><div id="outliers"></div></section>
+<section id="spread-section"><h2>Spread across data-parallel ranks</h2><div id="spread"></div></section>
+<section id="cost-section"><h2>The monitor's own cost</h2><div id="cost"></div></section>
 </main>
 <footer>msmon {html.escape(__version__)} · built {html.escape(data.get("generated", ""))} from {html.escape(data.get("database", ""))} ·
 self-contained: no network is used to view this page.</footer>
 <div id="tip"></div>
 <script type="application/json" id="msmon-data">{_script_json(data)}</script>
+<script>{_static("charts.js")}</script>
 <script>{_static("report.js")}</script>
 </body>
 </html>

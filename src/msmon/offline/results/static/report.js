@@ -81,11 +81,15 @@
     var s = DATA.steps, a = s.first_step + col * s.step_width, b = a + s.step_width - 1;
     return s.step_width > 1 ? "steps " + a + "–" + b : "step " + a;
   }
+  var NO_RANK = 65535;
+  var charts = window.msmonCharts({ el: el, fmt: fmt, int: int, showTip: showTip, hideTip: hideTip, table: table, niceStep: niceStep,
+    decode: decode, valueOf: valueOf, codes: { EMPTY: EMPTY, ZERO: ZERO, NONFINITE: NONFINITE } });
 
   /* -- overview ------------------------------------------------------------------------------ */
   function overview() {
     var o = DATA.overview, box = document.getElementById("overview");
     var cost = DATA.cost.stats && DATA.cost.stats.monitor_cost_pct;
+    box.appendChild(charts.verdictBox(DATA.anomalies));
     var cards = [["ranks", int(o.ranks)], ["steps", int(o.steps) + (o.steps ? " (" + o.first_step + "–" + o.last_step + ")" : "")],
                  ["tensors", int(o.tensors)], ["values", int(o.values)], ["anomaly records", int(o.anomalies)],
                  ["monitor cost (median)", cost ? fmt(cost.median) + " %" : "–"]];
@@ -104,6 +108,8 @@
     if (DATA.anomalies.sampled) notes.push("The anomaly timeline shows " + int(DATA.anomalies.shown) + " of " + int(DATA.anomalies.total) +
       " records: the first " + int(Math.floor(DATA.limits.timeline_points / 2)) + " in training order, then evenly spaced ones.");
     if (DATA.cost.ranks_per_bar > 1) notes.push("The cost chart merges " + DATA.cost.ranks_per_bar + " neighbouring ranks per bar (the costliest is shown).");
+    if (DATA.series.step_width > DATA.steps.step_width) notes.push("A heatmap row's chart over steps merges " + DATA.series.step_width +
+      " steps per point (the charts of all rows together hold at most " + int(DATA.limits.series_values) + " values).");
     if (o.several_dirs) notes.push(o.several_dirs + " ranks have more than one output directory (" + o.ranks_with_several_dirs.join(", ") +
       (o.several_dirs > o.ranks_with_several_dirs.length ? ", …" : "") + "): several runs are in this database and are shown together.");
     if (notes.length) {
@@ -115,7 +121,7 @@
   /* -- anomalies ----------------------------------------------------------------------------- */
   function anomalies() {
     var a = DATA.anomalies, box = document.getElementById("anomalies");
-    box.appendChild(el("div", { cls: "verdict" + (a.total ? "" : " ok") }, [el("b", { text: "msmon analyse: " }), a.verdict]));
+    if (!a.total) box.appendChild(el("p", { cls: "muted", text: "No anomaly recorded (msmon analyse's verdict is at the top of the page)." }));
     if (a.origin) {
       box.appendChild(el("p", null, [el("b", { text: "First non-finite origin: " }), a.origin.description]));
     }
@@ -187,8 +193,8 @@
 
   /* -- heatmaps ------------------------------------------------------------------------------ */
   var decoded = 0;
-  function drawHeatmap(holder, map, moversBox) {
-    var codes = decode(map.data);
+  function drawHeatmap(holder, map, moversBox, chartBox) {
+    var codes = decode(map.data), holders = decode(map.ranks);
     var rows = map.rows.length, cols = DATA.steps.columns;
     if (codes.length !== rows * cols) throw new Error("heatmap " + map.category + "/" + map.op + ": " + codes.length + " cells for " + rows + "x" + cols);
     var cw = Math.max(3, Math.min(14, Math.floor(560 / Math.max(1, cols)))), ch = rows > 40 ? 10 : 14, LW = 230, T = 20;
@@ -217,25 +223,45 @@
       var box = cv.getBoundingClientRect(), x = ev.clientX - box.left - LW, y = ev.clientY - box.top - T;
       var c = Math.floor(x / cw), r = Math.floor(y / ch);
       if (x < 0 || y < 0 || c >= cols || r >= rows) { hideTip(); return; }
-      var code = codes[r * cols + c], what;
+      var code = codes[r * cols + c], rank = holders[r * cols + c], what;
+      var who = rank === NO_RANK ? "" : " on rank " + rank;
       if (code === EMPTY) what = "not recorded";
-      else if (code === ZERO) what = "0";
-      else if (code === NONFINITE) what = "non-finite on some rank";
-      else what = "≈ " + fmt(valueOf(code, map)) + " (largest |" + map.op + "| over ranks)";
-      showTip(ev, map.rows[r] + " · " + stepLabel(c) + " · " + map.category + " " + map.op + ": " + what);
+      else if (code === ZERO) what = "0 (largest |" + map.op + "| over ranks" + (who ? ", first held" + who : "") + ")";
+      else if (code === NONFINITE) what = "non-finite" + (who ? who + (rank === NO_RANK ? "" : " (the lowest such rank)") : " on some rank");
+      else what = "≈ " + fmt(valueOf(code, map)) + " (largest |" + map.op + "| over ranks" + who + ")";
+      showTip(ev, map.rows[r] + " · " + stepLabel(c) + " · " + map.category + " " + map.op + ": " + what + " · click for this row over steps");
     });
     cv.addEventListener("mouseleave", hideTip);
+    cv.style.cursor = "pointer";
+    cv.addEventListener("click", function (ev) {
+      var box = cv.getBoundingClientRect(), r = Math.floor((ev.clientY - box.top - T) / ch);
+      if (r < 0 || r >= rows || !map.series) return;
+      chartBox.textContent = "";
+      chartBox.appendChild(charts.rowChart(DATA, map, r));
+      chartBox.setAttribute("data-shown", map.category + "/" + map.op + "/" + r);
+    });
     holder.textContent = "";
     holder.appendChild(cv);
     holder.appendChild(legend(map));
+    chartBox.textContent = "";
+    chartBox.removeAttribute("data-shown");
     moversBox.textContent = "";
     var list = ((DATA.movers[map.category] || {})[map.op]) || [];
-    moversBox.appendChild(el("b", { text: "Top movers (" + map.op + "): the largest step-to-step changes of the largest |" + map.op + "| over ranks" }));
+    moversBox.appendChild(el("b", { text: "Top movers (" + map.op + "): the largest step-to-step changes of the largest |" + map.op +
+      "| over ranks, with the rank that holds it; a turn to or from non-finite first" }));
     if (!list.length) moversBox.appendChild(el("p", { cls: "muted", text: "No change between recorded steps (or fewer than two steps)." }));
-    else moversBox.appendChild(table(["tensor", "steps", "before", "after", "change"], list.map(function (m) {
-      return [(m.vpp_stage ? m.vpp_stage + ":" : "") + m.name, m.from_step + " → " + m.step, fmt(m.before), fmt(m.after),
-              (m.factor >= 0 ? "×" + fmt(m.factor) : "÷" + fmt(-m.factor))];
-    }), [0, 1, 1, 1, 1]));
+    else {
+      var side = function (value, nonfinite, rank) {
+        return (nonfinite ? nonfinite : fmt(value)) + (rank === null || rank === undefined ? "" : " (rank " + rank + ")");
+      };
+      var t = table(["tensor", "steps", "before (rank)", "after (rank)", "change"], list.map(function (m) {
+        return [(m.vpp_stage ? m.vpp_stage + ":" : "") + m.name, m.from_step + " → " + m.step,
+                side(m.before, m.before_nonfinite, m.before_rank), side(m.after, m.after_nonfinite, m.after_rank),
+                m.factor === null ? (m.after_nonfinite ? "turned non-finite" : "finite again") : (m.factor >= 0 ? "×" + fmt(m.factor) : "÷" + fmt(-m.factor))];
+      }), [0, 1, 1, 1, 1]);
+      Array.prototype.forEach.call(t.tBodies[0].rows, function (tr, i) { if (list[i].factor === null) tr.className = "nonfinite"; });
+      moversBox.appendChild(t);
+    }
   }
   function legend(map) {
     var cv = el("canvas", { width: 220, height: 12 }), ctx = cv.getContext("2d");
@@ -254,17 +280,18 @@
       var maps = byCategory[category];
       if (!maps) return;
       var holder = el("div"), moversBox = el("div", { cls: "movers" }), buttons = el("div", { cls: "ops" });
+      var chartBox = el("div", { cls: "row-chart-box", id: "row-chart-" + category });
       var sectionBox = el("div", { id: "heat-" + category }, [el("h3", { text: category + " (" + maps[0].tensors + " tensors)" }), buttons,
-        el("div", { cls: "heat" }, [holder, moversBox])]);
+        el("div", { cls: "heat" }, [holder, moversBox]), chartBox]);
       maps.forEach(function (map, i) {
         var b = el("button", { text: map.op, type: "button" });
         b.addEventListener("click", function () {
           Array.prototype.forEach.call(buttons.children, function (x) { x.className = ""; });
           b.className = "on";
-          drawHeatmap(holder, map, moversBox);
+          drawHeatmap(holder, map, moversBox, chartBox);
         });
         buttons.appendChild(b);
-        if (i === 0) { b.className = "on"; drawHeatmap(holder, map, moversBox); }
+        if (i === 0) { b.className = "on"; drawHeatmap(holder, map, moversBox, chartBox); }
       });
       box.appendChild(sectionBox);
     });
@@ -348,8 +375,10 @@
     try { fn(); } catch (e) { window.__msmonError(name + ": " + (e && e.stack ? e.stack : e)); }
   }
   run("overview", overview);
+  run("loss", function () { document.getElementById("loss").appendChild(charts.lossChart(DATA.loss)); });
   run("anomalies", anomalies);
   run("heatmaps", heatmaps);
+  run("outliers", function () { document.getElementById("outliers").appendChild(charts.outliers(DATA.rank_outliers)); });
   run("spread", spread);
   run("cost", cost);
   document.body.setAttribute("data-heatmaps", String(decoded));
