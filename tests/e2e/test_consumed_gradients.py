@@ -15,7 +15,7 @@ import math
 from typing import Callable
 
 import pytest
-from test_deepspeed_e2e import assert_close, msmon_run, output_of, truth
+from test_deepspeed_e2e import assert_close, assert_loss_rows_are_the_scripts_losses, msmon_run, output_of, truth
 from test_fsdp_e2e import run_script
 from test_megatron_e2e import run_megatron_cpu
 
@@ -94,11 +94,18 @@ def megatron_key(row: dict[str, str]) -> str:
 
 @pytest.mark.parametrize("case", ["fp32", "float16", "distributed", "chained"])
 def test_megatron_grad_reduced_is_what_the_inner_optimizer_receives_after_clip_grad(case, tmp_path):
-    """Megatron's step() copies main_grad to the main parameters (prepare_grads), clips them
-    (clip_grad_norm, or the ChainedOptimizer's clip over all of its optimizers) and only then
-    steps each inner torch optimizer."""
-    run_megatron_cpu(tmp_path, CONFIG, case, "--clip")
+    """Megatron's step() copies main_grad to the main parameters (prepare_grads), unscales them
+    (float16: a ConstantGradScaler of 1024, the backward through Megatron's backward_step),
+    clips them (clip_grad_norm, or the ChainedOptimizer's clip over all of its optimizers) and
+    only then steps each inner torch optimizer. The loss rows are the unscaled losses."""
+    scaled = ("--loss-scale", "1024") if case == "float16" else ()
+    config = dict(CONFIG, loss_distribution=True)
+    run_megatron_cpu(tmp_path, config, case, "--clip", *scaled)
     expected = json.loads((tmp_path / "truth_rank0.json").read_text())
+    assert expected["loss_scale"] == (1024.0 if scaled else 1.0)
+    for rank in (0, 1):
+        losses = json.loads((tmp_path / f"truth_rank{rank}.json").read_text())["losses"]
+        assert_loss_rows_are_the_scripts_losses(rank_dir(tmp_path / "out", rank), losses, micro=2)
     rows = read_csv_rows(rank_dir(tmp_path / "out", 0), "grad_reduced")
     assert {megatron_key(r) for r in rows} == set(expected["numel"])
     steps = [step["consumed"] for step in expected["steps"]]

@@ -30,6 +30,8 @@ CONFIG = {
     "mv_distribution": True,
     "ur_distribution": True,
     "mg_direction": True,
+    "loss_distribution": True,
+    "grad_agreement": True,
     "format": ["csv"],
     "ndigits": 12,
     "squash_name": False,
@@ -95,6 +97,27 @@ def output_of(work: Path, rank: int) -> Path:
     return dirs[0]
 
 
+def assert_loss_rows_are_the_scripts_losses(directory: Path, losses: list[float], micro: int) -> None:
+    """One `loss` row per step and micro-step, equal to the loss the script computed there
+    (`loss.item()`, in the order of its backward calls) to the CSV's 12 digits."""
+    rows = read_csv_rows(directory, "loss")
+    got = {(int(r["step"]), int(r["micro_step"])): float(r["value"]) for r in rows}
+    expected = {(i // micro, i % micro): value for i, value in enumerate(losses)}
+    assert len(rows) == len(got) and got.keys() == expected.keys(), sorted(got)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=0, abs=1e-12), (key, got[key], value)
+
+
+def assert_grad_agreement_said_once_and_not_recorded(log: str, directories: dict[int, Path], framework: str) -> None:
+    """Under DeepSpeed and Megatron the agreement is not recorded: one line per rank says why,
+    naming the framework (its own reduction buffers; DeepSpeed's stage 0: no DDP module)."""
+    for rank, directory in directories.items():
+        said = f"msmon[rank {rank}]: grad_agreement is not recorded: "
+        assert log.count(said) == 1, log[-3000:]
+        assert framework in log.split(said, 1)[1].splitlines()[0]
+        assert not read_csv_rows(directory, "grad_agreement")
+
+
 def truth(work: Path, rank: int = 0) -> dict:
     return json.loads((work / f"truth_rank{rank}.json").read_text())
 
@@ -130,6 +153,53 @@ def test_deepspeed_builds_the_optimizer_the_adapter_is_chosen_for(ds_job):
             f"msmon[rank {rank}]: monitoring {RUNS[(stage, dtype)]} of MLP (attached at deepspeed.initialize)"
             in proc.stderr
         )
+
+
+def test_loss_rows_are_each_ranks_unscaled_micro_step_losses_and_grad_agreement_says_why_not(ds_job):
+    """engine.backward(loss) runs backward on loss / gradient_accumulation_steps (times the loss
+    scale in fp16): the rows hold the loss the script handed it."""
+    _, _, work, proc = ds_job
+    directories = {rank: output_of(work, rank) for rank in (0, 1)}
+    for rank, directory in directories.items():
+        assert_loss_rows_are_the_scripts_losses(directory, truth(work, rank)["losses"], micro=2)
+    assert truth(work, 0)["losses"] != truth(work, 1)["losses"]  # each rank its own batches
+    assert_grad_agreement_said_once_and_not_recorded(proc.stderr, directories, "DeepSpeed")
+
+
+def test_loss_rows_are_unscaled_under_torch_autocast_float16_loss_scaling(tmp_path):
+    """ZeRO-1 under `torch_autocast` float16 scales with torch's GradScaler (fp16 proper needs a
+    device: this CPU has no float16 kernels). Even micro-steps go through engine.backward(loss),
+    odd ones through DeepSpeed's torch-style `engine.scale(loss).backward()`: never the scaled
+    value is recorded."""
+    work = tmp_path / "autocast"
+    config = {
+        "wg_distribution": True,  # grad_agreement's gradients
+        "loss_distribution": True,
+        "grad_agreement": True,
+        "format": ["csv"],
+        "ndigits": 12,
+    }
+    proc = msmon_run(
+        work,
+        config,
+        "ds_train.py",
+        "--stage",
+        "1",
+        "--dtype",
+        "autocast16",
+        "--manual-backward",
+        "--steps",
+        "2",
+        "--out",
+        str(work),
+    )
+    directories = {rank: output_of(work, rank) for rank in (0, 1)}
+    for rank, directory in directories.items():
+        expected = truth(work, rank)
+        assert_loss_rows_are_the_scripts_losses(directory, expected["losses"], micro=2)
+        # the scaler did scale what backward ran on (2**16, GradScaler's initial scale)
+        assert expected["scaled_losses"] == [loss * 2**16 for loss in expected["losses"][1::2]]
+    assert_grad_agreement_said_once_and_not_recorded(proc.stderr, directories, "DeepSpeed")
 
 
 def test_weights_gradients_and_moments_equal_deepspeeds_own_full_tensors(ds_job):

@@ -15,7 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_deepspeed_e2e import assert_close
+from test_deepspeed_e2e import (
+    assert_close,
+    assert_grad_agreement_said_once_and_not_recorded,
+    assert_loss_rows_are_the_scripts_losses,
+)
 
 from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows
 
@@ -25,6 +29,8 @@ CONFIG = {
     "wg_distribution": True,
     "param_distribution": True,
     "mv_distribution": True,
+    "loss_distribution": True,
+    "grad_agreement": True,
     "format": ["csv"],
     "ndigits": 12,
     "ops": ALL_OPS,
@@ -34,7 +40,7 @@ CATEGORIES = WRITTEN_ONCE + ("grad_unreduced",)
 CASES = ("fp32", "float16", "distributed", "chained", "tp")
 
 
-def run_megatron_cpu(work: Path, config: dict, case: str, *extra: str) -> None:
+def run_megatron_cpu(work: Path, config: dict, case: str, *extra: str) -> subprocess.CompletedProcess:
     """tests/scripts/megatron_cpu.py on 2 ranks under real torchrun; its truth goes to `work`."""
     path = work / "monitor.json"
     path.write_text(json.dumps(config))
@@ -58,13 +64,14 @@ def run_megatron_cpu(work: Path, config: dict, case: str, *extra: str) -> None:
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, cwd=work)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
 
 
 @pytest.fixture(scope="module", params=CASES)
 def megatron_job(request, tmp_path_factory):
     work = tmp_path_factory.mktemp(request.param)
-    run_megatron_cpu(work, CONFIG, request.param)
-    return request.param, work
+    proc = run_megatron_cpu(work, CONFIG, request.param)
+    return request.param, work, proc
 
 
 def recorded(work: Path, rank: int, category: str) -> dict[str, list[dict]]:
@@ -75,8 +82,17 @@ def recorded(work: Path, rank: int, category: str) -> dict[str, list[dict]]:
     return out
 
 
+def test_loss_rows_are_each_ranks_micro_step_losses_and_grad_agreement_says_why_not(megatron_job):
+    _, work, proc = megatron_job
+    directories = {rank: rank_dir(work / "out", rank) for rank in (0, 1)}
+    for rank, directory in directories.items():
+        losses = json.loads((work / f"truth_rank{rank}.json").read_text())["losses"]
+        assert_loss_rows_are_the_scripts_losses(directory, losses, micro=2)
+    assert_grad_agreement_said_once_and_not_recorded(proc.stderr, directories, "Megatron")
+
+
 def test_every_statistic_equals_the_whole_tensors_megatron_holds(megatron_job):
-    case, work = megatron_job
+    case, work, _ = megatron_job
     steps = json.loads((work / "truth_rank0.json").read_text())["steps"]
     names = set(steps[0]["param_updated"])
     assert len(names) == (8 if case in ("distributed", "chained") else 4)  # two virtual-pipeline chunks: 0:, 1:
@@ -90,7 +106,7 @@ def test_every_statistic_equals_the_whole_tensors_megatron_holds(megatron_job):
 
 
 def test_replicated_tensors_are_written_once_and_rank_local_gradients_by_every_rank(megatron_job):
-    case, work = megatron_job
+    case, work, _ = megatron_job
     truth1 = json.loads((work / "truth_rank1.json").read_text())["steps"]
     for category in WRITTEN_ONCE:
         rows = recorded(work, 1, category)

@@ -5,7 +5,8 @@ It saves what DeepSpeed itself assembles for every parameter, in the same run, a
 independent truth: the full fp32 weight before and after each step and the full reduced
 gradient (`safe_get_full_fp32_param`, `safe_get_full_grad`), the full Adam moments
 (`safe_get_full_optimizer_state`), and, for fp32 runs, the rank-local gradients an unwrapped
-copy of the model computes on this rank's micro-batches.
+copy of the model computes on this rank's micro-batches, and every micro-step's loss (with
+`--manual-backward`, also what `engine.scale(loss)` made of it on the odd micro-steps).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def ds_config(stage: int, dtype: str, grad_acc: int) -> dict:
         "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
         "steps_per_print": 10_000,
     }
+    if dtype == "autocast16":  # ZeRO-0 under torch.autocast float16: DeepSpeed scales with torch's GradScaler
+        config["torch_autocast"] = {"enabled": True, "dtype": "torch.float16"}
     if dtype == "bf16":  # stage 0: FP16_UnfusedOptimizer; stage 1 (fp32 accumulation): BF16_Optimizer
         config["bf16"] = {"enabled": True}
         if stage == 1:
@@ -55,10 +58,13 @@ def fp32_copies(optimizer) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--stage", type=int, required=True)
-    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "autocast16"], default="fp32")
     parser.add_argument("--grad-acc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--manual-backward", action="store_true", help="engine.scale(loss).backward() on odd micro-steps"
+    )
     args = parser.parse_args()
 
     deepspeed.init_distributed(dist_backend="gloo")
@@ -94,7 +100,7 @@ def main() -> None:
         return float((torch.sign(g.double()) == torch.sign(m.double())).double().mean())
 
     gen = torch.Generator().manual_seed(100 + rank)
-    truth = {"optimizer": type(optimizer).__name__, "steps": [], "losses": []}
+    truth = {"optimizer": type(optimizer).__name__, "steps": [], "losses": [], "scaled_losses": []}
     for _ in range(args.steps):
         local_last, local_acc = {}, {}
         for micro in range(args.grad_acc):
@@ -102,7 +108,12 @@ def main() -> None:
             out = engine(x.to(torch.bfloat16) if args.dtype == "bf16" else x)
             loss = out.float().pow(2).mean()
             truth["losses"].append(loss.item())
-            engine.backward(loss)
+            if args.manual_backward and micro % 2 == 1:  # DeepSpeed's torch-style backward
+                scaled = engine.scale(loss)
+                truth["scaled_losses"].append(scaled.item())
+                scaled.backward()
+            else:
+                engine.backward(loss)
             reference.zero_grad()
             (reference(x).pow(2).mean() / args.grad_acc).backward()  # DeepSpeed scales by 1/GAS
             local_last = {n: p.grad.clone() for n, p in reference.named_parameters()}

@@ -21,6 +21,13 @@ computation on the CPU takes their place (`cpu_grad_norm`, `cpu_clip`), and Mega
 `step()` still calls them where it does, between `prepare_grads` and the inner step. The truth
 for `grad_reduced` is then what the inner torch optimizers receive, read by this script's own
 step pre-hook on each (consumed_grads.py).
+
+With `--loss-scale S` (float16 case) the optimizer has Megatron's `ConstantGradScaler` (its
+scale on the CPU), and every micro-step's backward runs through Megatron's own
+`schedules.backward_step` with `grad_scale_func = optimizer.scale_loss`, as Megatron's schedules
+call it: even micro-steps by `torch.autograd.backward`, odd ones by `custom_backward`
+(`deallocate_pipeline_outputs`). Megatron's `step()` unscales the main gradients. The losses
+saved are the script's unscaled ones.
 """
 
 from __future__ import annotations
@@ -38,14 +45,17 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from consumed_grads import ConsumedGradients  # noqa: E402
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.distributed import DistributedDataParallelConfig  # noqa: E402
+from megatron.core.enums import ModelType  # noqa: E402
 from megatron.core.optimizer import OptimizerConfig  # noqa: E402
 from megatron.core.optimizer import optimizer as megatron_optimizer  # noqa: E402
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer, Range  # noqa: E402
+from megatron.core.optimizer.grad_scaler import ConstantGradScaler  # noqa: E402
 from megatron.core.optimizer.optimizer import (
     ChainedOptimizer,
     Float16OptimizerWithFloat16Params,
     FP32Optimizer,  # noqa: E402
 )
+from megatron.core.pipeline_parallel import schedules  # noqa: E402
 
 from conftest import MLP, reference_stats  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
@@ -163,6 +173,21 @@ def cpu_clip(parameters, max_norm, total_norm, use_decoupled_grad=False) -> None
                 p.grad.mul_(coeff)
 
 
+def cpu_grad_scaler(opt, scale: float) -> None:
+    """MixedPrecisionOptimizer.__init__ with a ConstantGradScaler, its tensors on the CPU."""
+    scaler = object.__new__(ConstantGradScaler)
+    scaler._scale = torch.tensor([scale])
+    opt.grad_scaler, opt.found_inf = scaler, torch.tensor([0.0])
+
+
+def megatron_backward(loss: torch.Tensor, optimizer, micro: int) -> None:
+    """One micro-step's backward as Megatron's schedules run it on the last pipeline stage."""
+    config = SimpleNamespace(
+        timers=None, grad_scale_func=optimizer.scale_loss, deallocate_pipeline_outputs=micro % 2 == 1
+    )
+    schedules.backward_step(None, loss, None, ModelType.encoder_or_decoder, config)
+
+
 def fp32_optimizer(params, config) -> FP32Optimizer:
     opt = object.__new__(FP32Optimizer)
     opt.optimizer, opt.config, opt.init_state_fn = torch.optim.Adam(params, lr=config.lr), config, lambda x: None
@@ -254,6 +279,7 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--clip", action="store_true", help="clip_grad=1.0, with gradients that need it")
+    parser.add_argument("--loss-scale", type=float, default=0.0, help="a ConstantGradScaler (float16 case)")
     args = parser.parse_args()
     if args.clip:
         megatron_optimizer.get_grad_norm_fp32 = cpu_grad_norm
@@ -275,6 +301,8 @@ def main() -> None:
         optimizer = fp32_optimizer(chunks[0].parameters(), config)
     elif args.case in ("float16", "tp"):
         optimizer = float16_optimizer(list(chunks[0].parameters()), config)
+        if args.loss_scale:
+            cpu_grad_scaler(optimizer, args.loss_scale)
     elif args.case == "distributed":
         optimizer = distributed_optimizer(chunks, config, dp_group)
     else:  # a distributed optimizer for chunk 0, a float16 one for chunk 1, chained
@@ -335,12 +363,16 @@ def main() -> None:
 
     gen = torch.Generator().manual_seed(100 + rank)
     truth = {"steps": [], "losses": [], "numel": {f"{c}:{n}": p.numel() for c, n, p in named}}
+    truth["loss_scale"] = float(optimizer.get_loss_scale())  # what scale_loss multiplies by
     for _ in range(STEPS):
-        for _ in range(MICRO):
+        for micro in range(MICRO):
             x = torch.randn(2, 8, generator=gen).to(dtype)
             loss = sum(chunk(x).float().pow(2).mean() for chunk in chunks) * scale
             truth["losses"].append(loss.item())
-            loss.backward()
+            if args.loss_scale:
+                megatron_backward(loss, optimizer, micro)
+            else:
+                loss.backward()
         record = {"grad_unreduced": stats(lambda p: p.main_grad)}
         for chunk in chunks:
             chunk.finish_grad_sync()

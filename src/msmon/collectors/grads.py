@@ -330,7 +330,10 @@ class GradCollector(Collector):
         if self._agreed is not None:
             grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *self._agreed)
         elif self.agreeing and "grad_agreement" not in ctx.kept:
-            ctx.kept["grad_agreement"] = why = "no DDP module reduced the monitored gradients in this step"
+            ctx.kept["grad_agreement"] = why = (
+                "no torch DDP module reduced the monitored gradients in this step "
+                "(they are reduced outside DDP: DeepSpeed's stage 0, a manual all-reduce)"
+            )
             grad_agreement.say_unavailable(ctx.rank, why)
         if not ctx.config.monitor_mbs_grad and self.last_rows:
             indices = list(self.last_rows)

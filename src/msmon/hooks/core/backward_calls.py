@@ -11,10 +11,11 @@ leaves, every replaced attribute is put back.
 Loss scalers make the tensor backward runs on a scaled copy of the loss. The frameworks
 declare theirs (`Framework.loss_scaling`, hooks/core/spec.py):
 
-- a scaler method returns `loss * scale` (torch's `GradScaler.scale`, Megatron's
-  `scale_loss`): its result is remembered (weakly) with the very tensor it was given and the
-  scale; a backward on that result is reported as the unscaled input, bit for bit the script's
-  loss, with the scale beside it; nothing is divided and nothing is read on the host;
+- a scaler method returns `loss * scale` (torch's `GradScaler.scale`, DeepSpeed's
+  `engine.scale`, Megatron's `scale_loss`): its result is remembered (weakly) with the very
+  tensor it was given and the scale; a backward on that result is reported as the unscaled
+  input, bit for bit the script's loss, with the scale beside it; nothing is divided and
+  nothing is read on the host;
 - an entry point receives the unscaled loss and calls backward on a scaled copy inside
   (DeepSpeed's `engine.backward`): the loss it receives is reported, and the backward calls
   inside it are not.

@@ -79,12 +79,31 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
 
 def loss_scaling() -> LossScaling:
     """DeepSpeed's `engine.backward(loss)` takes the script's loss and runs backward on it
-    divided by the accumulation steps and, in fp16, multiplied by the loss scale."""
+    divided by the accumulation steps and, in fp16, multiplied by the loss scale; its
+    torch-style path, `engine.scale(loss).backward()` (ZeRO only), returns the loss times the
+    loss scale (fp16's scaler, or torch's GradScaler under `torch_autocast` float16) and leaves
+    the division to its own hooks: `scale` is a scaler like torch's `GradScaler.scale`."""
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    from ..core.backward_calls import EntryPoint, LossScaling
+    from ..core.backward_calls import EntryPoint, LossScaling, Scaler
 
-    return LossScaling(entry_points=(EntryPoint(DeepSpeedEngine, "backward"),))
+    return LossScaling(
+        scalers=(Scaler(DeepSpeedEngine, "scale", _loss_scale_of),),
+        entry_points=(EntryPoint(DeepSpeedEngine, "backward"),),
+    )
+
+
+def _loss_scale_of(engine: Any) -> Any:
+    """The scale `engine.scale` applied (attributes only, nothing read on the host): torch's
+    GradScaler's under torch_autocast, else the fp16 optimizer's `loss_scale`, else None."""
+    optimizer = getattr(engine, "optimizer", None)
+    for scaler in (
+        getattr(optimizer, "torch_autocast_gradscaler", None),
+        getattr(engine, "torch_autocast_z0_gradscaler", None),
+    ):
+        if scaler is not None:
+            return scaler._scale
+    return getattr(optimizer, "loss_scale", None)
 
 
 FRAMEWORK = Framework(
