@@ -126,7 +126,9 @@ def chunks_of(ts: list[torch.Tensor]) -> list[Chunk]:
         if flat is None:
             flat = t.reshape(-1)  # a copy: the elements are not one dense block of the storage
         flats.append(flat)
-        by_storage.setdefault(flat.untyped_storage().data_ptr(), []).append((flat.storage_offset(), t.numel(), row))
+        by_storage.setdefault(flat.untyped_storage().data_ptr(), []).append(
+            (int(flat.storage_offset()), t.numel(), row)
+        )
     chunks: list[Chunk] = []
     small: list[int] = []
     for members in by_storage.values():

@@ -49,19 +49,20 @@ _PIECE_FIELDS = ("sq", "max", "negmax", "zeros", "nans", "infs")
 _MAXED = ("max", "negmax")  # combined over a tensor's pieces by max; the others by sum
 
 
-class _Staging(threading.local):
-    """One CHUNK-sized staging buffer per (device, dtype, stream), reused: a step's batches
-    repeat, and a fresh buffer each time would cost the allocator (on the CPU, page faults).
-    Reuse is safe in stream order: the kernels reading one fill are queued before the next."""
+class _Scratch(threading.local):
+    """CHUNK-sized buffers per (device, dtype, stream, use), reused: the staging copy, |x| or -x,
+    and the 0/1 indicators. A step's batches repeat, and fresh chunk-sized temporaries each time
+    would cost the allocator (on the CPU, page faults that cost more than the arithmetic). Reuse
+    is safe in stream order: the kernels reading one fill are queued before the next fill."""
 
     def __init__(self) -> None:
         self.buffers: dict[tuple, torch.Tensor] = {}
 
-    def get(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        key = (device, dtype, _stream(device))
+    def get(self, device: torch.device, dtype: torch.dtype, use: str) -> torch.Tensor:
+        key = (device, dtype, _stream(device), use)
         buf = self.buffers.get(key)
         if buf is None:
-            if len(self.buffers) > 8:
+            if len(self.buffers) > 24:
                 self.buffers.clear()
             buf = self.buffers[key] = torch.empty(CHUNK, dtype=dtype, device=device)
         return buf
@@ -76,7 +77,7 @@ def _stream(device: torch.device) -> object:
         return object()  # no stream to key by: a buffer of its own (never reused)
 
 
-_staging = _Staging()
+_scratch = _Scratch()
 
 
 @functools.lru_cache(maxsize=256)
@@ -109,19 +110,24 @@ def _chunk_values(chunk: Chunk, x: torch.Tensor, needs: tuple[str, ...], thresho
         views = t.split(lengths)
         return [views[i] for i in kept]
 
-    values: list[torch.Tensor] = []
+    by_field: dict[str, list[torch.Tensor]] = {}
     if "sq" in needs:
-        values.extend(torch._foreach_norm(pieces(x), 2))
+        by_field["sq"] = list(torch._foreach_norm(pieces(x), 2))
     if "max" in needs:
-        values.extend(torch._foreach_max(pieces(x)))
-    if "negmax" in needs:
-        values.extend(torch._foreach_max(pieces(torch.neg(x))))
-    if "zeros" in needs:
-        values.extend(torch._foreach_norm(pieces(torch.lt(torch.abs(x), threshold).to(x.dtype)), 1))
+        by_field["max"] = list(torch._foreach_max(pieces(x)))
+    work = _scratch.get(x.device, x.dtype, "work")[: x.numel()]
+    mask = _scratch.get(x.device, x.dtype, "mask")[: x.numel()]  # 0/1 indicators, counted by 1-norms
+    if "zeros" in needs or "infs" in needs:
+        torch.abs(x, out=work)
+        if "zeros" in needs:
+            by_field["zeros"] = list(torch._foreach_norm(pieces(torch.lt(work, threshold, out=mask)), 1))
+        if "infs" in needs:
+            by_field["infs"] = list(torch._foreach_norm(pieces(torch.eq(work, math.inf, out=mask)), 1))
     if "nans" in needs:
-        values.extend(torch._foreach_norm(pieces(torch.isnan(x).to(x.dtype)), 1))
-    if "infs" in needs:
-        values.extend(torch._foreach_norm(pieces(torch.isinf(x).to(x.dtype)), 1))
+        by_field["nans"] = list(torch._foreach_norm(pieces(torch.ne(x, x, out=mask)), 1))
+    if "negmax" in needs:
+        by_field["negmax"] = list(torch._foreach_max(pieces(torch.neg(x, out=work))))
+    values = [v for name in needs for v in by_field[name]]
     return torch.stack(values).view(len(needs), len(kept)) if values else None
 
 
@@ -135,9 +141,9 @@ def _chunk_sums(chunk: Chunk, x: torch.Tensor) -> torch.Tensor:
 
 def _read(chunk: Chunk, acc: torch.dtype, device: torch.device) -> torch.Tensor:
     """The chunk's elements as one flat tensor in the accumulation dtype."""
+    buf = _scratch.get(device, acc, "staging")[: chunk.size]
     if chunk.view is not None:
-        return chunk.view if chunk.view.dtype == acc else chunk.view.to(acc)
-    buf = _staging.get(device, acc)[: chunk.size]
+        return chunk.view if chunk.view.dtype == acc else buf.copy_(chunk.view)
     return torch.cat(chunk.staged, out=buf)
 
 
