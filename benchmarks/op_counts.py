@@ -85,6 +85,10 @@ METADATA_OPS = frozenset(
     }
 )
 
+# beyond workloads.CONFIGS: Adam's update and ratio (with their per-parameter histograms)
+EXTRA_CONFIGS: dict[str, dict[str, Any]] = {"ur": {"ur_distribution": True}}
+ALL_CONFIGS = {**CONFIGS, **EXTRA_CONFIGS}
+
 WIDTH = 256
 BATCH = 8
 DEPTHS = (16, 64)
@@ -162,7 +166,7 @@ class _ActivationRows:
 
 def count_step(depth: int, config: str | None, width: int = WIDTH, workdir: str | None = None) -> StepCount:
     """The ops of one steady-state step of a `depth`-block MLP, monitored with `config`
-    (a workloads.CONFIGS name) or plain (None)."""
+    (a name in ALL_CONFIGS) or plain (None)."""
     torch.manual_seed(0)
     model = mlp(depth, width)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -176,7 +180,7 @@ def count_step(depth: int, config: str | None, width: int = WIDTH, workdir: str 
             directory = workdir or stack.enter_context(tempfile.TemporaryDirectory())
             path = os.path.join(directory, f"{config}-{depth}.json")
             with open(path, "w", encoding="utf-8") as fh:
-                json.dump({"format": "csv", "ops": list(OPS), **CONFIGS[config]}, fh)
+                json.dump({"format": "csv", "ops": list(OPS), **ALL_CONFIGS[config]}, fh)
             stack.enter_context(_output_dir(os.path.join(directory, f"out-{config}-{depth}")))
             stack.enter_context(rows.watching())
             monitor = TrainerMon(path, params_have_main_grad=False)
@@ -263,7 +267,7 @@ TARGET_CONFIGS = ("wg", "wg+mv+param", "all_xy")
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--configs", nargs="+", default=list(TARGET_CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=list(TARGET_CONFIGS), choices=list(ALL_CONFIGS))
     parser.add_argument("--width", type=int, default=WIDTH)
     parser.add_argument("--default-path", action="store_true", help="measure the default install (no switch)")
     parser.add_argument("--by-name", action="store_true", help="print the added ops per aten op")
