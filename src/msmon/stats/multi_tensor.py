@@ -159,13 +159,15 @@ def batch_columns(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torc
     sums: list[torch.Tensor] = []
     rows_of_pieces: list[int] = []
     for chunk in chunks:
+        rows_of_pieces.extend(row for row, _ in chunk.pieces if row != GAP)
+        if not needs and not want_sum:  # only ops with their own reduction: nothing to read here
+            continue
         x = _read(chunk, acc, device)
         stacked = _chunk_values(chunk, x, needs, threshold)
         if stacked is not None:
             stacks.append(stacked)
         if want_sum:
             sums.append(_chunk_sums(chunk, x))
-        rows_of_pieces.extend(row for row, _ in chunk.pieces if row != GAP)
         del x
     columns = _combine(stacks, sums, needs, tuple(rows_of_pieces), device)
     order = tuple(dict.fromkeys(rows_of_pieces))  # each row once, in computed order
