@@ -66,7 +66,9 @@ def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor
     if rows is not None:
         return rows
     threshold = zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0
-    if not host_code(ts[0].device):  # the accelerators' path: launches flat in the tensor count
+    # the accelerators' path, launches flat in the tensor count; a tensor subclass (whose storage
+    # and views may not be plain memory) takes the per-tensor reductions below
+    if not host_code(ts[0].device) and all(type(t) in _PLAIN_TYPES for t in ts):
         with _cpu_threads(ts[0].device):
             return multi_tensor.batch_columns(ts, plan, threshold)
     acc = _accumulate_dtype(ts[0].dtype)
