@@ -44,6 +44,10 @@ MODELS = {
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "wg": {"wg_distribution": True},
+    # msmon's own keys (msprobe has neither): the loss per micro-step; the gradient agreement,
+    # which needs data parallelism (benchmarks/loss_agreement_cost.py runs it on 2 DDP ranks)
+    "wg+loss": {"wg_distribution": True, "loss_distribution": True},
+    "wg+agreement": {"wg_distribution": True, "grad_agreement": True},
     "wg+mv+param": {"wg_distribution": True, "mv_distribution": True, "param_distribution": True},
     "all_xy": {"xy_distribution": True, "all_xy": True},
     "xy 10 of N": {"xy_distribution": True},  # targets filled in per model by xy_targets()

@@ -76,6 +76,7 @@ class TrainerMon:
         ensure_writable(self.ctx.output_base)
         self.output = RankOutput(rank, self.ctx.output_base, lambda: self.ctx.step)
         self.ctx.anomaly_dump = self.output.anomaly_dump
+        self.ctx.watch_steps = self.output.watch_steps
         self.ctx.stop = self.close
         reload = ConfigReload(self.config_file_path, rank)
         self.runner = StepRunner(self.ctx, self.output, reload, self._build_collectors, self._check_fits, self.close)

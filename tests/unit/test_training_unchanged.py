@@ -21,6 +21,8 @@ from msmon import TrainerMon
 EVERYTHING = {
     "wg_distribution": True,
     "monitor_mbs_grad": True,
+    "loss_distribution": True,
+    "grad_agreement": True,  # single process: not recorded, said once
     "param_distribution": True,
     "mv_distribution": True,
     "ur_distribution": True,
@@ -91,6 +93,7 @@ def test_losses_and_parameters_are_bit_identical_with_every_metric_on(write_conf
         "exp_avg",
         "update",
         "linear_hook",
+        "loss",
     ):
         assert read_csv_rows(out, category), category
 

@@ -15,6 +15,7 @@ from ..output.records import BACKWARD, FORWARD, OPTIMIZER
 NAN_ORIGIN_RULE = "NanOrigin"  # records written by the first-non-finite-origin detector
 REPLICA_RULE = "ReplicaMismatch"  # records of the replica check (collectors/replica_check.py)
 REPLICA_OP = "replica_mismatch"
+RANK_OUTLIER_RULE = "AnomalyRankOutlier"  # a rank whose rank-local statistics leave the ranks' spread
 STAGES = (FORWARD, BACKWARD, OPTIMIZER)
 
 
@@ -41,7 +42,9 @@ EVENT_FIELDS = (
     EventField("op", "VARCHAR", "the statistic that alerted"),
     EventField("value", "DOUBLE", 'its value ("nan", "inf", "-inf" as strings in JSON)'),
     EventField("history", "DOUBLE", "the value the rule compared it to, if any"),
-    EventField("rule", "VARCHAR", "the rule: AnomalyNan, AnomalyTurbulence, NanOrigin, ReplicaMismatch"),
+    EventField(
+        "rule", "VARCHAR", "the rule: AnomalyNan, AnomalyTurbulence, AnomalyRankOutlier, NanOrigin, ReplicaMismatch"
+    ),
     EventField("message", "VARCHAR", "the alert in words"),
     EventField("group_mates", "INTEGER[]", "the global ranks of the rank's pipeline group"),
 )

@@ -34,6 +34,9 @@ AnomalyTurbulence(threshold)
     averages of the gradient, which is watched, and they grow by construction in the first
     thousand steps (1 - beta^t), which a relative rule reads as turbulence.
 
+AnomalyRankOutlier compares the data-parallel ranks with each other, not a row with its
+history: anomaly/rank_spread.py holds its test, collectors/rank_outlier/ its exchange.
+
 A row gives at most one alert: its first symptom (AnomalyNan before AnomalyTurbulence), the
 other symptoms folded into the message, so one bad tensor is one line and one dump record.
 """
@@ -49,6 +52,7 @@ import torch
 from ..config import AlertRuleConfig
 from ..output.records import RowKey
 from ..stats.ops import COUNT_OPS, MAGNITUDE_OPS
+from .event import RANK_OUTLIER_RULE
 
 EMA_ALPHA = 0.3
 WARMUP = 5
@@ -139,6 +143,8 @@ def build_rules(configs: Iterable[AlertRuleConfig]) -> list[AnomalyNan | Anomaly
     """The rule objects for a validated `alert.rules` list."""
     rules: list[AnomalyNan | AnomalyTurbulence] = []
     for cfg in configs:
+        if cfg.rule_name == RANK_OUTLIER_RULE:  # compares ranks, not a rank's rows: collectors/rank_outlier/
+            continue
         if cfg.rule_name == "AnomalyNan":
             rules.append(AnomalyNan(cfg.threshold))
         else:

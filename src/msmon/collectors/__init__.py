@@ -11,9 +11,11 @@ from .activations import ActivationCollector, MicroStepTracker
 from .base import Collector, MonitoredParam
 from .grads import GradCollector
 from .l2_features.collector import L2FeatureCollector
+from .loss import LossCollector
 from .nan_origin.collector import NanOriginCollector
 from .optimizer_state import OptimizerStateCollector
 from .params import ParamCollector
+from .rank_outlier import collector as rank_outlier_collector  # noqa: F401  (registration)
 from .replica_check import collector as replica_check_collector  # noqa: F401  (registration)
 from .structure import StructCollector
 from .sync_grads import SyncGradCollector
@@ -25,6 +27,7 @@ __all__ = [
     "MicroStepTracker",
     "GradCollector",
     "L2FeatureCollector",
+    "LossCollector",
     "NanOriginCollector",
     "OptimizerStateCollector",
     "ParamCollector",

@@ -52,6 +52,7 @@ from ..output.records import row_key
 from ..runtime.step_context import StepContext
 from ..stats.engine import tensor_stats
 from ..stats.sparse import any_layout_stats, is_sparse, sparse_stats
+from . import grad_agreement
 from .base import Collector
 from .ddp_sync import DdpSync
 from .registry import register
@@ -104,6 +105,11 @@ class GradCollector(Collector):
         self._lost_said = False
         self._consumed = False  # the step's gradients were taken (later closure evaluations are not counted)
         self.at_inner_step = False  # grad_reduced is read where an inner torch optimizer consumes it
+        # grad_agreement: whether it is recorded here, the backward pass whose end computes it, its values
+        self.agreeing = False
+        self._agree_task: int | None = None
+        self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._buffers: dict[int, torch.Tensor] = {}  # the agreement's copies, kept across steps
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -115,19 +121,31 @@ class GradCollector(Collector):
                 self.handles.append(mp.param.register_post_accumulate_grad_hook(hook))
         inners = ctx.adapter.consuming_optimizers()
         self.at_inner_step = bool(inners) and all(isinstance(o, torch.optim.Optimizer) for o in inners)
+        if ctx.config.grad_agreement:
+            why = grad_agreement.unavailable(_data_parallel(), ctx.adapter.hooks_unreduced, type(ctx.adapter).__name__)
+            self.agreeing = why is None
+            if why is not None and "grad_agreement" not in ctx.kept:
+                ctx.kept["grad_agreement"] = why  # said once per monitor, not at every rebuild
+                grad_agreement.say_unavailable(ctx.rank, why)
         if self.at_inner_step:
             on_inner_step = self.guard(self._on_inner_step)
             self.handles.extend(inner.register_step_pre_hook(on_inner_step) for inner in inners)
 
     def detach(self) -> None:
         self._drop_local()
+        self._buffers.clear()
         super().detach()
 
-    def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-        """Copy `.grad` before DDP reduces it, and add each later micro-batch's gradient to the
-        copy in a tensor hook (it sees the gradient before it is accumulated); the hook exists
-        only while the copy does."""
-        local = grad.detach().clone()
+    def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, more: bool = True) -> torch.Tensor:
+        """Copy `.grad` before DDP reduces it, and (when `more` micro-batches may follow) add each
+        later micro-batch's gradient to the copy in a tensor hook (it sees the gradient before it
+        is accumulated); the hook exists only while the copy does. For the gradient agreement the
+        copy goes into a buffer kept across steps: a fresh allocation of that size is first-touch
+        page faults on a CPU, which cost more than the copy."""
+        local = grad.detach().clone() if not self.agreeing else self._buffer(index, grad)
+        if not more:
+            self.local[index] = local
+            return local
 
         def on_incoming_grad(incoming: torch.Tensor) -> None:
             local.add_(incoming)  # our own copy; the gradient itself is only read
@@ -136,6 +154,12 @@ class GradCollector(Collector):
         self.local[index] = local
         self._adding[index] = param.register_hook(_unserializable(self.guard(on_incoming_grad)))
         return local
+
+    def _buffer(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(index)
+        if buffer is None or buffer.shape != grad.shape or buffer.dtype != grad.dtype or buffer.device != grad.device:
+            buffer = self._buffers[index] = torch.empty_like(grad, memory_format=torch.contiguous_format)
+        return buffer.copy_(grad.detach())
 
     def _drop_local(self) -> None:
         for handle in self._adding.values():
@@ -188,8 +212,11 @@ class GradCollector(Collector):
             return None
         if sync.reduces(param):
             self._reduced.add(index)
-            if not reduced_before and not last:  # about to be reduced, and more micro-batches follow
-                self._keep_local(index, param, grad)
+            if self.agreeing:
+                self._agree_at_end()
+            # about to be reduced, and more micro-batches follow (or the agreement needs it)
+            if not reduced_before and (not last or self.agreeing):
+                self._keep_local(index, param, grad, more=not last)
         local = self.local.get(index)
         if local is not None:
             return local
@@ -211,6 +238,26 @@ class GradCollector(Collector):
         the same pass follow each other with nothing of the script's in between."""
         seen = self._versions.get(_counter_of(grad))
         return seen is not None and seen[0] != torch._C._current_graph_task_id() and grad._version != seen[1] + 1
+
+    def _agree_at_end(self) -> None:
+        """Have the agreement computed once this backward pass's reduction is done: a callback
+        queued from within the end-of-backward callbacks runs after all of them, DDP's included."""
+        task = torch._C._current_graph_task_id()
+        if self._agree_task == task:
+            return
+        self._agree_task = task
+        queue = torch.autograd.Variable._execution_engine.queue_callback
+        queue(self.guard(lambda: queue(self.guard(self._agree))))
+
+    def _agree(self) -> None:
+        """End of a backward pass DDP reduced: the local sums kept against the reduced `.grad`."""
+        ctx = self.ctx
+        self._agree_task = None
+        pairs = [(kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()]
+        self._agreed = grad_agreement.of_pairs(pairs) or self._agreed
+        acc = ctx.grad_acc_steps
+        if acc is not None and self.micro_steps_seen() >= acc:  # the step's last: the copies go back now
+            self._drop_local()
 
     def _left_out(self, index: int, why: str) -> None:
         self.last_rows.pop(index, None)
@@ -280,6 +327,11 @@ class GradCollector(Collector):
         ctx = self.ctx
         if not ctx.recording:
             return
+        if self._agreed is not None:
+            grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *self._agreed)
+        elif self.agreeing and "grad_agreement" not in ctx.kept:
+            ctx.kept["grad_agreement"] = why = "no DDP module reduced the monitored gradients in this step"
+            grad_agreement.say_unavailable(ctx.rank, why)
         if not ctx.config.monitor_mbs_grad and self.last_rows:
             indices = list(self.last_rows)
             keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
@@ -329,3 +381,5 @@ class GradCollector(Collector):
         self.last_identity.clear()
         self._noted.clear()
         self._flush_task = None
+        self._agree_task = None
+        self._agreed = None

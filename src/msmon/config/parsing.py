@@ -324,6 +324,11 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             "no heatmap is drawn",
             why,
         )
+    if cfg.grad_agreement and not cfg.wg_distribution:
+        logger.warning(
+            "msmon: grad_agreement compares the gradients wg_distribution reads, but wg_distribution is not "
+            "true; no gradient agreement is recorded"
+        )
     if cfg.forward_only and cfg.backward_only:
         logger.warning("msmon: forward_only and backward_only are both true: no activation is recorded")
     return cfg

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ..system.short_repr import short_repr
 from .errors import ConfigError
 
-ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan")
+ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan", "AnomalyRankOutlier")
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
 SA_ORDERS = ("s,b,h,d", "b,s,h,d", "b,h,s,d")  # "b,h,s,d" (F.scaled_dot_product_attention's): msmon
@@ -77,7 +77,9 @@ class AlertRuleConfig:
 
 @dataclass
 class AlertConfig:
-    rules: list[AlertRuleConfig] = key(doc="AnomalyTurbulence (with a threshold) and AnomalyNan", factory=list)
+    rules: list[AlertRuleConfig] = key(
+        doc="AnomalyTurbulence (with a threshold), AnomalyNan and AnomalyRankOutlier", factory=list
+    )
     dump: bool = key(False, doc="append every alert to the anomaly dump (docs/anomaly.md)")
     max_lines_per_step: int = key(10, doc="msmon: alert lines logged per step and rank", minimum=0)
 
@@ -112,6 +114,10 @@ class MonitorConfig:
     param_distribution: bool = key(False, doc="weights before and after the optimizer step")
     wg_distribution: bool = key(False, doc="weight gradients, before and after the data-parallel reduction")
     monitor_mbs_grad: bool = key(False, doc="the rank-local weight gradient after every micro-batch")
+    loss_distribution: bool = key(False, doc="msmon: the loss of every micro-step, unscaled (docs/loss.md)")
+    grad_agreement: bool = key(
+        False, doc="msmon: cos and norm ratio of the rank-local and the reduced gradient (docs/loss.md)"
+    )
     cc_distribution: CCConfig = key(doc="collectives (docs/comm.md)", factory=CCConfig)
     alert: AlertConfig = key(doc="alert rules and the anomaly dump (docs/anomaly.md)", factory=AlertConfig)
     format: list[str] = key(

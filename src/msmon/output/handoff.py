@@ -25,9 +25,13 @@ class StepConsumer:
     write of the step is; the consumer is called again at the next step."""
 
     name = "consumer"
+    alerts_raised = 0  # the alerts it raised (summary.json counts them with the rules')
 
     def consume(self, record: StepRecord, batch: HostBatch) -> None:
         raise NotImplementedError
 
     def output_stopped(self) -> None:
         """A write to disk failed: write nothing more to disk (keep doing the rest)."""
+
+    def writer_closed(self) -> None:
+        """The writer has handed over its last step: finish with it (a bounded wait at most)."""

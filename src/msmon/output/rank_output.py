@@ -20,6 +20,7 @@ from ..system.thread_priority import writer_nice
 from . import resume
 from .alerts import AlertConsumer
 from .directory import stopped_line, stopped_output
+from .handoff import StepConsumer
 from .layout import CONFIG_FILE, SUMMARY_FILE, rank_dir_name
 from .sinks import build_sinks
 from .sinks.api_sink import ApiSink
@@ -40,6 +41,7 @@ class RankOutput:
         self.resume: resume.Resume | None = None  # append_output: continuing an earlier run's directory
         self.writer: BackgroundWriter | None = None
         self.alerts: AlertConsumer | None = None  # the anomaly pipeline the writer hands each step to
+        self.watchers: list[StepConsumer] = []  # consumers collectors subscribed (kept across writer restarts)
         self.api: ApiSink | None = None
         self.stopped: dict | None = None  # the write to disk that failed (output.stopped_output)
 
@@ -73,7 +75,7 @@ class RankOutput:
         self.writer = BackgroundWriter(
             sinks,
             self.rank,
-            [self.alerts],
+            [self.alerts, *self.watchers],
             on_output_stopped=self._stopped,
             nice=writer_nice(),
         )
@@ -96,13 +98,21 @@ class RankOutput:
         if self.alerts is not None and config.alert.dump and self.alerts.dump is None:
             self.alerts.dump = AnomalyDumpWriter(self.output_base, self.rank, pp_stage, group_mates)
 
+    def watch_steps(self, consumer: StepConsumer) -> None:
+        """Hand `consumer` every written step from now on, after the anomaly pipeline, for the
+        rest of the run (a collector that needs the step's values on the host)."""
+        self.watchers.append(consumer)
+        if self.writer is not None:
+            self.writer.consumers.append(consumer)
+
     def anomaly_dump(self) -> AnomalyDumpWriter | None:
         return self.alerts.dump if self.alerts is not None else None
 
     @property
     def alerts_raised(self) -> int:
         """Alerts of the whole run (summary.json)."""
-        return self.alerts.alerts_raised if self.alerts is not None else 0
+        own = self.alerts.alerts_raised if self.alerts is not None else 0
+        return own + sum(watcher.alerts_raised for watcher in self.watchers)
 
     @property
     def first_origin(self) -> dict | None:

@@ -35,6 +35,8 @@ CATEGORY_STAGE = {
     "linear_hook": FORWARD,
     "moe_router_weight_hook": FORWARD,
     "moe_router_logit_hook": FORWARD,
+    "loss": BACKWARD,  # the scalar a backward pass starts from (loss_distribution)
+    "grad_agreement": OPTIMIZER,  # the rank-local gradient against the reduced one (grad_agreement)
 }
 MICRO_STEP_CATEGORIES = ("actv", "actv_grad")
 LOSS = "loss"  # the actv_grad row of the gradient that reaches the model's output from the loss
@@ -47,10 +49,19 @@ FEATURE_CATEGORIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "moe_router_weight_hook": ("router_weight", ("router_weight_similarity",)),
     "moe_router_logit_hook": ("router_logit", ("per_token_expert_entropy",)),
 }
+# every category whose rows have their own columns, not the statistics: the L2 features, the
+# loss (one value per micro-step) and the gradient agreement (cos and norm ratio per step).
+# Their rows travel as one-value rows (RowKey.op) and are regrouped on the writer thread
+# (sinks/feature_rows.py); alert rules never read them.
+COLUMN_CATEGORIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    **FEATURE_CATEGORIES,
+    "loss": ("loss", ("value",)),
+    "grad_agreement": ("grad_agreement", ("cos", "norm_ratio")),
+}
 OTHER = "other"  # mg_direction's and the collectives' rows (`other_*.csv`)
 COLLECTIVE_PHASES = ("pre", "post")  # a collective's row is `{op}@{site}/{phase}` (collectors/comm.py)
 # the categories of one tensor's statistics, in training order (how the report lists them)
-TENSOR_CATEGORIES = tuple(c for c in CATEGORY_STAGE if c != OTHER and c not in FEATURE_CATEGORIES)
+TENSOR_CATEGORIES = tuple(c for c in CATEGORY_STAGE if c != OTHER and c not in COLUMN_CATEGORIES)
 # tensors that are the same on every data-parallel rank, so that a spread across ranks is news
 REPLICATED_CATEGORIES = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq", "update", "ratio")
 # msprobe's names of the gradients in its anomaly.json, read by `msmon analyse`, and their stage
@@ -81,7 +92,7 @@ class RowKey:
     vpp_stage: int = 0
     micro_step: int | None = None
     stage: str | None = None  # overrides CATEGORY_STAGE (collectives run in either pass)
-    op: str | None = None  # a FEATURE_CATEGORIES row: the one column its value belongs to
+    op: str | None = None  # a COLUMN_CATEGORIES row: the one column its value belongs to
 
     @property
     def train_stage(self) -> str:
@@ -95,7 +106,7 @@ class RowKey:
     def tag(self, rank: int) -> str:
         """The metric tag without the op: `{vpp}:{name}[:{micro}]/rank{r}/{category}` (for an L2
         feature, msprobe's word instead of the category: `.../rank0/qkt`)."""
-        feature = FEATURE_CATEGORIES.get(self.category)
+        feature = COLUMN_CATEGORIES.get(self.category)
         return format_tag(self.display_name(), rank, feature[0] if feature else self.category)
 
 

@@ -104,6 +104,11 @@ class BackgroundWriter:
                 "msmon[rank %d]: the writer is stuck; %d steps are not written", self.rank, self._queue.qsize()
             )
         self._thread.join(timeout=60)
+        for consumer in self.consumers:
+            try:
+                consumer.writer_closed()
+            except Exception as exc:  # pragma: no cover - reported, never raised at exit
+                logger.warning("msmon[rank %d]: closing the %s consumer failed: %r", self.rank, consumer.name, exc)
         for sink in list(self.sinks):
             if sink not in self.sinks:
                 continue  # closed when the output stopped
@@ -185,7 +190,7 @@ class BackgroundWriter:
                 )
                 self.sinks.remove(sink)
         self.steps_written += 1
-        for consumer in self.consumers:
+        for consumer in list(self.consumers):  # a collector may subscribe one meanwhile
             try:
                 consumer.consume(record, batch)
             except OSError as exc:  # a consumer's write to disk (the anomaly dump) failed

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ..collectors.activations import MicroStepTracker
     from ..collectors.base import Collector, MonitoredParam
     from ..hooks.core.spec import Framework
+    from ..output.handoff import StepConsumer
 
 logger = logging.getLogger("msmon")
 
@@ -66,6 +67,8 @@ class StepContext:
         self.failed: set[str] = set()  # collectors switched off by a failure (logged once each)
         self.kept: dict[str, Any] = {}  # what a collector keeps across rebuilds (collector key -> state)
         self.anomaly_dump: Callable[[], AnomalyDumpWriter | None] = lambda: None
+        # hand a consumer every written step on the writer thread, for the rest of the run
+        self.watch_steps: Callable[[StepConsumer], None] = lambda consumer: None
         self.stop: Callable[[], None] = lambda: None  # close the monitor (a collector ending the run)
 
     # -- reading the model ------------------------------------------------------------------------

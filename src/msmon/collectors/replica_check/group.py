@@ -1,5 +1,6 @@
 """The replica check's group: the data-parallel group of this rank's replicas, msmon's own
-gloo group over its ranks, and the one all_gather of fingerprints through it."""
+gloo group over its ranks, and the one all_gather of fingerprints through it. The rank
+comparison (collectors/rank_outlier/) exchanges through a group of its own made here too."""
 
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ from ...system import exit_drain
 
 if TYPE_CHECKING:
     from ...runtime.step_context import StepContext
-    from .state import ReplicaState
 
 GATHER_TIMEOUT = timedelta(minutes=10)
 _OWN_GROUPS: dict[tuple, Any] = {}
-EXCHANGES: list[ReplicaState] = []  # the states whose exchange threads use msmon's groups
+EXCHANGES: list[Any] = []  # the states (with a `jobs` queue) whose exchange threads use msmon's groups
 
 
 def replica_group(ctx: StepContext) -> Any:
@@ -52,15 +52,17 @@ def _ddp_group(ctx: StepContext) -> Any:
     return None
 
 
-def own_group(ranks: list[int]) -> Any:
-    """msmon's own gloo group over `ranks` (made once per set of ranks; only its members take
-    part), so the exchange never queues behind the training's collectives or streams."""
-    key = (id(dist.distributed_c10d._get_default_group()), tuple(ranks))
+def own_group(ranks: list[int], purpose: str = "replica_check") -> Any:
+    """msmon's own gloo group over `ranks` for one purpose (made once per purpose and set of
+    ranks; only its members take part), so the exchange never queues behind the training's
+    collectives or streams. Each purpose has its own group: two threads issuing collectives
+    on one group could issue them in another order on each rank."""
+    key = (id(dist.distributed_c10d._get_default_group()), purpose, tuple(ranks))
     group = _OWN_GROUPS.get(key)
     if group is None:
         options: dict[str, Any] = {"backend": "gloo", "timeout": GATHER_TIMEOUT, "use_local_synchronization": True}
         if "group_desc" in inspect.signature(dist.new_group).parameters:  # torch >= 2.3
-            options["group_desc"] = "msmon_replica_check"
+            options["group_desc"] = f"msmon_{purpose}"
         group = _OWN_GROUPS[key] = dist.new_group(sorted(ranks), **options)
         exit_drain.at_drain(_release_own_groups)
     return group

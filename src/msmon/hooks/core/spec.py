@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ...runtime import dedupe
     from .. import Session
     from .adapters import OptimizerAdapter
+    from .backward_calls import LossScaling
 
 # `precedence` of the framework packages (lower is asked first; ties go by name). The most
 # specific first: torch_optim, whose adapter fits any optimizer, after every framework built on
@@ -67,3 +68,5 @@ class Framework:
     pipeline_position: Callable[[], Position | None] | None = None
     #: the replica check's exceptions for (models, optimizer, weights), None when none apply
     replica_exclusion: Callable[[list[Any], Any, bool], ReplicaRule | None] | None = None
+    #: the loss scalers it provides (hooks/core/backward_calls.py), asked once its library is imported
+    loss_scaling: Callable[[], LossScaling] | None = None

@@ -18,6 +18,7 @@ from .groups import groups_of_models, pipeline_position
 if TYPE_CHECKING:
     from .. import Session
     from ..core.adapters import OptimizerAdapter
+    from ..core.backward_calls import LossScaling
 
 __all__ = ["EXPERT_PARAMETER", "FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
 
@@ -76,6 +77,16 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
     return deepspeed_adapter(optimizer)
 
 
+def loss_scaling() -> LossScaling:
+    """DeepSpeed's `engine.backward(loss)` takes the script's loss and runs backward on it
+    divided by the accumulation steps and, in fp16, multiplied by the loss scale."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    from ..core.backward_calls import EntryPoint, LossScaling
+
+    return LossScaling(entry_points=(EntryPoint(DeepSpeedEngine, "backward"),))
+
+
 FRAMEWORK = Framework(
     name="deepspeed",
     switched_on_by="deepspeed",
@@ -90,4 +101,5 @@ FRAMEWORK = Framework(
     groups_of_models=groups_of_models,
     pipeline_position=pipeline_position,
     replica_exclusion=replica_exclusion,
+    loss_scaling=loss_scaling,
 )

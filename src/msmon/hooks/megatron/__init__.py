@@ -19,6 +19,7 @@ from .groups import groups_of_process, pipeline_position
 if TYPE_CHECKING:
     from .. import Session
     from ..core.adapters import OptimizerAdapter
+    from ..core.backward_calls import LossScaling
 
 __all__ = ["FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
 
@@ -81,6 +82,29 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
     return megatron_adapter(optimizer)
 
 
+def loss_scaling() -> LossScaling:
+    """Megatron's `grad_scale_func` is its optimizer's `scale_loss(loss) = get_loss_scale() * loss`
+    (each class that defines its own is wrapped); its `custom_backward(output, grad)` runs the
+    autograd engine directly, so it is watched as well."""
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    from ..core.backward_calls import EntryPoint, LossScaling, Scaler
+
+    classes, todo = [], [MegatronOptimizer]
+    while todo:
+        cls = todo.pop()
+        classes.append(cls)
+        todo.extend(cls.__subclasses__())
+    scale_of = lambda optimizer: optimizer.get_loss_scale()  # noqa: E731
+    from megatron.core.pipeline_parallel import schedules
+
+    return LossScaling(
+        scalers=tuple(Scaler(cls, "scale_loss", scale_of) for cls in classes if "scale_loss" in cls.__dict__),
+        # with deallocate_pipeline_outputs, backward_step runs the engine itself, not through backward
+        entry_points=(EntryPoint(schedules, "custom_backward", method=False),),
+    )
+
+
 FRAMEWORK = Framework(
     name="megatron",
     switched_on_by="megatron.core",
@@ -95,4 +119,5 @@ FRAMEWORK = Framework(
     groups_of_process=groups_of_process,
     pipeline_position=pipeline_position,
     replica_exclusion=replica_exclusion,
+    loss_scaling=loss_scaling,
 )

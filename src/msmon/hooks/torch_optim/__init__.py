@@ -16,6 +16,7 @@ from ..core.spec import Framework
 if TYPE_CHECKING:
     from .. import Session
     from ..core.adapters import OptimizerAdapter
+    from ..core.backward_calls import LossScaling
 
 
 def instrument(session: Session) -> None:
@@ -63,6 +64,15 @@ def suppressed() -> Iterator[None]:
         yield
 
 
+def loss_scaling() -> LossScaling:
+    """torch's GradScaler: `scale(loss)` returns `loss * self._scale` (torch.cuda.amp's is a subclass)."""
+    import torch
+
+    from ..core.backward_calls import LossScaling, Scaler
+
+    return LossScaling(scalers=(Scaler(torch.amp.GradScaler, "scale", lambda scaler: scaler._scale),))
+
+
 FRAMEWORK = Framework(
     name="torch_optim",
     switched_on_by="torch",
@@ -72,4 +82,5 @@ FRAMEWORK = Framework(
     instrument=instrument,
     uninstrument=uninstrument,
     adapter_for=adapter_for,
+    loss_scaling=loss_scaling,
 )

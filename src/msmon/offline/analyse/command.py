@@ -10,6 +10,7 @@ from typing import Any
 
 from ...anomaly.event import NAN_ORIGIN_RULE
 from ...output.layout import DUMP_FILE, MSPROBE_DUMP_FILE
+from .kind import dump_ranks, fault_kind
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 from .reading import read_dumps
 from .verdict import first_per_rank, format_table, order_events, verdict
@@ -86,7 +87,9 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
             f"recorded in steps {all_steps[0]}-{all_steps[-1]} ({len(all_steps)} distinct)."
         )
     top = selected[:top_k]
-    text = verdict(selected) if selected else "No anomaly in the selected steps."
+    job_ranks = dump_ranks(directory)
+    text = verdict(selected, job_ranks) if selected else "No anomaly in the selected steps."
+    kind = fault_kind(selected, job_ranks)
     if top:
         print(f"The first {len(top)} of {len(selected)} anomalies, in training order:")
         print(format_table(top))
@@ -103,6 +106,7 @@ def run_analyse(directory: str, output: str | None = None, top_k: int = 8, steps
         "ranks": sorted({e.rank for e in selected}),
         "verdict": text,
         "first_anomaly": selected[0].to_json() if selected else None,
+        "kind": kind.to_json() if kind is not None else None,
         "nan_origin": origins[0].to_json() if origins else None,
         "first_per_rank": {str(r): e.to_json() for r, e in sorted(first_per_rank(selected).items())},
         "top_k": [e.to_json() for e in top],

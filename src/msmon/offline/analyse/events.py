@@ -8,7 +8,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...anomaly.event import NAN_ORIGIN_RULE, REPLICA_RULE, STAGES, json_number
+from ...anomaly.event import NAN_ORIGIN_RULE, RANK_OUTLIER_RULE, REPLICA_RULE, STAGES, json_number
 from ...output.records import BACKWARD, CATEGORY_STAGE, CATEGORY_TEXT, LOSS, MSPROBE_GRAD_STAGE
 
 STAGE_ORDER = {stage: i for i, stage in enumerate(STAGES)}
@@ -59,6 +59,8 @@ class AnomalyEvent:
             return f"forward {slot} of {module}"
         if self.category == "actv_grad" and slot:
             return f"backward {slot.replace('_grad', '')} gradient of {module}"
+        if self.category == "loss" and self.name == "loss":
+            return "loss"
         if self.category in CATEGORY_TEXT:
             return CATEGORY_TEXT[self.category].format(self.name)
         return f"{self.stage} {self.category} {self.name}"
@@ -72,6 +74,8 @@ class AnomalyEvent:
             return "nans"
         if self.op == "infs" or (self.value is not None and math.isinf(self.value)):
             return "inf"
+        if self.rule == RANK_OUTLIER_RULE and self.value is not None and self.history is not None:
+            return f"the rank's {self.op} {self.value:.6g}, the ranks' median {self.history:.6g}"
         if self.rule == "AnomalyTurbulence" and self.value is not None and self.history:
             return f"|{self.op}| {abs(self.value) / self.history:.3g}x its history"
         if self.op is not None and self.value is not None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from ...anomaly.event import NAN_ORIGIN_RULE, REPLICA_RULE
 from ...output.records import BACKWARD, FORWARD, LOSS
 from .events import AnomalyEvent, split_slot
+from .kind import fault_kind
 
 
 def order_events(events: Iterable[AnomalyEvent]) -> list[AnomalyEvent]:
@@ -32,8 +33,9 @@ def _same_tensor(a: AnomalyEvent, b: AnomalyEvent) -> bool:
     )
 
 
-def verdict(ordered: list[AnomalyEvent]) -> str:
-    """One paragraph: the first anomaly, how far it spread, the first non-finite origin."""
+def verdict(ordered: list[AnomalyEvent], job_ranks: set[int] | None = None) -> str:
+    """One paragraph: the first anomaly and its kind (kind.py; `job_ranks`: every rank of the
+    job, where known), how far it spread, the first non-finite origin."""
     if not ordered:
         return "No anomaly recorded."
     first = ordered[0]
@@ -43,6 +45,9 @@ def verdict(ordered: list[AnomalyEvent]) -> str:
     steps = sorted({e.step for e in ordered})
     span = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
     parts = [f"First anomaly: {first.where()}, {first.what()} ({shown.symptom()}; {shown.rule or 'rule unknown'})."]
+    kind = fault_kind(ordered, job_ranks)
+    if kind is not None:
+        parts.append(kind.sentence())
     same_time = [r for r, e in firsts.items() if r != first.rank and e.order_key()[:5] == first.order_key()[:5]]
     if same_time:
         parts.append(

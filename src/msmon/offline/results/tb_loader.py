@@ -13,11 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...output.records import COLUMN_CATEGORIES
 from ..analyse.reading import parse_tag
 from ..event_reader import EventReader
 from .schema import OPS
 
 HIST_SUFFIX = "_hist"
+# categories with their own columns, by the word their tags carry: word -> (category, columns)
+_OWN_COLUMNS = {word: (category, columns) for category, (word, columns) in COLUMN_CATEGORIES.items()}
 
 
 @dataclass
@@ -42,6 +45,9 @@ def _parse(tag: str) -> tuple[int, int, str, int | None, str, str] | None:
         return None
     if task.endswith(HIST_SUFFIX):
         return rank, vpp, name, micro, task[: -len(HIST_SUFFIX)], "hist"
+    for word, (category, columns) in _OWN_COLUMNS.items():  # the loss, the L2 features, ...
+        if task.startswith(word + "_") and task[len(word) + 1 :] in columns:
+            return rank, vpp, name, micro, category, task[len(word) + 1 :]
     category, _, op = task.rpartition("_")
     if not category or op not in OPS:
         return None

@@ -1,9 +1,10 @@
-"""L2 feature rows regrouped into one record per feature category, on the writer thread.
+"""Rows with their own columns (L2 features, the loss, the gradient agreement) regrouped into
+one record per category, on the writer thread.
 
 A feature value travels in the step's one table like any statistic, as a row of its own
 (RowKey.op names its column; the row is as wide as the step's ops, its value repeated). Here
 those rows leave the statistics record and become, per category, rows with the category's
-own columns (records.FEATURE_CATEGORIES): `attention_hook` rows `entropy, softmax_max`, and so
+own columns (records.COLUMN_CATEGORIES): `attention_hook` rows `entropy, softmax_max`, and so
 on. A module called several times in one micro-step gives the mean of its calls.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..records import FEATURE_CATEGORIES, RowKey, StepRecord
+from ..records import COLUMN_CATEGORIES, RowKey, StepRecord
 
 
 def split_features(
@@ -28,7 +29,7 @@ def split_features(
     sums: dict[str, dict[RowKey, list[list[float]]]] = {}
     for i, value in zip(feature_rows, values):
         key = keys[i]
-        columns = FEATURE_CATEGORIES[key.category][1]
+        columns = COLUMN_CATEGORIES[key.category][1]
         rows = sums.setdefault(key.category, {})
         base = dataclasses.replace(key, op=None)
         acc = rows.get(base)
@@ -44,7 +45,7 @@ def split_features(
             StepRecord(
                 step=step,
                 rank=rank,
-                ops=list(FEATURE_CATEGORIES[category][1]),
+                ops=list(COLUMN_CATEGORIES[category][1]),
                 keys=list(rows),
                 values=table_rows,
                 meta=meta,

@@ -1,0 +1,219 @@
+"""AnomalyRankOutlier: the data-parallel rank whose rank-local statistics leave the ranks' spread.
+
+Rank-local tensors (unreduced gradients, activations, the loss) differ across data-parallel
+ranks by design, since each rank trains on its own batch; what no rank should be is far from
+all the others. Each recorded step every rank contributes three numbers (statistics.py: its
+activation norm, loss and gradient norm), read on the writer thread from the step's rows once
+the step's one device-to-host copy has brought them there (the loss: the mean of
+StepContext.losses, computed on the device and started to the host in one non-blocking copy
+of one number, as the replica check's fingerprints are); a thread of this rank exchanges them
+in one all_gather on msmon's own gloo group over the data-parallel ranks, and names a rank
+that leaves the robust spread (anomaly/rank_spread.py), with the first tensor where it departs
+(compare.py). The training thread launches at most a mean and a copy; it never waits.
+
+The group is the replica check's data-parallel group (replica_check/group.py's
+`replica_group`: set_monitor's dp_group, a framework's, DDP's), found at the first recorded
+step, when the model is wrapped; the exchange has its own gloo group over the recording ranks
+of it. Fewer than three recording ranks (one rank, no data parallelism, two replicas: neither
+is the odd one out) switch the rule off with one line. The rule's settings are read when the
+monitor attaches; edits while training runs are ignored (every rank must keep comparing the
+same steps).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ...anomaly.event import RANK_OUTLIER_RULE
+from ...anomaly.rank_spread import DEFAULT_K, MIN_RANKS
+from ...output.handoff import StepConsumer
+from ...runtime.transfer import copy_to_host
+from ...system.torch_threads import torch_on_this_thread_only
+from ..base import Collector
+from ..registry import register
+from ..replica_check.group import EXCHANGES, own_group, replica_group
+from .compare import compare_step, dump_record
+from .statistics import RankStatistics, read_statistics
+
+if TYPE_CHECKING:
+    from ...config import MonitorConfig
+    from ...output.records import StepRecord
+    from ...runtime.step_context import StepContext
+    from ...runtime.transfer import HostBatch
+
+logger = logging.getLogger("msmon")
+
+KEY = "rank_outlier"
+FLUSH_SECONDS = 60.0  # when the writer closes, how long to wait for the last comparisons
+
+
+def rule_threshold(cfg: MonitorConfig) -> float | None:
+    """The rule's k when `alert.rules` holds AnomalyRankOutlier, else None."""
+    for rule in cfg.alert.rules:
+        if rule.rule_name == RANK_OUTLIER_RULE:
+            return rule.threshold if rule.threshold is not None else DEFAULT_K
+    return None
+
+
+@dataclass
+class OutlierState:
+    """What survives collector rebuilds: the settings read at attach, the group, the thread."""
+
+    k: float
+    resolved: bool = False
+    off: str | None = None
+    group: Any = None
+    ranks: list[int] = field(default_factory=list)
+    jobs: queue.Queue[RankStatistics] = field(default_factory=queue.Queue)
+    thread: threading.Thread | None = None
+    losses: dict[int, tuple[torch.Tensor, list[Any]]] = field(default_factory=dict)  # step -> its loss on its way
+    alarms: int = 0  # steps at which this rank was named
+
+
+@register(key=KEY, category="check", order=125, enabled=lambda cfg, ctx: rule_threshold(cfg) is not None)
+class RankOutlierCollector(Collector):
+    name = "rank outlier rule"
+
+    def __init__(self, ctx: StepContext) -> None:
+        super().__init__(ctx)
+        state = ctx.kept.get(KEY)
+        if state is None:
+            state = ctx.kept[KEY] = OutlierState(rule_threshold(ctx.config) or DEFAULT_K)
+        self.state: OutlierState = state
+
+    def after_update(self) -> None:
+        ctx, state = self.ctx, self.state
+        if not ctx.recording or not self._resolve():
+            return
+        if ctx.losses:  # on the device: a mean and a non-blocking copy, nothing waited for here
+            losses = [loss.detach().reshape(()).to(torch.float64) for loss in ctx.losses]
+            mean = torch.stack([loss.to(losses[0].device) for loss in losses]).mean().reshape(1)
+            state.losses[ctx.step] = copy_to_host(mean)
+
+    # -- setup, once, at the first recorded step (the model is wrapped by then) -----------------
+    def _resolve(self) -> bool:
+        state, ctx = self.state, self.ctx
+        if state.resolved:
+            return state.off is None
+        state.resolved = True
+        if not (dist.is_available() and dist.is_initialized()):
+            return self._off("torch.distributed is not initialised: there are no other ranks to compare with")
+        group = replica_group(ctx)
+        if group is None:
+            return self._off("no data-parallel group is known (no DDP module, no framework group, no dp_group)")
+        ranks = list(dist.get_process_group_ranks(group))
+        if ctx.config.module_ranks:  # ranks outside module_ranks record nothing: leave them out
+            ranks = [r for r in ranks if r in set(ctx.config.module_ranks)]
+        if len(ranks) < MIN_RANKS or ctx.rank not in ranks:
+            return self._off(
+                f"the data-parallel group has {len(ranks)} recording rank(s); comparing needs at least {MIN_RANKS}"
+            )
+        try:
+            state.group = own_group(ranks, "rank_outlier")
+            EXCHANGES.append(state)
+        except Exception as exc:  # gloo cannot connect, say: the rule is off, training goes on
+            return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}", error=True)
+        state.ranks = list(dist.get_process_group_ranks(state.group))
+        state.thread = threading.Thread(target=self._loop, name=f"msmon-outlier-rank{ctx.rank}", daemon=True)
+        state.thread.start()
+        ctx.watch_steps(StatisticsConsumer(state))
+        logger.info(
+            "msmon[rank %d]: %s compares data-parallel ranks %s every recorded step (threshold %g)",
+            ctx.rank,
+            RANK_OUTLIER_RULE,
+            state.ranks,
+            state.k,
+        )
+        return True
+
+    def _off(self, reason: str, error: bool = False) -> bool:
+        self.state.off = reason
+        (logger.error if error else logger.info)("msmon[rank %d]: %s off: %s", self.ctx.rank, RANK_OUTLIER_RULE, reason)
+        return False
+
+    # -- the exchange (this rank's thread) --------------------------------------------------------
+    def _loop(self) -> None:
+        torch_on_this_thread_only()  # a team of its own would slow every parallel op of the training
+        state = self.state
+        while True:
+            mine = state.jobs.get()
+            try:
+                if state.off is None:
+                    self._compare(mine)
+            except Exception as exc:  # contained: the rule stops, training goes on
+                state.off = f"comparing the ranks failed: {exc!r}"
+                logger.error(
+                    "msmon[rank %d]: %s at step %d failed and is switched off; training continues: %r",
+                    self.ctx.rank,
+                    RANK_OUTLIER_RULE,
+                    mine.step,
+                    exc,
+                )
+            finally:
+                state.jobs.task_done()
+
+    def _compare(self, mine: RankStatistics) -> None:
+        state, ctx = self.state, self.ctx
+        outcome = compare_step(mine, state.group, state.ranks, state.k)
+        position = state.ranks.index(ctx.rank)
+        hits = outcome.departures.get(position)
+        if not hits:
+            return
+        state.alarms += 1
+        record = dump_record(mine, hits, outcome.tensors, position, state.ranks, state.k)
+        logger.warning(
+            "msmon alert [rank %d] step %d (%s): %s", ctx.rank, mine.step, RANK_OUTLIER_RULE, record["message"]
+        )
+        dump = ctx.anomaly_dump()
+        if dump is not None:
+            try:
+                dump.append([record])
+            except OSError as exc:
+                logger.error("msmon[rank %d]: writing the rank outlier to the anomaly dump failed: %s", ctx.rank, exc)
+
+
+class StatisticsConsumer(StepConsumer):
+    """On the writer thread: this rank's statistics of each written step, handed to the exchange
+    thread (the writer never waits for the other ranks)."""
+
+    name = "rank outlier"
+
+    def __init__(self, state: OutlierState) -> None:
+        self.state = state
+
+    @property
+    def alerts_raised(self) -> int:  # type: ignore[override]  # a count kept by the exchange thread
+        return self.state.alarms
+
+    def consume(self, record: StepRecord, batch: HostBatch) -> None:
+        state = self.state
+        if state.off is not None:
+            return
+        loss = None
+        for step in [s for s in list(state.losses) if s <= record.step]:  # list(): one C call, safe
+            host, events = state.losses.pop(step)
+            if step == record.step:
+                for event in events:
+                    event.synchronize()
+                loss = float(host[0])
+        state.jobs.put(read_statistics(record, loss))
+
+    def writer_closed(self) -> None:
+        """Wait (a bounded time) for the comparisons of the last steps."""
+        jobs = self.state.jobs
+        with jobs.all_tasks_done:
+            if jobs.unfinished_tasks and not jobs.all_tasks_done.wait_for(
+                lambda: not jobs.unfinished_tasks, FLUSH_SECONDS
+            ):
+                logger.warning(
+                    "msmon: %d rank comparison(s) still waiting for the other ranks after %.0f s; not reported",
+                    jobs.unfinished_tasks,
+                    FLUSH_SECONDS,
+                )
