@@ -70,10 +70,13 @@ def test_a_registration_the_engine_could_not_compute_or_that_shadows_an_op_is_re
     assert "abs_mean" not in ops.OPS and "abs_mean" not in ops.BY_NAME
 
 
-@pytest.mark.parametrize("kernel", ["1", "0"])
+@pytest.mark.parametrize("kernel", ["1", "0", "accelerator path"])
 def test_a_registered_op_is_computed_beside_the_table_ops_on_the_native_and_the_torch_path(
-    abs_mean, kernel, monkeypatch
+    abs_mean, kernel, monkeypatch, request
 ):
+    if kernel == "accelerator path":  # MSMON_DEVICE_PATH=1: stats.multi_tensor, no kernel
+        request.getfixturevalue("device_path")
+        kernel = "0"
     monkeypatch.setenv(native.ENV, kernel)  # the conftest's fixture resets the kernel after the test
     native.reset()
     assert (native.load() is not None) == (kernel == "1"), "the kernel is built (a C++ compiler is a test requirement)"

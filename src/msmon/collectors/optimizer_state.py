@@ -1,7 +1,8 @@
 """Adam moments (`exp_avg`, `exp_avg_sq`) and the update/ratio they imply.
 
 update = m_hat / (sqrt(v_hat) + eps) and ratio = m_hat / sqrt(v_hat), with the bias
-corrections m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t). With ur_distribution the
+corrections m_hat = m / (1 - beta1^t), v_hat = v / (1 - beta2^t), computed for all parameters
+with multi-tensor ops (collectors/adam_update.py). With ur_distribution the
 per-parameter histograms of both go to TensorBoard (and, with heatmap_visualize, heatmap images drawn
 from them on the writer thread: output/sinks/heatmap.py). An optimizer that keeps
 no such moments (LBFGS, SGD with or without momentum, Adagrad...) has nothing to record: that is
@@ -32,18 +33,13 @@ from ..stats.inputs import _to_device, local_tensor
 from ..stats.scalar import scalar_rows
 from ..stats.signs import sign_matches
 from ..stats.sparse import is_sparse
+from .adam_update import updates_and_ratios
 from .base import Collector
 from .registry import register
 
 logger = logging.getLogger("msmon")
 
 HIST_EDGES = [-1.0 + i / 16 for i in range(33)]  # 32 buckets over [-1, 1]; outliers clamp to the ends
-
-
-def _bias_correction(beta: float, step) -> torch.Tensor | float:
-    if isinstance(step, torch.Tensor):
-        return 1 - torch.pow(beta, step.to(torch.float64))
-    return 1 - beta ** float(step)
 
 
 @register(
@@ -157,14 +153,13 @@ class OptimizerStateCollector(Collector):
         ctx = self.ctx
         updates: dict[int, torch.Tensor | Shard] = {}  # id(param) -> its update (a Shard: a piece of it)
         ratios: dict[int, torch.Tensor | Shard] = {}
-        for _, mp, m in present:
-            shard = m.exp_avg if isinstance(m.exp_avg, Shard) else None
-            exp_avg = (shard.local if shard else local_tensor(m.exp_avg)).float()
-            exp_avg_sq = (m.exp_avg_sq.local if shard else local_tensor(m.exp_avg_sq)).float()
-            m_hat = exp_avg / _bias_correction(m.beta1, m.step)
-            root_v = (exp_avg_sq / _bias_correction(m.beta2, m.step)).sqrt()
-            update = m_hat / (root_v + m.eps)
-            ratio = torch.where(root_v > 0, m_hat / root_v, torch.zeros_like(m_hat))  # 0/0: untouched rows
+        shards = [m.exp_avg if isinstance(m.exp_avg, Shard) else None for _, _, m in present]
+        exp_avgs = [(sh.local if sh else local_tensor(m.exp_avg)).float() for sh, (_, _, m) in zip(shards, present)]
+        exp_avg_sqs = [
+            (m.exp_avg_sq.local if sh else local_tensor(m.exp_avg_sq)).float() for sh, (_, _, m) in zip(shards, present)
+        ]
+        all_updates, all_ratios = updates_and_ratios(exp_avgs, exp_avg_sqs, [m for _, _, m in present])
+        for (_, mp, _), shard, update, ratio in zip(present, shards, all_updates, all_ratios):
             for category, t, out in (("update", update, updates), ("ratio", ratio, ratios)):
                 counts = torch.histc(t.clamp(-1.0, 1.0), bins=len(HIST_EDGES) - 1, min=-1.0, max=1.0)
                 tag = format_tag(f"{mp.vpp_stage}:{mp.name}", ctx.rank, f"{category}_hist")

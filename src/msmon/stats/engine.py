@@ -12,7 +12,9 @@ tensor and one column per op in the order asked for:
 Where the native kernel is loaded (msmon.stats.native: built at the first attach where a C++
 compiler is found, or by `msmon build-native`), plain contiguous float32/float64 CPU tensors
 are read once for all ops, a whole batch per call, and the finished rows come back from it;
-everything else takes the torch path (msmon.stats.reductions).
+everything else takes the torch path: on the CPU msmon.stats.reductions, on accelerators (and
+on the CPU with MSMON_DEVICE_PATH=1) msmon.stats.multi_tensor, whose number of kernels does not
+grow with the number of tensors in a batch.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
-from . import native, threads
+from . import multi_tensor, native, threads
+from .device_path import host_code
 from .inputs import RESULT_DTYPE, _accumulate_dtype, _as_stat_input, _to_device, zero_threshold
 from .plan import _Plan, _plan
 from .reductions import _EXACT_F32_COUNT, _columns, _count_columns, _own_columns, _row_values
@@ -62,9 +65,15 @@ def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor
     rows = _native_rows(ts, plan, eps, scaled=False)  # on the training's thread count, not _cpu_threads'
     if rows is not None:
         return rows
+    threshold = zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0
+    # the accelerators' path, launches flat in the tensor count; a tensor subclass (whose storage
+    # and views may not be plain memory) takes the per-tensor reductions below
+    if not host_code(ts[0].device) and all(type(t) in _PLAIN_TYPES for t in ts):
+        with _cpu_threads(ts[0].device):
+            return multi_tensor.batch_columns(ts, plan, threshold)
     acc = _accumulate_dtype(ts[0].dtype)
     with _cpu_threads(ts[0].device):
-        columns, positions = _columns(ts, plan, zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0, acc)
+        columns, positions = _columns(ts, plan, threshold, acc)
         if plan.flags:
             _count_columns(ts if positions is None else [ts[i] for i in positions], columns, plan)
         if plan.own:
