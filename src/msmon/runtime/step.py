@@ -103,6 +103,7 @@ class StepRunner:
         for collector in self.built.collectors:
             collector.detach()
         self.built = Built()
+        self.ctx.hook_batch.clear()
         self.ctx.buffer.clear()
         self.build_collectors()
 
@@ -151,6 +152,7 @@ class StepRunner:
         if ctx.recording:
             self._hand_over_rows()
         else:
+            ctx.hook_batch.clear()
             ctx.buffer.clear()
         if not self.grad_acc_given and ctx.grad_acc_steps is None:
             seen = self.built.micro_steps_seen()
@@ -181,6 +183,7 @@ class StepRunner:
         """The recorded step's rows: sharded ones combined, all copied to the host once, and
         handed to the writer thread."""
         ctx = self.ctx
+        ctx.hook_batch.flush()  # tensors noted in hooks since the last batch point (device path)
         ctx.shards.flush()  # sharded tensors: every rank's piece statistics, combined
         keys, chunks, hists, flag_keys, flags = ctx.buffer.take()
         writer = self.output.writer
