@@ -12,7 +12,8 @@ the CPU's own path the hook launches the statistic kernels itself. On the accele
 (msmon.runtime.hook_batch) it only notes the tensor, and every tensor noted is read in one batch
 at the end of the model's forward (a forward hook on each model chunk, registered after the
 targets' hooks), at the end of the backward pass, before an in-place module (`inplace=True`)
-overwrites its input, and before the step's rows are taken; the rows keep their place in the
+overwrites its input, before a collective writes into a noted tensor (more than one process:
+msmon.runtime.collective_flush), and before the step's rows are taken; the rows keep their place in the
 buffer. A tensor changed in place before its batch point anyway (an in-place op outside every
 module) has its row left out rather than misreported, a warning says so once, and that row is
 read in the hook from then on. Forward passes inside a backward (activation checkpoint
@@ -28,11 +29,13 @@ import sys
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..config import TensorSpec
 from ..hooks.core import guest_hooks
 from ..output.records import RowKey, row_key
 from ..runtime.buffer import RowGroup
+from ..runtime.collective_flush import FlushBeforeCollectives
 from ..runtime.hook_batch import PendingRow, batches
 from ..runtime.selection import xy_targets
 from ..runtime.step_context import StepContext
@@ -58,6 +61,17 @@ def _graphs_compiled() -> bool:
         return bool(counters is not None and counters["stats"]["unique_graphs"])
     except (KeyError, TypeError):
         return False
+
+
+def _several_processes() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _device_of(models: list[torch.nn.Module]) -> torch.device:
+    for model in models:
+        for p in model.parameters():
+            return p.device
+    return torch.device("cpu")
 
 
 class _Target:
@@ -93,6 +107,7 @@ class ActivationCollector(Collector):
         self._keys: dict[tuple[str, str, str, int, int, int], list[RowKey]] = {}
         self._grad_callback = self._on_grad  # one bound method, not a new one per tensor and step
         self._lost_callback = self._on_lost
+        self._collectives: FlushBeforeCollectives | None = None  # reads the notes before a collective
         self._in_hook: set[tuple[str, str]] = set()  # (category, name) read in the hook: once lost in a batch
 
     def attach(self) -> None:
@@ -107,6 +122,15 @@ class ActivationCollector(Collector):
         # after the targets' own hooks (a chunk may be a target): the end of a forward is a batch point
         end_of_forward = self.guard(self._end_of_forward)
         self.handles.extend(guest_hooks.forward_hook(chunk, end_of_forward) for chunk in self.ctx.models)
+        if self.targets and _several_processes() and batches(_device_of(self.ctx.models)):
+            self._collectives = FlushBeforeCollectives(self.ctx.hook_batch)
+            self._collectives.start()
+
+    def detach(self) -> None:
+        if self._collectives is not None:
+            self._collectives.stop()
+            self._collectives = None
+        super().detach()
 
     def _end_of_forward(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         batch = self.ctx.hook_batch

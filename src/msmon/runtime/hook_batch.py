@@ -8,7 +8,9 @@ takes the tensor's place in the step buffer (in hook order, so rows keep their c
 noted tensors are read in one `batch_stats` call at the next batch point: the end of the
 monitored model's forward, the end of the backward pass (an autograd final callback, queued at
 the first note of that pass), before an in-place module overwrites its input, when the notes
-hold more than `budget_bytes`, and at the latest before the step's rows are taken.
+hold more than `budget_bytes`, before a collective writes into a noted tensor (a collective moves
+no version counter: msmon.runtime.collective_flush), and at the latest before the step's rows
+are taken.
 
 The price is memory: a noted forward activation that autograd would have freed stays alive until
 the batch point, at most `budget_bytes` of them (MSMON_HOOK_BATCH_BYTES, 256 MiB by default). A
@@ -22,6 +24,7 @@ which measured as fast there.
 from __future__ import annotations
 
 import os
+import weakref
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -91,7 +94,7 @@ class _Note:
 class HookBatch:
     """The tensors noted since the last batch point (one per monitor: `StepContext.hook_batch`)."""
 
-    __slots__ = ("_ctx", "_notes", "_bytes", "budget_bytes", "_task", "batches_read")
+    __slots__ = ("_ctx", "_notes", "_bytes", "budget_bytes", "_task", "batches_read", "track_storage", "_storages")
 
     def __init__(self, ctx: StepContext, budget_bytes: int | None = None) -> None:
         self._ctx = ctx
@@ -100,6 +103,9 @@ class HookBatch:
         self.budget_bytes = budget_from_environment() if budget_bytes is None else budget_bytes
         self._task: int | None = None  # the backward pass whose end reads the notes
         self.batches_read = 0  # batch_stats calls made (a benchmark's and a test's count)
+        # under collectives (msmon.runtime.collective_flush): storage -> the tensors noted on it this step
+        self.track_storage = False
+        self._storages: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # weak: the step keeps nothing alive
 
     def __len__(self) -> int:
         return len(self._notes)
@@ -109,6 +115,8 @@ class HookBatch:
         comes in the returned PendingRow. `on_lost(tag)` is called if `t` changes before then."""
         pending = PendingRow()
         self._notes.append(_Note(t.detach(), pending, owner, on_lost, tag))
+        if self.track_storage:
+            self._storages.setdefault(t.untyped_storage().data_ptr(), []).append(weakref.ref(t))
         task = torch._C._current_graph_task_id()
         if task != -1 and task != self._task:  # first note of this backward pass: read at its end
             self._task = task
@@ -144,8 +152,35 @@ class HookBatch:
                 except Exception as exc:
                     ctx.report_failure(n.owner, exc)
 
+    def before_collective(self, tensors: list[torch.Tensor]) -> None:
+        """A collective is about to write into `tensors` without moving their version counters
+        (msmon.runtime.collective_flush): read the batch first if it holds one of them, and forget
+        the rows of every tensor noted on their storage this step, so that a hook meeting the same
+        tensor again reads its new value instead of reusing the old row."""
+        if not self._storages or not tensors:
+            return
+        hit = [self._storages.pop(t.untyped_storage().data_ptr(), None) for t in tensors]
+        written = [noted for noted in hit if noted]
+        if not written:
+            return
+        if self._notes:
+            self.flush()
+        rows_read = self._ctx.rows_read
+        for noted in written:
+            for ref in noted:
+                t = ref()
+                if t is not None:
+                    rows_read.forget(t)
+
+    def tracks_any(self) -> bool:
+        return bool(self._storages)
+
+    def end_step(self) -> None:
+        self._storages.clear()
+
     def clear(self) -> None:
         """Forget the notes without reading them (a step that is not recorded)."""
         for n in self._notes:
             n.pending.lost = True
         self._notes, self._bytes, self._task = [], 0, None
+        self._storages.clear()

@@ -161,6 +161,7 @@ class StepRunner:
         for collector in self.built.collectors:
             collector.end_step()
         ctx.rows_read.clear()
+        ctx.hook_batch.end_step()
         ctx.losses.clear()
         ctx.grad_hooks.clear()
         structure = self.built.structure
