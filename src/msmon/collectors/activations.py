@@ -120,9 +120,11 @@ class ActivationCollector(Collector):
                 guest_hooks.forward_hook(module, self.guard(self._make_post_hook(target)), with_kwargs=True)
             )
         # after the targets' own hooks (a chunk may be a target): the end of a forward is a batch point
+        if not self.targets or not batches(_device_of(self.ctx.models)):
+            return  # the CPU's own path reads in the hooks: no batch point to add
         end_of_forward = self.guard(self._end_of_forward)
         self.handles.extend(guest_hooks.forward_hook(chunk, end_of_forward) for chunk in self.ctx.models)
-        if self.targets and _several_processes() and batches(_device_of(self.ctx.models)):
+        if _several_processes():
             self._collectives = FlushBeforeCollectives(self.ctx.hook_batch)
             self._collectives.start()
 
@@ -301,7 +303,7 @@ class ActivationCollector(Collector):
             if not recompute and not ctx.config.backward_only:
                 self._record_forward(target, "input", value, micro, base)
             self._grad_hooks(target, "input", value, micro, base)
-            if getattr(module, "inplace", False) is True and len(ctx.hook_batch):
+            if len(ctx.hook_batch) and getattr(module, "inplace", False) is True:
                 ctx.hook_batch.flush()  # read the noted tensors before the module overwrites its input
             return None
 
