@@ -63,6 +63,12 @@ def _graphs_compiled() -> bool:
         return False
 
 
+def _batchable(t: torch.Tensor) -> bool:
+    """A plain dense tensor on the accelerator path (a DTensor or a sparse tensor has no one data
+    pointer to check at the batch point: it is read in the hook)."""
+    return type(t) is torch.Tensor and t.layout is torch.strided and batches(t.device)
+
+
 def _several_processes() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -148,7 +154,7 @@ class ActivationCollector(Collector):
         row = rows_read.get(t)
         in_hook = bool(self._in_hook) and (key.category, key.name) in self._in_hook
         if row is None or (in_hook and isinstance(row, PendingRow) and row.row is None):
-            if in_hook or not batches(t.device):
+            if in_hook or not _batchable(t):
                 row = tensor_stats(t, ctx.step_ops, ctx.config.eps)
             else:
                 row = ctx.hook_batch.note(t, self, self._lost_callback, key)

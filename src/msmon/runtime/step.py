@@ -85,6 +85,7 @@ class StepRunner:
         for collector in self.built.collectors:
             collector.detach()
         self.built = Built()
+        self.ctx.hook_batch.clear()  # nothing noted is kept alive past the monitor
         if self.unhook is not None:
             self.unhook()
             self.unhook = None
