@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sync_check import check_no_syncs  # noqa: E402
 from workloads import MODELS, monitor_config, train_step  # noqa: E402
 
 
@@ -109,7 +110,7 @@ def run_pairs(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     steps = args.warmup + args.pairs
     sync_check = (
         check_no_syncs(args.tool, monitor, monitored, opt_mon, spec.batch_of(gen, device))
-        if device.type == "cuda"
+        if device.type == "cuda" or args.sync_check
         else None
     )
     writer_cpu = thread_cpu_seconds("msmon-writer") if args.tool == "msmon" else None
@@ -157,32 +158,6 @@ def native_isa(tool: str) -> str | None:
     return native.isa() if native._loaded is not None else None
 
 
-def check_no_syncs(tool: str, monitor, model, optimizer, batch) -> dict[str, Any]:
-    """One monitored step with CUDA's sync debugging set to "error" around forward/backward
-    and around the whole step. A sync inside a hook raises there; the monitor contains the
-    error by switching that collector off, so its failure list is checked as well."""
-    from workloads import lm_loss
-
-    result: dict[str, Any] = {}
-    for scope in ("forward_backward", "whole_step"):
-        error = None
-        try:
-            torch.cuda.set_sync_debug_mode("error")
-            loss = lm_loss(model, batch)
-            loss.backward()
-            if scope == "forward_backward":
-                torch.cuda.set_sync_debug_mode("default")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        except RuntimeError as exc:
-            error = str(exc).splitlines()[0]
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        failed = sorted(getattr(monitor, "_failed", ())) if tool == "msmon" else []
-        result[scope] = {"ok": error is None and not failed, "error": error, "collectors_switched_off": failed}
-    return result
-
-
 def run_memory(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
     spec = MODELS[args.model]
     device = torch.device(args.device)
@@ -224,6 +199,9 @@ def main() -> None:
     parser.add_argument("--memory", choices=["plain", "monitored"], default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--sync-check", action="store_true", help="check for host syncs on the CPU too (sync_check.py's stand-in)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

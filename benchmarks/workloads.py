@@ -40,6 +40,8 @@ MODELS = {
     "gpt-3.7M": ModelSpec(vocab=1000, d_model=256, n_layer=4, n_head=4, seq_len=64, batch=8),
     # the larger one, to see the trend with size: 8 blocks, d=768, seq 128
     "gpt-58M": ModelSpec(vocab=1000, d_model=768, n_layer=8, n_head=12, seq_len=128, batch=4),
+    # a few kB of weights: the GPU script's dry run on the CPU exercises its code, not the machine
+    "gpt-tiny": ModelSpec(vocab=64, d_model=32, n_layer=2, n_head=2, seq_len=16, batch=2),
 }
 
 CONFIGS: dict[str, dict[str, Any]] = {

@@ -7,8 +7,16 @@ module full-backward hooks, which break in-place ops that follow the module): ou
 the gradient of the module's output; input_grad is the gradient of its input tensor, which
 equals the module's own contribution unless that tensor also feeds other modules.
 
-Nothing is cloned and nothing is synchronised; each hook launches the statistic kernels and
-appends one row to the step buffer. Forward passes inside a backward (activation checkpoint
+Nothing is cloned and nothing is synchronised; each hook appends one row to the step buffer. On
+the CPU's own path the hook launches the statistic kernels itself. On the accelerator path
+(msmon.runtime.hook_batch) it only notes the tensor, and every tensor noted is read in one batch
+at the end of the model's forward (a forward hook on each model chunk, registered after the
+targets' hooks), at the end of the backward pass, before an in-place module (`inplace=True`)
+overwrites its input, before a collective writes into a noted tensor (more than one process:
+msmon.runtime.collective_flush), and before the step's rows are taken; the rows keep their place in the
+buffer. A tensor changed in place before its batch point anyway (an in-place op outside every
+module) has its row left out rather than misreported, a warning says so once, and that row is
+read in the hook from then on. Forward passes inside a backward (activation checkpoint
 recomputation) are detected by the autograd engine's graph-task id, not by walking the stack:
 they are not recorded again, but their tensors get the gradient hooks when the first pass ran
 without grad (reentrant checkpointing), so gradients are still recorded once.
@@ -21,23 +29,26 @@ import sys
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from ..config import MonitorConfig, TensorSpec
+from ..config import TensorSpec
 from ..hooks.core import guest_hooks
-from ..hooks.core.adapters import in_closure_reevaluation
 from ..output.records import RowKey, row_key
 from ..runtime.buffer import RowGroup
+from ..runtime.collective_flush import FlushBeforeCollectives
+from ..runtime.hook_batch import PendingRow, batches
 from ..runtime.selection import xy_targets
 from ..runtime.step_context import StepContext
 from ..stats.engine import tensor_stats
 from .base import Collector
-from .l2_features.targets import l2_enabled
+from .micro_steps import TRACKER, MicroStepTracker
 from .module_io import CallCounter, call_name, in_backward, select
 from .registry import register
 
 logger = logging.getLogger("msmon")
 
-TRACKER = "micro_steps"  # the registry key of MicroStepTracker
+__all__ = ["TRACKER", "ActivationCollector", "MicroStepTracker"]
+
 _MAX_CACHED_KEYS = 1 << 16  # row keys kept between steps (names of calls in a loop can grow it)
 
 
@@ -50,6 +61,23 @@ def _graphs_compiled() -> bool:
         return bool(counters is not None and counters["stats"]["unique_graphs"])
     except (KeyError, TypeError):
         return False
+
+
+def _batchable(t: torch.Tensor) -> bool:
+    """A plain dense tensor on the accelerator path (a DTensor or a sparse tensor has no one data
+    pointer to check at the batch point: it is read in the hook)."""
+    return type(t) is torch.Tensor and t.layout is torch.strided and batches(t.device)
+
+
+def _several_processes() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _device_of(models: list[torch.nn.Module]) -> torch.device:
+    for model in models:
+        for p in model.parameters():
+            return p.device
+    return torch.device("cpu")
 
 
 class _Target:
@@ -84,6 +112,9 @@ class ActivationCollector(Collector):
         self._open: dict[int, list[tuple[int, str, bool]]] = {}  # id(module) -> calls in flight
         self._keys: dict[tuple[str, str, str, int, int, int], list[RowKey]] = {}
         self._grad_callback = self._on_grad  # one bound method, not a new one per tensor and step
+        self._lost_callback = self._on_lost
+        self._collectives: FlushBeforeCollectives | None = None  # reads the notes before a collective
+        self._in_hook: set[tuple[str, str]] = set()  # (category, name) read in the hook: once lost in a batch
 
     def attach(self) -> None:
         for target in self.targets:
@@ -94,20 +125,45 @@ class ActivationCollector(Collector):
             self.handles.append(
                 guest_hooks.forward_hook(module, self.guard(self._make_post_hook(target)), with_kwargs=True)
             )
+        # after the targets' own hooks (a chunk may be a target): the end of a forward is a batch point
+        if not self.targets or not batches(_device_of(self.ctx.models)):
+            return  # the CPU's own path reads in the hooks: no batch point to add
+        end_of_forward = self.guard(self._end_of_forward)
+        self.handles.extend(guest_hooks.forward_hook(chunk, end_of_forward) for chunk in self.ctx.models)
+        if _several_processes():
+            self._collectives = FlushBeforeCollectives(self.ctx.hook_batch)
+            self._collectives.start()
 
-    def _stats(self, t: torch.Tensor) -> torch.Tensor:
+    def detach(self) -> None:
+        if self._collectives is not None:
+            self._collectives.stop()
+            self._collectives = None
+        super().detach()
+
+    def _end_of_forward(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
+        batch = self.ctx.hook_batch
+        if len(batch) and not in_backward():
+            batch.flush()
+
+    def _stats(self, key: RowKey, t: torch.Tensor) -> torch.Tensor | PendingRow:
         """One read per tensor and version: one module's output is usually the next one's input
-        (and they share a gradient); the non-finite origin's flags use these rows too."""
-        rows_read = self.ctx.rows_read
+        (and they share a gradient); the non-finite origin's flags use these rows too. On the
+        accelerator path the read waits for the next batch point (a PendingRow)."""
+        ctx = self.ctx
+        rows_read = ctx.rows_read
         row = rows_read.get(t)
-        if row is None:
-            row = tensor_stats(t, self.ctx.step_ops, self.ctx.config.eps)
+        in_hook = bool(self._in_hook) and (key.category, key.name) in self._in_hook
+        if row is None or (in_hook and isinstance(row, PendingRow) and row.row is None):
+            if in_hook or not _batchable(t):
+                row = tensor_stats(t, ctx.step_ops, ctx.config.eps)
+            else:
+                row = ctx.hook_batch.note(t, self, self._lost_callback, key)
             rows_read.put(t, row)
         return row
 
     def _add(self, key: RowKey, t: torch.Tensor) -> None:
         """Append the statistics of `t` under `key`; repeated calls of a module join one group."""
-        row = self._stats(t)
+        row = self._stats(key, t)
         if self._each_call:
             self.ctx.buffer.add(key, row)
             return
@@ -116,6 +172,20 @@ class ActivationCollector(Collector):
             group = self._groups[key] = RowGroup(self.ctx.step_ops)
             self.ctx.buffer.add(key, group)
         group.add(row, t.numel())
+
+    def _on_lost(self, key: RowKey) -> None:
+        """A noted tensor changed before its batch point: its row is left out; read it in the hook
+        from now on."""
+        if not self._in_hook:
+            logger.warning(
+                "msmon[rank %d]: %s %s was changed in place after its hook and before msmon read it "
+                "(step %d): its row is left out, and it is read in the hook from now on (said once)",
+                self.ctx.rank,
+                key.category,
+                key.name,
+                self.ctx.step,
+            )
+        self._in_hook.add((key.category, key.name))
 
     def end_step(self) -> None:
         if self.ctx.recording:
@@ -239,6 +309,8 @@ class ActivationCollector(Collector):
             if not recompute and not ctx.config.backward_only:
                 self._record_forward(target, "input", value, micro, base)
             self._grad_hooks(target, "input", value, micro, base)
+            if len(ctx.hook_batch) and getattr(module, "inplace", False) is True:
+                ctx.hook_batch.flush()  # read the noted tensors before the module overwrites its input
             return None
 
         return pre_hook
@@ -280,82 +352,3 @@ class ActivationCollector(Collector):
     def _on_grad(self, key: RowKey, grad: torch.Tensor) -> None:
         if grad is not None and self.ctx.recording and grad.numel():
             self._add(key, grad)
-
-
-def _tracker_enabled(cfg: MonitorConfig, ctx: StepContext) -> bool:
-    return cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled or l2_enabled(cfg, ctx)
-
-
-@register(key=TRACKER, category="module", order=10, module_hooks=True, enabled=_tracker_enabled)
-class MicroStepTracker(Collector):
-    """Counts forward passes of each model chunk within a step (the micro-step of a
-    forward), and which micro-batch's backward is running (for recomputed modules).
-
-    A forward of the whole chunk with gradients off (`torch.no_grad()` in training mode: a
-    metric, a look-ahead) trains nothing: it is not counted, so it shifts no micro-step, and
-    the activation hooks skip what runs inside it. So does a forward inside a step closure's
-    later evaluations (LBFGS runs the closure up to max_eval times in one step)."""
-
-    name = "micro-step tracking"
-
-    def __init__(self, ctx: StepContext) -> None:
-        super().__init__(ctx)
-        chunks = self.chunks = list(ctx.models)
-        self.forward_counts = [0] * len(chunks)
-        self.backward_micro = 0
-        self._gradless = [0] * len(chunks)  # chunk forwards in flight with gradients off
-        self._open: list[list[bool]] = [[] for _ in chunks]  # per chunk: was each call in flight counted?
-
-    def attach(self) -> None:
-        for index, chunk in enumerate(self.chunks):
-            self.handles.append(guest_hooks.forward_pre_hook(chunk, self.guard(self._make_pre(index))))
-            self.handles.append(guest_hooks.forward_hook(chunk, self.guard(self._make_post(index))))
-
-    def _make_pre(self, index: int):
-        def pre_hook(module, args) -> None:
-            if not module.training or in_backward():
-                self._open[index].append(False)
-            elif torch.is_grad_enabled() and not in_closure_reevaluation():
-                self.forward_counts[index] += 1
-                self._open[index].append(False)
-            else:
-                self._gradless[index] += 1
-                self._open[index].append(True)
-            return None
-
-        return pre_hook
-
-    def _make_post(self, index: int):
-        def post_hook(module, args, output) -> None:
-            if self._open[index] and self._open[index].pop():
-                self._gradless[index] -= 1
-                return None
-            if not module.training or in_backward() or not torch.is_grad_enabled():
-                return None
-            micro = self.forward_counts[index] - 1
-            for t in select(output, None)[0]:
-                if t.requires_grad:
-                    t.register_hook(self.guard(self._make_grad_hook(micro)))
-                    break
-            return None
-
-        return post_hook
-
-    def _make_grad_hook(self, micro: int):
-        def hook(grad) -> None:
-            self.backward_micro = micro
-            return None
-
-        return hook
-
-    def forward_micro(self, chunk: int) -> int:
-        return max(self.forward_counts[chunk] - 1, 0)
-
-    def in_gradless_forward(self, chunk: int) -> bool:
-        return self._gradless[chunk] > 0
-
-    def end_step(self) -> None:
-        self.forward_counts = [0] * len(self.chunks)
-        self.backward_micro = 0
-        self._gradless = [0] * len(self.chunks)
-        self._open = [[] for _ in self.chunks]

@@ -1,7 +1,10 @@
 """The per-step buffer that keeps a step's rows on the device until one copy at its end.
 
 A row is one tensor's statistics; its key says which tensor (msmon.output.records.RowKey). Rows
-are appended in execution order, so a row's index within its step is its call_id.
+are appended in execution order, so a row's index within its step is its call_id. A row may
+be pending (msmon.runtime.hook_batch: its tensor was noted in a hook and is read with others at
+the next batch point): it holds its place, and a pending row that was lost (its tensor changed
+before the batch point) is left out with its key when the rows are taken.
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from ..output.records import RowKey
+from .hook_batch import PendingRow, resolved
 from .row_finiteness import RowFiniteness
+
+Row = torch.Tensor | PendingRow
 
 
 @dataclass
@@ -28,17 +34,18 @@ class RowGroup:
     run in a Python loop): one row per call while the step runs, combined into the row of all
     calls together (msmon.stats.combine_rows: norms in squares, min of mins, ...) when the
     step's rows are taken. A group of one row is that row. One object per key and step: the
-    first row is held in place, lists only for a module that is called again."""
+    first row is held in place, lists only for a module that is called again. A group with a
+    lost row is left out whole: a combination of some of the calls would be misreported."""
 
     __slots__ = ("ops", "first", "first_numel", "more")
 
     def __init__(self, ops: list[str]) -> None:
         self.ops = ops
-        self.first: torch.Tensor | None = None
+        self.first: Row | None = None
         self.first_numel = 0
-        self.more: list[tuple[torch.Tensor, int]] | None = None
+        self.more: list[tuple[Row, int]] | None = None
 
-    def add(self, row: torch.Tensor, numel: int) -> None:
+    def add(self, row: Row, numel: int) -> None:
         if self.first is None:
             self.first, self.first_numel = row, numel
         elif self.more is None:
@@ -46,13 +53,17 @@ class RowGroup:
         else:
             self.more.append((row, numel))
 
-    def combined(self) -> torch.Tensor:
+    def combined(self) -> torch.Tensor | None:
+        """The row of all calls together; None when one of them was lost."""
         assert self.first is not None, "an empty RowGroup has no row"
         if self.more is None:
-            return self.first
+            return resolved(self.first)
         from ..stats.combine import combine_rows  # records is imported by stats' users; keep it light
 
-        rows = [self.first] + [row for row, _ in self.more]
+        maybe = [resolved(self.first)] + [resolved(row) for row, _ in self.more]
+        rows = [row for row in maybe if row is not None]
+        if len(rows) < len(maybe):
+            return None
         numels = [self.first_numel] + [numel for _, numel in self.more]
         stacked = torch.stack([r.to(rows[0].device) for r in rows])
         return combine_rows(stacked, torch.tensor(numels, dtype=stacked.dtype), self.ops)
@@ -63,16 +74,17 @@ class StepBuffer:
 
     def __init__(self) -> None:
         self.keys: list[RowKey] = []
-        self._chunks: list[torch.Tensor | list[torch.Tensor | RowGroup]] = []
-        self._single: list[torch.Tensor | RowGroup] = []  # rows added one by one since the last chunk
+        self._chunks: list[torch.Tensor | list[Row | RowGroup]] = []
+        self._single: list[Row | RowGroup] = []  # rows added one by one since the last chunk
+        self._sizes: list[int] = []  # the keys of each chunk
         self.histograms: list[Histogram] = []
         self.flag_keys: list[RowKey] = []
-        self.flags: list[torch.Tensor | tuple[torch.Tensor, RowFiniteness]] = []
+        self.flags: list[torch.Tensor | tuple[Row, RowFiniteness]] = []
 
     def __len__(self) -> int:
         return len(self.keys)
 
-    def add(self, key: RowKey, row: torch.Tensor | RowGroup) -> None:
+    def add(self, key: RowKey, row: Row | RowGroup) -> None:
         """One [ops] row, or a RowGroup that will be one row when the step's rows are taken.
         Rows added one by one are stacked together later: one kernel for a run of them instead
         of one reshaping call each (a hook adds one per activation)."""
@@ -82,6 +94,7 @@ class StepBuffer:
     def _close_run(self) -> None:
         if self._single:  # stacked in take(): a RowGroup in the run may still grow
             self._chunks.append(self._single)
+            self._sizes.append(len(self._single))
             self._single = []
 
     def add_many(self, keys: list[RowKey], rows: torch.Tensor) -> None:
@@ -89,13 +102,14 @@ class StepBuffer:
             self._close_run()
             self.keys.extend(keys)
             self._chunks.append(rows)
+            self._sizes.append(len(keys))
 
     def add_flag(self, key: RowKey, finite: torch.Tensor) -> None:
         """A 0-d bool: is this tensor free of NaN/Inf (for the non-finite origin)."""
         self.flag_keys.append(key)
         self.flags.append(finite)
 
-    def add_flag_of_row(self, key: RowKey, row: torch.Tensor, test: RowFiniteness) -> None:
+    def add_flag_of_row(self, key: RowKey, row: Row, test: RowFiniteness) -> None:
         """The flag of a tensor whose statistics row was taken already: told by the row when the
         step's flags are taken, all such rows in one batch (msmon.runtime.row_finiteness)."""
         self.flag_keys.append(key)
@@ -107,18 +121,50 @@ class StepBuffer:
         """Hand over everything recorded so far and start empty; the flags as one [n] bool tensor."""
         self._close_run()
         chunks: list[torch.Tensor] = []
-        for chunk in self._chunks:
+        lost: list[int] = []  # indices of the keys whose rows were lost
+        start = 0
+        for chunk, size in zip(self._chunks, self._sizes):
             if isinstance(chunk, torch.Tensor):
                 chunks.append(chunk)
-            else:
-                chunks.extend(_stacked(chunk))
-        taken = self.keys, chunks, self.histograms, self.flag_keys, _resolved_flags(self.flags)
-        self.keys, self._chunks, self.histograms, self.flag_keys, self.flags = [], [], [], [], []
+                start += size
+                continue
+            rows = [r.combined() if isinstance(r, RowGroup) else resolved(r) for r in chunk]
+            kept = [row for row in rows if row is not None]
+            if len(kept) < len(rows):
+                lost.extend(start + i for i, row in enumerate(rows) if row is None)
+            if kept:
+                chunks.extend(_stacked(kept))
+            start += len(rows)
+        keys = self.keys
+        if lost:
+            gone = set(lost)
+            keys = [key for i, key in enumerate(keys) if i not in gone]
+        flag_keys, flags = _without_lost(self.flag_keys, self.flags)
+        taken = keys, chunks, self.histograms, flag_keys, _resolved_flags(flags)
+        self.keys, self._chunks, self._sizes, self.histograms, self.flag_keys, self.flags = [], [], [], [], [], []
         return taken
 
     def clear(self) -> None:
         """Forget everything recorded so far (nothing is computed)."""
-        self.keys, self._single, self._chunks, self.histograms, self.flag_keys, self.flags = [], [], [], [], [], []
+        self.keys, self._single, self._chunks, self._sizes = [], [], [], []
+        self.histograms, self.flag_keys, self.flags = [], [], []
+
+
+def _without_lost(
+    keys: list[RowKey], entries: list[torch.Tensor | tuple[Row, RowFiniteness]]
+) -> tuple[list[RowKey], list[torch.Tensor | tuple[torch.Tensor, RowFiniteness]]]:
+    """The flags with their pending rows read, those of lost rows left out with their keys."""
+    out_keys: list[RowKey] = []
+    out: list[torch.Tensor | tuple[torch.Tensor, RowFiniteness]] = []
+    for key, entry in zip(keys, entries):
+        if isinstance(entry, tuple):
+            row = resolved(entry[0])
+            if row is None:
+                continue
+            entry = (row, entry[1])
+        out_keys.append(key)
+        out.append(entry)
+    return out_keys, out
 
 
 def _resolved_flags(entries: list[torch.Tensor | tuple[torch.Tensor, RowFiniteness]]) -> torch.Tensor | None:
@@ -154,10 +200,9 @@ def _stack_on_one_device(tensors: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([t.to(tensors[0].device) for t in tensors])
 
 
-def _stacked(run: list[torch.Tensor | RowGroup]) -> list[torch.Tensor]:
+def _stacked(rows: list[torch.Tensor]) -> list[torch.Tensor]:
     """A run of single rows as one [n, ops] chunk (one per row if they are on several devices:
     stage_to_host groups chunks by device)."""
-    rows = [r.combined() if isinstance(r, RowGroup) else r for r in run]
     try:
         return [torch.stack(rows)]
     except RuntimeError:

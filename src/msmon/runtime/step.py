@@ -88,6 +88,7 @@ class StepRunner:
         for collector in self.built.collectors:
             collector.detach()
         self.built = Built()
+        self.ctx.hook_batch.clear()  # nothing noted is kept alive past the monitor
         if self.unhook is not None:
             self.unhook()
             self.unhook = None
@@ -106,6 +107,7 @@ class StepRunner:
         for collector in self.built.collectors:
             collector.detach()
         self.built = Built()
+        self.ctx.hook_batch.clear()
         self.ctx.buffer.clear()
         self.build_collectors()
 
@@ -155,6 +157,7 @@ class StepRunner:
         if ctx.recording:
             batch = self._hand_over_rows()
         else:
+            ctx.hook_batch.clear()
             ctx.buffer.clear()
         if not self.grad_acc_given and ctx.grad_acc_steps is None:
             seen = self.built.micro_steps_seen()
@@ -163,6 +166,7 @@ class StepRunner:
         for collector in self.built.collectors:
             collector.end_step()
         ctx.rows_read.clear()
+        ctx.hook_batch.end_step()
         ctx.losses.clear()
         ctx.grad_hooks.clear()
         if self.nan_stop is not None:
@@ -189,6 +193,7 @@ class StepRunner:
         """The recorded step's rows: sharded ones combined, all copied to the host once, and
         handed to the writer thread (returned too: alert.on_nan reads it)."""
         ctx = self.ctx
+        ctx.hook_batch.flush()  # tensors noted in hooks since the last batch point (device path)
         ctx.shards.flush()  # sharded tensors: every rank's piece statistics, combined
         keys, chunks, hists, flag_keys, flags = ctx.buffer.take()
         writer = self.output.writer

@@ -21,6 +21,7 @@ from ..config import MonitorConfig
 from .buffer import StepBuffer
 from .cost import CostMeter
 from .grad_hooks import GradHooks
+from .hook_batch import HookBatch, PendingRow
 from .selection import Names, names
 from .tensor_memo import TensorMemo
 
@@ -46,8 +47,9 @@ class StepContext:
         self.recording = False
         self.step_ops: list[str] = list(config.ops)  # the statistics of this step's rows
         self.buffer = StepBuffer()
-        self.rows_read: TensorMemo[torch.Tensor] = TensorMemo()  # rows of the tensors read this step
+        self.rows_read: TensorMemo[torch.Tensor | PendingRow] = TensorMemo()  # rows of the tensors read this step
         self.grad_hooks = GradHooks(self)  # one gradient hook per activation tensor and step
+        self.hook_batch = HookBatch(self)  # tensors noted in hooks on the device path, read in batches
         self.models: list[torch.nn.Module] = []
         self.params: list[MonitoredParam] = []
         self.adapter: Any = None  # optimizers.base adapter of the monitored optimizer

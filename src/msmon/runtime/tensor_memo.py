@@ -33,6 +33,12 @@ class TensorMemo(Generic[V]):
     def put(self, t: torch.Tensor, value: V) -> None:
         self._entries[id(t)] = (weakref.ref(t), t._version, value)
 
+    def forget(self, t: torch.Tensor) -> None:
+        """Drop the entry of `t` (its value changed without its version counter moving)."""
+        entry = self._entries.get(id(t))
+        if entry is not None and entry[0]() is t:
+            del self._entries[id(t)]
+
     def clear(self) -> None:
         self._entries.clear()
 
