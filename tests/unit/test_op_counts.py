@@ -20,7 +20,7 @@ def accelerator_path():
         yield
 
 
-@pytest.mark.parametrize("config", ["wg", "wg+mv+param"])
+@pytest.mark.parametrize("config", ["wg", "wg+mv+param", "wg+loss"])
 def test_parameter_statistics_add_at_most_one_op_per_added_parameter(config, output_dir):
     slope = op_counts.slope(config)
     assert slope.params[64] - slope.params[16] == 96

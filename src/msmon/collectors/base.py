@@ -12,6 +12,12 @@ if TYPE_CHECKING:
     from ..runtime.step_context import StepContext
 
 
+# Marks a post-accumulate-grad hook of msmon's that only notes that it ran: it reads and writes
+# no gradient, so it does not stop the gradients from being read in one batch at the end of
+# backward (GradCollector._can_wait counts the other hooks on a parameter)
+READS_NOTHING = "__msmon_reads_nothing__"
+
+
 class Collector:
     """Registers hooks on attach, removes them on detach. Any exception inside a hook or a
     step callback switches this collector off (logged once, ctx.report_failure); training goes on.

@@ -53,7 +53,7 @@ from ..runtime.step_context import StepContext
 from ..stats.engine import tensor_stats
 from ..stats.sparse import any_layout_stats, is_sparse, sparse_stats
 from . import grad_agreement
-from .base import Collector
+from .base import READS_NOTHING, Collector
 from .ddp_sync import DdpSync
 from .registry import register
 
@@ -71,6 +71,13 @@ def _counter_of(grad: torch.Tensor) -> int:
     """The tensor whose version counter `grad` uses: its base when it is a view (views share it)."""
     base = grad._base
     return id(base if base is not None else grad)
+
+
+def _hooks_that_may_write(param: torch.Tensor) -> int:
+    """The post-accumulate-grad hooks on `param` (this collector's own among them), but those of
+    msmon's that read nothing (collectors.base.READS_NOTHING)."""
+    hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
+    return sum(1 for hook in hooks.values() if not getattr(hook, READS_NOTHING, False))
 
 
 def _data_parallel() -> bool:
@@ -285,7 +292,7 @@ class GradCollector(Collector):
             self.batched
             and not self.ctx.config.monitor_mbs_grad
             and not _data_parallel()
-            and len(getattr(param, "_post_accumulate_grad_hooks", None) or ()) <= 1
+            and _hooks_that_may_write(param) <= 1
         )
 
     def _note(self, index: int, grad: torch.Tensor, count: int) -> None:

@@ -28,7 +28,7 @@ import torch
 from ..hooks.core import backward_calls
 from ..output.records import RowKey
 from ..runtime.step_context import StepContext
-from .base import Collector
+from .base import READS_NOTHING, Collector
 from .registry import register
 
 logger = logging.getLogger("msmon")
@@ -57,9 +57,13 @@ class LossCollector(Collector):
         self._reached = False  # a monitored parameter's gradient was accumulated since the last backward call
 
     def attach(self) -> None:
+        def reached(_param: torch.Tensor) -> None:
+            self._reached = True  # the whole hook: it runs once per parameter and backward pass
+
+        setattr(reached, READS_NOTHING, True)
         for mp in self.ctx.params:
             if mp.param.requires_grad:
-                self.handles.append(mp.param.register_post_accumulate_grad_hook(self._on_accumulated))
+                self.handles.append(mp.param.register_post_accumulate_grad_hook(reached))
         self._listening = backward_calls.listen(
             self.guard(self._on_loss), self.guard(self._on_skipped), loss_scaling_in_use(self.ctx)
         )
@@ -69,9 +73,6 @@ class LossCollector(Collector):
             self._listening.stop()
             self._listening = None
         super().detach()
-
-    def _on_accumulated(self, _param: torch.Tensor) -> None:
-        self._reached = True  # the whole hook: it runs once per parameter and backward pass
 
     def _on_loss(self, loss: torch.Tensor, _scale: torch.Tensor | None) -> None:
         reached, self._reached = self._reached, False
