@@ -194,3 +194,24 @@ def test_the_number_of_ops_does_not_grow_with_the_number_of_tensors(layout):
     few, many = counted(batch(8)), counted(batch(200))
     assert len(many) == len(few)
     assert not {name for name in many if "_local_scalar_dense" in name or "nonzero" in name}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtype, small_chunks, monkeypatch):
+    from msmon.stats import engine, multi_tensor
+
+    monkeypatch.setattr(engine, "PER_TENSOR_MIN", 2000)  # (5000,) and (2, 3000) are "large" here
+    batched: list[int] = []
+    real = multi_tensor.batch_columns
+
+    def counting(ts, plan, threshold):
+        batched.append(len(ts))
+        return real(ts, plan, threshold)
+
+    monkeypatch.setattr(multi_tensor, "batch_columns", counting)
+    ts = separate_tensors(dtype, torch.Generator().manual_seed(3))
+    assert_rows_match(ts, batch_stats(ts, OPS, EPS))
+    assert batched == [len(ts) - 2]  # the two large ones took the per-tensor reductions
+    large = [t for t in ts if t.numel() > 2000]
+    assert_rows_match(large, batch_stats(large, OPS, EPS))
+    assert batched == [len(ts) - 2]

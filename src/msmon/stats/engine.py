@@ -69,8 +69,37 @@ def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor
     # the accelerators' path, launches flat in the tensor count; a tensor subclass (whose storage
     # and views may not be plain memory) takes the per-tensor reductions below
     if not host_code(ts[0].device) and all(type(t) in _PLAIN_TYPES for t in ts):
+        return _accelerator_rows(ts, plan, threshold)
+    return _torch_rows(ts, plan, threshold)
+
+
+# On the accelerator path a tensor over this many elements is read by the per-tensor reductions:
+# the multi-tensor route makes about four more passes over memory than they do to save their
+# launches (~8 ops of 10-20 us of host time each), and from about 16 M elements (64 MiB of
+# float32: four passes at 3 TB/s take ~80 us) the passes cost more than the launches saved
+PER_TENSOR_MIN = 1 << 24
+
+
+def _accelerator_rows(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torch.Tensor:
+    """Unscaled float64 rows on the accelerator path: the batch in a fixed number of kernels
+    (msmon.stats.multi_tensor), but its largest tensors one by one (PER_TENSOR_MIN)."""
+    large = [i for i, t in enumerate(ts) if t.numel() > PER_TENSOR_MIN]
+    if not large:
         with _cpu_threads(ts[0].device):
             return multi_tensor.batch_columns(ts, plan, threshold)
+    if len(large) == len(ts):
+        return _torch_rows(ts, plan, threshold).to(RESULT_DTYPE)
+    taken = set(large)
+    small = [i for i in range(len(ts)) if i not in taken]
+    with _cpu_threads(ts[0].device):
+        first = multi_tensor.batch_columns([ts[i] for i in small], plan, threshold)
+    second = _torch_rows([ts[i] for i in large], plan, threshold).to(RESULT_DTYPE)
+    rows = torch.cat([first, second.to(first.device)])
+    return rows.index_select(0, _inverse(tuple(small + large), rows.device))
+
+
+def _torch_rows(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torch.Tensor:
+    """Unscaled [n, ops] rows by the per-tensor torch reductions (msmon.stats.reductions)."""
     acc = _accumulate_dtype(ts[0].dtype)
     with _cpu_threads(ts[0].device):
         columns, positions = _columns(ts, plan, threshold, acc)
