@@ -1,8 +1,9 @@
-"""The accelerator path's statistics (msmon.stats.multi_tensor, MSMON_DEVICE_PATH=1 on the CPU):
-the same values as a plain per-tensor torch recomputation, for every layout it reads (separate
-tensors copied into staging chunks, large tensors read in place in chunks, tensors sharing one
-storage read as one span with gaps), with a number of aten ops that does not grow with the
-number of tensors, and no host read."""
+"""The accelerator path's statistics (msmon.stats.multi_tensor, MSMON_DEVICE_PATH=1 on the CPU), by
+both its routes (the compiled one-pass kernel, msmon.stats.fused_rows, and the `_foreach_*` route
+that runs where no compiler is): the same values as a plain per-tensor torch recomputation,
+for every layout it reads (separate tensors copied into staging chunks, large tensors read in
+place in chunks, tensors sharing one storage read as one span with gaps), with a number of
+kernels that does not grow with the number of tensors, and no host read."""
 
 from __future__ import annotations
 
@@ -21,9 +22,16 @@ EPS = 1e-3
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
-@pytest.fixture(autouse=True)
-def accelerator_path(device_path):
-    """Every test here runs the accelerators' code."""
+@pytest.fixture(autouse=True, params=["compiled", "foreach"])
+def route(request, device_path, monkeypatch):
+    """Every test here runs the accelerators' code, by each of its two routes."""
+    from msmon.stats import fused_rows
+
+    if request.param == "foreach":
+        monkeypatch.setenv(fused_rows.ENV, "0")
+    else:
+        monkeypatch.delenv(fused_rows.ENV, raising=False)
+    return request.param
 
 
 @pytest.fixture
@@ -176,10 +184,15 @@ class CountOps(TorchDispatchMode):
 
 
 def counted(ts: list[torch.Tensor]) -> list[str]:
+    """The kernels one batch launches: aten ops, and the compiled pass's kernels (which no
+    dispatch mode sees)."""
+    from msmon.stats import fused_rows
+
     batch_stats(ts, OPS, EPS)  # warm: layouts cached as in a repeated step
+    before = fused_rows.launched_kernels()
     with CountOps() as mode:
         batch_stats(ts, OPS, EPS)
-    return mode.names
+    return mode.names + ["compiled kernel"] * (fused_rows.launched_kernels() - before)
 
 
 @pytest.mark.parametrize("layout", ["separate", "shared"])
@@ -197,9 +210,11 @@ def test_the_number_of_ops_does_not_grow_with_the_number_of_tensors(layout):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtype, small_chunks, monkeypatch):
+def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtype, small_chunks, monkeypatch, route):
     from msmon.stats import engine, multi_tensor
 
+    if route == "compiled":
+        pytest.skip("the compiled pass reads every element once: no tensor is read apart (see the next test)")
     monkeypatch.setattr(engine, "PER_TENSOR_MIN", 2000)  # (5000,) and (2, 3000) are "large" here
     batched: list[int] = []
     real = multi_tensor.batch_columns
@@ -215,3 +230,32 @@ def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtyp
     large = [t for t in ts if t.numel() > 2000]
     assert_rows_match(large, batch_stats(large, OPS, EPS))
     assert batched == [len(ts) - 2]
+
+
+def test_the_compiled_pass_reads_the_largest_tensors_with_the_others(small_chunks, monkeypatch, route):
+    from msmon.stats import engine, multi_tensor
+
+    if route != "compiled":
+        pytest.skip("the foreach route reads the largest tensors apart (the test above)")
+    monkeypatch.setattr(engine, "PER_TENSOR_MIN", 2000)
+    batched: list[int] = []
+    real = multi_tensor.batch_columns
+
+    def counting(ts, plan, threshold):
+        batched.append(len(ts))
+        return real(ts, plan, threshold)
+
+    monkeypatch.setattr(multi_tensor, "batch_columns", counting)
+    ts = separate_tensors(torch.float32, torch.Generator().manual_seed(3))
+    assert_rows_match(ts, batch_stats(ts, OPS, EPS))
+    assert batched == [len(ts)]
+
+
+def test_the_compiled_route_launches_its_kernels_and_the_foreach_route_none(route):
+    from msmon.stats import fused_rows
+
+    before = fused_rows.launched_kernels()
+    ts = separate_tensors(torch.float32, torch.Generator().manual_seed(6))
+    assert_rows_match(ts, batch_stats(ts, OPS, EPS))
+    launched = fused_rows.launched_kernels() - before
+    assert (launched > 0) == (route == "compiled"), launched

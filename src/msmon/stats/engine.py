@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from . import multi_tensor, native, threads
+from . import fused_rows, multi_tensor, native, threads
 from .device_path import host_code
 from .inputs import RESULT_DTYPE, _accumulate_dtype, _as_stat_input, _to_device, zero_threshold
 from .plan import _Plan, _plan
@@ -77,13 +77,18 @@ def _batch_rows(ts: list[torch.Tensor], plan: _Plan, eps: float) -> torch.Tensor
 # the multi-tensor route makes about four more passes over memory than they do to save their
 # launches (~8 ops of 10-20 us of host time each), and from about 16 M elements (64 MiB of
 # float32: four passes at 3 TB/s take ~80 us) the passes cost more than the launches saved
+# (the compiled pass, msmon.stats.fused_rows, reads every element once: there no tensor is too large)
 PER_TENSOR_MIN = 1 << 24
 
 
 def _accelerator_rows(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torch.Tensor:
     """Unscaled float64 rows on the accelerator path: the batch in a fixed number of kernels
-    (msmon.stats.multi_tensor), but its largest tensors one by one (PER_TENSOR_MIN)."""
-    large = [i for i, t in enumerate(ts) if t.numel() > PER_TENSOR_MIN]
+    (msmon.stats.multi_tensor), but, where the `_foreach_*` route runs, its largest tensors one
+    by one (PER_TENSOR_MIN)."""
+    if fused_rows.usable(ts[0].device):
+        large: list[int] = []
+    else:
+        large = [i for i, t in enumerate(ts) if t.numel() > PER_TENSOR_MIN]
     if not large:
         with _cpu_threads(ts[0].device):
             return multi_tensor.batch_columns(ts, plan, threshold)

@@ -40,6 +40,7 @@ import threading
 
 import torch
 
+from . import fused_batch, fused_rows
 from .flat_layout import CHUNK, GAP, Chunk, chunks_of
 from .inputs import RESULT_DTYPE, _accumulate_dtype, _to_device
 from .plan import _Plan
@@ -149,12 +150,61 @@ def _read(chunk: Chunk, acc: torch.dtype, device: torch.device) -> torch.Tensor:
 
 def batch_columns(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torch.Tensor:
     """Unscaled [len(ts), ops] float64 rows (sums and counts, in the engine's ops order) of
-    tensors of one device and dtype, none empty; no host read."""
+    tensors of one device and dtype, none empty; no host read. Where the device has a compiler,
+    one compiled pass per chunk reads every element once (msmon.stats.fused_batch); otherwise,
+    or if it fails, the `_foreach_*` route below."""
     device = ts[0].device
     acc = _accumulate_dtype(ts[0].dtype)
     needs = _needs(plan)
     want_sum = "sum" in plan.op_fields
     chunks = chunks_of(ts)
+    columns: dict[str, torch.Tensor] | None = None
+    order: tuple[int, ...] = tuple(range(len(ts)))
+    if (needs or want_sum) and fused_rows.usable(device):
+        columns = _fused_columns(ts, chunks, plan, threshold, acc)
+    if columns is None:
+        columns, order = _foreach_columns(chunks, needs, want_sum, threshold, acc, device)
+    for name, compute in plan.own:
+        columns[name] = torch.stack([compute(ts[row], acc) for row in order]).to(RESULT_DTYPE)
+    rows = torch.stack([columns[f] for f in plan.op_fields], dim=1)
+    if order != tuple(range(len(ts))):
+        rows = rows.index_select(0, _on_device(_inverse(order), device))
+    return rows
+
+
+def _fused_columns(
+    ts: list[torch.Tensor], chunks: list[Chunk], plan: _Plan, threshold: float, acc: torch.dtype
+) -> dict[str, torch.Tensor] | None:
+    """The fields of the batch from the compiled pass, in tensor order; None when it failed."""
+    device = ts[0].device
+    limit = fused_batch._threshold(threshold, acc, device)
+    values: list[torch.Tensor] = []
+    tensors: list[int] = []
+    for chunk in chunks:
+        got = fused_batch.chunk_rows(_read_raw(chunk, ts[0].dtype, device), chunk, limit)
+        if got is None:
+            return None
+        values.extend(got[0])
+        tensors.extend(got[1])
+    return fused_batch.combine(values, tuple(tensors), len(ts), set(plan.op_fields))
+
+
+def _read_raw(chunk: Chunk, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The chunk's elements as one flat tensor in their own dtype (staged ones in a reused buffer)."""
+    if chunk.view is not None:
+        return chunk.view
+    return torch.cat(chunk.staged, out=_scratch.get(device, dtype, "staging")[: chunk.size])
+
+
+def _foreach_columns(
+    chunks: list[Chunk],
+    needs: tuple[str, ...],
+    want_sum: bool,
+    threshold: float,
+    acc: torch.dtype,
+    device: torch.device,
+) -> tuple[dict[str, torch.Tensor], tuple[int, ...]]:
+    """The fields of the batch by `_foreach_*` reductions, and the order of its tensors in them."""
     stacks: list[torch.Tensor] = []
     sums: list[torch.Tensor] = []
     rows_of_pieces: list[int] = []
@@ -170,13 +220,7 @@ def batch_columns(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torc
             sums.append(_chunk_sums(chunk, x))
         del x
     columns = _combine(stacks, sums, needs, tuple(rows_of_pieces), device)
-    order = tuple(dict.fromkeys(rows_of_pieces))  # each row once, in computed order
-    for name, compute in plan.own:
-        columns[name] = torch.stack([compute(ts[row], acc) for row in order]).to(RESULT_DTYPE)
-    rows = torch.stack([columns[f] for f in plan.op_fields], dim=1)
-    if order != tuple(range(len(ts))):
-        rows = rows.index_select(0, _on_device(_inverse(order), device))
-    return rows
+    return columns, tuple(dict.fromkeys(rows_of_pieces))  # each row once, in computed order
 
 
 def _inverse(order: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,0 +1,126 @@
+"""A batch's fields from the compiled pass: every element read once, kernels flat in the tensor count.
+
+The chunks of the batch (msmon.stats.flat_layout: spans read in place, small tensors staged
+once into a reused buffer) are cut into rows (msmon.stats.block_rows) and each chunk is reduced
+by at most two calls of the compiled kernel (msmon.stats.fused_rows): one over its own
+[blocks, BLOCK] view, one over the few blocks where tensors meet. A 16-bit chunk is widened
+inside the kernel, not copied. The rows of all chunks are then combined per tensor in float64
+in four kernels (a gather into tensor order, two segmented reductions, the NaN rule), exactly:
+sums of squares, sums and counts add, max and -min take the max, and a tensor holding a NaN
+has NaN as its min and max (the sum of squares is NaN exactly when an element is), whatever the
+device's max does with NaN.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from . import fused_rows
+from .block_rows import SKIP, BlockRows, block_rows
+from .flat_layout import Chunk
+from .fused_rows import BLOCK, FIELDS
+from .inputs import RESULT_DTYPE, _to_device
+
+_SUM_FIELDS = [FIELDS.index(name) for name in ("sq", "sum", "zeros", "nans", "infs")]
+_MAX_FIELDS = [FIELDS.index(name) for name in ("max", "negmax")]
+
+
+@functools.lru_cache(maxsize=512)
+def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return _to_device(torch.tensor(values, dtype=torch.long), device)
+
+
+@functools.lru_cache(maxsize=512)
+def _bounds(lo: tuple[int, ...], hi: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """[2, rows] columns [lo, hi) of each row, on the device once per layout."""
+    return _to_device(torch.tensor([lo, hi], dtype=torch.long), device)
+
+
+@functools.lru_cache(maxsize=64)
+def _threshold(value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The zero threshold as a 0-d tensor (a tensor argument: one compiled code for every value)."""
+    return _to_device(torch.tensor(value, dtype=dtype), device)
+
+
+@functools.lru_cache(maxsize=128)
+def _tensor_order(tensors: tuple[int, ...], count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The rows of each tensor in tensor order (rows of SKIP left out), and how many each has."""
+    by_tensor: list[list[int]] = [[] for _ in range(count)]
+    for position, tensor in enumerate(tensors):
+        if tensor != SKIP:
+            by_tensor[tensor].append(position)
+    return tuple(p for rows in by_tensor for p in rows), tuple(len(rows) for rows in by_tensor)
+
+
+def _tail_in_place(x: torch.Tensor) -> bool:
+    """Whether x's storage holds the whole last block past x's end (so it is read in place)."""
+    rows = -(-x.numel() // BLOCK)
+    return (x.storage_offset() + rows * BLOCK) * x.element_size() <= x.untyped_storage().nbytes()
+
+
+def _boundary(x: torch.Tensor, view: torch.Tensor | None, rows: BlockRows) -> torch.Tensor:
+    """The boundary matrix: copies of the blocks where pieces meet, and the zero-padded tail."""
+    parts = []
+    gathered = [b for b in rows.boundary_blocks if b < rows.view_rows]
+    if gathered:
+        assert view is not None
+        parts.append(view.index_select(0, _on_device(tuple(gathered), x.device)))
+    padded = len(rows.boundary_blocks) - len(gathered)
+    if padded:
+        tail = x[rows.blocks * BLOCK :]
+        parts.append(torch.nn.functional.pad(tail, (0, BLOCK - tail.numel())).expand(padded, BLOCK))
+    return torch.cat(parts) if len(parts) > 1 or parts[0].stride(0) == 0 else parts[0]
+
+
+def chunk_rows(
+    x: torch.Tensor, chunk: Chunk, threshold: torch.Tensor
+) -> tuple[list[torch.Tensor], tuple[int, ...]] | None:
+    """The per-row values of one chunk (x: its elements, flat, in their own dtype) and the tensor
+    of each row; None when the compiled pass failed."""
+    rows = block_rows(tuple(chunk.pieces), x.numel(), _tail_in_place(x))
+    view = x.as_strided((rows.view_rows, BLOCK), (BLOCK, 1)) if rows.view_rows else None
+    values: list[torch.Tensor] = []
+    if rows.main_rows:
+        assert view is not None
+        main = fused_rows.row_values(view, None, threshold)  # whole blocks: a block where pieces meet is dropped
+        if main is None:
+            return None
+        values.append(main)
+    if rows.boundary_blocks:
+        bounds = _bounds(rows.boundary_lo, rows.boundary_hi, x.device)
+        edges = fused_rows.row_values(_boundary(x, view, rows), bounds, threshold)
+        if edges is None:
+            return None
+        values.append(edges)
+    return values, rows.tensors
+
+
+def combine(
+    values: list[torch.Tensor], tensors: tuple[int, ...], count: int, needs: set[str]
+) -> dict[str, torch.Tensor]:
+    """Each tensor's fields (float64 columns, in tensor order) from the rows' values: norm, max,
+    min, sum, zeros, nans, infs as `needs` asks (names of the multi-tensor route's columns)."""
+    device = values[0].device
+    stacked = torch.cat(values) if len(values) > 1 else values[0]
+    positions, lengths = _tensor_order(tensors, count)
+    ordered = stacked.to(RESULT_DTYPE).index_select(0, _on_device(positions, device))
+    lengths_t = _on_device(lengths, device)
+    summed = torch.segment_reduce(ordered[:, _SUM_FIELDS], "sum", lengths=lengths_t, axis=0)
+    out: dict[str, torch.Tensor] = {}
+    sq = summed[:, 0]
+    has_nan = torch.isnan(sq) if {"max", "min"} & needs else None
+    if {"max", "min"} & needs:
+        maxed = torch.segment_reduce(ordered[:, _MAX_FIELDS], "max", lengths=lengths_t, axis=0)
+        if "max" in needs:
+            out["max"] = torch.where(has_nan, math.nan, maxed[:, 0])  # type: ignore[arg-type]
+        if "min" in needs:
+            out["min"] = torch.where(has_nan, math.nan, maxed[:, 1].neg())  # type: ignore[arg-type]
+    if "norm" in needs:
+        out["norm"] = sq.sqrt()
+    for position, name in enumerate(("sum", "zeros", "nans", "infs"), start=1):
+        if name in needs:
+            out[name] = summed[:, position]
+    return out

@@ -1,0 +1,171 @@
+"""One compiled pass that gives every field of a batch's statistics: the accelerator path's reduction.
+
+The multi-tensor route (msmon.stats.multi_tensor) keeps the number of kernels flat in the number
+of tensors, but reads each chunk about a dozen times: one `_foreach_*` reduction or elementwise
+pass per field. Where the device has a compiler (Inductor: Triton on CUDA, C++ on the CPU, which
+is the test proxy of MSMON_DEVICE_PATH=1), one generated kernel reads each element once and
+produces all seven per-row values at once:
+
+    sq (sum of squares), max, negmax (max of -x), sum, zeros (|x| < threshold), nans, infs
+
+over the rows of a [rows, BLOCK] view, each row restricted to its columns [lo, hi) (a row is a
+block of a flat chunk; a block that several tensors share is given once per tensor, each time
+with that tensor's columns). Values are accumulated in float32 (float64 for float64 input; a
+16-bit input is widened inside the kernel, with no copy); rows combine exactly afterwards.
+
+The kernel is compiled once per dtype and device (dynamic row count: the same code for every
+batch; Inductor's on-disk cache makes later processes load it in about a second). It is never
+traced under the caller's modes: a TorchDispatchMode of the user's (a FLOP counter) would make
+torch.compile refuse, and msmon's work is not the user's to count, so the call runs with the
+Python dispatch modes set aside. KERNELS_PER_CALL says how many kernels one call launches (read
+from Inductor's generated code), which benchmarks/op_counts.py adds to its count.
+
+MSMON_COMPILED_STATS=0 keeps this route off (the multi-tensor `_foreach_*` route then runs). A
+failure to compile (no C++ compiler, no Triton, a device Inductor does not know) is logged once
+per process and turns the route off; the caller then reduces the same batch the other way.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import re
+import threading
+from typing import Any, Callable
+
+import torch
+
+logger = logging.getLogger("msmon")
+
+BLOCK = 1024  # columns of a row: the granularity at which tensors of one chunk are told apart
+FIELDS = ("sq", "max", "negmax", "sum", "zeros", "nans", "infs")
+ENV = "MSMON_COMPILED_STATS"
+_DEVICES = ("cpu", "cuda")  # where Inductor generates code (C++, Triton)
+
+_lock = threading.Lock()
+_compiled: dict[bool, Callable[..., torch.Tensor]] = {}  # by masked
+_failed = False
+_tally = threading.local()  # kernels launched by this thread's calls (benchmarks/op_counts.py)
+# kernels one call launches, per (dtype, device type, masked): read from the generated code on first use
+KERNELS_PER_CALL: dict[tuple[torch.dtype, str, bool], int] = {}
+
+
+def _values(v: torch.Tensor, inside: torch.Tensor | None, threshold: torch.Tensor) -> torch.Tensor:
+    """[rows, len(FIELDS)] of v (already in the accumulation dtype), over `inside` where given.
+    NaN and Inf are found by comparisons (v != v, |v| == inf), which vectorise where isnan does not."""
+    a = v.abs()
+    flags = [a < threshold, v != v, a == math.inf]
+    if inside is None:
+        sums = [(v * v).sum(1), v.amax(1), (-v).amax(1), v.sum(1)]
+        return torch.stack(sums + [flag.to(v.dtype).sum(1) for flag in flags], dim=1)
+    zero = torch.zeros((), dtype=v.dtype, device=v.device)
+    lowest = torch.full((), -math.inf, dtype=v.dtype, device=v.device)
+    sums = [
+        torch.where(inside, v * v, zero).sum(1),
+        torch.where(inside, v, lowest).amax(1),
+        torch.where(inside, -v, lowest).amax(1),
+        torch.where(inside, v, zero).sum(1),
+    ]
+    return torch.stack(sums + [(inside & flag).to(v.dtype).sum(1) for flag in flags], dim=1)
+
+
+def _accumulated(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+
+
+def _whole_rows(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """[rows, len(FIELDS)] values of each whole row of x: the blocks that lie inside one tensor,
+    most of the data, with no mask to compute. Compiled; eager it is the tests' reference."""
+    return _values(_accumulated(x), None, threshold)
+
+
+def _row_values(x: torch.Tensor, bounds: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """[rows, len(FIELDS)] values of each row of x over its columns [lo, hi) (bounds: [2, rows],
+    one tensor, so that no two arguments alias and specialise the code). Compiled; eager it is
+    the tests' reference."""
+    column = torch.arange(x.shape[1], device=x.device)
+    inside = (column[None, :] >= bounds[0][:, None]) & (column[None, :] < bounds[1][:, None])
+    return _values(_accumulated(x), inside, threshold)
+
+
+def enabled() -> bool:
+    """Whether the route is wanted (MSMON_COMPILED_STATS is not 0) and has not failed here."""
+    return not _failed and os.environ.get(ENV, "").strip().lower() not in ("0", "false", "no", "off")
+
+
+def usable(device: torch.device) -> bool:
+    """Whether batches on `device` take the compiled pass."""
+    return device.type in _DEVICES and enabled()
+
+
+def _function(masked: bool) -> Callable[..., torch.Tensor]:
+    with _lock:
+        if masked not in _compiled:
+            _compiled[masked] = torch.compile(_row_values if masked else _whole_rows, dynamic=True, fullgraph=True)
+        return _compiled[masked]
+
+
+def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Tensor) -> torch.Tensor | None:
+    """The compiled values of the rows of x ([rows >= 2, BLOCK]): each whole (bounds None) or
+    over its columns [lo, hi) (bounds [2, rows]); None when the route failed here (logged once;
+    the caller reduces the batch another way)."""
+    global _failed
+    key = (x.dtype, x.device.type, bounds is not None)
+    first = key not in KERNELS_PER_CALL
+    try:
+        known = _loaded_modules() if first else None
+        with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
+            args = (x, threshold) if bounds is None else (x, bounds, threshold)
+            out = _function(bounds is not None)(*args)
+        if first:
+            KERNELS_PER_CALL[key] = _kernels_in(_loaded_modules() - known if known is not None else set())
+    except Exception as exc:  # noqa: BLE001 - a compiler missing or refusing: the other route runs
+        if not _failed:
+            logger.warning(
+                "msmon: the compiled statistics pass is off in this process (%s: %s); "
+                "the multi-tensor torch route computes the same values with more kernels",
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
+        _failed = True
+        return None
+    _tally.kernels = getattr(_tally, "kernels", 0) + KERNELS_PER_CALL.get(key, 1)
+    return out
+
+
+def launched_kernels() -> int:
+    """Kernels launched by this thread's compiled calls so far (a running count)."""
+    return int(getattr(_tally, "kernels", 0))
+
+
+def _loaded_modules() -> set[int]:
+    from torch._inductor.codecache import PyCodeCache
+
+    return {id(module) for module in _code_modules(PyCodeCache)}
+
+
+def _code_modules(cache: Any) -> list[Any]:
+    modules = getattr(cache, "modules", None)
+    if isinstance(modules, dict):
+        return list(modules.values())
+    return list(modules or [])
+
+
+# a kernel launched by Inductor's generated `call`: a C++ kernel, a Triton kernel, an extern op
+_LAUNCH = re.compile(r"^\s*(?:\w+ = )?(cpp_fused_\w+|\w+\.run|extern_kernels\.\w+|aten\.\w+(?:\.\w+)?)\(", re.M)
+
+
+def _kernels_in(new_modules: set[int]) -> int:
+    """Kernel launches in the `call` of the code modules Inductor loaded for one graph."""
+    from torch._inductor.codecache import PyCodeCache
+
+    count = 0
+    for module in _code_modules(PyCodeCache):
+        if id(module) in new_modules and hasattr(module, "call"):
+            try:
+                count += len(_LAUNCH.findall(inspect.getsource(module.call)))
+            except (OSError, TypeError):
+                continue
+    return count or 1

@@ -1,0 +1,181 @@
+"""The compiled one-pass kernel of the accelerator path (msmon.stats.fused_rows, block_rows,
+fused_batch): rows cover every element of every tensor once, the generated kernel gives what
+plain eager torch gives over the same columns (values outside a row's columns, NaN included,
+never leak in), a user's TorchDispatchMode neither stops it nor sees it, and a failure to
+compile is said once and leaves the other route to compute the same rows."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from msmon.stats import block_rows, fused_rows
+from msmon.stats.block_rows import SKIP
+from msmon.stats.engine import batch_stats
+from msmon.stats.flat_layout import GAP
+from msmon.stats.fused_rows import BLOCK
+
+OPS = ["norm", "min", "max", "mean", "zeros", "nans", "infs"]
+
+
+@pytest.fixture(autouse=True)
+def accelerator_path(device_path, monkeypatch):
+    monkeypatch.delenv(fused_rows.ENV, raising=False)
+
+
+def covered(pieces: list[tuple[int, int]], size: int, tail_in_place: bool) -> dict[int, list[int]]:
+    """For each tensor, the chunk positions its rows cover, in the order the rows give them."""
+    rows = block_rows.block_rows(tuple(pieces), size, tail_in_place)
+    seen: dict[int, list[int]] = {}
+    assert len(rows.main_tensors) == rows.main_rows and rows.main_rows != 1
+    for block, tensor in enumerate(rows.main_tensors):  # read whole
+        if tensor != SKIP:
+            seen.setdefault(tensor, []).extend(range(block * BLOCK, (block + 1) * BLOCK))
+    assert len(rows.boundary_blocks) != 1, "a matrix of one row would specialise the compiled code"
+    for block, lo, hi, tensor in zip(rows.boundary_blocks, rows.boundary_lo, rows.boundary_hi, rows.boundary_tensors):
+        if tensor != SKIP:
+            seen.setdefault(tensor, []).extend(range(block * BLOCK + lo, block * BLOCK + hi))
+    assert all(p < size for positions in seen.values() for p in positions), "no position past the chunk"
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rows_cover_every_element_of_every_tensor_once_and_no_gap(seed):
+    rng = random.Random(seed)
+    pieces: list[tuple[int, int]] = []
+    tensor = 0
+    for _ in range(rng.randint(1, 12)):
+        length = rng.choice([1, 3, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK, rng.randint(1, 5 * BLOCK)])
+        if rng.random() < 0.2:
+            pieces.append((GAP, length))
+        else:
+            pieces.append((tensor, length))
+            tensor += 1
+    size = sum(length for _, length in pieces)
+    for tail_in_place in (True, False):
+        seen = covered(pieces, size, tail_in_place)
+        start = 0
+        for row, length in pieces:
+            if row != GAP:
+                assert sorted(seen.pop(row)) == list(range(start, start + length))
+            start += length
+        assert not seen, "a gap's elements are nobody's"
+
+
+def masked_reference(x: torch.Tensor, bounds: torch.Tensor, threshold: float) -> list[list[float]]:
+    """Plain torch, row by row, over each row's columns only, in float64."""
+    out = []
+    for row, lo, hi in zip(x, bounds[0].tolist(), bounds[1].tolist()):
+        v = row[lo:hi].double()
+        if v.numel() == 0:
+            out.append([0.0, -math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0])
+            continue
+        out.append(
+            [
+                (v * v).sum().item(),
+                v.max().item(),
+                (-v).max().item(),
+                v.sum().item(),
+                float((v.abs() < threshold).sum()),
+                float(torch.isnan(v).sum()),
+                float(torch.isinf(v).sum()),
+            ]
+        )
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_generated_kernel_gives_each_whole_rows_values(dtype):
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(5, BLOCK, generator=gen).to(dtype)
+    x[0, 3] = math.nan
+    x[1, 10] = -math.inf
+    x[2, 100:200] = 0.0
+    got = fused_rows.row_values(x, None, torch.tensor(1e-3))
+    assert got is not None
+    want = masked_reference(x, torch.tensor([[0] * 5, [BLOCK] * 5]), 1e-3)
+    for g_row, w_row in zip(got.tolist(), want):
+        for name, g, w in zip(fused_rows.FIELDS, g_row, w_row):
+            if name in ("sq", "sum") and not math.isnan(w):
+                assert g == pytest.approx(w, rel=1e-5, abs=1e-5), name
+            elif math.isnan(w):
+                assert math.isnan(g), name
+            else:
+                assert g == w, (name, g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_generated_kernel_gives_each_rows_values_over_its_columns_only(dtype):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(6, BLOCK, generator=gen).to(dtype)
+    x[0, 3] = math.nan  # outside row 0's columns: must not count
+    x[1, 10] = math.inf  # inside
+    x[2, 100:200] = 0.0
+    x[3, 900] = math.nan  # inside
+    x[4, :] = math.nan  # a row with no columns at all
+    bounds = torch.tensor([[5, 0, 50, 0, 0, 1], [BLOCK, 20, 300, BLOCK, 0, 2]])
+    got = fused_rows.row_values(x, bounds, torch.tensor(1e-3))
+    assert got is not None and got.shape == (6, len(fused_rows.FIELDS))
+    want = masked_reference(x, bounds, 1e-3)
+    for g_row, w_row, nan_inside in zip(got.tolist(), want, [False, False, False, True, False, False]):
+        for name, g, w in zip(fused_rows.FIELDS, g_row, w_row):
+            if nan_inside and name in ("sq", "max", "negmax", "sum"):
+                assert math.isnan(g), name
+            elif name in ("sq", "sum"):
+                assert g == pytest.approx(w, rel=1e-5, abs=1e-5), name
+            else:
+                assert g == w, (name, g, w)
+
+
+class Counting(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_users_dispatch_mode_neither_stops_nor_sees_the_compiled_kernel():
+    ts = [torch.randn(3000), torch.randn(77), torch.randn(40, 40)]
+    expected = batch_stats(ts, OPS, 1e-3)
+    before = fused_rows.launched_kernels()
+    with Counting() as mode:
+        got = batch_stats(ts, OPS, 1e-3)
+    assert fused_rows.launched_kernels() > before, "the compiled kernel ran under the user's mode"
+    assert torch.equal(got, expected)
+    assert mode.ops > 0  # the user's mode still sees msmon's eager ops around it, and works
+
+
+def test_a_failure_to_compile_is_said_once_and_the_other_route_gives_the_same_rows(monkeypatch, caplog):
+    ts = [torch.randn(5000), torch.randn(10), torch.randn(64, 3)]
+    ts[0][4] = math.nan
+    expected = batch_stats(ts, OPS, 1e-3)
+
+    def refuse(masked: bool) -> None:
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(fused_rows, "_function", refuse)  # what torch.compile raises on a machine without one
+    monkeypatch.setattr(fused_rows, "_failed", False)
+    with caplog.at_level(logging.WARNING, logger="msmon"):
+        first = batch_stats(ts, OPS, 1e-3)
+        second = batch_stats(ts, OPS, 1e-3)
+    said = [r for r in caplog.records if "compiled statistics pass is off" in r.getMessage()]
+    assert len(said) == 1 and "no C++ compiler found" in said[0].getMessage()
+    assert not fused_rows.usable(torch.device("cpu"))
+    for rows in (first, second):
+        assert torch.allclose(rows, expected, rtol=1e-5, equal_nan=True)
+
+
+def test_msmon_compiled_stats_0_keeps_the_compiled_kernel_off(monkeypatch):
+    monkeypatch.setenv(fused_rows.ENV, "0")
+    before = fused_rows.launched_kernels()
+    rows = batch_stats([torch.randn(3000), torch.randn(5)], OPS, 1e-3)
+    assert fused_rows.launched_kernels() == before
+    assert rows.shape == (2, len(OPS))
