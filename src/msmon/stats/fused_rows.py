@@ -33,6 +33,7 @@ import math
 import os
 import re
 import threading
+import time
 from typing import Any, Callable
 
 import torch
@@ -133,6 +134,33 @@ def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Te
         return None
     _tally.kernels = getattr(_tally, "kernels", 0) + KERNELS_PER_CALL.get(key, 1)
     return out
+
+
+def prepare(tensors: list[torch.Tensor]) -> None:
+    """Compile (or load from Inductor's cache) the kernels for these tensors' devices and dtypes,
+    and float32 on the same devices, now, at attach, rather than in the first step: a first
+    compile takes seconds (tens on a CPU), a cached one about one. Devices that keep their own
+    code (the CPU without MSMON_DEVICE_PATH=1) compile nothing."""
+    from .device_path import host_code
+
+    wanted = {(t.device, t.dtype) for t in tensors if t.is_floating_point() and not host_code(t.device)}
+    wanted |= {(device, torch.float32) for device, _ in wanted}
+    wanted = {(device, dtype) for device, dtype in wanted if usable(device)}
+    started = time.perf_counter()
+    for device, dtype in sorted(wanted, key=str):
+        x = torch.zeros(2, BLOCK, dtype=dtype, device=device)
+        threshold = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+        bounds = torch.tensor([[0, 0], [BLOCK, BLOCK]], device=device)
+        if row_values(x, None, threshold) is None or row_values(x, bounds, threshold) is None:
+            return  # said once by row_values; the torch route runs
+    took = time.perf_counter() - started
+    if took > 2.0:
+        kinds = ", ".join(f"{d.type} {str(dtype).removeprefix('torch.')}" for d, dtype in sorted(wanted, key=str))
+        logger.info(
+            "msmon: compiled the statistics kernels for %s in %.1f s (once per machine: Inductor caches them)",
+            kinds,
+            took,
+        )
 
 
 def launched_kernels() -> int:
