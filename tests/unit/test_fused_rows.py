@@ -179,3 +179,23 @@ def test_msmon_compiled_stats_0_keeps_the_compiled_kernel_off(monkeypatch):
     rows = batch_stats([torch.randn(3000), torch.randn(5)], OPS, 1e-3)
     assert fused_rows.launched_kernels() == before
     assert rows.shape == (2, len(OPS))
+
+
+def test_attach_compiles_the_kernels_for_the_models_dtypes_before_the_first_step(monkeypatch, write_config, output_dir):
+    from msmon import TrainerMon
+
+    monkeypatch.setattr(fused_rows, "KERNELS_PER_CALL", {})  # as in a fresh process
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(torch.bfloat16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = TrainerMon(write_config({"wg_distribution": True, "format": "csv"}), params_have_main_grad=False)
+    monitor.set_monitor(model, optimizer)
+    try:
+        compiled = set(fused_rows.KERNELS_PER_CALL)
+        for dtype in (torch.bfloat16, torch.float32):  # the parameters', and float32 (moments, staged sums)
+            assert {(dtype, "cpu", False), (dtype, "cpu", True)} <= compiled
+        before = fused_rows.launched_kernels()
+        model(torch.randn(4, 8, dtype=torch.bfloat16)).float().sum().backward()
+        optimizer.step()
+        assert fused_rows.launched_kernels() > before, "the step's statistics took the compiled pass"
+    finally:
+        monitor.close()
