@@ -13,6 +13,11 @@ off. msprobe runs the same way where `import msprobe.pytorch` works with `--mspr
 (default: this interpreter, then /tmp/refvenv); the device machines have no network, so
 `pip install mindstudio-probe` may be impossible there: the table then says msprobe is absent.
 
+msmon's accelerator path reduces with one compiled kernel per chunk (msmon.stats.fused_rows:
+Inductor generates Triton code on CUDA, compiled at attach, cached on disk); `--both-routes`
+also runs msmon with MSMON_COMPILED_STATS=0 (the `_foreach_*` route, which a device without a
+compiler takes) as a column of its own.
+
 `--dry-run` runs on the CPU with MSMON_DEVICE_PATH=1 (msmon takes the accelerator's code), the
 tiny model and two pairs, with the CPU stand-in of the sync check (a host read asked by the
 monitor raises): tests/unit/test_accelerator_table_dry_run.py runs it so that this script works
@@ -22,9 +27,11 @@ the day a GPU is lent.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -61,6 +68,21 @@ def msprobe_python(candidates: list[str]) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _route(tool: str) -> Iterator[None]:
+    """MSMON_COMPILED_STATS=0 for the workers of the "msmon foreach" column."""
+    saved = os.environ.get("MSMON_COMPILED_STATS")
+    if tool == "msmon foreach":
+        os.environ["MSMON_COMPILED_STATS"] = "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MSMON_COMPILED_STATS", None)
+        else:
+            os.environ["MSMON_COMPILED_STATS"] = saved
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="on the CPU, the tiny model, 2 pairs")
@@ -72,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--msprobe-python", default=None, help="an interpreter where msprobe imports")
     parser.add_argument("--no-msprobe", action="store_true")
     parser.add_argument("--timeout", type=float, default=240, help="seconds per worker")
+    parser.add_argument("--both-routes", action="store_true", help="also msmon's _foreach_* route")
     args = parser.parse_args(argv)
     dry = args.dry_run
     device = args.device or ("cpu" if dry else "cuda")
@@ -87,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             print("no CUDA device here: run with --dry-run, or on a GPU machine", file=sys.stderr)
             return 2
     tools = [("msmon", sys.executable)]
+    if args.both_routes:
+        tools.append(("msmon foreach", sys.executable))
     probe = None
     if not args.no_msprobe:
         probe = msprobe_python([args.msprobe_python or "", sys.executable, DEFAULT_MSPROBE_PYTHON])
@@ -97,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     for config in args.configs:
         for tool, python in tools:
             print(f"{tool} {model} {config} on {device} ...", file=sys.stderr, flush=True)
-            worker = ["--tool", tool, "--model", model, "--config", config, "--device", device]
+            worker = ["--tool", tool.split()[0], "--model", model, "--config", config, "--device", device]
             worker += ["--pairs", str(pairs), "--warmup", str(warmup), "--sync-check"]
-            results[(tool, config)] = run_worker(python, worker, args.timeout)
+            with _route(tool):
+                results[(tool, config)] = run_worker(python, worker, args.timeout)
     head = ["configuration", "plain step", "msmon", "msmon sync check", "msprobe", "msprobe sync check"]
+    if args.both_routes:
+        head += ["msmon, _foreach_* route", "its sync check"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for config in args.configs:
         ours, theirs = results.get(("msmon", config)), results.get(("msprobe", config))
@@ -113,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             fmt_ratio(theirs) if probe is not None else absent,
             sync_cell(theirs) if probe is not None else absent,
         ]
+        if args.both_routes:
+            other = results.get(("msmon foreach", config))
+            cells += [fmt_ratio(other), sync_cell(other)]
         lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines))
     identical = all(r["losses_identical"] for r in results.values() if r)
@@ -123,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         + f"; {time.time() - started:.0f} s"
     )
     failed = [key for key, r in results.items() if r is None]
-    synced = [key for key, r in results.items() if key[0] == "msmon" and r and sync_cell(r) != "no sync"]
+    synced = [key for key, r in results.items() if key[0].startswith("msmon") and r and sync_cell(r) != "no sync"]
     return 1 if failed or synced or not identical else 0
 
 

@@ -16,12 +16,14 @@ from conftest import ROOT
 @pytest.mark.e2e
 def test_the_gpu_tables_dry_run_measures_every_configuration_and_finds_no_sync():
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "accelerator_table.py"), "--dry-run", "--no-msprobe"]
+    cmd.append("--both-routes")  # the compiled pass, and the _foreach_* route of a device without a compiler
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if line.startswith("| ")}
     for config in ("wg", "wg+mv+param", "xy 10 of N"):
         cells = [cell.strip() for cell in rows[config].split("|")[1:-1]]
         assert cells[2].startswith("×") and cells[3] == "no sync" and cells[4] == "absent", cells
+        assert cells[6].startswith("×") and cells[7] == "no sync", cells
     assert "MSMON_DEVICE_PATH=1" in proc.stdout and "bit-identical with and without msmon: yes" in proc.stdout
 
 
