@@ -70,7 +70,7 @@ def test_rows_cover_every_element_of_every_tensor_once_and_no_gap(seed):
 def masked_reference(x: torch.Tensor, bounds: torch.Tensor, threshold: float) -> list[list[float]]:
     """Plain torch, row by row, over each row's columns only, in float64."""
     out = []
-    for row, lo, hi in zip(x, bounds[0].tolist(), bounds[1].tolist()):
+    for row, (lo, hi) in zip(x, bounds.tolist()):
         v = row[lo:hi].double()
         if v.numel() == 0:
             out.append([0.0, -math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0])
@@ -98,7 +98,7 @@ def test_the_generated_kernel_gives_each_whole_rows_values(dtype):
     x[2, 100:200] = 0.0
     got = fused_rows.row_values(x, None, torch.tensor(1e-3))
     assert got is not None
-    want = masked_reference(x, torch.tensor([[0] * 5, [BLOCK] * 5]), 1e-3)
+    want = masked_reference(x, torch.tensor([[0, BLOCK]] * 5), 1e-3)
     for g_row, w_row in zip(got.tolist(), want):
         for name, g, w in zip(fused_rows.FIELDS, g_row, w_row):
             if name in ("sq", "sum") and not math.isnan(w):
@@ -118,7 +118,7 @@ def test_the_generated_kernel_gives_each_rows_values_over_its_columns_only(dtype
     x[2, 100:200] = 0.0
     x[3, 900] = math.nan  # inside
     x[4, :] = math.nan  # a row with no columns at all
-    bounds = torch.tensor([[5, 0, 50, 0, 0, 1], [BLOCK, 20, 300, BLOCK, 0, 2]])
+    bounds = torch.tensor([[5, 0, 50, 0, 0, 1], [BLOCK, 20, 300, BLOCK, 0, 2]]).t().contiguous()
     got = fused_rows.row_values(x, bounds, torch.tensor(1e-3))
     assert got is not None and got.shape == (6, len(fused_rows.FIELDS))
     want = masked_reference(x, bounds, 1e-3)
@@ -199,3 +199,46 @@ def test_attach_compiles_the_kernels_for_the_models_dtypes_before_the_first_step
         assert fused_rows.launched_kernels() > before, "the step's statistics took the compiled pass"
     finally:
         monitor.close()
+
+
+def test_where_alignment_matters_the_first_compile_is_for_any_alignment_and_real_calls_reuse_it(monkeypatch):
+    """On a GPU the first call compiles on an input at an odd offset (so Inductor never copies a
+    misaligned span later); the real input then runs the same code: no second compile."""
+    monkeypatch.setattr(fused_rows, "_alignment_matters", lambda device: True)
+    monkeypatch.setattr(fused_rows, "KERNELS_PER_CALL", {})
+    monkeypatch.setattr(fused_rows, "_compiled", {})
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    x = torch.randn(4, BLOCK)
+    bounds = torch.tensor([[0, BLOCK], [5, 9], [0, 0], [0, 1]])
+    got = fused_rows.row_values(x, bounds, torch.tensor(1e-3))
+    assert got is not None
+    sums = [x[0].sum().item(), x[1, 5:9].sum().item(), 0.0, x[3, :1].item()]
+    assert got[:, 3].tolist() == pytest.approx(sums, rel=1e-5)
+    whole = fused_rows.row_values(x, None, torch.tensor(1e-3))
+    assert whole is not None and whole[:, 0].tolist() == pytest.approx((x * x).sum(1).tolist(), rel=1e-5)
+    counters = torch._dynamo.utils.counters["stats"]
+    assert counters["unique_graphs"] == 2, dict(counters)  # one per kernel: the unaligned first call's
+
+
+def test_msmons_own_compiled_graphs_are_not_taken_for_the_users_torch_compile(write_config, output_dir, caplog):
+    """The activation collector tells a user whose modules ran only inside torch.compile'd graphs
+    from one who called none: msmon's own compiled statistics must not count as the user's."""
+    import torch.nn.functional as F
+
+    from msmon import TrainerMon
+
+    ts = [torch.randn(3000), torch.randn(10)]
+    batch_stats(ts, OPS, 1e-3)  # msmon's graphs exist in this process
+    assert fused_rows.own_graphs() > 0 or torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = TrainerMon(write_config({"xy_distribution": True, "format": "csv"}), params_have_main_grad=False)
+    monitor.set_monitor(model, optimizer)
+    with caplog.at_level(logging.WARNING, logger="msmon"):
+        F.linear(torch.randn(3, 8), model[0].weight, model[0].bias).sum().backward()  # no module called
+        optimizer.step()
+        monitor.close()
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "torch.compile" in m], messages
+    assert [m for m in messages if "trained without calling any monitored module" in m]

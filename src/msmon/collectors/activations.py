@@ -39,6 +39,7 @@ from ..runtime.collective_flush import FlushBeforeCollectives
 from ..runtime.hook_batch import PendingRow, batches
 from ..runtime.selection import xy_targets
 from ..runtime.step_context import StepContext
+from ..stats import fused_rows
 from ..stats.engine import tensor_stats
 from .base import Collector
 from .micro_steps import TRACKER, MicroStepTracker
@@ -53,12 +54,12 @@ _MAX_CACHED_KEYS = 1 << 16  # row keys kept between steps (names of calls in a l
 
 
 def _graphs_compiled() -> bool:
-    """Whether torch.compile built a graph in this process (dynamo's own count; dynamo is not
-    imported here when nothing imported it)."""
+    """Whether torch.compile built a graph of the user's in this process (dynamo's own count, less
+    the graphs of msmon's compiled statistics; dynamo is not imported here when nothing imported it)."""
     utils = sys.modules.get("torch._dynamo.utils")
     counters = getattr(utils, "counters", None)
     try:
-        return bool(counters is not None and counters["stats"]["unique_graphs"])
+        return bool(counters is not None and counters["stats"]["unique_graphs"] - fused_rows.own_graphs() > 0)
     except (KeyError, TypeError):
         return False
 

@@ -35,8 +35,8 @@ def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=512)
 def _bounds(lo: tuple[int, ...], hi: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """[2, rows] columns [lo, hi) of each row, on the device once per layout."""
-    return _to_device(torch.tensor([lo, hi], dtype=torch.long), device)
+    """[rows, 2] columns [lo, hi) of each row, on the device once per layout."""
+    return _to_device(torch.tensor(list(zip(lo, hi)), dtype=torch.long), device)
 
 
 @functools.lru_cache(maxsize=64)

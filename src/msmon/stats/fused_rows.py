@@ -48,6 +48,7 @@ _DEVICES = ("cpu", "cuda")  # where Inductor generates code (C++, Triton)
 _lock = threading.Lock()
 _compiled: dict[bool, Callable[..., torch.Tensor]] = {}  # by masked
 _failed = False
+_own_graphs = 0
 _tally = threading.local()  # kernels launched by this thread's calls (benchmarks/op_counts.py)
 # kernels one call launches, per (dtype, device type, masked): read from the generated code on first use
 KERNELS_PER_CALL: dict[tuple[torch.dtype, str, bool], int] = {}
@@ -83,11 +84,12 @@ def _whole_rows(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
 
 
 def _row_values(x: torch.Tensor, bounds: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """[rows, len(FIELDS)] values of each row of x over its columns [lo, hi) (bounds: [2, rows],
-    one tensor, so that no two arguments alias and specialise the code). Compiled; eager it is
-    the tests' reference."""
+    """[rows, len(FIELDS)] values of each row of x over its columns [lo, hi) (bounds: [rows, 2],
+    one tensor, so that no two arguments alias, with the rows first, so that its row count is
+    x's by construction and no other size is ever taken for it). Compiled; eager it is the
+    tests' reference."""
     column = torch.arange(x.shape[1], device=x.device)
-    inside = (column[None, :] >= bounds[0][:, None]) & (column[None, :] < bounds[1][:, None])
+    inside = (column[None, :] >= bounds[:, 0:1]) & (column[None, :] < bounds[:, 1:2])
     return _values(_accumulated(x), inside, threshold)
 
 
@@ -110,16 +112,20 @@ def _function(masked: bool) -> Callable[..., torch.Tensor]:
 
 def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Tensor) -> torch.Tensor | None:
     """The compiled values of the rows of x ([rows >= 2, BLOCK]): each whole (bounds None) or
-    over its columns [lo, hi) (bounds [2, rows]); None when the route failed here (logged once;
+    over its columns [lo, hi) (bounds [rows, 2]); None when the route failed here (logged once;
     the caller reduces the batch another way)."""
     global _failed
     key = (x.dtype, x.device.type, bounds is not None)
     first = key not in KERNELS_PER_CALL
+    global _own_graphs
+    graphs = _graph_count()
     try:
         known = _loaded_modules() if first else None
         with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
-            args = (x, threshold) if bounds is None else (x, bounds, threshold)
-            out = _function(bounds is not None)(*args)
+            function = _function(bounds is not None)
+            if first and _alignment_matters(x.device):
+                function(*_with_x(_unaligned_like(x), bounds, threshold))
+            out = function(*_with_x(_plain(x), bounds, threshold))
         if first:
             KERNELS_PER_CALL[key] = _kernels_in(_loaded_modules() - known if known is not None else set())
     except Exception as exc:  # noqa: BLE001 - a compiler missing or refusing: the other route runs
@@ -132,8 +138,22 @@ def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Te
             )
         _failed = True
         return None
+    finally:
+        _own_graphs += _graph_count() - graphs
     _tally.kernels = getattr(_tally, "kernels", 0) + KERNELS_PER_CALL.get(key, 1)
     return out
+
+
+def _graph_count() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def own_graphs() -> int:
+    """How many of torch.compile's graphs in this process are msmon's own (dynamo counts every
+    graph together; msmon tells the user's compiled modules apart by this)."""
+    return _own_graphs
 
 
 def prepare(tensors: list[torch.Tensor]) -> None:
@@ -142,17 +162,19 @@ def prepare(tensors: list[torch.Tensor]) -> None:
     compile takes seconds (tens on a CPU), a cached one about one. Devices that keep their own
     code (the CPU without MSMON_DEVICE_PATH=1) compile nothing."""
     from .device_path import host_code
+    from .threads import _cpu_threads
 
     wanted = {(t.device, t.dtype) for t in tensors if t.is_floating_point() and not host_code(t.device)}
     wanted |= {(device, torch.float32) for device, _ in wanted}
     wanted = {(device, dtype) for device, dtype in wanted if usable(device)}
     started = time.perf_counter()
     for device, dtype in sorted(wanted, key=str):
-        x = torch.zeros(2, BLOCK, dtype=dtype, device=device)
+        x = torch.zeros(3, BLOCK, dtype=dtype, device=device)  # three rows: see _unaligned_like
         threshold = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
-        bounds = torch.tensor([[0, 0], [BLOCK, BLOCK]], device=device)
-        if row_values(x, None, threshold) is None or row_values(x, bounds, threshold) is None:
-            return  # said once by row_values; the torch route runs
+        bounds = torch.tensor([[0, BLOCK]] * 3, device=device)
+        with _cpu_threads(device):  # as the statistics run: the code is guarded on the thread count
+            if row_values(x, None, threshold) is None or row_values(x, bounds, threshold) is None:
+                return  # said once by row_values; the torch route runs
     took = time.perf_counter() - started
     if took > 2.0:
         kinds = ", ".join(f"{d.type} {str(dtype).removeprefix('torch.')}" for d, dtype in sorted(wanted, key=str))
@@ -161,6 +183,37 @@ def prepare(tensors: list[torch.Tensor]) -> None:
             kinds,
             took,
         )
+
+
+def _with_x(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if bounds is None:
+        return (x, threshold)
+    return (x, bounds if x.shape[0] == bounds.shape[0] else bounds[: x.shape[0]].clone(), threshold)
+
+
+def _alignment_matters(device: torch.device) -> bool:
+    """Whether Inductor's code for `device` assumes aligned inputs (GPUs: Triton)."""
+    return device.type != "cpu"
+
+
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    """x as a tensor of its own over the same memory, not a view: the compiled code is guarded on
+    an input's view base when it has one, so views and non-views (a chunk's view, the boundary
+    matrix) would each compile once more."""
+    if x._base is None:
+        return x
+    return torch.empty(0, dtype=x.dtype, device=x.device).set_(
+        x.untyped_storage(), x.storage_offset(), x.shape, x.stride()
+    )
+
+
+def _unaligned_like(x: torch.Tensor) -> torch.Tensor:
+    """Three rows like x's at an odd element offset (three: no size of the first compile may
+    equal another by chance, which would tie them in the generated code). Compiled first on a GPU, it makes Inductor
+    generate code for any alignment: code compiled for an aligned input copies every input that
+    is not (Inductor's copy_misaligned_inputs), and a span of a framework's flat buffer may start
+    anywhere."""
+    return _plain(torch.zeros(3 * BLOCK + 1, dtype=x.dtype, device=x.device)[1:].view(3, BLOCK))
 
 
 def launched_kernels() -> int:
