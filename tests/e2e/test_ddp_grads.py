@@ -189,3 +189,22 @@ def test_unreduced_survives_every_step_when_bucket_view_gradients_are_zeroed_in_
         for row in reduced:
             assert_row_matches(row, reference_stats(truth["steps"][int(row["step"])]["reduced"][row["name"]], OPS))
     assert "rewritten in place" not in (tmp_path / "stderr.txt").read_text()
+
+
+@pytest.mark.e2e
+def test_on_the_accelerator_path_bucket_view_gradients_are_read_in_place_with_the_same_values(tmp_path, monkeypatch):
+    """MSMON_DEVICE_PATH=1: DDP's bucket (gradient_as_bucket_view) is one storage, read as one span
+    by the compiled pass; every row equals the script's own gradients."""
+    monkeypatch.setenv("MSMON_DEVICE_PATH", "1")
+    config = {"wg_distribution": True, "format": "csv", "ops": OPS}
+    out = run_accumulation(tmp_path, config, "sync", "3", "3", "-", "bucket_view", "keep_grads")
+    for rank in (0, 1):
+        truth = torch.load(tmp_path / f"truth_rank{rank}.pt")
+        directory = rank_dir(out, rank)
+        unreduced, reduced = read_csv_rows(directory, "grad_unreduced"), read_csv_rows(directory, "grad_reduced")
+        assert len(unreduced) == len(reduced) == 3 * 4
+        for row in unreduced:
+            assert_row_matches(row, reference_stats(truth["steps"][int(row["step"])]["micro"][-1][row["name"]], OPS))
+        for row in reduced:
+            assert_row_matches(row, reference_stats(truth["steps"][int(row["step"])]["reduced"][row["name"]], OPS))
+    assert "compiled statistics pass is off" not in (tmp_path / "stderr.txt").read_text()
