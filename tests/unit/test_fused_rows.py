@@ -221,7 +221,9 @@ def test_where_alignment_matters_the_first_compile_is_for_any_alignment_and_real
     assert counters["unique_graphs"] == 2, dict(counters)  # one per kernel: the unaligned first call's
 
 
-def test_msmons_own_compiled_graphs_are_not_taken_for_the_users_torch_compile(write_config, output_dir, caplog):
+def test_msmons_own_compiled_graphs_are_not_taken_for_the_users_torch_compile(
+    write_config, output_dir, caplog, monkeypatch
+):
     """The activation collector tells a user whose modules ran only inside torch.compile'd graphs
     from one who called none: msmon's own compiled statistics must not count as the user's."""
     import torch.nn.functional as F
@@ -229,8 +231,13 @@ def test_msmons_own_compiled_graphs_are_not_taken_for_the_users_torch_compile(wr
     from msmon import TrainerMon
 
     ts = [torch.randn(3000), torch.randn(10)]
-    batch_stats(ts, OPS, 1e-3)  # msmon's graphs exist in this process
-    assert fused_rows.own_graphs() > 0 or torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
+    torch._dynamo.reset()
+    monkeypatch.setattr(fused_rows, "_compiled", {})
+    monkeypatch.setattr(fused_rows, "KERNELS_PER_CALL", {})
+    monkeypatch.setattr(fused_rows, "_others", 0)
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    batch_stats(ts, OPS, 1e-3)  # msmon's graphs are built in this process
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > before
     model = torch.nn.Sequential(torch.nn.Linear(8, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     monitor = TrainerMon(write_config({"xy_distribution": True, "format": "csv"}), params_have_main_grad=False)

@@ -25,7 +25,6 @@ without grad (reentrant checkpointing), so gradients are still recorded once.
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 import torch
@@ -56,12 +55,7 @@ _MAX_CACHED_KEYS = 1 << 16  # row keys kept between steps (names of calls in a l
 def _graphs_compiled() -> bool:
     """Whether torch.compile built a graph of the user's in this process (dynamo's own count, less
     the graphs of msmon's compiled statistics; dynamo is not imported here when nothing imported it)."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    counters = getattr(utils, "counters", None)
-    try:
-        return bool(counters is not None and counters["stats"]["unique_graphs"] - fused_rows.own_graphs() > 0)
-    except (KeyError, TypeError):
-        return False
+    return fused_rows.users_graphs_compiled()
 
 
 def _batchable(t: torch.Tensor) -> bool:

@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import re
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -48,7 +49,8 @@ _DEVICES = ("cpu", "cuda")  # where Inductor generates code (C++, Triton)
 _lock = threading.Lock()
 _compiled: dict[bool, Callable[..., torch.Tensor]] = {}  # by masked
 _failed = False
-_own_graphs = 0
+_counted_to = 0  # dynamo's graph count after msmon's last compiled call (or last look)
+_others = 0  # graphs dynamo built outside msmon's calls
 _tally = threading.local()  # kernels launched by this thread's calls (benchmarks/op_counts.py)
 # kernels one call launches, per (dtype, device type, masked): read from the generated code on first use
 KERNELS_PER_CALL: dict[tuple[torch.dtype, str, bool], int] = {}
@@ -117,8 +119,7 @@ def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Te
     global _failed
     key = (x.dtype, x.device.type, bounds is not None)
     first = key not in KERNELS_PER_CALL
-    global _own_graphs
-    graphs = _graph_count()
+    _note_others()
     try:
         known = _loaded_modules() if first else None
         with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
@@ -139,21 +140,37 @@ def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Te
         _failed = True
         return None
     finally:
-        _own_graphs += _graph_count() - graphs
+        global _counted_to
+        _counted_to = _graph_count()
     _tally.kernels = getattr(_tally, "kernels", 0) + KERNELS_PER_CALL.get(key, 1)
     return out
 
 
 def _graph_count() -> int:
-    from torch._dynamo.utils import counters
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return int(counters["stats"]["unique_graphs"]) if counters is not None else 0
+    except (KeyError, TypeError, ValueError):
+        return 0
 
-    return int(counters["stats"]["unique_graphs"])
+
+def _note_others() -> None:
+    """Graphs dynamo counted since msmon's last call are somebody else's (the user's)."""
+    global _others
+    now = _graph_count()
+    if now > _counted_to:
+        _others += now - _counted_to
 
 
-def own_graphs() -> int:
-    """How many of torch.compile's graphs in this process are msmon's own (dynamo counts every
-    graph together; msmon tells the user's compiled modules apart by this)."""
-    return _own_graphs
+def users_graphs_compiled() -> bool:
+    """Whether torch.compile built a graph in this process other than msmon's own compiled
+    statistics (dynamo counts every graph together; a count dropped by a reset of dynamo's
+    counters loses nothing already seen)."""
+    _note_others()
+    global _counted_to
+    _counted_to = _graph_count()
+    return _others > 0
 
 
 def prepare(tensors: list[torch.Tensor]) -> None:
