@@ -4,12 +4,11 @@ Rank-local tensors (unreduced gradients, activations, the loss) differ across da
 ranks by design, since each rank trains on its own batch; what no rank should be is far from
 all the others. Each recorded step every rank contributes three numbers (statistics.py: its
 activation norm, loss and gradient norm), read on the writer thread from the step's rows once
-the step's one device-to-host copy has brought them there (the loss: the mean of
-StepContext.losses, computed on the device and started to the host in one non-blocking copy
-of one number, as the replica check's fingerprints are); a thread of this rank exchanges them
-in one all_gather on msmon's own gloo group over the data-parallel ranks, and names a rank
-that leaves the robust spread (anomaly/rank_spread.py), with the first tensor where it departs
-(compare.py). The training thread launches at most a mean and a copy; it never waits.
+the step's one device-to-host copy has brought them there (the loss from the loss rows, so
+only with loss_distribution: the rule makes no copy of its own); a thread of this rank
+exchanges them in one all_gather on msmon's own gloo group over the data-parallel ranks, and
+names a rank that leaves the robust spread (anomaly/rank_spread.py), with the first tensor where
+it departs (compare.py). The training thread does nothing for the rule but its setup.
 
 The group is the replica check's data-parallel group (replica_check/group.py's
 `replica_group`: set_monitor's dp_group, a framework's, DDP's), found at the first recorded
@@ -26,19 +25,17 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
 from ...anomaly.event import RANK_OUTLIER_RULE
 from ...anomaly.rank_spread import DEFAULT_K, MIN_RANKS
 from ...output.handoff import StepConsumer
 from ...runtime.exchange_thread import ExchangeThread
-from ...runtime.transfer import copy_to_host
 from ..base import Collector
 from ..registry import register
 from ..replica_check.group import EXCHANGES, own_group, replica_group
 from .compare import compare_step, dump_record
-from .statistics import RankStatistics, read_statistics
+from .statistics import RankStatistics, mean_loss, read_statistics
 
 if TYPE_CHECKING:
     from ...config import MonitorConfig
@@ -70,7 +67,6 @@ class OutlierState:
     group: Any = None
     ranks: list[int] = field(default_factory=list)
     exchange: ExchangeThread[RankStatistics] = field(default_factory=ExchangeThread)
-    losses: dict[int, tuple[torch.Tensor, list[Any]]] = field(default_factory=dict)  # step -> its loss on its way
     alarms: int = 0  # steps at which this rank was named
 
 
@@ -86,13 +82,8 @@ class RankOutlierCollector(Collector):
         self.state: OutlierState = state
 
     def after_update(self) -> None:
-        ctx, state = self.ctx, self.state
-        if not ctx.recording or not self._resolve():
-            return
-        if ctx.losses:  # on the device: a mean and a non-blocking copy, nothing waited for here
-            losses = [loss.detach().reshape(()).to(torch.float64) for loss in ctx.losses]
-            mean = torch.stack([loss.to(losses[0].device) for loss in losses]).mean().reshape(1)
-            state.losses[ctx.step] = copy_to_host(mean)
+        if self.ctx.recording:
+            self._resolve()  # the rows are read on the writer thread (StatisticsConsumer)
 
     # -- setup, once, at the first recorded step (the model is wrapped by then) -----------------
     def _resolve(self) -> bool:
@@ -123,11 +114,12 @@ class RankOutlierCollector(Collector):
         )
         ctx.watch_steps(StatisticsConsumer(state))
         logger.info(
-            "msmon[rank %d]: %s compares data-parallel ranks %s every recorded step (threshold %g)",
+            "msmon[rank %d]: %s compares data-parallel ranks %s every recorded step (threshold %g)%s",
             ctx.rank,
             RANK_OUTLIER_RULE,
             state.ranks,
             state.k,
+            "" if ctx.config.loss_distribution else "; no loss compared: it is read from loss_distribution's rows",
         )
         return True
 
@@ -171,17 +163,8 @@ class StatisticsConsumer(StepConsumer):
         return self.state.alarms
 
     def consume(self, record: StepRecord, batch: HostBatch) -> None:
-        state = self.state
-        if state.off is not None:
-            return
-        loss = None
-        for step in [s for s in list(state.losses) if s <= record.step]:  # list(): one C call, safe
-            host, events = state.losses.pop(step)
-            if step == record.step:
-                for event in events:
-                    event.synchronize()
-                loss = float(host[0])
-        state.exchange.put(read_statistics(record, loss))
+        if self.state.off is None:
+            self.state.exchange.put(read_statistics(record, mean_loss(batch.keys, batch.values)))
 
     def writer_closed(self) -> None:
         """Wait (a bounded time) for the comparisons of the last steps."""
