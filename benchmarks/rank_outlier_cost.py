@@ -4,14 +4,13 @@
     python benchmarks/rank_outlier_cost.py --ranks 4 --json out.json
 
 Each rank trains the benchmark's model (workloads.py) under DistributedDataParallel with AdamW,
-monitored with the wg configuration (`wg_distribution`), with and without the rule, the two
-settings alternating repeat after repeat; the script puts each step's loss into
-StepContext.losses, as the loss collector does, so the loss's mean and copy are counted too.
-The rule needs three ranks at least (with two it is off). Per step it records the step's wall
-and training-thread CPU time, the monitor's own clock on the training thread, the writer
-thread's CPU time, and the rule's own CPU time on each thread it uses (training: the loss's
-mean and copy; writer: reading the rank's statistics from the rows; exchange: the gather and
-the test), which other processes on a shared machine cannot inflate. The 5-number all_gather
+monitored with the wg configuration (`wg_distribution`) and `loss_distribution` (the rows the
+rule reads its loss from), with and without the rule, the two settings alternating repeat after
+repeat. The rule needs three ranks at least (with two it is off). Per step it records the step's
+wall and training-thread CPU time, the monitor's own clock on the training thread, the writer
+thread's CPU time, and the rule's own CPU time on each thread it uses (training: its setup
+check; writer: reading the rank's statistics and loss from the step's rows; exchange: the
+gather and the test), which other processes on a shared machine cannot inflate. The 5-number all_gather
 on msmon's gloo group is also timed alone.
 The table gives the median of the repeats' medians and their range.
 """
@@ -34,11 +33,13 @@ import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from workloads import MODELS, lm_loss, monitor_config  # noqa: E402
+from workloads import MODELS, monitor_config, train_step  # noqa: E402
 
 # nan_origin, on by default with any alert rule, is kept off: it hooks every module, and is not the rule's cost
 RULE = {"alert": {"rules": [{"rule_name": "AnomalyRankOutlier"}]}, "nan_origin": False}
-SETTINGS = {"wg": {}, "wg+AnomalyRankOutlier": RULE}
+LOSS = {"loss_distribution": True}  # in both settings: the rule's loss is read from these rows
+BASE, WITH_RULE = "wg+loss", "wg+loss+AnomalyRankOutlier"
+SETTINGS = {BASE: LOSS, WITH_RULE: {**LOSS, **RULE}}
 
 
 def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: str) -> None:
@@ -79,7 +80,7 @@ def worker(rank: int, world: int, init: str, args: argparse.Namespace, results: 
                 before = mon.ctx.cost.seconds
                 started, started_cpu = time.perf_counter(), time.thread_time()
                 batch = spec.batch_of(gen, torch.device("cpu"))
-                loss = train_step_keeping_loss(model, optimizer, batch, mon)
+                loss = train_step(model, optimizer, batch)
                 if step >= args.warmup:
                     step_ms.append(1e3 * (time.perf_counter() - started))
                     step_cpu_ms.append(1e3 * (time.thread_time() - started_cpu))
@@ -128,17 +129,6 @@ def cpu_clocked(fn, total: list[float]):
     return clocked
 
 
-def train_step_keeping_loss(model, optimizer, batch, mon) -> torch.Tensor:
-    """workloads.train_step, with the loss put into StepContext.losses before the optimizer
-    steps, as the loss collector does (both settings: only the rule reads it)."""
-    loss = lm_loss(model, batch)
-    loss.backward()
-    mon.ctx.losses.append(loss.detach())
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss.detach()
-
-
 def summary(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ms ({min(values):.2f}–{max(values):.2f})"
 
@@ -182,7 +172,7 @@ def main() -> None:
             f"| {name} | {summary([r['step_ms'] for r in rows])} | {summary([r['step_cpu_ms'] for r in rows])} | "
             f"{summary([r['monitor_ms'] for r in rows])} | {summary([r['writer_cpu_ms'] for r in rows])} |"
         )
-    base, rule = out["steps"]["wg"], out["steps"]["wg+AnomalyRankOutlier"]
+    base, rule = out["steps"][BASE], out["steps"][WITH_RULE]
     print(
         "the rule's own CPU time per step: training thread "
         f"{summary([r['rule_training_cpu_ms'] for r in rule])}, writer thread "
@@ -191,9 +181,9 @@ def main() -> None:
     )
     step_cpu = statistics.median(r["step_cpu_ms"] for r in base)
     training = statistics.median(r["rule_training_cpu_ms"] for r in rule)
-    print(f"training-thread share: {100 * training / step_cpu:.3f} % of the wg step's CPU time ({step_cpu:.1f} ms)")
+    print(f"training-thread share: {100 * training / step_cpu:.3f} % of the {BASE} step's CPU time ({step_cpu:.1f} ms)")
     ratios = [r["step_ms"] / b["step_ms"] for b, r in zip(base, rule)]
-    print(f"step wall, rule / wg, per repeat: {', '.join(f'{x:.3f}' for x in ratios)}")
+    print(f"step wall, rule / wg+loss, per repeat: {', '.join(f'{x:.3f}' for x in ratios)}")
     print(f"the 5-number all_gather alone (background thread): {summary(out['alone']['gather_ms'])} wall")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -8,6 +8,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
@@ -59,10 +60,14 @@ def _entries(directories: list[str]) -> dict[str, set[str]]:
 
 
 def _run_past_gloo_teardown_abort(*args, **kwargs):
+    return _rerun_past_gloo_teardown_abort(_run_once, *args, **kwargs)
+
+
+def _rerun_past_gloo_teardown_abort(run, *args, **kwargs):
     argv = args[0] if args else kwargs.get("args")
     outputs = _monitor_output_dirs(argv, kwargs.get("env"))
     before = _entries(outputs)
-    result = _run_once(*args, **kwargs)
+    result = run(*args, **kwargs)
     for _ in range(GLOO_TEARDOWN_RERUNS):
         if result.returncode == 0 or GLOO_TEARDOWN_ABORT not in _output_of(result):
             break
@@ -76,11 +81,55 @@ def _run_past_gloo_teardown_abort(*args, **kwargs):
                     shutil.rmtree(path, ignore_errors=True)
                 else:
                     os.remove(path)
-        result = _run_once(*args, **kwargs)
+        result = run(*args, **kwargs)
     return result
 
 
 subprocess.run = _run_past_gloo_teardown_abort
+
+
+def run_job(
+    argv: list[str], *, timeout: float, env: dict | None = None, cwd: str | Path | None = None
+) -> subprocess.CompletedProcess:
+    """A job of several processes (a launcher and the ranks it starts), bounded: it runs in a
+    session of its own, and when `timeout` passes every process of that session is killed and
+    the test fails with what the job printed until then. subprocess.run's timeout kills only
+    the process it started: ranks left waiting for a peer that is gone would wait out gloo's
+    30 minutes, with the test's output pipes open. Processes of the session still alive when
+    the job ends are killed too. A gloo teardown abort is run again, as with subprocess.run."""
+    return _rerun_past_gloo_teardown_abort(_run_in_session, argv, timeout=timeout, env=env, cwd=cwd)
+
+
+def _run_in_session(argv: list[str], *, timeout: float, env: dict | None, cwd: str | Path | None):
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_session(proc.pid)
+        try:  # the pipes close once every process of the session is gone; nothing said is lost
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # a process left the session and holds the pipes
+            proc.kill()
+            out, err = "", "(the output could not be read: a process outside the session holds the pipes)"
+        pytest.fail(
+            f"the job timed out after {timeout:g} s and was killed with every process it started: "
+            f"{' '.join(map(str, argv))[:500]}\n--- its stdout (end) ---\n{out[-3000:]}\n"
+            f"--- its stderr (end) ---\n{err[-10000:]}",
+            pytrace=False,
+        )
+    finally:
+        _kill_session(proc.pid)
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _kill_session(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # no process of the session is left
+        pass
+
 
 ALL_OPS = list(OPS)  # every op, in the table's order
 

@@ -8,6 +8,8 @@ The values are checked independently: the weights at step 0 against the same see
 built here, and the reduced gradients of both ranks against each other (DDP all-reduces them,
 so the two monitored ranks must agree). The launcher's own processes (accelerate's, deepspeed's,
 the mp.spawn parent) must say nothing, in particular not "no torch.optim optimizer was created".
+Every job runs through conftest.run_job: past JOB_TIMEOUT it is killed with all its processes
+and its test fails with what it printed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import json
 import os
 import re
 import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Callable
@@ -25,7 +26,7 @@ from typing import Callable
 import pytest
 import torch
 
-from conftest import MLP, ROOT, read_csv_rows
+from conftest import MLP, ROOT, read_csv_rows, run_job
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +35,9 @@ BIN = Path(sys.executable).parent  # accelerate's and deepspeed's programs, inst
 MSMON = [sys.executable, "-m", "msmon.launcher"]
 CONFIG = {"wg_distribution": True, "param_distribution": True, "format": ["csv"], "ops": ["norm", "max"], "ndigits": 12}
 STEPS = 3
+# each job takes under a minute; a job past this is killed with every process it started, and its
+# test fails with what it printed (conftest.run_job), never leaving ranks waiting for each other
+JOB_TIMEOUT = 300
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -61,7 +65,7 @@ def config(tmp_path_factory) -> str:
 def msmon_run(config: str, out: Path, *command: str, no_torchrun: bool = False, env: dict | None = None):
     flags = ["--no-torchrun"] if no_torchrun else []
     argv = [*MSMON, "run", "--config", config, "--output-dir", str(out), *flags, "--", *command]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env or clean_env(), cwd=out.parent)
+    return run_job(argv, timeout=JOB_TIMEOUT, env=env or clean_env(), cwd=out.parent)
 
 
 def seeded(model: Callable[[], torch.nn.Module], prefix: str = "") -> dict[str, torch.Tensor]:
@@ -140,7 +144,7 @@ def test_the_deepspeed_launcher_monitors_both_ranks(config, tmp_path):
 
 def test_torch_multiprocessing_spawn_monitors_both_spawned_ranks(config, tmp_path):
     out = tmp_path / "out"
-    script = [str(SCRIPTS / "launcher_spawn.py"), "--how", "spawn", "--port", str(free_port())]
+    script = [str(SCRIPTS / "launcher_spawn.py"), "--how", "spawn", "--rendezvous", str(tmp_path)]
     proc = msmon_run(config, out, *script, no_torchrun=True)
     assert_every_rank_monitored(proc, out, seeded(MLP))
 
@@ -150,14 +154,8 @@ def test_srun_tasks_are_monitored_with_their_slurm_rank_before_torch_distributed
     The script builds its optimizer before init_process_group, so the rank msmon names the
     directory after can only come from SLURM_PROCID."""
     out = tmp_path / "out"
-    script = [str(SCRIPTS / "launcher_spawn.py"), "--how", "slurm", "--port", str(free_port())]
+    script = [str(SCRIPTS / "launcher_spawn.py"), "--how", "slurm", "--rendezvous", str(tmp_path)]
     task = [*MSMON, "run", "--config", config, "--output-dir", str(out), "--no-torchrun", "--", *script]
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "fake_srun.py"), "2", "--", *task],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=clean_env(),
-        cwd=tmp_path,
-    )
+    srun = [sys.executable, str(SCRIPTS / "fake_srun.py"), "2", "--", *task]
+    proc = run_job(srun, timeout=JOB_TIMEOUT, env=clean_env(), cwd=tmp_path)
     assert_every_rank_monitored(proc, out, seeded(MLP))

@@ -93,20 +93,30 @@ def test_the_rank_fed_corrupted_batches_is_named_first_at_that_step_as_one_ranks
     )
 
 
-# -- the loss joins when the loss collector fills StepContext.losses -------------------------------
+# -- the loss joins with loss_distribution, read from its rows ------------------------------------
 LOSS_RANKS, LOSS_RANK, LOSS_STEP, LOSS_STEPS = 3, 1, 4, 7
 
 
 def _loss_rank(rank: int, tmp: str) -> None:
     """One rank of a 3-rank DDP job using the API, two micro-steps a step (no_sync on the
-    first); the script puts each micro-step's loss into the monitor's StepContext.losses, as
-    the loss collector does. From step 4 on rank 1 adds 100 to its loss: its gradients are
-    unchanged, only its loss departs."""
+    first), with loss_distribution recording each micro-step's loss. From step 4 on rank 1 adds
+    100 to its loss: its gradients are unchanged, only its loss departs. Every device-to-host
+    copy msmon starts is counted (runtime/transfer.py's one function that starts them)."""
     import os
 
     import torch.distributed as dist
 
     from msmon import TrainerMon
+    from msmon.runtime import transfer
+
+    copies = [0]
+    to_host = transfer._to_host
+
+    def counted(t, events):
+        copies[0] += 1
+        return to_host(t, events)
+
+    transfer._to_host = counted
 
     os.environ["MONITOR_OUTPUT_DIR"] = f"{tmp}/out"
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=LOSS_RANKS)
@@ -127,21 +137,21 @@ def _loss_rank(rank: int, tmp: str) -> None:
                     loss.backward()
             else:
                 loss.backward()
-            monitor.ctx.losses.append(loss.detach())  # what the loss collector does
             losses.append(loss.item())
         means.append(sum(losses) / 2)
         optimizer.step()
         optimizer.zero_grad()
     monitor.close()
-    (Path(tmp) / f"means_rank{rank}.json").write_text(json.dumps(means))
+    (Path(tmp) / f"means_rank{rank}.json").write_text(json.dumps({"means": means, "copies": copies[0]}))
     dist.destroy_process_group()
 
 
 @pytest.mark.e2e
-def test_a_rank_whose_loss_alone_departs_is_named_by_its_mean_loss(tmp_path):
+def test_a_rank_whose_loss_alone_departs_is_named_by_its_mean_loss_read_from_the_steps_one_copy(tmp_path):
     import torch.multiprocessing as mp
 
     config = {
+        "loss_distribution": True,  # the rule's loss is the mean of these rows: no loss without them
         "wg_distribution": True,
         "ops": ["norm"],
         "format": "csv",
@@ -149,7 +159,11 @@ def test_a_rank_whose_loss_alone_departs_is_named_by_its_mean_loss(tmp_path):
     }
     (tmp_path / "monitor.json").write_text(json.dumps(config))
     mp.spawn(_loss_rank, args=(str(tmp_path),), nprocs=LOSS_RANKS, join=True)
-    means = [json.loads((tmp_path / f"means_rank{r}.json").read_text()) for r in range(LOSS_RANKS)]
+    saved = [json.loads((tmp_path / f"means_rank{r}.json").read_text()) for r in range(LOSS_RANKS)]
+    means = [s["means"] for s in saved]
+    # one device-to-host copy per step on every rank: the rule reads the loss from the step's rows
+    # (it made a second one, of the mean loss, before)
+    assert [s["copies"] for s in saved] == [LOSS_STEPS] * LOSS_RANKS
     records = dump_records(tmp_path)
     assert list(records) == [LOSS_RANK]
     assert [r["step"] for r in records[LOSS_RANK]] == list(range(LOSS_STEP, LOSS_STEPS))

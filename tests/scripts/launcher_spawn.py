@@ -5,6 +5,12 @@ monitoring code: `--how spawn` calls torch.multiprocessing.spawn (the parent bui
 The srun task builds its model and optimizer before torch.distributed starts, so a monitor
 attached at construction must take the rank from SLURM_PROCID. Both train the same small MLP
 (seed 0) with DDP on gloo for 3 steps, 2 micro-batches each.
+
+The ranks meet through a file in `--rendezvous` (a directory), named for the job (the spawning
+process's id; srun's SLURM_JOB_ID), so that a job run again never finds a previous attempt's
+file; not through a TCP port: a port the test found free and rank 0 binds seconds later can be
+taken in between (by any process's outgoing connection), and then rank 0 fails to bind it and
+rank 1 connects to whoever holds it, waiting for an answer until gloo's timeout.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import MLP  # noqa: E402
 
 
-def train(rank: int, world: int, port: int, optimizer_first: bool) -> None:
-    init = f"tcp://127.0.0.1:{port}"
+def train(rank: int, world: int, rendezvous: str, optimizer_first: bool) -> None:
+    init = f"file://{rendezvous}"
     if not optimizer_first:
         dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     torch.manual_seed(0)
@@ -45,12 +51,15 @@ def train(rank: int, world: int, port: int, optimizer_first: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--how", choices=["spawn", "slurm"], required=True)
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--rendezvous", required=True, help="a directory for the ranks' rendezvous file")
     args = parser.parse_args()
     if args.how == "spawn":
-        mp.spawn(train, args=(2, args.port, False), nprocs=2, join=True)
+        store = os.path.join(args.rendezvous, f"spawn-{os.getpid()}")
+        mp.spawn(train, args=(2, store, False), nprocs=2, join=True)
     else:
-        train(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"]), args.port, optimizer_first=True)
+        rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+        store = os.path.join(args.rendezvous, f"slurm-{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}")
+        train(rank, world, store, optimizer_first=True)
 
 
 if __name__ == "__main__":

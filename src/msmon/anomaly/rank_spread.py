@@ -7,25 +7,28 @@ MAD = median(|x_r - m|), rank r departs when
 
 1.4826 * MAD is the standard deviation of normally spread values, estimated so that a minority
 of outliers cannot move it (a mean and a standard deviation follow the outlier they should
-expose). k is the rule's `threshold` (DEFAULT_K = 5). The floor matters with few ranks: three of
-four healthy values can lie close together by chance, MAD then is tiny and the fourth, healthy
-too, would look far away; rank-local statistics of different batches differ by a fraction of
-their size, so s is never below FLOOR (15 %) of |m|. With k = 5 a rank is named only when its
-value is more than 0.75 |m| away from the median: above 1.75 times it, or below a quarter of it
-(a rank fed zeros or a constant). Where the ranks' healthy spread is wider than that (a few
-samples per rank: the loss of 8 samples can be twice that of 8 others), raise k. The test needs
-MIN_RANKS (3) values: with two, neither is the odd one out.
+expose); anomaly/robust_spread.py computes m and s, the report's robust z-scores too (with a
+narrower floor). k is the rule's `threshold` (DEFAULT_K = 5). The floor matters with few ranks:
+three of four healthy values can lie close together by chance, MAD then is tiny and the fourth,
+healthy too, would look far away; rank-local statistics of different batches differ by a
+fraction of their size, so s is never below FLOOR (15 %) of |m|. With k = 5 a rank is named only
+when its value is more than 0.75 |m| away from the median: above 1.75 times it, or below a
+quarter of it (a rank fed zeros or a constant). Where the ranks' healthy spread is wider than
+that (a few samples per rank: the loss of 8 samples can be twice that of 8 others), raise k. The
+test needs MIN_RANKS (3) values: with two, neither is the odd one out.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .robust_spread import MAD_SCALE, robust_spread
+
+__all__ = ["DEFAULT_K", "FLOOR", "MAD_SCALE", "MIN_RANKS", "Spread", "departing", "first_departing", "spread"]
+
 DEFAULT_K = 5.0
-MAD_SCALE = 1.4826
 FLOOR = 0.15
 MIN_RANKS = 3
 
@@ -50,9 +53,7 @@ def spread(values: Sequence[float]) -> Spread | None:
     finite = [v for v in values if math.isfinite(v)]
     if len(finite) < MIN_RANKS:
         return None
-    median = statistics.median(finite)
-    mad = statistics.median(abs(v - median) for v in finite)
-    scale = max(MAD_SCALE * mad, FLOOR * abs(median))
+    median, scale = robust_spread(finite, FLOOR)
     return Spread(median, scale) if scale > 0 else None
 
 

@@ -4,9 +4,10 @@ Every backward pass starts from a scalar: the loss. While this collector is atta
 backward calls are watched (hooks/core/backward_calls.py) and each one that starts from a
 single floating-point element is one micro-step's loss, numbered in call order within the
 step: a row of category `loss` (column `value`, `loss_*.csv`, the TensorBoard scalar
-`0:loss:{micro}/rank{r}/loss_value`) and an entry of `ctx.losses`, where the rank comparison
-reads it. The value is the script's own tensor, detached, as it is on the device: no host read,
-nothing computed, so the training is unchanged and the row holds the loss bit for bit.
+`0:loss:{micro}/rank{r}/loss_value`, the rows AnomalyRankOutlier reads its loss from) and an
+entry of `ctx.losses` (the step's losses on the device). The value is the script's own tensor,
+detached, as it is on the device: no host read, nothing computed, so the training is unchanged
+and the row holds the loss bit for bit.
 
 Where a loss scaler scaled the tensor backward runs on, the unscaled loss the scaler was given
 is recorded instead (torch's GradScaler, Megatron's grad_scale_func, DeepSpeed's

@@ -62,8 +62,9 @@ class StepContext:
         self.use_main_grad = False
         self.tracker: MicroStepTracker | None = None  # forward/backward micro-steps, when built
         # the step's losses as the script computed them (unscaled, 0-d, on the device, one per
-        # micro-step in order), put here by the loss collector (loss_distribution) and read by
-        # whatever compares ranks; cleared at the end of every step
+        # micro-step in order), put here by the loss collector (loss_distribution) for a collector
+        # that needs them on the device; cleared at the end of every step (the rank comparison reads
+        # the loss rows on the host instead: no copy of its own)
         self.losses: list[torch.Tensor] = []
         self.cost = CostMeter()
         self.failed: set[str] = set()  # collectors switched off by a failure (logged once each)

@@ -4,43 +4,38 @@ Rank-local tensors (unreduced gradients, activations, the loss) differ across da
 ranks by design, since each rank trains on its own batch; what no rank should be is far from
 all the others. Each recorded step every rank contributes three numbers (statistics.py: its
 activation norm, loss and gradient norm), read on the writer thread from the step's rows once
-the step's one device-to-host copy has brought them there (the loss: the mean of
-StepContext.losses, computed on the device and started to the host in one non-blocking copy
-of one number, as the replica check's fingerprints are); a thread of this rank exchanges them
-in one all_gather on msmon's own gloo group over the data-parallel ranks, and names a rank
-that leaves the robust spread (anomaly/rank_spread.py), with the first tensor where it departs
-(compare.py). The training thread launches at most a mean and a copy; it never waits.
+the step's one device-to-host copy has brought them there (the loss from the loss rows, so
+only with loss_distribution: the rule makes no copy of its own); a thread of this rank
+exchanges them in one all_gather on msmon's own gloo group over the data-parallel ranks, and
+names a rank that leaves the robust spread (anomaly/rank_spread.py), with the first tensor where
+it departs (compare.py). The training thread does nothing for the rule but its setup.
 
 The group is the replica check's data-parallel group (replica_check/group.py's
 `replica_group`: set_monitor's dp_group, a framework's, DDP's), found at the first recorded
 step, when the model is wrapped; the exchange has its own gloo group over the recording ranks
-of it. Fewer than three recording ranks (one rank, no data parallelism, two replicas: neither
-is the odd one out) switch the rule off with one line. The rule's settings are read when the
-monitor attaches; edits while training runs are ignored (every rank must keep comparing the
-same steps).
+of it, and its thread is runtime/exchange_thread.py's. Fewer than three recording ranks (one
+rank, no data parallelism, two replicas: neither is the odd one out) switch the rule off with
+one line. The rule's settings are read when the monitor attaches; edits while training runs are
+ignored (every rank must keep comparing the same steps).
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
 from ...anomaly.event import RANK_OUTLIER_RULE
 from ...anomaly.rank_spread import DEFAULT_K, MIN_RANKS
 from ...output.handoff import StepConsumer
-from ...runtime.transfer import copy_to_host
-from ...system.torch_threads import torch_on_this_thread_only
+from ...runtime.exchange_thread import ExchangeThread
 from ..base import Collector
 from ..registry import register
 from ..replica_check.group import EXCHANGES, own_group, replica_group
 from .compare import compare_step, dump_record
-from .statistics import RankStatistics, read_statistics
+from .statistics import RankStatistics, mean_loss, read_statistics
 
 if TYPE_CHECKING:
     from ...config import MonitorConfig
@@ -71,9 +66,7 @@ class OutlierState:
     off: str | None = None
     group: Any = None
     ranks: list[int] = field(default_factory=list)
-    jobs: queue.Queue[RankStatistics] = field(default_factory=queue.Queue)
-    thread: threading.Thread | None = None
-    losses: dict[int, tuple[torch.Tensor, list[Any]]] = field(default_factory=dict)  # step -> its loss on its way
+    exchange: ExchangeThread[RankStatistics] = field(default_factory=ExchangeThread)
     alarms: int = 0  # steps at which this rank was named
 
 
@@ -89,13 +82,8 @@ class RankOutlierCollector(Collector):
         self.state: OutlierState = state
 
     def after_update(self) -> None:
-        ctx, state = self.ctx, self.state
-        if not ctx.recording or not self._resolve():
-            return
-        if ctx.losses:  # on the device: a mean and a non-blocking copy, nothing waited for here
-            losses = [loss.detach().reshape(()).to(torch.float64) for loss in ctx.losses]
-            mean = torch.stack([loss.to(losses[0].device) for loss in losses]).mean().reshape(1)
-            state.losses[ctx.step] = copy_to_host(mean)
+        if self.ctx.recording:
+            self._resolve()  # the rows are read on the writer thread (StatisticsConsumer)
 
     # -- setup, once, at the first recorded step (the model is wrapped by then) -----------------
     def _resolve(self) -> bool:
@@ -121,15 +109,17 @@ class RankOutlierCollector(Collector):
         except Exception as exc:  # gloo cannot connect, say: the rule is off, training goes on
             return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}", error=True)
         state.ranks = list(dist.get_process_group_ranks(state.group))
-        state.thread = threading.Thread(target=self._loop, name=f"msmon-outlier-rank{ctx.rank}", daemon=True)
-        state.thread.start()
+        state.exchange.start(
+            f"msmon-outlier-rank{ctx.rank}", ctx.rank, state, self._compare, RANK_OUTLIER_RULE, "comparing the ranks"
+        )
         ctx.watch_steps(StatisticsConsumer(state))
         logger.info(
-            "msmon[rank %d]: %s compares data-parallel ranks %s every recorded step (threshold %g)",
+            "msmon[rank %d]: %s compares data-parallel ranks %s every recorded step (threshold %g)%s",
             ctx.rank,
             RANK_OUTLIER_RULE,
             state.ranks,
             state.k,
+            "" if ctx.config.loss_distribution else "; no loss compared: it is read from loss_distribution's rows",
         )
         return True
 
@@ -138,27 +128,7 @@ class RankOutlierCollector(Collector):
         (logger.error if error else logger.info)("msmon[rank %d]: %s off: %s", self.ctx.rank, RANK_OUTLIER_RULE, reason)
         return False
 
-    # -- the exchange (this rank's thread) --------------------------------------------------------
-    def _loop(self) -> None:
-        torch_on_this_thread_only()  # a team of its own would slow every parallel op of the training
-        state = self.state
-        while True:
-            mine = state.jobs.get()
-            try:
-                if state.off is None:
-                    self._compare(mine)
-            except Exception as exc:  # contained: the rule stops, training goes on
-                state.off = f"comparing the ranks failed: {exc!r}"
-                logger.error(
-                    "msmon[rank %d]: %s at step %d failed and is switched off; training continues: %r",
-                    self.ctx.rank,
-                    RANK_OUTLIER_RULE,
-                    mine.step,
-                    exc,
-                )
-            finally:
-                state.jobs.task_done()
-
+    # -- the exchange (this rank's thread: runtime/exchange_thread.py) ------------------------------
     def _compare(self, mine: RankStatistics) -> None:
         state, ctx = self.state, self.ctx
         outcome = compare_step(mine, state.group, state.ranks, state.k)
@@ -193,27 +163,15 @@ class StatisticsConsumer(StepConsumer):
         return self.state.alarms
 
     def consume(self, record: StepRecord, batch: HostBatch) -> None:
-        state = self.state
-        if state.off is not None:
-            return
-        loss = None
-        for step in [s for s in list(state.losses) if s <= record.step]:  # list(): one C call, safe
-            host, events = state.losses.pop(step)
-            if step == record.step:
-                for event in events:
-                    event.synchronize()
-                loss = float(host[0])
-        state.jobs.put(read_statistics(record, loss))
+        if self.state.off is None:
+            self.state.exchange.put(read_statistics(record, mean_loss(batch.keys, batch.values)))
 
     def writer_closed(self) -> None:
         """Wait (a bounded time) for the comparisons of the last steps."""
-        jobs = self.state.jobs
-        with jobs.all_tasks_done:
-            if jobs.unfinished_tasks and not jobs.all_tasks_done.wait_for(
-                lambda: not jobs.unfinished_tasks, FLUSH_SECONDS
-            ):
-                logger.warning(
-                    "msmon: %d rank comparison(s) still waiting for the other ranks after %.0f s; not reported",
-                    jobs.unfinished_tasks,
-                    FLUSH_SECONDS,
-                )
+        left = self.state.exchange.flush(FLUSH_SECONDS)
+        if left:
+            logger.warning(
+                "msmon: %d rank comparison(s) still waiting for the other ranks after %.0f s; not reported",
+                left,
+                FLUSH_SECONDS,
+            )

@@ -3,8 +3,9 @@
 Three rank-local statistics, in the order training makes them:
 - `activation norm`: sqrt of the sum of the squared `norm`s of the step's activation rows
   (category actv, every module and micro-step recorded: xy_distribution);
-- `loss`: the mean of the step's losses (StepContext.losses, one per micro-step, put there by
-  the loss collector: loss_distribution); absent without them;
+- `loss`: the mean of the step's loss rows (category loss, one per micro-step, recorded by the
+  loss collector: loss_distribution; `mean_loss`); absent without them. The rows came to the
+  host in the step's one copy: no second copy, nothing computed on the training thread;
 - `gradient norm`: the global norm of the rank-local gradient, sqrt of the sum of the squared
   `norm`s of the grad_unreduced rows (wg_distribution; per micro-step rows with
   monitor_mbs_grad: then the root of their squares summed over micro-steps).
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...output.records import BACKWARD, FORWARD, StepRecord
+from ...output.records import BACKWARD, FORWARD, RowKey, StepRecord
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,16 @@ class RankStatistics:
     values: dict[str, float]  # statistic key -> value (NaN: absent)
     tensors: dict[str, Tensors]  # statistic key -> its tensors
     layout: int  # a digest of the tensors' names: equal on every rank that can be compared tensor by tensor
+
+
+def mean_loss(keys: list[RowKey], table: torch.Tensor) -> float | None:
+    """The mean of the step's loss rows (None: none), given the step's whole host batch: the
+    loss rows are a feature category of their own column, which the writer takes out of the
+    StepRecord it hands on (output/sinks/feature_rows.py), so they are read from the batch."""
+    rows = [i for i, key in enumerate(keys) if key.category == LOSS.category]
+    if not rows or table.shape[-1] == 0:
+        return None
+    return float(table[rows, 0].double().mean())  # a loss row holds the loss in every column (loss.py)
 
 
 def read_statistics(record: StepRecord, loss: float | None) -> RankStatistics:

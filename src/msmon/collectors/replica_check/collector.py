@@ -3,10 +3,11 @@
 Every `replica_check.every` steps, right after the optimizer step, each rank fingerprints its
 replicated weights (and, with `grads`, the reduced gradients, taken before the update) on
 their device (fingerprint.py: any single flipped bit changes a fingerprint). The fingerprints
-go to the host in one non-blocking copy; a background thread of this rank then exchanges them
-with the other replicas in one all_gather on msmon's own gloo group, compares them and names
-the rank(s) whose copy differs from the majority (with two replicas: both). The training
-thread launches kernels and a copy, nothing more; steps that are not checked cost nothing.
+go to the host in one non-blocking copy; a background thread of this rank
+(runtime/exchange_thread.py) then exchanges them with the other replicas in one all_gather on
+msmon's own gloo group, compares them and names the rank(s) whose copy differs from the majority
+(with two replicas: both). The training thread launches kernels and a copy, nothing more; steps
+that are not checked cost nothing.
 
 Replicated means the same tensor on every rank of the data-parallel group: the model's
 parameters under DDP, DeepSpeed stage 0-2 and Megatron; whole fp32 main copies where the
@@ -37,7 +38,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -48,7 +48,6 @@ from ...anomaly.event import REPLICA_OP, REPLICA_RULE
 from ...output.artifacts import write_artifact
 from ...runtime.transfer import copy_to_host
 from ...stats.fingerprint import Fingerprinter
-from ...system.torch_threads import torch_on_this_thread_only
 from ..base import Collector
 from ..registry import register
 from .compare import Mismatch, compare
@@ -149,8 +148,15 @@ class ReplicaCheckCollector(Collector):
         grads, _, skipped_g = select_grads(ctx, self.named, state.group_ranks) if state.settings.grads else ([], [], [])
         state.checked = [checked(e) for e in grads + weights]
         state.skipped = skipped_g + skipped_w
-        state.thread = threading.Thread(target=self._exchange_loop, name=f"msmon-replica-rank{ctx.rank}", daemon=True)
-        state.thread.start()
+        state.exchange.start(
+            f"msmon-replica-rank{ctx.rank}",
+            ctx.rank,
+            state,
+            self._exchange,
+            "replica check",
+            "exchanging fingerprints",
+            failed=self._write_report,
+        )
         logger.info(
             "msmon[rank %d]: replica check every %d steps over data-parallel ranks %s: %d tensors, %d skipped "
             "(not replicas)",
@@ -204,29 +210,9 @@ class ReplicaCheckCollector(Collector):
         header = torch.tensor([self.ctx.step, int.from_bytes(layout, "little", signed=True)], dtype=torch.int64)
         job = Job(self.ctx.step, entries, header, fps)
         job.fingerprints, job.events = copy_to_host(fps)
-        self.state.jobs.put(job)
+        self.state.exchange.put(job)
 
-    # -- the exchange (this rank's thread) -----------------------------------------------------------
-    def _exchange_loop(self) -> None:
-        torch_on_this_thread_only()  # a team of its own would slow every parallel op of the training
-        state = self.state
-        while True:
-            job = state.jobs.get()
-            try:
-                if state.off is None:
-                    self._exchange(job)
-            except Exception as exc:  # contained: the check stops, training goes on
-                state.off = f"exchanging fingerprints failed: {exc!r}"
-                logger.error(
-                    "msmon[rank %d]: replica check at step %d failed and is switched off; training continues: %r",
-                    self.ctx.rank,
-                    job.step,
-                    exc,
-                )
-                self._write_report()
-            finally:
-                state.jobs.task_done()
-
+    # -- the exchange (this rank's thread: runtime/exchange_thread.py) --------------------------------
     def _exchange(self, job: Job) -> None:
         state = self.state
         for event in job.events:
@@ -332,17 +318,14 @@ class ReplicaCheckCollector(Collector):
 
     def _flush(self) -> None:
         state = self.state
-        if state.thread is None:
+        if state.exchange.thread is None:
             return
-        jobs = state.jobs
-        with jobs.all_tasks_done:
-            if jobs.unfinished_tasks and not jobs.all_tasks_done.wait_for(
-                lambda: not jobs.unfinished_tasks, FLUSH_SECONDS
-            ):
-                logger.warning(
-                    "msmon[rank %d]: %d replica check(s) still waiting for the other ranks after %.0f s; not reported",
-                    self.ctx.rank,
-                    jobs.unfinished_tasks,
-                    FLUSH_SECONDS,
-                )
+        left = state.exchange.flush(FLUSH_SECONDS)
+        if left:
+            logger.warning(
+                "msmon[rank %d]: %d replica check(s) still waiting for the other ranks after %.0f s; not reported",
+                self.ctx.rank,
+                left,
+                FLUSH_SECONDS,
+            )
         self._write_report()

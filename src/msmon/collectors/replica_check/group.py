@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 GATHER_TIMEOUT = timedelta(minutes=10)
 _OWN_GROUPS: dict[tuple, Any] = {}
-EXCHANGES: list[Any] = []  # the states (with a `jobs` queue) whose exchange threads use msmon's groups
+EXCHANGES: list[Any] = []  # the states (with an `exchange`: runtime/exchange_thread.py) that use msmon's groups
 
 
 def replica_group(ctx: StepContext) -> Any:
@@ -71,7 +71,7 @@ def own_group(ranks: list[int], purpose: str = "replica_check") -> Any:
 def _release_own_groups() -> None:
     """At exit, while the interpreter is whole: destroy msmon's groups, unless an exchange is
     still on its way (a check the other ranks never joined keeps its group)."""
-    if any(state.jobs.unfinished_tasks for state in EXCHANGES):
+    if any(state.exchange.pending for state in EXCHANGES):
         return
     for state in EXCHANGES:
         state.group = None

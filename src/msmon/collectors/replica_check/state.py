@@ -4,13 +4,13 @@ one check on its way to the exchange thread (Job)."""
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...runtime.exchange_thread import ExchangeThread
 from .entries import CheckedTensor, Entry, SkippedTensor
 
 if TYPE_CHECKING:
@@ -47,8 +47,7 @@ class ReplicaState:
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     checked: list[CheckedTensor] = field(default_factory=list)
     skipped: list[SkippedTensor] = field(default_factory=list)
-    jobs: queue.Queue[Job] = field(default_factory=queue.Queue)
-    thread: threading.Thread | None = None
+    exchange: ExchangeThread[Job] = field(default_factory=ExchangeThread)
     lock: threading.Lock = field(default_factory=threading.Lock)  # the report file, written from both threads
     warned_edit: bool = False
 

@@ -4,14 +4,16 @@ A mean and a standard deviation are pulled by the very rank one is looking for; 
 the median absolute deviation (MAD) are not, as long as fewer than half the ranks depart. The
 MAD is scaled by 1.4826 (a normal distribution's MAD is 0.6745 standard deviations) and floored
 at 0.1 % of |median|, so that ranks which agree to the last digit do not make a rounding
-difference look like an outlier.
+difference look like an outlier. robust_z is anomaly/robust_spread.py's spread with that floor
+(the live AnomalyRankOutlier's, with a wider one); SQL_Z the same in DuckDB.
 """
 
 from __future__ import annotations
 
-import statistics
+from ...anomaly.robust_spread import MAD_SCALE, robust_spread
 
-MAD_SCALE = 1.4826
+__all__ = ["MAD_FLOOR", "MAD_SCALE", "SQL_Z", "TINY", "robust_z"]
+
 MAD_FLOOR = 1e-3  # of |median|
 TINY = 1e-30
 
@@ -23,7 +25,6 @@ def robust_z(values: list[float]) -> list[float]:
     """Each value's |value - median| in robust standard deviations of the values."""
     if not values:
         return []
-    med = statistics.median(values)
-    mad = statistics.median(abs(v - med) for v in values)
-    scale = max(MAD_SCALE * mad, MAD_FLOOR * abs(med), TINY)
+    med, scale = robust_spread(values, MAD_FLOOR)
+    scale = max(scale, TINY)
     return [abs(v - med) / scale for v in values]
