@@ -86,9 +86,9 @@ def _accelerator_rows(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> 
     (msmon.stats.multi_tensor), but, where the `_foreach_*` route runs, its largest tensors one
     by one (PER_TENSOR_MIN)."""
     if fused_rows.usable(ts[0].device):
-        large: list[int] = []
-    else:
-        large = [i for i, t in enumerate(ts) if t.numel() > PER_TENSOR_MIN]
+        # one parallel region per chunk, like the native kernel: on the training's thread count
+        return multi_tensor.batch_columns(ts, plan, threshold)
+    large = [i for i, t in enumerate(ts) if t.numel() > PER_TENSOR_MIN]
     if not large:
         with _cpu_threads(ts[0].device):
             return multi_tensor.batch_columns(ts, plan, threshold)

@@ -179,7 +179,6 @@ def prepare(tensors: list[torch.Tensor]) -> None:
     compile takes seconds (tens on a CPU), a cached one about one. Devices that keep their own
     code (the CPU without MSMON_DEVICE_PATH=1) compile nothing."""
     from .device_path import host_code
-    from .threads import _cpu_threads
 
     wanted = {(t.device, t.dtype) for t in tensors if t.is_floating_point() and not host_code(t.device)}
     wanted |= {(device, torch.float32) for device, _ in wanted}
@@ -189,9 +188,9 @@ def prepare(tensors: list[torch.Tensor]) -> None:
         x = torch.zeros(3, BLOCK, dtype=dtype, device=device)  # three rows: see _unaligned_like
         threshold = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
         bounds = torch.tensor([[0, BLOCK]] * 3, device=device)
-        with _cpu_threads(device):  # as the statistics run: the code is guarded on the thread count
-            if row_values(x, None, threshold) is None or row_values(x, bounds, threshold) is None:
-                return  # said once by row_values; the torch route runs
+        # on the training's thread count, as the statistics run (the code is guarded on it)
+        if row_values(x, None, threshold) is None or row_values(x, bounds, threshold) is None:
+            return  # said once by row_values; the torch route runs
     took = time.perf_counter() - started
     if took > 2.0:
         kinds = ", ".join(f"{d.type} {str(dtype).removeprefix('torch.')}" for d, dtype in sorted(wanted, key=str))
