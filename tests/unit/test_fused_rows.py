@@ -249,3 +249,12 @@ def test_msmons_own_compiled_graphs_are_not_taken_for_the_users_torch_compile(
     messages = [r.getMessage() for r in caplog.records]
     assert not [m for m in messages if "torch.compile" in m], messages
     assert [m for m in messages if "trained without calling any monitored module" in m]
+
+
+def test_where_torch_compile_is_switched_off_the_foreach_route_runs(monkeypatch):
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    before = fused_rows.launched_kernels()
+    ts = [torch.randn(3000), torch.randn(5)]
+    rows = batch_stats(ts, OPS, 1e-3)
+    assert fused_rows.launched_kernels() == before
+    assert rows[0, 0].item() == pytest.approx(ts[0].double().norm().item(), rel=1e-5)

@@ -96,8 +96,17 @@ def _row_values(x: torch.Tensor, bounds: torch.Tensor, threshold: torch.Tensor) 
 
 
 def enabled() -> bool:
-    """Whether the route is wanted (MSMON_COMPILED_STATS is not 0) and has not failed here."""
-    return not _failed and os.environ.get(ENV, "").strip().lower() not in ("0", "false", "no", "off")
+    """Whether the route is wanted (MSMON_COMPILED_STATS is not 0), has not failed here, and
+    torch.compile is not switched off in this process (TORCHDYNAMO_DISABLE=1: it would run the
+    function eagerly, a dozen ops per field)."""
+    if _failed or os.environ.get(ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return os.environ.get("TORCHDYNAMO_DISABLE", "") not in ("1", "true", "True") and not _dynamo_disabled()
+
+
+def _dynamo_disabled() -> bool:
+    config = getattr(sys.modules.get("torch._dynamo"), "config", None)
+    return bool(getattr(config, "disable", False))
 
 
 def usable(device: torch.device) -> bool:
