@@ -52,24 +52,146 @@ def unavailable(data_parallel: bool, hooks_unreduced: bool, adapter_name: str) -
     return None
 
 
-def agreement(local: list[torch.Tensor], reduced: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _copy_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 gradients are copied as they are, every other floating type in float32: the
+    products and sums then keep float32's accuracy whatever the training's precision."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _fits(view: torch.Tensor | None, grad: torch.Tensor) -> bool:
+    return (
+        view is not None
+        and view.shape == grad.shape
+        and view.device == grad.device
+        and view.dtype == _copy_dtype(grad.dtype)
+    )
+
+
+class LocalCopies:
+    """The agreement's copies of the rank-local gradients: views of one flat buffer per device
+    and copy dtype, laid out over the monitored parameters at the first copy and kept across
+    steps. A copy into a view allocates nothing (a fresh gradient-sized allocation is first-touch
+    page faults on a CPU, which cost more than the copy), and the dot product of a flat buffer is
+    one in-place multiply over its views and one sum, however many parameters it holds."""
+
+    def __init__(self, params: dict[int, torch.Tensor]) -> None:
+        self._params = params  # index -> parameter: the layout's shapes, devices and dtypes
+        self._views: dict[int, torch.Tensor] = {}
+        self._flats: list[tuple[torch.Tensor, list[int]]] = []
+        self._own: dict[int, torch.Tensor] = {}  # a gradient that fits no view gets its own buffer
+
+    def _lay_out(self) -> None:
+        groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+        for index, param in self._params.items():
+            groups.setdefault((param.device, _copy_dtype(param.dtype)), []).append(index)
+        for (device, dtype), indices in groups.items():
+            flat = torch.empty(sum(self._params[i].numel() for i in indices), dtype=dtype, device=device)
+            offset = 0
+            for i in indices:
+                numel = self._params[i].numel()
+                self._views[i] = flat[offset : offset + numel].view(self._params[i].shape)
+                offset += numel
+            self._flats.append((flat, indices))
+
+    def copy(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+        """`grad` copied into this parameter's place: the rank-local gradient kept apart."""
+        if not self._flats:
+            self._lay_out()
+        view = self._views.get(index)
+        if not _fits(view, grad):
+            view = self._own.get(index)
+            if not _fits(view, grad):
+                view = self._own[index] = torch.empty(grad.shape, dtype=_copy_dtype(grad.dtype), device=grad.device)
+        # the ignore: _fits is False for None, so a view is always there by now
+        return view.copy_(grad.detach())  # type: ignore[union-attr]
+
+    def dot(self, pairs: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """<local, reduced> over `pairs` (index -> (local, reduced)), a 0-d float64 tensor. The
+        copies this object holds are multiplied in place (they are spent afterwards): per flat
+        buffer, its views that no pair uses set to zero, one `_foreach_mul_` and one sum; any
+        other local tensor gets its own dot product."""
+        sums: list[torch.Tensor] = []
+        inside: set[int] = set()
+        for flat, indices in self._flats:
+            used = [i for i in indices if i in pairs and pairs[i][0] is self._views[i]]
+            if not used:
+                continue
+            inside.update(used)
+            unused = [self._views[i] for i in indices if i not in pairs or pairs[i][0] is not self._views[i]]
+            if unused:
+                torch._foreach_zero_(unused)
+            torch._foreach_mul_([self._views[i] for i in used], [pairs[i][1] for i in used])
+            sums.append(flat.sum().double())
+        sums.extend(_dot(a, b) for i, (a, b) in pairs.items() if i not in inside)
+        return torch.stack(sums).sum()
+
+    def clear(self) -> None:
+        self._views.clear()
+        self._flats.clear()
+        self._own.clear()
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    dtype = _copy_dtype(a.dtype)
+    return torch.dot(a.reshape(-1).to(dtype), b.reshape(-1).to(dtype)).double()
+
+
+def _square_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of the squared L2 norms of `tensors`, in float64 (each norm accumulated in
+    float32, or float64 for float64 tensors: 16-bit ones are read in float32)."""
+    wide = [t for t in tensors if t.dtype in (torch.float32, torch.float64)]
+    narrow = [t for t in tensors if t.dtype not in (torch.float32, torch.float64)]
+    parts = [torch.stack(torch._foreach_norm(wide)).double()] if wide else []
+    if narrow:
+        parts.append(torch.stack(torch._foreach_norm(narrow, 2, dtype=torch.float32)).double())
+    return torch.cat(parts).square().sum()
+
+
+def agreement(
+    local: list[torch.Tensor],
+    reduced: list[torch.Tensor],
+    local_square: torch.Tensor | None = None,
+    dot: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, norm_ratio) of the concatenations of `local` and `reduced` (pairs of one shape),
-    as 0-d float64 tensors on the device; a zero gradient gives NaN."""
-    dots = torch.stack([torch.dot(a.reshape(-1).float(), b.reshape(-1).float()) for a, b in zip(local, reduced)])
-    local_sq = torch.stack(torch._foreach_norm(local)).double().square().sum()
-    reduced_sq = torch.stack(torch._foreach_norm(reduced)).double().square().sum()
-    dot = dots.double().sum()
-    local_norm, reduced_norm = local_sq.sqrt(), reduced_sq.sqrt()
+    as 0-d float64 tensors on the device; a zero gradient gives NaN. `local_square` (the local
+    norm squared) and `dot` are taken as given when known."""
+    if dot is None:
+        dot = torch.stack([_dot(a, b) for a, b in zip(local, reduced)]).sum()
+    local_sq = _square_sum(local) if local_square is None else local_square
+    local_norm, reduced_norm = local_sq.sqrt(), _square_sum(reduced).sqrt()
     return dot / (local_norm * reduced_norm), local_norm / reduced_norm
 
 
-def of_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The agreement of (local, reduced) pairs, leaving out a missing, sparse or reshaped
-    reduced gradient; None when no pair is left."""
-    kept = [(a, b) for a, b in pairs if b is not None and b.layout == torch.strided and a.shape == b.shape]
+def of_pairs(
+    pairs: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+    local_norms: dict[int, torch.Tensor] | None = None,
+    copies: LocalCopies | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The agreement of (local, reduced) pairs by parameter index, leaving out a missing,
+    sparse or reshaped reduced gradient; None when no pair is left. `local_norms`: the local
+    gradients' L2 norms already computed (0-d tensors, by index), not read again. With `copies`
+    (the LocalCopies the local tensors are in), the dot product is its in-place one, which
+    spends the copies."""
+    kept = {
+        i: (a, b) for i, (a, b) in pairs.items() if b is not None and b.layout == torch.strided and a.shape == b.shape
+    }
     if not kept:
         return None
-    return agreement([a for a, _ in kept], [b for _, b in kept])
+    known = local_norms or {}
+    local_square = None
+    if known:
+        norms = [known[i] for i in kept if i in known]
+        rest = [a for i, (a, _) in kept.items() if i not in known]
+        local_square = torch.stack(norms).double().square().sum() if norms else None
+        if rest:
+            local_square = _square_sum(rest) if local_square is None else local_square + _square_sum(rest)
+    local = [a for a, _ in kept.values()]
+    reduced = [b for _, b in kept.values()]
+    if local_square is None:
+        local_square = _square_sum(local)  # before an in-place dot spends the copies
+    dot = copies.dot(kept) if copies is not None else None
+    return agreement(local, reduced, local_square, dot)
 
 
 def add_rows(buffer, ops: list[str], cos: torch.Tensor, ratio: torch.Tensor) -> None:

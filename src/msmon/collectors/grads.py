@@ -116,7 +116,8 @@ class GradCollector(Collector):
         self.agreeing = False
         self._agree_task: int | None = None
         self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._buffers: dict[int, torch.Tensor] = {}  # the agreement's copies, kept across steps
+        self._copies: grad_agreement.LocalCopies | None = None  # the agreement's copies, kept across steps
+        self._row_pass: dict[int, int] = {}  # the backward pass whose hook last recorded each row
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -131,6 +132,10 @@ class GradCollector(Collector):
         if ctx.config.grad_agreement:
             why = grad_agreement.unavailable(_data_parallel(), ctx.adapter.hooks_unreduced, type(ctx.adapter).__name__)
             self.agreeing = why is None
+            if self.agreeing:
+                self._copies = grad_agreement.LocalCopies(
+                    {i: mp.param for i, mp in enumerate(ctx.params) if mp.param.requires_grad}
+                )
             if why is not None and "grad_agreement" not in ctx.kept:
                 ctx.kept["grad_agreement"] = why  # said once per monitor, not at every rebuild
                 grad_agreement.say_unavailable(ctx.rank, why)
@@ -140,16 +145,17 @@ class GradCollector(Collector):
 
     def detach(self) -> None:
         self._drop_local()
-        self._buffers.clear()
+        if self._copies is not None:
+            self._copies.clear()
         super().detach()
 
     def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, more: bool = True) -> torch.Tensor:
         """Copy `.grad` before DDP reduces it, and (when `more` micro-batches may follow) add each
         later micro-batch's gradient to the copy in a tensor hook (it sees the gradient before it
         is accumulated); the hook exists only while the copy does. For the gradient agreement the
-        copy goes into a buffer kept across steps: a fresh allocation of that size is first-touch
-        page faults on a CPU, which cost more than the copy."""
-        local = grad.detach().clone() if not self.agreeing else self._buffer(index, grad)
+        copy goes into its place in flat buffers kept across steps (grad_agreement.LocalCopies)."""
+        copies = self._copies
+        local = copies.copy(index, grad) if self.agreeing and copies is not None else grad.detach().clone()
         if not more:
             self.local[index] = local
             return local
@@ -161,12 +167,6 @@ class GradCollector(Collector):
         self.local[index] = local
         self._adding[index] = param.register_hook(_unserializable(self.guard(on_incoming_grad)))
         return local
-
-    def _buffer(self, index: int, grad: torch.Tensor) -> torch.Tensor:
-        buffer = self._buffers.get(index)
-        if buffer is None or buffer.shape != grad.shape or buffer.dtype != grad.dtype or buffer.device != grad.device:
-            buffer = self._buffers[index] = torch.empty_like(grad, memory_format=torch.contiguous_format)
-        return buffer.copy_(grad.detach())
 
     def _drop_local(self) -> None:
         for handle in self._adding.values():
@@ -257,13 +257,25 @@ class GradCollector(Collector):
         queue(self.guard(lambda: queue(self.guard(self._agree))))
 
     def _agree(self) -> None:
-        """End of a backward pass DDP reduced: the local sums kept against the reduced `.grad`."""
+        """End of a backward pass DDP reduced: the local sums kept against the reduced `.grad`.
+        When the step's micro-batch count is known, only its last pass computes them, and the
+        copies are spent in the dot product (they go back now anyway); the local norms the
+        hooks of that pass already computed (grad_unreduced's rows) are not read again."""
         ctx = self.ctx
-        self._agree_task = None
-        pairs = [(kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()]
-        self._agreed = grad_agreement.of_pairs(pairs) or self._agreed
+        task, self._agree_task = self._agree_task, None
         acc = ctx.grad_acc_steps
-        if acc is not None and self.micro_steps_seen() >= acc:  # the step's last: the copies go back now
+        last = acc is not None and self.micro_steps_seen() >= acc
+        if acc is not None and not last:  # a later pass of this step is reduced too and decides
+            return
+        pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()}
+        norms: dict[int, torch.Tensor] = {}
+        if "norm" in ctx.step_ops:
+            column = list(ctx.step_ops).index("norm")
+            fresh = [i for i in pairs if i in self.last_rows and self._row_pass.get(i) == task]  # this pass's rows
+            norms = {i: self.last_rows[i][column] for i in fresh}
+        agreed = grad_agreement.of_pairs(pairs, norms, self._copies if last else None)
+        self._agreed = agreed or self._agreed
+        if last:  # the step's last: the copies go back now
             self._drop_local()
 
     def _left_out(self, index: int, why: str) -> None:
@@ -285,6 +297,8 @@ class GradCollector(Collector):
         self.last_rows.pop(index, None)  # keep hook-firing order for the accumulated rows
         self.last_rows[index] = row
         self.last_identity[index] = _identity(grad)
+        if self.agreeing:
+            self._row_pass[index] = torch._C._current_graph_task_id()
 
     def _can_wait(self, param: torch.Tensor) -> bool:
         """Whether this gradient may be read at the end of backward rather than now."""
@@ -393,3 +407,4 @@ class GradCollector(Collector):
         self._flush_task = None
         self._agree_task = None
         self._agreed = None
+        self._row_pass.clear()
