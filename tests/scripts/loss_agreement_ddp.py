@@ -4,7 +4,8 @@ computes itself.
 
 Each step runs `acc` micro-batches, all but the last under `no_sync()` (or, with `every` in
 argv, each one all-reduced by DDP), through a GradScaler (on CPU; `scaler` in argv) or plainly;
-with `infer` in argv the monitor is not told grad_acc_steps (it infers it in step 0). Alongside, an unwrapped copy of the model (loaded from
+with `infer` in argv the monitor is not told grad_acc_steps (it infers it in step 0).
+Alongside, an unwrapped copy of the model (loaded from
 the DDP model's weights at the start of every step) runs the same micro-batches through
 torch.autograd.grad: their sum is the rank-local gradient; the DDP model's `.grad`, unscaled
 by the scaler, is the all-reduced one. cos and |local|/|reduced| of their concatenations, in float64,
