@@ -40,14 +40,44 @@ logger = logging.getLogger("msmon")
 CATEGORY, NAME = "grad_agreement", "model"
 
 
+_SHARD = "a rank holds only its shard of the reduced gradient"
+_MEGATRON = (
+    "Megatron reduces gradients in its own buckets (main_grad; with the distributed optimizer " + _SHARD + "), "
+    "which msmon does not follow for the agreement in this version"
+)
+_FSDP = (
+    "FSDP reduce-scatters the gradient (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD: " + _SHARD + "; "
+    "NO_SHARD is not followed for the agreement in this version)"
+)
+# why a rank holds no whole reduced gradient beside its local one, by the adapter of the optimizer
+_NOT_WHOLE = {
+    "Zero12Adapter": (
+        "DeepSpeed ZeRO-1/2 copies each reduced bucket back only into the slices of the partition this "
+        "rank owns, so no rank holds the whole reduced gradient"
+    ),
+    "Zero3Adapter": "DeepSpeed ZeRO-3 partitions the gradient itself: " + _SHARD,
+    "BF16Adapter": (
+        "DeepSpeed's BF16_Optimizer reduces its own fp32 accumulation buffers, which msmon does not follow "
+        "for the agreement in this version"
+    ),
+    "DistributedAdapter": "Megatron's distributed optimizer reduce-scatters the gradient: " + _SHARD,
+    "ChainedAdapter": _MEGATRON,
+    "FP32Adapter": _MEGATRON,
+    "Float16Adapter": _MEGATRON,
+    "Fsdp2Adapter": "FSDP2 reduce-scatters the gradient: " + _SHARD,
+    "Fsdp1Adapter": _FSDP,
+    "Fsdp1FlatAdapter": _FSDP,
+}
+
+
 def unavailable(data_parallel: bool, hooks_unreduced: bool, adapter_name: str) -> str | None:
     """Why the agreement cannot be recorded here, None when it can."""
     if not data_parallel:
         return "a single process: its local gradient is the reduced one"
     if hooks_unreduced:
-        return (
-            f"{adapter_name} reduces gradients in its own buffers or keeps only a shard of the reduced "
-            "gradient (DeepSpeed, Megatron, FSDP); msmon records the agreement under torch DDP only"
+        return _NOT_WHOLE.get(
+            adapter_name,
+            f"{adapter_name} reduces gradients in its own buffers or keeps only a shard of the reduced gradient",
         )
     return None
 

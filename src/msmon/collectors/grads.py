@@ -43,7 +43,7 @@ says so once, and the hooks read gradients themselves from then on.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -118,6 +118,10 @@ class GradCollector(Collector):
         self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
         self._copies: grad_agreement.LocalCopies | None = None  # the agreement's copies, kept across steps
         self._row_pass: dict[int, int] = {}  # the backward pass whose hook last recorded each row
+        # a framework that reduces whole gradients itself (DeepSpeed's stage 0): its hook's undo, the copies
+        self._undo_reduction: Callable[[], None] | None = None
+        self._before_reduction: dict[int, torch.Tensor] = {}
+        self._known_norms: dict[int, torch.Tensor] = {}
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -136,6 +140,7 @@ class GradCollector(Collector):
                 self._copies = grad_agreement.LocalCopies(
                     {i: mp.param for i, mp in enumerate(ctx.params) if mp.param.requires_grad}
                 )
+                self._hook_framework_reduction()
             if why is not None and "grad_agreement" not in ctx.kept:
                 ctx.kept["grad_agreement"] = why  # said once per monitor, not at every rebuild
                 grad_agreement.say_unavailable(ctx.rank, why)
@@ -145,9 +150,63 @@ class GradCollector(Collector):
 
     def detach(self) -> None:
         self._drop_local()
+        if self._undo_reduction is not None:
+            self._undo_reduction()
+            self._undo_reduction = None
+        self._before_reduction.clear()
         if self._copies is not None:
             self._copies.clear()
         super().detach()
+
+    def _hook_framework_reduction(self) -> None:
+        """Where a framework reduces whole gradients itself (no DDP module: DeepSpeed's stage 0),
+        the agreement is taken around its reduction (Framework.whole_gradient_reduction)."""
+        ctx = self.ctx
+        for framework in ctx.frameworks:
+            if framework.whole_gradient_reduction is None:
+                continue
+            undo = framework.whole_gradient_reduction(
+                ctx.models,
+                ctx.adapter.optimizer,
+                self.guard(self._copy_before_reduction),
+                self.guard(self._agree_after_reduction),
+            )
+            if undo is not None:
+                self._undo_reduction = undo
+                return
+
+    def _copy_before_reduction(self) -> None:
+        """Right before the framework averages `.grad` in place: the rank's own gradients, copied."""
+        ctx, copies = self.ctx, self._copies
+        self._before_reduction.clear()
+        if not ctx.recording or copies is None:
+            return
+        for index, mp in enumerate(ctx.params):
+            grad = ctx.grad_of(mp.param) if mp.param.requires_grad else None
+            if grad is not None and not is_sparse(grad):
+                self._before_reduction[index] = copies.copy(index, grad)
+        self._known_norms = self._norms_read(
+            {i: ctx.grad_of(ctx.params[i].param) for i in self._before_reduction},
+            lambda i, grad: self.last_identity.get(i) == _identity(grad),
+        )
+
+    def _agree_after_reduction(self) -> None:
+        """Right after it: the copies against the whole average now in `.grad`."""
+        ctx, local = self.ctx, self._before_reduction
+        if not local:
+            return
+        pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in local.items()}
+        self._agreed = grad_agreement.of_pairs(pairs, self._known_norms, self._copies) or self._agreed
+        self._before_reduction = {}
+
+    def _norms_read(self, grads: dict, fresh: Callable[[int, torch.Tensor], bool]) -> dict[int, torch.Tensor]:
+        """The L2 norms grad_unreduced's rows already hold for these gradients (by index), where
+        `fresh` says a row describes the gradient as it is now."""
+        ops = list(self.ctx.step_ops)
+        if "norm" not in ops:
+            return {}
+        column = ops.index("norm")
+        return {i: self.last_rows[i][column] for i, grad in grads.items() if i in self.last_rows and fresh(i, grad)}
 
     def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, more: bool = True) -> torch.Tensor:
         """Copy `.grad` before DDP reduces it, and (when `more` micro-batches may follow) add each
@@ -268,11 +327,7 @@ class GradCollector(Collector):
         if acc is not None and not last:  # a later pass of this step is reduced too and decides
             return
         pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()}
-        norms: dict[int, torch.Tensor] = {}
-        if "norm" in ctx.step_ops:
-            column = list(ctx.step_ops).index("norm")
-            fresh = [i for i in pairs if i in self.last_rows and self._row_pass.get(i) == task]  # this pass's rows
-            norms = {i: self.last_rows[i][column] for i in fresh}
+        norms = self._norms_read(self.local, lambda i, _grad: self._row_pass.get(i) == task)  # this pass's rows
         agreed = grad_agreement.of_pairs(pairs, norms, self._copies if last else None)
         self._agreed = agreed or self._agreed
         if last:  # the step's last: the copies go back now
@@ -352,8 +407,8 @@ class GradCollector(Collector):
             grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *self._agreed)
         elif self.agreeing and "grad_agreement" not in ctx.kept:
             ctx.kept["grad_agreement"] = why = (
-                "no torch DDP module reduced the monitored gradients in this step "
-                "(they are reduced outside DDP: DeepSpeed's stage 0, a manual all-reduce)"
+                "nothing msmon follows reduced the monitored gradients in this step (neither a torch "
+                "DDP module nor DeepSpeed's stage-0 engine: a manual all-reduce?)"
             )
             grad_agreement.say_unavailable(ctx.rank, why)
         if not ctx.config.monitor_mbs_grad and self.last_rows:
