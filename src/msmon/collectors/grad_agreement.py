@@ -42,8 +42,9 @@ CATEGORY, NAME = "grad_agreement", "model"
 
 _SHARD = "a rank holds only its shard of the reduced gradient"
 _MEGATRON = (
-    "Megatron reduces gradients in its own buckets (main_grad; with the distributed optimizer " + _SHARD + "), "
-    "which msmon does not follow for the agreement in this version"
+    "under Megatron msmon follows the grad sync of Megatron's DistributedDataParallel without the "
+    "distributed optimizer (its bucket groups all-reduce main_grad); here the distributed optimizer "
+    "reduce-scatters (" + _SHARD + "), or no such module wraps the model chunks"
 )
 _FSDP = (
     "FSDP reduce-scatters the gradient (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD: " + _SHARD + "; "

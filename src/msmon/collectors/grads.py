@@ -135,12 +135,16 @@ class GradCollector(Collector):
         self.at_inner_step = bool(inners) and all(isinstance(o, torch.optim.Optimizer) for o in inners)
         if ctx.config.grad_agreement:
             why = grad_agreement.unavailable(_data_parallel(), ctx.adapter.hooks_unreduced, type(ctx.adapter).__name__)
-            self.agreeing = why is None
-            if self.agreeing:
+            if _data_parallel():
                 self._copies = grad_agreement.LocalCopies(
                     {i: mp.param for i, mp in enumerate(ctx.params) if mp.param.requires_grad}
                 )
                 self._hook_framework_reduction()
+                if self._undo_reduction is not None:  # the framework's own reduction leaves whole gradients
+                    why = None
+            self.agreeing = why is None
+            if not self.agreeing:
+                self._copies = None
             if why is not None and "grad_agreement" not in ctx.kept:
                 ctx.kept["grad_agreement"] = why  # said once per monitor, not at every rebuild
                 grad_agreement.say_unavailable(ctx.rank, why)
@@ -151,44 +155,56 @@ class GradCollector(Collector):
     def detach(self) -> None:
         self._drop_local()
         if self._undo_reduction is not None:
-            self._undo_reduction()
-            self._undo_reduction = None
+            undo, self._undo_reduction = self._undo_reduction, None
+            undo()
         self._before_reduction.clear()
         if self._copies is not None:
             self._copies.clear()
         super().detach()
 
     def _hook_framework_reduction(self) -> None:
-        """Where a framework reduces whole gradients itself (no DDP module: DeepSpeed's stage 0),
-        the agreement is taken around its reduction (Framework.whole_gradient_reduction)."""
+        """Where a framework reduces whole gradients itself in place of a torch DDP module
+        (DeepSpeed's stage 0, Megatron's DDP without the distributed optimizer), the agreement is
+        taken around its reduction (Framework.whole_gradient_reduction)."""
         ctx = self.ctx
         for framework in ctx.frameworks:
             if framework.whole_gradient_reduction is None:
                 continue
-            undo = framework.whole_gradient_reduction(
-                ctx.models,
-                ctx.adapter.optimizer,
-                self.guard(self._copy_before_reduction),
-                self.guard(self._agree_after_reduction),
-            )
+            try:
+                undo = framework.whole_gradient_reduction(
+                    ctx.models,
+                    ctx.adapter.optimizer,
+                    self.guard(self._copy_before_reduction),
+                    self.guard(self._agree_after_reduction),
+                )
+            except Exception as exc:  # a layout msmon does not know: no agreement there, training goes on
+                logger.warning(
+                    "msmon[rank %d]: cannot follow %s's gradient reduction (%r) (said once)",
+                    ctx.rank,
+                    framework.name,
+                    exc,
+                )
+                continue
             if undo is not None:
                 self._undo_reduction = undo
                 return
 
-    def _copy_before_reduction(self) -> None:
-        """Right before the framework averages `.grad` in place: the rank's own gradients, copied."""
+    def _copy_before_reduction(self, params: list[torch.Tensor] | None) -> None:
+        """Right before the framework reduces these parameters' gradients in place (None: every
+        one): the rank's own gradients, copied."""
         ctx, copies = self.ctx, self._copies
-        self._before_reduction.clear()
-        if not ctx.recording or copies is None:
+        if not ctx.recording or copies is None or self._undo_reduction is None:
             return
+        chosen = set(map(id, params)) if params is not None else None
+        grads: dict[int, torch.Tensor] = {}
         for index, mp in enumerate(ctx.params):
-            grad = ctx.grad_of(mp.param) if mp.param.requires_grad else None
+            if not mp.param.requires_grad or (chosen is not None and id(mp.param) not in chosen):
+                continue
+            grad = ctx.grad_of(mp.param)
             if grad is not None and not is_sparse(grad):
+                grads[index] = grad
                 self._before_reduction[index] = copies.copy(index, grad)
-        self._known_norms = self._norms_read(
-            {i: ctx.grad_of(ctx.params[i].param) for i in self._before_reduction},
-            lambda i, grad: self.last_identity.get(i) == _identity(grad),
-        )
+        self._known_norms.update(self._norms_read(grads, lambda i, grad: self.last_identity.get(i) == _identity(grad)))
 
     def _agree_after_reduction(self) -> None:
         """Right after it: the copies against the whole average now in `.grad`."""
@@ -197,7 +213,7 @@ class GradCollector(Collector):
             return
         pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in local.items()}
         self._agreed = grad_agreement.of_pairs(pairs, self._known_norms, self._copies) or self._agreed
-        self._before_reduction = {}
+        self._before_reduction, self._known_norms = {}, {}
 
     def _norms_read(self, grads: dict, fresh: Callable[[int, torch.Tensor], bool]) -> dict[int, torch.Tensor]:
         """The L2 norms grad_unreduced's rows already hold for these gradients (by index), where
@@ -463,3 +479,5 @@ class GradCollector(Collector):
         self._agree_task = None
         self._agreed = None
         self._row_pass.clear()
+        self._before_reduction.clear()
+        self._known_norms.clear()

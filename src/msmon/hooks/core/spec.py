@@ -33,7 +33,9 @@ if TYPE_CHECKING:
 Position = tuple[int, list[int]]  # (pipeline stage, global ranks of the pipeline group)
 ReplicaRule = Callable[[Any], "str | None"]  # why a parameter is not a replica, None when it is
 # (models, optimizer, before, after) -> the undo, or None (Framework.whole_gradient_reduction)
-WholeReduction = Callable[[list[Any], Any, Callable[[], None], Callable[[], None]], "Callable[[], None] | None"]
+WholeReduction = Callable[
+    [list[Any], Any, Callable[["list[Any] | None"], None], Callable[[], None]], "Callable[[], None] | None"
+]
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,8 @@ class Framework:
     #: the loss scalers it provides (hooks/core/backward_calls.py), asked once its library is imported
     loss_scaling: Callable[[], LossScaling] | None = None
     #: where the library itself reduces whole gradients in place of a torch DDP module, so that each
-    #: rank then holds the whole reduced gradient in `.grad`: given (models, optimizer, before,
-    #: after), calls `before()` right before such a reduction and `after()` right after it, and
-    #: returns the undo; None where these models and optimizer reduce otherwise (grad_agreement)
+    #: rank then holds the whole reduced gradient: given (models, optimizer, before, after), calls
+    #: `before(params)` right before it reduces these parameters' gradients (None: every one),
+    #: `after()` once the whole reduction is done, and returns the undo; None where these models
+    #: and optimizer reduce otherwise (grad_agreement)
     whole_gradient_reduction: WholeReduction | None = None

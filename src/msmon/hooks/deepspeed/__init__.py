@@ -107,7 +107,7 @@ def _loss_scale_of(engine: Any) -> Any:
 
 
 def whole_gradient_reduction(
-    models: list[Any], optimizer: Any, before: Callable[[], None], after: Callable[[], None]
+    models: list[Any], optimizer: Any, before: Callable[[list[Any] | None], None], after: Callable[[], None]
 ) -> Callable[[], None] | None:
     """Stage 0's engine all-reduces `.grad` itself: `before`/`after` around it (reduction.py)."""
     from .reduction import whole_gradient_reduction as wrap

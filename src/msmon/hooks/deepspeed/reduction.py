@@ -52,9 +52,9 @@ def _reduces_now(engine: Any) -> bool:
 
 
 def whole_gradient_reduction(
-    models: list[Any], optimizer: Any, before: Callable[[], None], after: Callable[[], None]
+    models: list[Any], optimizer: Any, before: Callable[[list[Any] | None], None], after: Callable[[], None]
 ) -> Callable[[], None] | None:
-    """Call `before()` and `after()` around the stage-0 engine's reduction of `.grad`; None
+    """Call `before(None)` (every parameter) and `after()` around the stage-0 engine's reduction of `.grad`; None
     (nothing wrapped) for ZeRO stages 1-3 and BF16_Optimizer (module docstring)."""
     engine = engine_of(models)
     if engine is None or engine.zero_optimization_stage() != 0 or type(optimizer).__name__ in _OWN_BUFFERS:
@@ -79,7 +79,7 @@ def whole_gradient_reduction(
             )
             return
         if state["reducing"]:
-            before()
+            before(None)
 
     def on_after(_result: Any, *_args: Any, **_kwargs: Any) -> None:
         if state["reducing"]:
