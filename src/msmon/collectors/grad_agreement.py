@@ -1,30 +1,34 @@
 """Gradient agreement (`grad_agreement`): how far a rank's own gradient points where the
 data-parallel average does.
 
-Per rank and step, over every monitored parameter that DDP reduces:
+Per rank and step, over every monitored parameter the data-parallel reduction averages:
     cos        = <local, reduced> / (|local| |reduced|)
     norm_ratio = |local| / |reduced|
-`local` is the rank-local gradient of the step (grad_unreduced's tensor), `reduced` the
-all-reduced average DDP leaves in `.grad` (grad_reduced's). Ranks fed similar data have cos
-near 1 and a ratio near 1 (more when their batches are noisy: the average cancels noise); a
-rank whose data departs has its cos drop. No collective is added: both tensors are on this rank.
+`local` is the rank-local gradient of the step (grad_unreduced's tensor), `reduced` the whole
+average the reduction leaves on this rank. Ranks fed similar data have cos near 1 and a ratio
+near 1 (more when their batches are noisy: the average cancels noise); a rank whose data
+departs has its cos drop. No collective is added: both tensors are on this rank.
 
-What it costs: DDP overwrites `.grad` with the reduction (in place, or by copying its bucket
-back at the end of backward), so the local gradient must be copied before DDP sees it: one copy
-of the monitored gradients, taken in grads.py's post-accumulate hook of the backward pass DDP
-reduces (the copy grads.py keeps anyway when DDP reduces an earlier micro-batch), and released
-at the end of that backward pass. That is the memory of one gradient for the length of a
-backward pass, on recorded steps only, which is why the key is off by default. The sums
-(a dot product and two norms per parameter) run on the device at the end of that backward
-pass, once DDP's own end-of-backward work has run (an autograd callback queued from within the
-first callback runs after every callback queued during backward, DDP's included); both tensors
-are then in the same scale (a GradScaler's, or none) and nothing has clipped them yet.
+Where a rank holds both (docs/loss.md has the table): under torch DDP (grads.py copies the local
+gradient in the post-accumulate hook of the backward pass DDP reduces, and takes the sums once
+DDP's end-of-backward work has run), and where a framework reduces whole gradients itself in
+place (`Framework.whole_gradient_reduction`: DeepSpeed's stage-0 engine, Megatron's DDP without
+the distributed optimizer), copied right before that reduction and summed right after. Both
+tensors are then in the same scale and nothing has clipped them yet.
 
-Not available, said once in the log (docs/loss.md): a single process (the local gradient is
-the reduced one); frameworks that reduce in their own buffers or keep a shard of the reduced
-gradient (DeepSpeed, Megatron, FSDP: `hooks_unreduced` adapters), where msmon has no whole
-reduced gradient beside the local one in this version; and data parallelism without a DDP
-module (a manual all-reduce), where nothing tells when the reduction happens.
+What it costs: the reduction overwrites the local gradient, so it is copied first: one float32
+copy of the monitored gradients (LocalCopies: views of one flat buffer per device, kept across
+steps), on recorded steps, which is why the key is off by default. The sums are of the whole
+concatenation, so only three totals are needed: the local norm, taken from grad_unreduced's row
+of the same tensor where one was computed in the same pass; the reduced norm, one
+`_foreach_norm`; and the dot product, one in-place `_foreach_mul_` of the copy (spent
+afterwards) and one sum per flat buffer. A few kernels, whatever the parameter count.
+
+Not available, said once in the log: a single process (the local gradient is the reduced one);
+a rank that keeps only a shard of the reduced gradient (DeepSpeed ZeRO-1/2/3, Megatron's
+distributed optimizer, FSDP); reductions msmon does not follow in this version (DeepSpeed's
+BF16_Optimizer, FSDP NO_SHARD); and data parallelism with none of these (a manual all-reduce),
+where nothing tells when the reduction happens.
 """
 
 from __future__ import annotations
