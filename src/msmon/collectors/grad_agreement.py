@@ -87,6 +87,10 @@ def unavailable(data_parallel: bool, hooks_unreduced: bool, adapter_name: str) -
     return None
 
 
+# the in-place multiply also on the CPU (tests run the accelerators' path with it)
+IN_PLACE_ON_CPU = False
+
+
 def _copy_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 gradients are copied as they are, every other floating type in float32: the
     products and sums then keep float32's accuracy whatever the training's precision."""
@@ -141,13 +145,19 @@ class LocalCopies:
         return view.copy_(grad.detach())  # type: ignore[union-attr]
 
     def dot(self, pairs: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """<local, reduced> over `pairs` (index -> (local, reduced)), a 0-d float64 tensor. The
-        copies this object holds are multiplied in place (they are spent afterwards): per flat
-        buffer, its views that no pair uses set to zero, one `_foreach_mul_` and one sum; any
-        other local tensor gets its own dot product."""
+        """<local, reduced> over `pairs` (index -> (local, reduced)), a 0-d float64 tensor. On an
+        accelerator the copies this object holds are multiplied in place (they are spent
+        afterwards): per flat buffer, its views that no pair uses set to zero, one
+        `_foreach_mul_` and one sum, so the kernel count does not grow with the parameters. On
+        the CPU, where a kernel launch is a function call, one dot product per parameter: it
+        reads both tensors once and writes nothing, which measured faster there than the
+        multiply's extra write and read of the copy (docs/performance.md). Any local tensor
+        outside the flat buffers gets its own dot product."""
         sums: list[torch.Tensor] = []
         inside: set[int] = set()
         for flat, indices in self._flats:
+            if flat.device.type == "cpu" and not IN_PLACE_ON_CPU:
+                continue
             used = [i for i in indices if i in pairs and pairs[i][0] is self._views[i]]
             if not used:
                 continue

@@ -10,6 +10,7 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, train_steps
 from msmon import TrainerMon
+from msmon.collectors import grad_agreement
 from msmon.collectors.grad_agreement import LocalCopies, agreement, of_pairs
 from msmon.config import parse_config
 
@@ -61,7 +62,13 @@ def _plain(local: list[torch.Tensor], reduced: list[torch.Tensor]) -> tuple[floa
     return float(a @ b / (a.norm() * b.norm())), float(a.norm() / b.norm())
 
 
-def test_the_flat_copies_in_place_dot_equals_the_plain_concatenation_leaving_out_unused_and_stale_views():
+@pytest.fixture(params=["per-parameter dots (CPU)", "in-place foreach multiply (accelerators)"])
+def dot_path(request, monkeypatch):
+    """Both ways LocalCopies.dot sums: the accelerators' one forced on the CPU."""
+    monkeypatch.setattr(grad_agreement, "IN_PLACE_ON_CPU", request.param.startswith("in-place"))
+
+
+def test_the_flat_copies_dot_equals_the_plain_concatenation_leaving_out_unused_and_stale_views(dot_path):
     gen = torch.Generator().manual_seed(1)
     shapes = [(16, 8), (16,), (4, 16), (4,), (3, 3), (7,)]
     params = {i: torch.nn.Parameter(torch.zeros(s)) for i, s in enumerate(shapes)}
@@ -78,7 +85,7 @@ def test_the_flat_copies_in_place_dot_equals_the_plain_concatenation_leaving_out
         assert (float(cos), float(ratio)) == pytest.approx(want, rel=1e-6)
 
 
-def test_the_agreement_takes_known_local_norms_and_reads_16_bit_reduced_gradients_in_float32():
+def test_the_agreement_takes_known_local_norms_and_reads_16_bit_reduced_gradients_in_float32(dot_path):
     gen = torch.Generator().manual_seed(2)
     shapes = [(32, 8), (32,), (5, 32)]
     params = {i: torch.nn.Parameter(torch.zeros(s)) for i, s in enumerate(shapes)}
@@ -92,7 +99,7 @@ def test_the_agreement_takes_known_local_norms_and_reads_16_bit_reduced_gradient
     assert (float(cos), float(ratio)) == pytest.approx(want, rel=1e-6)
 
 
-def test_a_gradient_that_fits_no_view_is_copied_into_its_own_buffer_and_still_counted():
+def test_a_gradient_that_fits_no_view_is_copied_into_its_own_buffer_and_still_counted(dot_path):
     params = {0: torch.nn.Parameter(torch.zeros(4, 4)), 1: torch.nn.Parameter(torch.zeros(6))}
     copies = LocalCopies(params)
     gen = torch.Generator().manual_seed(3)
