@@ -51,8 +51,8 @@ _MEGATRON = (
     "reduce-scatters (" + _SHARD + "), or no such module wraps the model chunks"
 )
 _FSDP = (
-    "FSDP reduce-scatters the gradient (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD: " + _SHARD + "; "
-    "NO_SHARD is not followed for the agreement in this version)"
+    "FSDP reduce-scatters the gradient (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD): " + _SHARD + "; NO_SHARD "
+    "is followed only where every unit is NO_SHARD with use_orig_params=True"
 )
 # why a rank holds no whole reduced gradient beside its local one, by the adapter of the optimizer
 _NOT_WHOLE = {

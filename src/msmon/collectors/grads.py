@@ -122,6 +122,10 @@ class GradCollector(Collector):
         self._undo_reduction: Callable[[], None] | None = None
         self._before_reduction: dict[int, torch.Tensor] = {}
         self._known_norms: dict[int, torch.Tensor] = {}
+        self._index_of: dict[int, int] = {}  # id(param) -> its index in ctx.params
+        self._copied_this_step: set[int] = set()
+        self._local_lost = False  # a parameter reduced twice in this step
+        self._lost_agreement_said = False
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -136,6 +140,7 @@ class GradCollector(Collector):
         if ctx.config.grad_agreement:
             why = grad_agreement.unavailable(_data_parallel(), ctx.adapter.hooks_unreduced, type(ctx.adapter).__name__)
             if _data_parallel():
+                self._index_of = {id(mp.param): i for i, mp in enumerate(ctx.params)}
                 self._copies = grad_agreement.LocalCopies(
                     {i: mp.param for i, mp in enumerate(ctx.params) if mp.param.requires_grad}
                 )
@@ -164,8 +169,8 @@ class GradCollector(Collector):
 
     def _hook_framework_reduction(self) -> None:
         """Where a framework reduces whole gradients itself in place of a torch DDP module
-        (DeepSpeed's stage 0, Megatron's DDP without the distributed optimizer), the agreement is
-        taken around its reduction (Framework.whole_gradient_reduction)."""
+        (DeepSpeed's stage 0, Megatron's DDP without the distributed optimizer, FSDP1 NO_SHARD),
+        the agreement is taken around its reduction (Framework.whole_gradient_reduction)."""
         ctx = self.ctx
         for framework in ctx.frameworks:
             if framework.whole_gradient_reduction is None:
@@ -189,27 +194,45 @@ class GradCollector(Collector):
                 self._undo_reduction = undo
                 return
 
-    def _copy_before_reduction(self, params: list[torch.Tensor] | None) -> None:
-        """Right before the framework reduces these parameters' gradients in place (None: every
-        one): the rank's own gradients, copied."""
+    def _copy_before_reduction(self, pairs: list[tuple[torch.Tensor, torch.Tensor | None]] | None) -> None:
+        """Right before the framework reduces these (parameter, rank-local gradient) pairs in
+        place (None: every monitored parameter's gradient): the local gradients, copied. A
+        parameter reduced a second time in one step (accumulation without `no_sync()`) has lost
+        its local gradient: the step then gets no agreement."""
         ctx, copies = self.ctx, self._copies
         if not ctx.recording or copies is None or self._undo_reduction is None:
             return
-        chosen = set(map(id, params)) if params is not None else None
+        if pairs is None:
+            pairs = [(mp.param, ctx.grad_of(mp.param)) for mp in ctx.params if mp.param.requires_grad]
+        index_of = self._index_of
         grads: dict[int, torch.Tensor] = {}
-        for index, mp in enumerate(ctx.params):
-            if not mp.param.requires_grad or (chosen is not None and id(mp.param) not in chosen):
+        for param, grad in pairs:
+            index = index_of.get(id(param))
+            if index is None or grad is None or is_sparse(grad):
                 continue
-            grad = ctx.grad_of(mp.param)
-            if grad is not None and not is_sparse(grad):
-                grads[index] = grad
-                self._before_reduction[index] = copies.copy(index, grad)
+            if index in self._copied_this_step:
+                self._local_lost = True
+            self._copied_this_step.add(index)
+            grads[index] = grad
+            self._before_reduction[index] = copies.copy(index, grad)
         self._known_norms.update(self._norms_read(grads, lambda i, grad: self.last_identity.get(i) == _identity(grad)))
 
     def _agree_after_reduction(self) -> None:
         """Right after it: the copies against the whole average now in `.grad`."""
         ctx, local = self.ctx, self._before_reduction
         if not local:
+            return
+        if self._local_lost:  # an earlier reduction's agreement is not the step's either
+            self._before_reduction, self._known_norms, self._agreed = {}, {}, None
+            if not self._lost_agreement_said:
+                self._lost_agreement_said = True
+                logger.warning(
+                    "msmon[rank %d]: step %d reduced a gradient more than once (accumulation without "
+                    "no_sync()?): its rank-local gradient is no longer known, so no grad_agreement row "
+                    "is written for such a step (said once)",
+                    ctx.rank,
+                    ctx.step,
+                )
             return
         pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in local.items()}
         self._agreed = grad_agreement.of_pairs(pairs, self._known_norms, self._copies) or self._agreed
@@ -421,10 +444,10 @@ class GradCollector(Collector):
             return
         if self._agreed is not None:
             grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *self._agreed)
-        elif self.agreeing and "grad_agreement" not in ctx.kept:
+        elif self.agreeing and not self._local_lost and "grad_agreement" not in ctx.kept:
             ctx.kept["grad_agreement"] = why = (
-                "nothing msmon follows reduced the monitored gradients in this step (neither a torch "
-                "DDP module nor DeepSpeed's stage-0 engine: a manual all-reduce?)"
+                "nothing msmon follows reduced the monitored gradients in this step (no torch DDP "
+                "module, DeepSpeed stage-0 engine, Megatron DDP or FSDP NO_SHARD unit: a manual all-reduce?)"
             )
             grad_agreement.say_unavailable(ctx.rank, why)
         if not ctx.config.monitor_mbs_grad and self.last_rows:
@@ -481,3 +504,5 @@ class GradCollector(Collector):
         self._row_pass.clear()
         self._before_reduction.clear()
         self._known_norms.clear()
+        self._copied_this_step.clear()
+        self._local_lost = False

@@ -78,10 +78,10 @@ def test_megatron_bucket_groups_are_copied_before_each_sync_and_summed_once_all_
         first.finish_grad_sync()  # ...and started again by finish (not copied twice)
         second.finish_grad_sync()
     step = [
-        ("before", params[:2]),
+        ("before", [(p, p.main_grad) for p in params[:2]]),
         ("reduce", first),
         ("reduce", first),
-        ("before", params[2:]),
+        ("before", [(p, p.main_grad) for p in params[2:]]),
         ("reduce", second),
         "after",
     ]
@@ -108,7 +108,7 @@ def test_megatron_distributed_optimizer_is_not_followed():
         ("Zero3Adapter", "a rank holds only its shard"),
         ("BF16Adapter", "BF16_Optimizer reduces its own fp32 accumulation buffers"),
         ("DistributedAdapter", "Megatron's distributed optimizer reduce-scatters"),
-        ("Fsdp1Adapter", "NO_SHARD is not followed"),
+        ("Fsdp1Adapter", "NO_SHARD is followed only where every unit is NO_SHARD"),
         ("Fsdp2Adapter", "FSDP2 reduce-scatters"),
     ],
 )

@@ -76,7 +76,8 @@ class Framework:
     loss_scaling: Callable[[], LossScaling] | None = None
     #: where the library itself reduces whole gradients in place of a torch DDP module, so that each
     #: rank then holds the whole reduced gradient: given (models, optimizer, before, after), calls
-    #: `before(params)` right before it reduces these parameters' gradients (None: every one),
-    #: `after()` once the whole reduction is done, and returns the undo; None where these models
-    #: and optimizer reduce otherwise (grad_agreement)
+    #: `before(pairs)` right before it reduces these (parameter, rank-local gradient) pairs in
+    #: place (None: every parameter's `grad_of`), `after()` once the whole reduction is done (the
+    #: reduced gradients are then `grad_of` the parameters), and returns the undo; None where
+    #: these models and optimizer reduce otherwise (grad_agreement)
     whole_gradient_reduction: WholeReduction | None = None

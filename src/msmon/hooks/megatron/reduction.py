@@ -8,8 +8,8 @@ overlap_grad_reduce, else from `finish_grad_sync`), done once `finish_grad_sync`
 Without the distributed optimizer that reduction is an all-reduce: afterwards every rank holds
 the whole average in `main_grad`. So a bucket group's `main_grad`s are the rank's own gradients
 right before its `start_grad_sync` and the whole average right after its `finish_grad_sync`:
-`before(params)` runs at the first, and `after()` once every bucket group of the model chunks
-has finished. Both methods are wrapped on the bucket-group instances.
+`before(pairs)` (each parameter with its `main_grad`) runs at the first, and `after()` once
+every bucket group of the model chunks has finished. Both methods are wrapped on the bucket-group instances.
 
 Not here: the distributed optimizer (`use_distributed_optimizer`, or a DistributedOptimizer
 among the optimizers) reduce-scatters, and a rank keeps only its shard of the reduced gradient.
@@ -34,7 +34,7 @@ def _sharded(models: list[Any], optimizer: Any) -> bool:
 def whole_gradient_reduction(
     models: list[Any], optimizer: Any, before: Callable[[list[Any] | None], None], after: Callable[[], None]
 ) -> Callable[[], None] | None:
-    """`before(params)` right before each bucket group's reduction, `after()` once all of them
+    """`before(pairs)` right before each bucket group's reduction, `after()` once all of them
     are done; None (nothing wrapped) with the distributed optimizer or no Megatron DDP chunk."""
     chunks = [chunk for chunk in models if getattr(chunk, "bucket_groups", None)]
     if not chunks or _sharded(models, optimizer):
@@ -54,7 +54,7 @@ def whole_gradient_reduction(
             if id(_group) in started:  # finish_grad_sync without overlap calls start_grad_sync again
                 return
             started.add(id(_group))
-            before([p for p in _group.params if getattr(p, "main_grad", None) is not None])
+            before([(p, p.main_grad) for p in _group.params if getattr(p, "main_grad", None) is not None])
 
         def on_finish(_result: Any, *_args: Any, _group: Any = group, **_kwargs: Any) -> None:
             finished.add(id(_group))
