@@ -13,7 +13,8 @@ Where a rank holds both (docs/loss.md has the table): under torch DDP (grads.py 
 gradient in the post-accumulate hook of the backward pass DDP reduces, and takes the sums once
 DDP's end-of-backward work has run), and where a framework reduces whole gradients itself in
 place (`Framework.whole_gradient_reduction`: DeepSpeed's stage-0 engine, Megatron's DDP without
-the distributed optimizer), copied right before that reduction and summed right after. Both
+the distributed optimizer, FSDP1 NO_SHARD), copied right before that reduction and summed right
+after. Both
 tensors are then in the same scale and nothing has clipped them yet.
 
 What it costs: the reduction overwrites the local gradient, so it is copied first: one float32
@@ -26,9 +27,10 @@ afterwards) and one sum per flat buffer. A few kernels, whatever the parameter c
 
 Not available, said once in the log: a single process (the local gradient is the reduced one);
 a rank that keeps only a shard of the reduced gradient (DeepSpeed ZeRO-1/2/3, Megatron's
-distributed optimizer, FSDP); reductions msmon does not follow in this version (DeepSpeed's
-BF16_Optimizer, FSDP NO_SHARD); and data parallelism with none of these (a manual all-reduce),
-where nothing tells when the reduction happens.
+distributed optimizer, sharded FSDP); reductions msmon does not follow in this version
+(DeepSpeed's BF16_Optimizer, FSDP NO_SHARD beside sharded units or over flat parameters); a step
+that reduces a gradient twice (its local gradient is gone); and data parallelism with none of
+these (a manual all-reduce), where nothing tells when the reduction happens.
 """
 
 from __future__ import annotations
