@@ -118,7 +118,7 @@ class GradCollector(Collector):
         self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
         self._copies: grad_agreement.LocalCopies | None = None  # the agreement's copies, kept across steps
         self._row_pass: dict[int, int] = {}  # the backward pass whose hook last recorded each row
-        # a framework that reduces whole gradients itself (DeepSpeed's stage 0): its hook's undo, the copies
+        # a framework that reduces whole gradients itself (Framework.whole_gradient_reduction): the undo, the copies
         self._undo_reduction: Callable[[], None] | None = None
         self._before_reduction: dict[int, torch.Tensor] = {}
         self._known_norms: dict[int, torch.Tensor] = {}
