@@ -15,11 +15,15 @@ a sharded unit keeps only its shard of the reduced gradient.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import torch
 
+from ...system.distributed import current_rank
 from .seams import unsharded_views
+
+logger = logging.getLogger("msmon")
 
 
 def _units(models: list[Any]) -> list[Any]:
@@ -44,7 +48,7 @@ def whole_gradient_reduction(
     units = _units(models)
     if not units or any(u._handle.uses_sharded_strategy or not u._handle._use_orig_params for u in units):
         return None
-    queued: dict[str, int | None] = {"task": None}
+    queued: dict[str, Any] = {"task": None, "failed": False}
     engine = torch.autograd.Variable._execution_engine
 
     def at_end() -> None:
@@ -59,10 +63,23 @@ def whole_gradient_reduction(
             continue
 
         def on_accumulated(flat: Any, _unit: Any = unit, _originals: list = originals) -> None:
-            grad = flat.grad
-            if grad is None or grad.numel() < sum(flat._numels) or not _unit._sync_gradients:
-                return  # no_sync(): no reduction follows
-            before(list(zip(_originals, unsharded_views(flat, grad))))
+            if queued["failed"]:
+                return
+            try:
+                grad = flat.grad
+                if grad is None or grad.numel() < sum(flat._numels) or not _unit._sync_gradients:
+                    return  # no_sync(): no reduction follows
+                pairs = list(zip(_originals, unsharded_views(flat, grad)))
+            except Exception as exc:  # an FSDP of another layout: the agreement is off, training goes on
+                queued["failed"] = True
+                logger.warning(
+                    "msmon[rank %d]: cannot read FSDP's flat gradient (%r); grad_agreement is not recorded "
+                    "from now on (said once)",
+                    current_rank(),
+                    exc,
+                )
+                return
+            before(pairs)
             task = torch._C._current_graph_task_id()
             if queued["task"] != task:
                 queued["task"] = task
