@@ -259,3 +259,14 @@ def test_no_shard_records_the_scripts_own_grad_agreement_when_it_reduces_once_pe
             for step, (c, n) in enumerate(expected)
         }
         assert all(c < 1 for c, _ in expected)
+    if no_sync:  # monitoring changed nothing: the same job unmonitored has bit-identical losses
+        plain = tmp_path / "plain"
+        plain.mkdir()
+        script = [str(SCRIPT), "--mode", "fsdp1-noshard", "--steps", str(STEPS), "--out", str(plain), "--no-sync"]
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        proc = subprocess.run(
+            [sys.executable, *launcher, *script], capture_output=True, text=True, timeout=300, env=env(), cwd=plain
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for rank in (0, 1):
+            assert truth(plain, rank)["losses"] == truth(work, rank)["losses"]
