@@ -281,7 +281,11 @@ def test_hf_trainer_with_deepspeed_zero3_is_monitored_without_code(tmp_path):
     assert not read_csv_rows(output_of(work, 1), "param_updated")
 
 
-def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path):
+@pytest.mark.parametrize(
+    ("stage", "dtype"), [("3", "bf16"), ("0", "fp32")], ids=["zero3-bf16", "stage0-fp32-agreement"]
+)
+def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path, stage, dtype):
+    """Stage 0 is where grad_agreement copies the gradients around the engine's all-reduce."""
     plain = tmp_path / "plain"
     plain.mkdir()
     argv = [
@@ -293,16 +297,16 @@ def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path):
         "2",
         str(SCRIPTS / "ds_train.py"),
         "--stage",
-        "3",
+        stage,
         "--dtype",
-        "bf16",
+        dtype,
         "--out",
         str(plain),
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ds_env(), cwd=plain)
     assert proc.returncode == 0, proc.stderr[-4000:]
     monitored = tmp_path / "monitored"
-    msmon_run(monitored, CONFIG, "ds_train.py", "--stage", "3", "--dtype", "bf16", "--out", str(monitored))
+    msmon_run(monitored, CONFIG, "ds_train.py", "--stage", stage, "--dtype", dtype, "--out", str(monitored))
     for rank in (0, 1):
         assert truth(monitored, rank)["losses"] == truth(plain, rank)["losses"]
 
