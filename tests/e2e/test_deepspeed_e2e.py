@@ -155,15 +155,30 @@ def test_deepspeed_builds_the_optimizer_the_adapter_is_chosen_for(ds_job):
         )
 
 
-def test_loss_rows_are_each_ranks_unscaled_micro_step_losses_and_grad_agreement_says_why_not(ds_job):
+def test_loss_rows_are_each_ranks_unscaled_micro_step_losses_and_grad_agreement_where_a_rank_holds_it(ds_job):
     """engine.backward(loss) runs backward on loss / gradient_accumulation_steps (times the loss
-    scale in fp16): the rows hold the loss the script handed it."""
-    _, _, work, proc = ds_job
+    scale in fp16): the rows hold the loss the script handed it. At stage 0 the engine all-reduces
+    `.grad` in place, so the agreement rows are the script's own cos and norm ratio; at ZeRO-1 to 3
+    no rank holds the whole reduced gradient, and one line per rank says so."""
+    stage, _, work, proc = ds_job
     directories = {rank: output_of(work, rank) for rank in (0, 1)}
     for rank, directory in directories.items():
         assert_loss_rows_are_the_scripts_losses(directory, truth(work, rank)["losses"], micro=2)
     assert truth(work, 0)["losses"] != truth(work, 1)["losses"]  # each rank its own batches
-    assert_grad_agreement_said_once_and_not_recorded(proc.stderr, directories, "DeepSpeed")
+    if stage != 0:
+        assert_grad_agreement_said_once_and_not_recorded(proc.stderr, directories, "DeepSpeed")
+        return
+    assert "grad_agreement is not recorded" not in proc.stderr
+    for rank, directory in directories.items():
+        rows = read_csv_rows(directory, "grad_agreement")
+        got = {int(r["step"]): (float(r["cos"]), float(r["norm_ratio"])) for r in rows}
+        expected = truth(work, rank)["agreement"]
+        assert len(rows) == len(expected) == STEPS
+        assert got == {
+            step: (pytest.approx(c, rel=1e-6, abs=1e-9), pytest.approx(n, rel=1e-6))
+            for step, (c, n) in enumerate(expected)
+        }
+        assert all(c < 1 for c, _ in expected)  # each rank's own batches: the average departs from them
 
 
 def test_loss_rows_are_unscaled_under_torch_autocast_float16_loss_scaling(tmp_path):
@@ -266,7 +281,11 @@ def test_hf_trainer_with_deepspeed_zero3_is_monitored_without_code(tmp_path):
     assert not read_csv_rows(output_of(work, 1), "param_updated")
 
 
-def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path):
+@pytest.mark.parametrize(
+    ("stage", "dtype"), [("3", "bf16"), ("0", "fp32")], ids=["zero3-bf16", "stage0-fp32-agreement"]
+)
+def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path, stage, dtype):
+    """Stage 0 is where grad_agreement copies the gradients around the engine's all-reduce."""
     plain = tmp_path / "plain"
     plain.mkdir()
     argv = [
@@ -278,16 +297,16 @@ def test_losses_are_bit_identical_with_and_without_monitoring(tmp_path):
         "2",
         str(SCRIPTS / "ds_train.py"),
         "--stage",
-        "3",
+        stage,
         "--dtype",
-        "bf16",
+        dtype,
         "--out",
         str(plain),
     ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=ds_env(), cwd=plain)
     assert proc.returncode == 0, proc.stderr[-4000:]
     monitored = tmp_path / "monitored"
-    msmon_run(monitored, CONFIG, "ds_train.py", "--stage", "3", "--dtype", "bf16", "--out", str(monitored))
+    msmon_run(monitored, CONFIG, "ds_train.py", "--stage", stage, "--dtype", dtype, "--out", str(monitored))
     for rank in (0, 1):
         assert truth(monitored, rank)["losses"] == truth(plain, rank)["losses"]
 

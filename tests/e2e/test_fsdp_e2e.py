@@ -224,3 +224,49 @@ def test_lightning_model_parallel_strategy_with_fully_shard_is_monitored_without
     for rank in (0, 1):
         assert f"msmon[rank {rank}]: monitoring Adam of Model (attached at construction)" in proc.stderr
     assert_whole_weights_written_once(tmp_path / "lightning")
+
+
+@pytest.mark.parametrize("no_sync", [True, False], ids=["no_sync", "reducing-every-micro-batch"])
+def test_no_shard_records_the_scripts_own_grad_agreement_when_it_reduces_once_per_step(tmp_path, no_sync):
+    """FSDP1 NO_SHARD all-reduces the whole flat gradient: with `no_sync()` on all but the last
+    micro-batch the agreement rows are the script's own cos and norm ratio (its unwrapped copy's
+    summed gradients against their mean over the ranks). Reducing every micro-batch, the second
+    reduction starts from a reduced sum: the rank-local gradient is gone, and one line says so."""
+    work = tmp_path / "noshard"
+    work.mkdir()
+    config = {"wg_distribution": True, "grad_agreement": True, "format": ["csv"], "ndigits": 12}
+    (work / "monitor.json").write_text(json.dumps(config))
+    script = [str(SCRIPT), "--mode", "fsdp1-noshard", "--steps", str(STEPS), "--out", str(work)]
+    script += ["--no-sync"] if no_sync else []
+    launcher = ["-m", "msmon.launcher", "run", "--config", str(work / "monitor.json")]
+    launcher += ["--output-dir", str(work / "out"), "--standalone", "--nproc-per-node", "2", "--"]
+    proc = subprocess.run(
+        [sys.executable, *launcher, *script], capture_output=True, text=True, timeout=300, env=env(), cwd=work
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "grad_agreement is not recorded" not in proc.stderr
+    for rank in (0, 1):
+        rows = read_csv_rows(output_of(work, rank), "grad_agreement")
+        if not no_sync:
+            assert rows == []
+            assert proc.stderr.count(f"msmon[rank {rank}]: step 0 reduced a gradient more than once") == 1
+            continue
+        got = {int(r["step"]): (float(r["cos"]), float(r["norm_ratio"])) for r in rows}
+        expected = truth(work, rank)["agreement"]
+        assert len(rows) == len(expected) == STEPS
+        assert got == {
+            step: (pytest.approx(c, rel=1e-6, abs=1e-9), pytest.approx(n, rel=1e-6))
+            for step, (c, n) in enumerate(expected)
+        }
+        assert all(c < 1 for c, _ in expected)
+    if no_sync:  # monitoring changed nothing: the same job unmonitored has bit-identical losses
+        plain = tmp_path / "plain"
+        plain.mkdir()
+        script = [str(SCRIPT), "--mode", "fsdp1-noshard", "--steps", str(STEPS), "--out", str(plain), "--no-sync"]
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        proc = subprocess.run(
+            [sys.executable, *launcher, *script], capture_output=True, text=True, timeout=300, env=env(), cwd=plain
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        for rank in (0, 1):
+            assert truth(plain, rank)["losses"] == truth(work, rank)["losses"]

@@ -131,3 +131,30 @@ def test_loss_rows_are_the_scripts_unscaled_losses_and_agreement_its_own_cos_and
         want = [expected[(line["rank"], "loss", s, m, "value")] for s in range(STEPS) for m in range(ACC)]
         assert line["values"] == [close(v) for v in want]
     assert "loss" not in {h["category"] for h in data["heatmaps"]}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("flags", [("every",), ("infer",), ("every", "infer")])
+def test_agreement_is_the_scripts_own_when_ddp_reduces_every_micro_batch_or_the_count_is_inferred(tmp_path, flags):
+    """The copy of the local gradient is taken at the first micro-batch DDP reduces and then
+    accumulated (`every`: no no_sync()), and with grad_acc_steps inferred in step 0 (`infer`)
+    no pass knows it is the step's last: the rows are still the script's own cos and ratio."""
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"wg_distribution": True, "grad_agreement": True, "format": "csv"}))
+    out = tmp_path / "out"
+    env = dict(os.environ, MONITOR_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
+    script = ROOT / "tests" / "scripts" / "loss_agreement_ddp.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--standalone", str(script)]
+    cmd += [str(config), str(tmp_path), "3", str(STEPS), str(SKEW_STEP), *flags]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "not recorded" not in proc.stderr
+    for rank in (0, 1):
+        truth = torch.load(tmp_path / f"truth_rank{rank}.pt")
+        assert all(torch.equal(loss, truth["plain"]["losses"][key]) for key, loss in truth["losses"].items())
+        assert all(torch.equal(w, truth["plain"]["weights"][name]) for name, w in truth["weights"].items())
+        agreed = {
+            int(r["step"]): (float(r["cos"]), float(r["norm_ratio"]))
+            for r in read_csv_rows(rank_dir(out, rank), "grad_agreement")
+        }
+        assert agreed == {step: (close(c), close(n)) for step, (c, n) in truth["agreement"].items()}

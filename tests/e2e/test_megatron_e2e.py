@@ -82,13 +82,28 @@ def recorded(work: Path, rank: int, category: str) -> dict[str, list[dict]]:
     return out
 
 
-def test_loss_rows_are_each_ranks_micro_step_losses_and_grad_agreement_says_why_not(megatron_job):
-    _, work, proc = megatron_job
+def test_loss_rows_are_each_ranks_micro_step_losses_and_grad_agreement_where_a_rank_holds_it(megatron_job):
+    """Without the distributed optimizer the bucket groups all-reduce `main_grad`: the agreement
+    rows are the script's own cos and norm ratio of `main_grad` before and after its grad sync.
+    With it (distributed, chained) a rank holds only its shard, and one line per rank says so."""
+    case, work, proc = megatron_job
     directories = {rank: rank_dir(work / "out", rank) for rank in (0, 1)}
     for rank, directory in directories.items():
         losses = json.loads((work / f"truth_rank{rank}.json").read_text())["losses"]
         assert_loss_rows_are_the_scripts_losses(directory, losses, micro=2)
-    assert_grad_agreement_said_once_and_not_recorded(proc.stderr, directories, "Megatron")
+    if case in ("distributed", "chained"):
+        assert_grad_agreement_said_once_and_not_recorded(proc.stderr, directories, "Megatron")
+        return
+    assert "grad_agreement is not recorded" not in proc.stderr
+    for rank, directory in directories.items():
+        expected = [s["agreement"] for s in json.loads((work / f"truth_rank{rank}.json").read_text())["steps"]]
+        rows = read_csv_rows(directory, "grad_agreement")
+        got = {int(r["step"]): (float(r["cos"]), float(r["norm_ratio"])) for r in rows}
+        assert len(rows) == len(expected)
+        assert got == {
+            step: (pytest.approx(c, rel=1e-6, abs=1e-9), pytest.approx(n, rel=1e-6))
+            for step, (c, n) in enumerate(expected)
+        }
 
 
 def test_every_statistic_equals_the_whole_tensors_megatron_holds(megatron_job):

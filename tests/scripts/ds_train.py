@@ -6,7 +6,12 @@ independent truth: the full fp32 weight before and after each step and the full 
 gradient (`safe_get_full_fp32_param`, `safe_get_full_grad`), the full Adam moments
 (`safe_get_full_optimizer_state`), and, for fp32 runs, the rank-local gradients an unwrapped
 copy of the model computes on this rank's micro-batches, and every micro-step's loss (with
-`--manual-backward`, also what `engine.scale(loss)` made of it on the odd micro-steps).
+`--manual-backward`, also what `engine.scale(loss)` made of it on the odd micro-steps). At stage 0,
+where the engine all-reduces `.grad` in place, also the gradient agreement of each step: cos and
+|local|/|reduced| of the concatenated gradients, in float64, `local` being the reference model's
+summed gradients (fp32) or, in bf16, the `.grad` this script's own post-accumulate hooks clone at
+the step's last micro-batch (before the engine reduces it), `reduced` the `.grad` the engine
+leaves after that micro-batch's backward.
 """
 
 from __future__ import annotations
@@ -99,8 +104,13 @@ def main() -> None:
         m, g = state(p, "exp_avg"), safe_get_full_grad(p)
         return float((torch.sign(g.double()) == torch.sign(m.double())).double().mean())
 
+    seen: dict[str, torch.Tensor] = {}  # this script's own copy of each rank-local `.grad` (stage 0)
+    if args.stage == 0:
+        for n, p in params.items():
+            p.register_post_accumulate_grad_hook(lambda p, n=n: seen.__setitem__(n, p.grad.detach().clone()))
+
     gen = torch.Generator().manual_seed(100 + rank)
-    truth = {"optimizer": type(optimizer).__name__, "steps": [], "losses": [], "scaled_losses": []}
+    truth = {"optimizer": type(optimizer).__name__, "steps": [], "losses": [], "scaled_losses": [], "agreement": []}
     for _ in range(args.steps):
         local_last, local_acc = {}, {}
         for micro in range(args.grad_acc):
@@ -119,6 +129,11 @@ def main() -> None:
             local_last = {n: p.grad.clone() for n, p in reference.named_parameters()}
             for n, g in local_last.items():
                 local_acc[n] = local_acc.get(n, 0) + g
+            if micro == args.grad_acc - 1 and args.stage == 0:
+                own = local_acc if args.dtype == "fp32" else seen
+                a = torch.cat([own[n].reshape(-1).double() for n in params])
+                b = torch.cat([p.grad.reshape(-1).double() for p in params.values()])
+                truth["agreement"].append([float(a @ b / (a.norm() * b.norm())), float(a.norm() / b.norm())])
             if micro == args.grad_acc - 1:
                 before = {
                     "grad_reduced": full_stats(params, safe_get_full_grad),

@@ -1,13 +1,16 @@
 """An FSDP training script with no monitoring code, for `msmon run`: a small model with uneven
 shapes on 2 CPU ranks (gloo), sharded by FSDP2 (`fully_shard`, also as HSDP) or FSDP1
-(`FullyShardedDataParallel`, `use_orig_params` True or False), trained by torch.optim.Adam.
+(`FullyShardedDataParallel`, `use_orig_params` True or False; `fsdp1-noshard`: NO_SHARD with
+original parameters), trained by torch.optim.Adam.
 
 It saves, in the same run, the whole tensors as torch itself assembles them, as the truth:
 `full_tensor()` of the DTensor weights, gradients and moments (FSDP2);
 `summon_full_params(with_grads=True)` and the moments' pieces all-gathered (FSDP1 with
 original parameters); `summon_full_params` and FSDP's own `optim_state_dict` (flat parameters,
 whose reduced gradient is the ranks' mean of an unwrapped copy's gradients, by `all_reduce`);
-and the rank-local gradients that copy computes on this rank's last micro-batch.
+and the rank-local gradients that copy computes on this rank's last micro-batch. Also, per step,
+the gradient agreement by plain torch: cos and norm ratio of that copy's summed gradients
+against their mean over the ranks (`all_reduce`), in float64.
 """
 
 from __future__ import annotations
@@ -89,10 +92,12 @@ class Fsdp2:
 
 
 class Fsdp1:
-    def __init__(self, model: torch.nn.Module, orig_params: bool = True) -> None:
+    def __init__(self, model: torch.nn.Module, orig_params: bool = True, no_shard: bool = False) -> None:
         from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import ShardingStrategy
 
         self.orig_params = orig_params
+        self.no_shard = no_shard  # NO_SHARD: every rank holds every parameter, and its moments, whole
         self.shapes = {n: p.shape for n, p in model.named_parameters()}
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
@@ -100,6 +105,7 @@ class Fsdp1:
         self.model = FSDP(
             model,
             use_orig_params=orig_params,
+            sharding_strategy=ShardingStrategy.NO_SHARD if no_shard else ShardingStrategy.FULL_SHARD,
             auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
             device_id=torch.device("cpu"),  # on CPU it must be told (else it asks for an accelerator)
         )
@@ -133,6 +139,9 @@ class Fsdp1:
         out = {}
         for n, p in self.named():
             s = optimizer.state.get(p, {})
+            if self.no_shard:
+                out[n] = s[key].view(self.shapes[n])
+                continue
             piece = s[key].reshape(-1) if key in s else p.detach().new_empty(0)
             pieces = [None] * dist.get_world_size()
             dist.all_gather_object(pieces, piece)
@@ -142,7 +151,7 @@ class Fsdp1:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["fsdp2", "hsdp", "fsdp1", "fsdp1-flat"], required=True)
+    parser.add_argument("--mode", choices=["fsdp2", "hsdp", "fsdp1", "fsdp1-flat", "fsdp1-noshard"], required=True)
     parser.add_argument("--grad-acc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--no-sync", action="store_true", help="reduce only the last micro-batch of a step")
@@ -158,11 +167,11 @@ def main() -> None:
     if args.mode in ("fsdp2", "hsdp"):
         wrapped = Fsdp2(model, hybrid=args.mode == "hsdp")
     else:
-        wrapped = Fsdp1(model, orig_params=args.mode == "fsdp1")
+        wrapped = Fsdp1(model, orig_params=args.mode != "fsdp1-flat", no_shard=args.mode == "fsdp1-noshard")
     optimizer = torch.optim.Adam(wrapped.model.parameters(), lr=LR, betas=BETAS, eps=EPS)
 
     gen = torch.Generator().manual_seed(100 + rank)
-    truth: dict = {"optimizer": type(optimizer).__name__, "steps": [], "losses": []}
+    truth: dict = {"optimizer": type(optimizer).__name__, "steps": [], "losses": [], "agreement": []}
     for _ in range(args.steps):
         local_sum = {n: torch.zeros_like(p) for n, p in reference.named_parameters()}
         for micro in range(args.grad_acc):
@@ -176,6 +185,14 @@ def main() -> None:
             for n, p in reference.named_parameters():
                 local_sum[n] += p.grad
         local_last = {n: stats(p.grad) for n, p in reference.named_parameters()}
+        # the gradient agreement by plain torch: this rank's summed gradients against their mean over ranks
+        local = torch.cat([g.reshape(-1).double() for g in local_sum.values()])
+        mean = local.clone()
+        dist.all_reduce(mean)
+        mean /= dist.get_world_size()
+        truth["agreement"].append(
+            [float(local @ mean / (local.norm() * mean.norm())), float(local.norm() / mean.norm())]
+        )
         local_acc = {n: stats(g) for n, g in local_sum.items()}
         weights = wrapped.weights()
         if args.mode == "fsdp1-flat":  # summon_full_params has no gradients without use_orig_params

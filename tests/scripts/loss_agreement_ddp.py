@@ -2,8 +2,10 @@
 own truth: every loss it computed (per step and micro-batch) and the gradient agreement it
 computes itself.
 
-Each step runs `acc` micro-batches, all but the last under `no_sync()`, through a GradScaler
-(on CPU; `scaler` in argv) or plainly. Alongside, an unwrapped copy of the model (loaded from
+Each step runs `acc` micro-batches, all but the last under `no_sync()` (or, with `every` in
+argv, each one all-reduced by DDP), through a GradScaler (on CPU; `scaler` in argv) or plainly;
+with `infer` in argv the monitor is not told grad_acc_steps (it infers it in step 0).
+Alongside, an unwrapped copy of the model (loaded from
 the DDP model's weights at the start of every step) runs the same micro-batches through
 torch.autograd.grad: their sum is the rank-local gradient; the DDP model's `.grad`, unscaled
 by the scaler, is the all-reduced one. cos and |local|/|reduced| of their concatenations, in float64,
@@ -13,7 +15,7 @@ so its gradient departs from the average.
 The same job runs again with no monitor: its losses and final weights are saved beside, to be
 bit-identical with the monitored run's.
 
-argv: config, out dir, acc, steps, skew_step, [scaler]. Run with torchrun --nproc-per-node 2.
+argv: config, out dir, acc, steps, skew_step, [scaler] [every] [infer]. Run with torchrun --nproc-per-node 2.
 """
 
 import contextlib
@@ -32,7 +34,9 @@ def flat(tensors) -> torch.Tensor:
     return torch.cat([t.reshape(-1).double() for t in tensors])
 
 
-def train(config: str | None, acc: int, steps: int, skew_step: int, use_scaler: bool) -> dict:
+def train(
+    config: str | None, acc: int, steps: int, skew_step: int, use_scaler: bool, every: bool = False, infer: bool = False
+) -> dict:
     """The job, monitored with `config` or (None) plainly: the script's losses, its own
     agreement and the final weights."""
     rank = dist.get_rank()
@@ -43,7 +47,7 @@ def train(config: str | None, acc: int, steps: int, skew_step: int, use_scaler: 
     mon = TrainerMon(config) if config is not None else None
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     if mon is not None:
-        mon.set_monitor(ddp, optimizer, grad_acc_steps=acc)
+        mon.set_monitor(ddp, optimizer, **({} if infer else {"grad_acc_steps": acc}))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12, enabled=use_scaler)
     gen = torch.Generator().manual_seed(100 + rank)
     losses, agreement = {}, {}
@@ -52,7 +56,7 @@ def train(config: str | None, acc: int, steps: int, skew_step: int, use_scaler: 
         local_sum = [torch.zeros_like(p) for p in reference.parameters()]
         for micro in range(acc):
             x = torch.randn(4, 8, generator=gen) * (3.0 if rank == 1 and step >= skew_step else 1.0)
-            sync = contextlib.nullcontext() if micro == acc - 1 else ddp.no_sync()
+            sync = contextlib.nullcontext() if micro == acc - 1 or every else ddp.no_sync()
             with sync:
                 loss = ddp(x).square().mean()
                 scaler.scale(loss).backward()
@@ -77,11 +81,11 @@ def train(config: str | None, acc: int, steps: int, skew_step: int, use_scaler: 
 
 def main() -> None:
     config, out, acc, steps, skew_step = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    use_scaler = "scaler" in sys.argv[6:]
+    use_scaler, every, infer = ("scaler" in sys.argv[6:], "every" in sys.argv[6:], "infer" in sys.argv[6:])
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    monitored = train(config, acc, steps, skew_step, use_scaler)
-    plain = train(None, acc, steps, skew_step, use_scaler)  # the same job with no monitor: the losses to match
+    monitored = train(config, acc, steps, skew_step, use_scaler, every, infer)
+    plain = train(None, acc, steps, skew_step, use_scaler, every)  # the same job with no monitor: the losses to match
     monitored["plain"] = plain
     torch.save(monitored, os.path.join(out, f"truth_rank{dist.get_rank()}.pt"))
     dist.destroy_process_group()

@@ -13,7 +13,9 @@ into the buffers, gradients accumulated into `main_grad` by a hook and averaged 
 data-parallel group at the grad sync, parameters all-gathered after the step.
 
 Saved per rank as the truth: the full fp32 weights before/after each step, the reduced and
-rank-local `main_grad`, the full Adam moments (shards gathered whole, which msmon never does).
+rank-local `main_grad`, the full Adam moments (shards gathered whole, which msmon never does),
+and the gradient agreement (cos, |local|/|reduced|, float64) of all `main_grad`s concatenated,
+before and after the grad sync.
 
 With `--clip`, `clip_grad` is 1.0 and the loss is scaled up so that Megatron's `step()` clips
 every step. Megatron's norm and scaling functions put scratch tensors on 'cuda'; the same
@@ -374,9 +376,16 @@ def main() -> None:
             else:
                 loss.backward()
         record = {"grad_unreduced": stats(lambda p: p.main_grad)}
+        local = torch.cat([p.main_grad.reshape(-1).double() for _, _, p in named])
         for chunk in chunks:
             chunk.finish_grad_sync()
         record["grad_reduced"] = stats(lambda p: p.main_grad)
+        reduced = torch.cat([p.main_grad.reshape(-1).double() for _, _, p in named])
+        # the gradient agreement of this rank's main_grad before and after the grad sync (all of them)
+        record["agreement"] = [
+            float(local @ reduced / (local.norm() * reduced.norm())),
+            float(local.norm() / reduced.norm()),
+        ]
         record["param_origin"] = stats(weight)
         _, unclipped_norm, _ = optimizer.step()
         record["consumed"] = dict(ConsumedGradients.take(captures), unclipped_norm=unclipped_norm)

@@ -43,7 +43,7 @@ says so once, and the hooks read gradients themselves from then on.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.distributed as dist
@@ -116,7 +116,16 @@ class GradCollector(Collector):
         self.agreeing = False
         self._agree_task: int | None = None
         self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._buffers: dict[int, torch.Tensor] = {}  # the agreement's copies, kept across steps
+        self._copies: grad_agreement.LocalCopies | None = None  # the agreement's copies, kept across steps
+        self._row_pass: dict[int, int] = {}  # the backward pass whose hook last recorded each row
+        # a framework that reduces whole gradients itself (Framework.whole_gradient_reduction): the undo, the copies
+        self._undo_reduction: Callable[[], None] | None = None
+        self._before_reduction: dict[int, torch.Tensor] = {}
+        self._known_norms: dict[int, torch.Tensor] = {}
+        self._index_of: dict[int, int] = {}  # id(param) -> its index in ctx.params
+        self._copied_this_step: set[int] = set()
+        self._local_lost = False  # a parameter reduced twice in this step
+        self._lost_agreement_said = False
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -130,7 +139,17 @@ class GradCollector(Collector):
         self.at_inner_step = bool(inners) and all(isinstance(o, torch.optim.Optimizer) for o in inners)
         if ctx.config.grad_agreement:
             why = grad_agreement.unavailable(_data_parallel(), ctx.adapter.hooks_unreduced, type(ctx.adapter).__name__)
+            if _data_parallel():
+                self._index_of = {id(mp.param): i for i, mp in enumerate(ctx.params)}
+                self._copies = grad_agreement.LocalCopies(
+                    {i: mp.param for i, mp in enumerate(ctx.params) if mp.param.requires_grad}
+                )
+                self._hook_framework_reduction()
+                if self._undo_reduction is not None:  # the framework's own reduction leaves whole gradients
+                    why = None
             self.agreeing = why is None
+            if not self.agreeing:
+                self._copies = None
             if why is not None and "grad_agreement" not in ctx.kept:
                 ctx.kept["grad_agreement"] = why  # said once per monitor, not at every rebuild
                 grad_agreement.say_unavailable(ctx.rank, why)
@@ -140,16 +159,101 @@ class GradCollector(Collector):
 
     def detach(self) -> None:
         self._drop_local()
-        self._buffers.clear()
+        if self._undo_reduction is not None:
+            undo, self._undo_reduction = self._undo_reduction, None
+            undo()
+        self._before_reduction.clear()
+        if self._copies is not None:
+            self._copies.clear()
         super().detach()
+
+    def _hook_framework_reduction(self) -> None:
+        """Where a framework reduces whole gradients itself in place of a torch DDP module
+        (DeepSpeed's stage 0, Megatron's DDP without the distributed optimizer, FSDP1 NO_SHARD),
+        the agreement is taken around its reduction (Framework.whole_gradient_reduction)."""
+        ctx = self.ctx
+        for framework in ctx.frameworks:
+            if framework.whole_gradient_reduction is None:
+                continue
+            try:
+                undo = framework.whole_gradient_reduction(
+                    ctx.models,
+                    ctx.adapter.optimizer,
+                    self.guard(self._copy_before_reduction),
+                    self.guard(self._agree_after_reduction),
+                )
+            except Exception as exc:  # a layout msmon does not know: no agreement there, training goes on
+                logger.warning(
+                    "msmon[rank %d]: cannot follow %s's gradient reduction (%r) (said once)",
+                    ctx.rank,
+                    framework.name,
+                    exc,
+                )
+                continue
+            if undo is not None:
+                self._undo_reduction = undo
+                return
+
+    def _copy_before_reduction(self, pairs: list[tuple[torch.Tensor, torch.Tensor | None]] | None) -> None:
+        """Right before the framework reduces these (parameter, rank-local gradient) pairs in
+        place (None: every monitored parameter's gradient): the local gradients, copied. A
+        parameter reduced a second time in one step (accumulation without `no_sync()`) has lost
+        its local gradient: the step then gets no agreement."""
+        ctx, copies = self.ctx, self._copies
+        if not ctx.recording or copies is None or self._undo_reduction is None:
+            return
+        if pairs is None:
+            pairs = [(mp.param, ctx.grad_of(mp.param)) for mp in ctx.params if mp.param.requires_grad]
+        index_of = self._index_of
+        grads: dict[int, torch.Tensor] = {}
+        for param, grad in pairs:
+            index = index_of.get(id(param))
+            if index is None or grad is None or is_sparse(grad):
+                continue
+            if index in self._copied_this_step:
+                self._local_lost = True
+            self._copied_this_step.add(index)
+            grads[index] = grad
+            self._before_reduction[index] = copies.copy(index, grad)
+        self._known_norms.update(self._norms_read(grads, lambda i, grad: self.last_identity.get(i) == _identity(grad)))
+
+    def _agree_after_reduction(self) -> None:
+        """Right after it: the copies against the whole average now in `.grad`."""
+        ctx, local = self.ctx, self._before_reduction
+        if not local:
+            return
+        if self._local_lost:  # an earlier reduction's agreement is not the step's either
+            self._before_reduction, self._known_norms, self._agreed = {}, {}, None
+            if not self._lost_agreement_said:
+                self._lost_agreement_said = True
+                logger.warning(
+                    "msmon[rank %d]: step %d reduced a gradient more than once (accumulation without "
+                    "no_sync()?): its rank-local gradient is no longer known, so no grad_agreement row "
+                    "is written for such a step (said once)",
+                    ctx.rank,
+                    ctx.step,
+                )
+            return
+        pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in local.items()}
+        self._agreed = grad_agreement.of_pairs(pairs, self._known_norms, self._copies) or self._agreed
+        self._before_reduction, self._known_norms = {}, {}
+
+    def _norms_read(self, grads: dict, fresh: Callable[[int, torch.Tensor], bool]) -> dict[int, torch.Tensor]:
+        """The L2 norms grad_unreduced's rows already hold for these gradients (by index), where
+        `fresh` says a row describes the gradient as it is now."""
+        ops = list(self.ctx.step_ops)
+        if "norm" not in ops:
+            return {}
+        column = ops.index("norm")
+        return {i: self.last_rows[i][column] for i, grad in grads.items() if i in self.last_rows and fresh(i, grad)}
 
     def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, more: bool = True) -> torch.Tensor:
         """Copy `.grad` before DDP reduces it, and (when `more` micro-batches may follow) add each
         later micro-batch's gradient to the copy in a tensor hook (it sees the gradient before it
         is accumulated); the hook exists only while the copy does. For the gradient agreement the
-        copy goes into a buffer kept across steps: a fresh allocation of that size is first-touch
-        page faults on a CPU, which cost more than the copy."""
-        local = grad.detach().clone() if not self.agreeing else self._buffer(index, grad)
+        copy goes into its place in flat buffers kept across steps (grad_agreement.LocalCopies)."""
+        copies = self._copies
+        local = copies.copy(index, grad) if self.agreeing and copies is not None else grad.detach().clone()
         if not more:
             self.local[index] = local
             return local
@@ -161,12 +265,6 @@ class GradCollector(Collector):
         self.local[index] = local
         self._adding[index] = param.register_hook(_unserializable(self.guard(on_incoming_grad)))
         return local
-
-    def _buffer(self, index: int, grad: torch.Tensor) -> torch.Tensor:
-        buffer = self._buffers.get(index)
-        if buffer is None or buffer.shape != grad.shape or buffer.dtype != grad.dtype or buffer.device != grad.device:
-            buffer = self._buffers[index] = torch.empty_like(grad, memory_format=torch.contiguous_format)
-        return buffer.copy_(grad.detach())
 
     def _drop_local(self) -> None:
         for handle in self._adding.values():
@@ -257,13 +355,21 @@ class GradCollector(Collector):
         queue(self.guard(lambda: queue(self.guard(self._agree))))
 
     def _agree(self) -> None:
-        """End of a backward pass DDP reduced: the local sums kept against the reduced `.grad`."""
+        """End of a backward pass DDP reduced: the local sums kept against the reduced `.grad`.
+        When the step's micro-batch count is known, only its last pass computes them, and the
+        copies are spent in the dot product (they go back now anyway); the local norms the
+        hooks of that pass already computed (grad_unreduced's rows) are not read again."""
         ctx = self.ctx
-        self._agree_task = None
-        pairs = [(kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()]
-        self._agreed = grad_agreement.of_pairs(pairs) or self._agreed
+        task, self._agree_task = self._agree_task, None
         acc = ctx.grad_acc_steps
-        if acc is not None and self.micro_steps_seen() >= acc:  # the step's last: the copies go back now
+        last = acc is not None and self.micro_steps_seen() >= acc
+        if acc is not None and not last:  # a later pass of this step is reduced too and decides
+            return
+        pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()}
+        norms = self._norms_read(self.local, lambda i, _grad: self._row_pass.get(i) == task)  # this pass's rows
+        agreed = grad_agreement.of_pairs(pairs, norms, self._copies if last else None)
+        self._agreed = agreed or self._agreed
+        if last:  # the step's last: the copies go back now
             self._drop_local()
 
     def _left_out(self, index: int, why: str) -> None:
@@ -285,6 +391,8 @@ class GradCollector(Collector):
         self.last_rows.pop(index, None)  # keep hook-firing order for the accumulated rows
         self.last_rows[index] = row
         self.last_identity[index] = _identity(grad)
+        if self.agreeing:
+            self._row_pass[index] = torch._C._current_graph_task_id()
 
     def _can_wait(self, param: torch.Tensor) -> bool:
         """Whether this gradient may be read at the end of backward rather than now."""
@@ -336,10 +444,10 @@ class GradCollector(Collector):
             return
         if self._agreed is not None:
             grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *self._agreed)
-        elif self.agreeing and "grad_agreement" not in ctx.kept:
+        elif self.agreeing and not self._local_lost and "grad_agreement" not in ctx.kept:
             ctx.kept["grad_agreement"] = why = (
-                "no torch DDP module reduced the monitored gradients in this step "
-                "(they are reduced outside DDP: DeepSpeed's stage 0, a manual all-reduce)"
+                "nothing msmon follows reduced the monitored gradients in this step (no torch DDP "
+                "module, DeepSpeed stage-0 engine, Megatron DDP or FSDP NO_SHARD unit: a manual all-reduce?)"
             )
             grad_agreement.say_unavailable(ctx.rank, why)
         if not ctx.config.monitor_mbs_grad and self.last_rows:
@@ -393,3 +501,8 @@ class GradCollector(Collector):
         self._flush_task = None
         self._agree_task = None
         self._agreed = None
+        self._row_pass.clear()
+        self._before_reduction.clear()
+        self._known_norms.clear()
+        self._copied_this_step.clear()
+        self._local_lost = False

@@ -10,7 +10,8 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, train_steps
 from msmon import TrainerMon
-from msmon.collectors.grad_agreement import agreement
+from msmon.collectors import grad_agreement
+from msmon.collectors.grad_agreement import LocalCopies, agreement, of_pairs
 from msmon.config import parse_config
 
 
@@ -53,3 +54,58 @@ def test_grad_agreement_without_wg_distribution_is_a_warning_before_training(cap
     assert any(
         "wg_distribution is not true; no gradient agreement is recorded" in r.getMessage() for r in caplog.records
     )
+
+
+def _plain(local: list[torch.Tensor], reduced: list[torch.Tensor]) -> tuple[float, float]:
+    a = torch.cat([t.reshape(-1).double() for t in local])
+    b = torch.cat([t.reshape(-1).double() for t in reduced])
+    return float(a @ b / (a.norm() * b.norm())), float(a.norm() / b.norm())
+
+
+@pytest.fixture(params=["per-parameter dots (CPU)", "in-place foreach multiply (accelerators)"])
+def dot_path(request, monkeypatch):
+    """Both ways LocalCopies.dot sums: the accelerators' one forced on the CPU."""
+    monkeypatch.setattr(grad_agreement, "IN_PLACE_ON_CPU", request.param.startswith("in-place"))
+
+
+def test_the_flat_copies_dot_equals_the_plain_concatenation_leaving_out_unused_and_stale_views(dot_path):
+    gen = torch.Generator().manual_seed(1)
+    shapes = [(16, 8), (16,), (4, 16), (4,), (3, 3), (7,)]
+    params = {i: torch.nn.Parameter(torch.zeros(s)) for i, s in enumerate(shapes)}
+    params[5] = torch.nn.Parameter(torch.zeros(7, dtype=torch.float64))  # a second flat buffer
+    copies = LocalCopies(params)
+    for step in range(3):  # the buffers are reused: the views left out hold an earlier step's values
+        local = {i: torch.randn(p.shape, generator=gen, dtype=p.dtype) for i, p in params.items()}
+        reduced = {i: 0.6 * t + torch.randn(t.shape, generator=gen, dtype=t.dtype) for i, t in local.items()}
+        used = [0, 1, 3, 5] if step else list(params)  # parameters 2 and 4 had no gradient in this step
+        kept = {i: copies.copy(i, local[i]) for i in used}
+        assert all(torch.equal(kept[i], local[i].to(kept[i].dtype)) for i in used)
+        cos, ratio = of_pairs({i: (kept[i], reduced[i]) for i in used}, copies=copies)
+        want = _plain([local[i] for i in used], [reduced[i] for i in used])
+        assert (float(cos), float(ratio)) == pytest.approx(want, rel=1e-6)
+
+
+def test_the_agreement_takes_known_local_norms_and_reads_16_bit_reduced_gradients_in_float32(dot_path):
+    gen = torch.Generator().manual_seed(2)
+    shapes = [(32, 8), (32,), (5, 32)]
+    params = {i: torch.nn.Parameter(torch.zeros(s)) for i, s in enumerate(shapes)}
+    copies = LocalCopies(params)
+    local = {i: torch.randn(s, generator=gen) for i, s in enumerate(shapes)}
+    reduced = {i: (0.5 * t + torch.randn(t.shape, generator=gen)).bfloat16() for i, t in local.items()}
+    kept = {i: copies.copy(i, t) for i, t in local.items()}
+    norms = {0: local[0].norm(), 2: local[2].norm().double()}  # parameter 1's norm is not known: it is read
+    cos, ratio = of_pairs({i: (kept[i], reduced[i]) for i in kept}, norms, copies)
+    want = _plain(list(local.values()), [t.float() for t in reduced.values()])
+    assert (float(cos), float(ratio)) == pytest.approx(want, rel=1e-6)
+
+
+def test_a_gradient_that_fits_no_view_is_copied_into_its_own_buffer_and_still_counted(dot_path):
+    params = {0: torch.nn.Parameter(torch.zeros(4, 4)), 1: torch.nn.Parameter(torch.zeros(6))}
+    copies = LocalCopies(params)
+    gen = torch.Generator().manual_seed(3)
+    odd = torch.randn(2, 3, generator=gen)  # not the parameter's shape
+    local = {0: torch.randn(4, 4, generator=gen), 1: odd}
+    reduced = {i: torch.randn(t.shape, generator=gen) for i, t in local.items()}
+    kept = {i: copies.copy(i, t) for i, t in local.items()}
+    cos, ratio = of_pairs({i: (kept[i], reduced[i]) for i in kept}, copies=copies)
+    assert (float(cos), float(ratio)) == pytest.approx(_plain(list(local.values()), list(reduced.values())), rel=1e-6)

@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 Position = tuple[int, list[int]]  # (pipeline stage, global ranks of the pipeline group)
 ReplicaRule = Callable[[Any], "str | None"]  # why a parameter is not a replica, None when it is
+# (models, optimizer, before, after) -> the undo, or None (Framework.whole_gradient_reduction)
+WholeReduction = Callable[
+    [list[Any], Any, Callable[["list[Any] | None"], None], Callable[[], None]], "Callable[[], None] | None"
+]
 
 
 @dataclass(frozen=True)
@@ -70,3 +74,10 @@ class Framework:
     replica_exclusion: Callable[[list[Any], Any, bool], ReplicaRule | None] | None = None
     #: the loss scalers it provides (hooks/core/backward_calls.py), asked once its library is imported
     loss_scaling: Callable[[], LossScaling] | None = None
+    #: where the library itself reduces whole gradients in place of a torch DDP module, so that each
+    #: rank then holds the whole reduced gradient: given (models, optimizer, before, after), calls
+    #: `before(pairs)` right before it reduces these (parameter, rank-local gradient) pairs in
+    #: place (None: every parameter's `grad_of`), `after()` once the whole reduction is done (the
+    #: reduced gradients are then `grad_of` the parameters), and returns the undo; None where
+    #: these models and optimizer reduce otherwise (grad_agreement)
+    whole_gradient_reduction: WholeReduction | None = None

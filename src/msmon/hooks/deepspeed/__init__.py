@@ -106,6 +106,15 @@ def _loss_scale_of(engine: Any) -> Any:
     return getattr(optimizer, "loss_scale", None)
 
 
+def whole_gradient_reduction(
+    models: list[Any], optimizer: Any, before: Callable[[list[Any] | None], None], after: Callable[[], None]
+) -> Callable[[], None] | None:
+    """Stage 0's engine all-reduces `.grad` itself: `before`/`after` around it (reduction.py)."""
+    from .reduction import whole_gradient_reduction as wrap
+
+    return wrap(models, optimizer, before, after)
+
+
 FRAMEWORK = Framework(
     name="deepspeed",
     switched_on_by="deepspeed",
@@ -121,4 +130,5 @@ FRAMEWORK = Framework(
     pipeline_position=pipeline_position,
     replica_exclusion=replica_exclusion,
     loss_scaling=loss_scaling,
+    whole_gradient_reduction=whole_gradient_reduction,
 )

@@ -14,7 +14,7 @@ Light on import (never imports FSDP, nor the monitor): it exports its `FRAMEWORK
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..core.spec import Framework
 
@@ -55,6 +55,15 @@ def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
     return fsdp_adapter_for(optimizer)
 
 
+def whole_gradient_reduction(
+    models: list[Any], optimizer: Any, before: Callable[[list[Any] | None], None], after: Callable[[], None]
+) -> Callable[[], None] | None:
+    """FSDP1 NO_SHARD all-reduces the whole flat gradient: `before`/`after` around it (reduction.py)."""
+    from .reduction import whole_gradient_reduction as wrap
+
+    return wrap(models, optimizer, before, after)
+
+
 FRAMEWORK = Framework(
     name="fsdp",
     switched_on_by="torch.distributed.fsdp",
@@ -64,4 +73,5 @@ FRAMEWORK = Framework(
     instrument=instrument,
     uninstrument=uninstrument,
     adapter_for=adapter_for,
+    whole_gradient_reduction=whole_gradient_reduction,
 )

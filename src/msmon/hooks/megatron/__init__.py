@@ -75,6 +75,16 @@ def replica_exclusion(models: list[Any], optimizer: Any, weights: bool) -> Calla
     return why
 
 
+def whole_gradient_reduction(
+    models: list[Any], optimizer: Any, before: Callable[[list[Any] | None], None], after: Callable[[], None]
+) -> Callable[[], None] | None:
+    """Megatron's DDP all-reduces `main_grad` per bucket group without the distributed
+    optimizer: `before`/`after` around it (reduction.py)."""
+    from .reduction import whole_gradient_reduction as wrap
+
+    return wrap(models, optimizer, before, after)
+
+
 def adapter_for(optimizer: Any) -> OptimizerAdapter | None:
     """The adapter of a Megatron optimizer (chosen by class name), None for any other."""
     from .adapters import megatron_adapter
@@ -120,4 +130,5 @@ FRAMEWORK = Framework(
     pipeline_position=pipeline_position,
     replica_exclusion=replica_exclusion,
     loss_scaling=loss_scaling,
+    whole_gradient_reduction=whole_gradient_reduction,
 )
