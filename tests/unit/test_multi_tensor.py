@@ -209,21 +209,28 @@ def test_the_number_of_ops_does_not_grow_with_the_number_of_tensors(layout):
     assert not {name for name in many if "_local_scalar_dense" in name or "nonzero" in name}
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtype, small_chunks, monkeypatch, route):
+@pytest.fixture
+def batched(monkeypatch) -> list[int]:
+    """The sizes of the batches the multi-tensor engine is given, with (5000,) and (2, 3000)
+    above engine.PER_TENSOR_MIN."""
     from msmon.stats import engine, multi_tensor
 
-    if route == "compiled":
-        pytest.skip("the compiled pass reads every element once: no tensor is read apart (see the next test)")
-    monkeypatch.setattr(engine, "PER_TENSOR_MIN", 2000)  # (5000,) and (2, 3000) are "large" here
-    batched: list[int] = []
+    monkeypatch.setattr(engine, "PER_TENSOR_MIN", 2000)
+    sizes: list[int] = []
     real = multi_tensor.batch_columns
 
     def counting(ts, plan, threshold):
-        batched.append(len(ts))
+        sizes.append(len(ts))
         return real(ts, plan, threshold)
 
     monkeypatch.setattr(multi_tensor, "batch_columns", counting)
+    return sizes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtype, small_chunks, batched, route):
+    if route == "compiled":
+        pytest.skip("the compiled pass reads every element once: no tensor is read apart (see the next test)")
     ts = separate_tensors(dtype, torch.Generator().manual_seed(3))
     assert_rows_match(ts, batch_stats(ts, OPS, EPS))
     assert batched == [len(ts) - 2]  # the two large ones took the per-tensor reductions
@@ -232,20 +239,9 @@ def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtyp
     assert batched == [len(ts) - 2]
 
 
-def test_the_compiled_pass_reads_the_largest_tensors_with_the_others(small_chunks, monkeypatch, route):
-    from msmon.stats import engine, multi_tensor
-
+def test_the_compiled_pass_reads_the_largest_tensors_with_the_others(small_chunks, batched, route):
     if route != "compiled":
         pytest.skip("the foreach route reads the largest tensors apart (the test above)")
-    monkeypatch.setattr(engine, "PER_TENSOR_MIN", 2000)
-    batched: list[int] = []
-    real = multi_tensor.batch_columns
-
-    def counting(ts, plan, threshold):
-        batched.append(len(ts))
-        return real(ts, plan, threshold)
-
-    monkeypatch.setattr(multi_tensor, "batch_columns", counting)
     ts = separate_tensors(torch.float32, torch.Generator().manual_seed(3))
     assert_rows_match(ts, batch_stats(ts, OPS, EPS))
     assert batched == [len(ts)]

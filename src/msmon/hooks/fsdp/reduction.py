@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from ...system.distributed import current_rank
-from .seams import unsharded_views
+from .seams import removal_of, unsharded_views
 
 logger = logging.getLogger("msmon")
 
@@ -86,11 +86,4 @@ def whole_gradient_reduction(
                 engine.queue_callback(lambda: engine.queue_callback(at_end))
 
         handles.append(flat_param.register_post_accumulate_grad_hook(on_accumulated))
-    if not handles:
-        return None
-
-    def undo() -> None:
-        for handle in handles:
-            handle.remove()
-
-    return undo
+    return removal_of(handles)

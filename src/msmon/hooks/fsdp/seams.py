@@ -133,6 +133,11 @@ def on_fsdp1_reduce(
                 record(pairs)
 
         handles.append(flat_param.register_post_accumulate_grad_hook(on_accumulated))
+    return removal_of(handles)
+
+
+def removal_of(handles: list[Any]) -> Callable[[], None] | None:
+    """What removes these hook handles (the hooks on FSDP's flat parameters), None when there are none."""
     if not handles:
         return None
 
