@@ -228,9 +228,11 @@ def batched(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtype, small_chunks, batched, route):
-    if route == "compiled":
-        pytest.skip("the compiled pass reads every element once: no tensor is read apart (see the next test)")
+def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtype, small_chunks, batched, monkeypatch):
+    """On the `_foreach_*` route (the compiled pass reads every element once: the next test)."""
+    from msmon.stats import fused_rows
+
+    monkeypatch.setenv(fused_rows.ENV, "0")
     ts = separate_tensors(dtype, torch.Generator().manual_seed(3))
     assert_rows_match(ts, batch_stats(ts, OPS, EPS))
     assert batched == [len(ts) - 2]  # the two large ones took the per-tensor reductions
@@ -239,9 +241,10 @@ def test_the_largest_tensors_are_read_one_by_one_and_keep_their_rows_places(dtyp
     assert batched == [len(ts) - 2]
 
 
-def test_the_compiled_pass_reads_the_largest_tensors_with_the_others(small_chunks, batched, route):
-    if route != "compiled":
-        pytest.skip("the foreach route reads the largest tensors apart (the test above)")
+def test_the_compiled_pass_reads_the_largest_tensors_with_the_others(small_chunks, batched, monkeypatch):
+    from msmon.stats import fused_rows
+
+    monkeypatch.delenv(fused_rows.ENV, raising=False)
     ts = separate_tensors(torch.float32, torch.Generator().manual_seed(3))
     assert_rows_match(ts, batch_stats(ts, OPS, EPS))
     assert batched == [len(ts)]
