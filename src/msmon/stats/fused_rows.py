@@ -49,6 +49,7 @@ _DEVICES = ("cpu", "cuda")  # where Inductor generates code (C++, Triton)
 _lock = threading.Lock()
 _compiled: dict[bool, Callable[..., torch.Tensor]] = {}  # by masked
 _failed = False
+_preparing = False  # prepare() is compiling: it says so itself
 _counted_to = 0  # dynamo's graph count after msmon's last compiled call (or last look)
 _others = 0  # graphs dynamo built outside msmon's calls
 _tally = threading.local()  # kernels launched by this thread's calls (benchmarks/op_counts.py)
@@ -131,6 +132,7 @@ def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Te
     _note_others()
     try:
         known = _loaded_modules() if first else None
+        started = time.perf_counter()
         with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
             function = _function(bounds is not None)
             if first and _alignment_matters(x.device):
@@ -138,6 +140,15 @@ def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Te
             out = function(*_with_x(_plain(x), bounds, threshold))
         if first:
             KERNELS_PER_CALL[key] = _kernels_in(_loaded_modules() - known if known is not None else set())
+            took = time.perf_counter() - started
+            if took > 2.0 and not _preparing:  # a dtype attach did not foresee (autocast's, say)
+                logger.info(
+                    "msmon: compiled the statistics kernel for %s %s on first use in %.1f s "
+                    "(once per machine: Inductor caches it)",
+                    x.device.type,
+                    str(x.dtype).removeprefix("torch."),
+                    took,
+                )
     except Exception as exc:  # noqa: BLE001 - a compiler missing or refusing: the other route runs
         if not _failed:
             logger.warning(
@@ -192,22 +203,33 @@ def prepare(tensors: list[torch.Tensor]) -> None:
     wanted = {(t.device, t.dtype) for t in tensors if t.is_floating_point() and not host_code(t.device)}
     wanted |= {(device, torch.float32) for device, _ in wanted}
     wanted = {(device, dtype) for device, dtype in wanted if usable(device)}
+    global _preparing
     started = time.perf_counter()
-    for device, dtype in sorted(wanted, key=str):
-        x = torch.zeros(3, BLOCK, dtype=dtype, device=device)  # three rows: see _unaligned_like
-        threshold = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
-        bounds = torch.tensor([[0, BLOCK]] * 3, device=device)
-        # on the training's thread count, as the statistics run (the code is guarded on it)
-        if row_values(x, None, threshold) is None or row_values(x, bounds, threshold) is None:
-            return  # said once by row_values; the torch route runs
+    _preparing = True
+    try:
+        compiled = _prepare_each(wanted)
+    finally:
+        _preparing = False
     took = time.perf_counter() - started
-    if took > 2.0:
+    if compiled and took > 2.0:
         kinds = ", ".join(f"{d.type} {str(dtype).removeprefix('torch.')}" for d, dtype in sorted(wanted, key=str))
         logger.info(
             "msmon: compiled the statistics kernels for %s in %.1f s (once per machine: Inductor caches them)",
             kinds,
             took,
         )
+
+
+def _prepare_each(wanted: set[tuple[torch.device, torch.dtype]]) -> bool:
+    """Compile both kernels for each (device, dtype); False when the route failed (said once)."""
+    for device, dtype in sorted(wanted, key=str):
+        x = torch.zeros(3, BLOCK, dtype=dtype, device=device)  # three rows: see _unaligned_like
+        threshold = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
+        bounds = torch.tensor([[0, BLOCK]] * 3, device=device)
+        # on the training's thread count, as the statistics run (the code is guarded on it)
+        if row_values(x, None, threshold) is None or row_values(x, bounds, threshold) is None:
+            return False  # said once by row_values; the torch route runs
+    return bool(wanted)
 
 
 def _with_x(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Tensor) -> tuple[torch.Tensor, ...]:
