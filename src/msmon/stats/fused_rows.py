@@ -8,10 +8,11 @@ produces all seven per-row values at once:
 
     sq (sum of squares), max, negmax (max of -x), sum, zeros (|x| < threshold), nans, infs
 
-over the rows of a [rows, BLOCK] view, each row restricted to its columns [lo, hi) (a row is a
-block of a flat chunk; a block that several tensors share is given once per tensor, each time
-with that tensor's columns). Values are accumulated in float32 (float64 for float64 input; a
-16-bit input is widened inside the kernel, with no copy); rows combine exactly afterwards.
+over the rows of a [rows, BLOCK] view: whole rows (the blocks of a chunk that lie inside one
+tensor, read in place, no mask to compute), and, by a second kernel, rows restricted to their
+columns [lo, hi) (the few blocks where tensors meet, copied once per tensor they hold).
+Values are accumulated in float32 (float64 for float64 input; a 16-bit input is widened inside
+the kernel, with no copy); rows combine exactly afterwards.
 
 The kernel is compiled once per dtype and device (dynamic row count: the same code for every
 batch; Inductor's on-disk cache makes later processes load it in about a second). It is never
@@ -27,17 +28,17 @@ per process and turns the route off; the caller then reduces the same batch the 
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import os
-import re
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import torch
+
+from . import inductor_code
 
 logger = logging.getLogger("msmon")
 
@@ -131,7 +132,7 @@ def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Te
     first = key not in KERNELS_PER_CALL
     _note_others()
     try:
-        known = _loaded_modules() if first else None
+        known = inductor_code.loaded_modules() if first else None
         started = time.perf_counter()
         with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
             function = _function(bounds is not None)
@@ -139,7 +140,7 @@ def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Te
                 function(*_with_x(_unaligned_like(x), bounds, threshold))
             out = function(*_with_x(_plain(x), bounds, threshold))
         if first:
-            KERNELS_PER_CALL[key] = _kernels_in(_loaded_modules() - known if known is not None else set())
+            KERNELS_PER_CALL[key] = inductor_code.kernels_in(inductor_code.loaded_modules() - (known or set()))
             took = time.perf_counter() - started
             if took > 2.0 and not _preparing:  # a dtype attach did not foresee (autocast's, say)
                 logger.info(
@@ -266,34 +267,3 @@ def _unaligned_like(x: torch.Tensor) -> torch.Tensor:
 def launched_kernels() -> int:
     """Kernels launched by this thread's compiled calls so far (a running count)."""
     return int(getattr(_tally, "kernels", 0))
-
-
-def _loaded_modules() -> set[int]:
-    from torch._inductor.codecache import PyCodeCache
-
-    return {id(module) for module in _code_modules(PyCodeCache)}
-
-
-def _code_modules(cache: Any) -> list[Any]:
-    modules = getattr(cache, "modules", None)
-    if isinstance(modules, dict):
-        return list(modules.values())
-    return list(modules or [])
-
-
-# a kernel launched by Inductor's generated `call`: a C++ kernel, a Triton kernel, an extern op
-_LAUNCH = re.compile(r"^\s*(?:\w+ = )?(cpp_fused_\w+|\w+\.run|extern_kernels\.\w+|aten\.\w+(?:\.\w+)?)\(", re.M)
-
-
-def _kernels_in(new_modules: set[int]) -> int:
-    """Kernel launches in the `call` of the code modules Inductor loaded for one graph."""
-    from torch._inductor.codecache import PyCodeCache
-
-    count = 0
-    for module in _code_modules(PyCodeCache):
-        if id(module) in new_modules and hasattr(module, "call"):
-            try:
-                count += len(_LAUNCH.findall(inspect.getsource(module.call)))
-            except (OSError, TypeError):
-                continue
-    return count or 1
