@@ -48,11 +48,13 @@ def grad_collector(monitor: Any) -> Any:
     return next(c for c in monitor.runner.built.collectors if isinstance(c, GradCollector))
 
 
-def inner(args: argparse.Namespace) -> None:
-    """One rank of one job: DDP, warm-up, timed steps; writes its figures to a file."""
+def _monitored_ddp(args: argparse.Namespace, config: str) -> tuple[Any, Any, Any, int, Any]:
+    """This rank's part of the job: the reference model under DDP (gloo, one thread), AdamW, the
+    monitor attached with `config` (workloads.monitor_config); (model spec, DDP module,
+    optimizer, rank, monitor)."""
     import torch
     import torch.distributed as dist
-    from workloads import MODELS, monitor_config, train_step
+    from workloads import MODELS, monitor_config
 
     from msmon import TrainerMon
 
@@ -67,10 +69,20 @@ def inner(args: argparse.Namespace) -> None:
     path = os.path.join(args.workdir, "monitor.json")
     if rank == 0:
         with open(path, "w", encoding="utf-8") as fh:
-            json.dump(monitor_config(args.inner, model), fh)
+            json.dump(monitor_config(config, model), fh)
     dist.barrier()
     monitor = TrainerMon(path)
     monitor.set_monitor(ddp, optimizer)
+    return spec, ddp, optimizer, rank, monitor
+
+
+def inner(args: argparse.Namespace) -> None:
+    """One rank of one job: DDP, warm-up, timed steps; writes its figures to a file."""
+    import torch
+    import torch.distributed as dist
+    from workloads import train_step
+
+    spec, ddp, optimizer, rank, monitor = _monitored_ddp(args, args.inner)
     gen = torch.Generator().manual_seed(rank)
     device = torch.device("cpu")
     times, cpu = [], []
@@ -97,25 +109,9 @@ def inner_paired(args: argparse.Namespace) -> None:
     """One rank of the paired job: `args.paired` pairs of steps, the agreement on in one of each."""
     import torch
     import torch.distributed as dist
-    from workloads import MODELS, monitor_config, train_step
+    from workloads import train_step
 
-    from msmon import TrainerMon
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    spec = MODELS[args.model]
-    torch.manual_seed(0)
-    model = spec.build()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    path = os.path.join(args.workdir, "monitor.json")
-    if rank == 0:
-        with open(path, "w", encoding="utf-8") as fh:
-            json.dump(monitor_config("wg+agreement", model), fh)
-    dist.barrier()
-    monitor = TrainerMon(path)
-    monitor.set_monitor(ddp, optimizer)
+    spec, ddp, optimizer, rank, monitor = _monitored_ddp(args, "wg+agreement")
     gen = torch.Generator().manual_seed(rank)
     for _ in range(args.warmup):
         train_step(ddp, optimizer, spec.batch_of(gen, torch.device("cpu")))
