@@ -24,8 +24,8 @@ from .fused_rows import BLOCK
 SKIP = -1  # the tensor of a row whose values are dropped (a block where pieces meet, a gap)
 
 
-@dataclass(frozen=True)
-class BlockRows:
+@dataclass(frozen=True, eq=False)  # one object per layout (block_rows is cached): equal by identity,
+class BlockRows:  # so that a key made of them hashes in O(1), not over thousands of rows
     """One chunk's rows: the chunk's block view, each row read whole (`main_tensors`: none when the
     view has fewer than two rows, which are then boundary rows), and the boundary matrix, whose
     rows are copies of blocks `boundary_blocks` (block `blocks` is the zero-padded tail), each

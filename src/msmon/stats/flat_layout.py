@@ -45,10 +45,12 @@ class Chunk:
     pieces: list[tuple[int, int]] = field(default_factory=list)
     view: torch.Tensor | None = None
     staged: list[torch.Tensor] = field(default_factory=list)
+    size: int = 0  # elements: the pieces' lengths summed, kept as pieces are added (add)
 
-    @property
-    def size(self) -> int:
-        return sum(length for _, length in self.pieces)
+    def add(self, row: int, length: int) -> None:
+        """One more piece at the end."""
+        self.pieces.append((row, length))
+        self.size += length
 
 
 def dense_flat(t: torch.Tensor) -> torch.Tensor | None:
@@ -103,7 +105,7 @@ def _span_chunks(base: torch.Tensor, run: list[tuple[int, int, int]]) -> list[Ch
     for row, length in segments:
         while length:
             take = min(length, CHUNK - current.size)
-            current.pieces.append((row, take))
+            current.add(row, take)
             length -= take
             if current.size == CHUNK:
                 current.view = span[begin : begin + CHUNK]
@@ -143,7 +145,7 @@ def chunks_of(ts: list[torch.Tensor]) -> list[Chunk]:
         if staged.size + numel > CHUNK:
             chunks.append(staged)
             staged = Chunk()
-        staged.pieces.append((row, numel))
+        staged.add(row, numel)
         staged.staged.append(flats[row])
     if staged.pieces:
         chunks.append(staged)

@@ -34,9 +34,17 @@ def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=512)
-def _bounds(lo: tuple[int, ...], hi: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """[rows, 2] columns [lo, hi) of each row, on the device once per layout."""
-    return _to_device(torch.tensor(list(zip(lo, hi)), dtype=torch.long), device)
+def _bounds(rows: BlockRows, device: torch.device) -> torch.Tensor:
+    """[rows, 2] columns [lo, hi) of each boundary row, on the device once per layout."""
+    return _to_device(torch.tensor(list(zip(rows.boundary_lo, rows.boundary_hi)), dtype=torch.long), device)
+
+
+@functools.lru_cache(maxsize=512)
+def _gathered(rows: BlockRows, device: torch.device) -> torch.Tensor | None:
+    """The view's blocks the boundary matrix copies (the padded tail aside), on the device once
+    per layout; None when it copies none."""
+    blocks = tuple(b for b in rows.boundary_blocks if b < rows.view_rows)
+    return _on_device(blocks, device) if blocks else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -46,13 +54,22 @@ def _threshold(value: float, dtype: torch.dtype, device: torch.device) -> torch.
 
 
 @functools.lru_cache(maxsize=128)
-def _tensor_order(tensors: tuple[int, ...], count: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The rows of each tensor in tensor order (rows of SKIP left out), and how many each has."""
+def _tensor_order(
+    layouts: tuple[BlockRows, ...], count: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device: the rows of each tensor in tensor order (rows of SKIP left out), and how
+    many each has, for chunks of these layouts stacked in order. Keyed by the layouts' identity
+    (block_rows makes one object per layout), so a repeated batch hashes a few objects, not
+    every row."""
     by_tensor: list[list[int]] = [[] for _ in range(count)]
-    for position, tensor in enumerate(tensors):
-        if tensor != SKIP:
-            by_tensor[tensor].append(position)
-    return tuple(p for rows in by_tensor for p in rows), tuple(len(rows) for rows in by_tensor)
+    position = 0
+    for layout in layouts:
+        for tensor in layout.tensors:
+            if tensor != SKIP:
+                by_tensor[tensor].append(position)
+            position += 1
+    positions = tuple(p for rows in by_tensor for p in rows)
+    return _on_device(positions, device), _on_device(tuple(len(rows) for rows in by_tensor), device)
 
 
 def _tail_in_place(x: torch.Tensor) -> bool:
@@ -64,22 +81,20 @@ def _tail_in_place(x: torch.Tensor) -> bool:
 def _boundary(x: torch.Tensor, view: torch.Tensor | None, rows: BlockRows) -> torch.Tensor:
     """The boundary matrix: copies of the blocks where pieces meet, and the zero-padded tail."""
     parts = []
-    gathered = [b for b in rows.boundary_blocks if b < rows.view_rows]
-    if gathered:
+    gathered = _gathered(rows, x.device)
+    if gathered is not None:
         assert view is not None
-        parts.append(view.index_select(0, _on_device(tuple(gathered), x.device)))
-    padded = len(rows.boundary_blocks) - len(gathered)
+        parts.append(view.index_select(0, gathered))
+    padded = len(rows.boundary_blocks) - (0 if gathered is None else gathered.numel())
     if padded:
         tail = x[rows.blocks * BLOCK :]
         parts.append(torch.nn.functional.pad(tail, (0, BLOCK - tail.numel())).expand(padded, BLOCK))
     return torch.cat(parts) if len(parts) > 1 or parts[0].stride(0) == 0 else parts[0]
 
 
-def chunk_rows(
-    x: torch.Tensor, chunk: Chunk, threshold: torch.Tensor
-) -> tuple[list[torch.Tensor], tuple[int, ...]] | None:
-    """The per-row values of one chunk (x: its elements, flat, in their own dtype) and the tensor
-    of each row; None when the compiled pass failed."""
+def chunk_rows(x: torch.Tensor, chunk: Chunk, threshold: torch.Tensor) -> tuple[list[torch.Tensor], BlockRows] | None:
+    """The per-row values of one chunk (x: its elements, flat, in their own dtype) and its rows'
+    layout (the tensor of each row); None when the compiled pass failed."""
     rows = block_rows(tuple(chunk.pieces), x.numel(), _tail_in_place(x))
     view = x.as_strided((rows.view_rows, BLOCK), (BLOCK, 1)) if rows.view_rows else None
     values: list[torch.Tensor] = []
@@ -90,24 +105,23 @@ def chunk_rows(
             return None
         values.append(main)
     if rows.boundary_blocks:
-        bounds = _bounds(rows.boundary_lo, rows.boundary_hi, x.device)
+        bounds = _bounds(rows, x.device)
         edges = fused_rows.row_values(_boundary(x, view, rows), bounds, threshold)
         if edges is None:
             return None
         values.append(edges)
-    return values, rows.tensors
+    return values, rows
 
 
 def combine(
-    values: list[torch.Tensor], tensors: tuple[int, ...], count: int, needs: set[str]
+    values: list[torch.Tensor], layouts: tuple[BlockRows, ...], count: int, needs: set[str]
 ) -> dict[str, torch.Tensor]:
     """Each tensor's fields (float64 columns, in tensor order) from the rows' values: norm, max,
     min, sum, zeros, nans, infs as `needs` asks (names of the multi-tensor route's columns)."""
     device = values[0].device
     stacked = torch.cat(values) if len(values) > 1 else values[0]
-    positions, lengths = _tensor_order(tensors, count)
-    ordered = stacked.to(RESULT_DTYPE).index_select(0, _on_device(positions, device))
-    lengths_t = _on_device(lengths, device)
+    positions, lengths_t = _tensor_order(layouts, count, device)
+    ordered = stacked.to(RESULT_DTYPE).index_select(0, positions)
     summed = torch.segment_reduce(ordered[:, _SUM_FIELDS], "sum", lengths=lengths_t, axis=0)
     out: dict[str, torch.Tensor] = {}
     sq = summed[:, 0]

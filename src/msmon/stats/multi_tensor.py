@@ -179,14 +179,14 @@ def _fused_columns(
     device = ts[0].device
     limit = fused_batch._threshold(threshold, acc, device)
     values: list[torch.Tensor] = []
-    tensors: list[int] = []
+    layouts = []
     for chunk in chunks:
         got = fused_batch.chunk_rows(_read_raw(chunk, ts[0].dtype, device), chunk, limit)
         if got is None:
             return None
         values.extend(got[0])
-        tensors.extend(got[1])
-    return fused_batch.combine(values, tuple(tensors), len(ts), set(plan.op_fields))
+        layouts.append(got[1])
+    return fused_batch.combine(values, tuple(layouts), len(ts), set(plan.op_fields))
 
 
 def _read_raw(chunk: Chunk, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
