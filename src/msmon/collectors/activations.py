@@ -28,7 +28,6 @@ import logging
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..config import TensorSpec
 from ..hooks.core import guest_hooks
@@ -40,6 +39,7 @@ from ..runtime.selection import xy_targets
 from ..runtime.step_context import StepContext
 from ..stats import fused_rows
 from ..stats.engine import tensor_stats
+from ..system.distributed import several_processes
 from .base import Collector
 from .micro_steps import TRACKER, MicroStepTracker
 from .module_io import CallCounter, call_name, in_backward, select
@@ -62,10 +62,6 @@ def _batchable(t: torch.Tensor) -> bool:
     """A plain dense tensor on the accelerator path (a DTensor or a sparse tensor has no one data
     pointer to check at the batch point: it is read in the hook)."""
     return type(t) is torch.Tensor and t.layout is torch.strided and batches(t.device)
-
-
-def _several_processes() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _device_of(models: list[torch.nn.Module]) -> torch.device:
@@ -125,7 +121,7 @@ class ActivationCollector(Collector):
             return  # the CPU's own path reads in the hooks: no batch point to add
         end_of_forward = self.guard(self._end_of_forward)
         self.handles.extend(guest_hooks.forward_hook(chunk, end_of_forward) for chunk in self.ctx.models)
-        if _several_processes():
+        if several_processes():
             self._collectives = FlushBeforeCollectives(self.ctx.hook_batch)
             self._collectives.start()
 

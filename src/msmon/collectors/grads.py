@@ -46,49 +46,24 @@ import logging
 from typing import TYPE_CHECKING, Callable
 
 import torch
-import torch.distributed as dist
 
 from ..output.records import row_key
 from ..runtime.step_context import StepContext
 from ..stats.engine import tensor_stats
 from ..stats.sparse import any_layout_stats, is_sparse, sparse_stats
+from ..system.distributed import several_processes
 from . import grad_agreement
-from .base import READS_NOTHING, Collector
+from .agreement_around_reduction import AroundFrameworkReduction
+from .base import Collector
 from .ddp_sync import DdpSync
+from .grad_tensors import counter_of, hooks_that_may_write, identity, unserializable
+from .reduced_rows import record_reduced
 from .registry import register
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
 
 logger = logging.getLogger("msmon")
-
-
-def _identity(t: torch.Tensor) -> tuple[int, int, int]:
-    return id(t), 0 if is_sparse(t) else t.data_ptr(), t._version  # a sparse tensor has no one data pointer
-
-
-def _counter_of(grad: torch.Tensor) -> int:
-    """The tensor whose version counter `grad` uses: its base when it is a view (views share it)."""
-    base = grad._base
-    return id(base if base is not None else grad)
-
-
-def _hooks_that_may_write(param: torch.Tensor) -> int:
-    """The post-accumulate-grad hooks on `param` (this collector's own among them), but those of
-    msmon's that read nothing (collectors.base.READS_NOTHING)."""
-    hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
-    return sum(1 for hook in hooks.values() if not getattr(hook, READS_NOTHING, False))
-
-
-def _data_parallel() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def _unserializable(hook):
-    """Tensor hooks are never pickled with their tensor; this says so to torch, whose pickling
-    of a plain tensor would otherwise warn about each of them."""
-    hook.__torch_unserializable__ = True
-    return hook
 
 
 @register(key="grads", category="param", order=80, enabled=lambda cfg, ctx: cfg.wg_distribution)
@@ -118,18 +93,12 @@ class GradCollector(Collector):
         self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
         self._copies: grad_agreement.LocalCopies | None = None  # the agreement's copies, kept across steps
         self._row_pass: dict[int, int] = {}  # the backward pass whose hook last recorded each row
-        # a framework that reduces whole gradients itself (Framework.whole_gradient_reduction): the undo, the copies
-        self._undo_reduction: Callable[[], None] | None = None
-        self._before_reduction: dict[int, torch.Tensor] = {}
-        self._known_norms: dict[int, torch.Tensor] = {}
-        self._index_of: dict[int, int] = {}  # id(param) -> its index in ctx.params
-        self._copied_this_step: set[int] = set()
-        self._local_lost = False  # a parameter reduced twice in this step
-        self._lost_agreement_said = False
+        # a framework that reduces whole gradients itself (Framework.whole_gradient_reduction)
+        self._framework: AroundFrameworkReduction | None = None
 
     def attach(self) -> None:
         ctx = self.ctx
-        if _data_parallel() and not ctx.adapter.hooks_unreduced:
+        if several_processes() and not ctx.adapter.hooks_unreduced:
             self._sync = DdpSync(ctx.models, {id(mp.param) for mp in ctx.params})
         for index, mp in enumerate(ctx.params):
             if mp.param.requires_grad:
@@ -138,14 +107,16 @@ class GradCollector(Collector):
         inners = ctx.adapter.consuming_optimizers()
         self.at_inner_step = bool(inners) and all(isinstance(o, torch.optim.Optimizer) for o in inners)
         if ctx.config.grad_agreement:
-            why = grad_agreement.unavailable(_data_parallel(), ctx.adapter.hooks_unreduced, type(ctx.adapter).__name__)
-            if _data_parallel():
-                self._index_of = {id(mp.param): i for i, mp in enumerate(ctx.params)}
+            why = grad_agreement.unavailable(
+                several_processes(), ctx.adapter.hooks_unreduced, type(ctx.adapter).__name__
+            )
+            if several_processes():
                 self._copies = grad_agreement.LocalCopies(
                     {i: mp.param for i, mp in enumerate(ctx.params) if mp.param.requires_grad}
                 )
-                self._hook_framework_reduction()
-                if self._undo_reduction is not None:  # the framework's own reduction leaves whole gradients
+                around = AroundFrameworkReduction(ctx, self.guard, self._copies, self._fresh_norms)
+                if around.hook():  # the framework's own reduction leaves whole gradients
+                    self._framework = around
                     why = None
             self.agreeing = why is None
             if not self.agreeing:
@@ -159,84 +130,12 @@ class GradCollector(Collector):
 
     def detach(self) -> None:
         self._drop_local()
-        if self._undo_reduction is not None:
-            undo, self._undo_reduction = self._undo_reduction, None
-            undo()
-        self._before_reduction.clear()
+        if self._framework is not None:
+            framework, self._framework = self._framework, None
+            framework.undo()
         if self._copies is not None:
             self._copies.clear()
         super().detach()
-
-    def _hook_framework_reduction(self) -> None:
-        """Where a framework reduces whole gradients itself in place of a torch DDP module
-        (DeepSpeed's stage 0, Megatron's DDP without the distributed optimizer, FSDP1 NO_SHARD),
-        the agreement is taken around its reduction (Framework.whole_gradient_reduction)."""
-        ctx = self.ctx
-        for framework in ctx.frameworks:
-            if framework.whole_gradient_reduction is None:
-                continue
-            try:
-                undo = framework.whole_gradient_reduction(
-                    ctx.models,
-                    ctx.adapter.optimizer,
-                    self.guard(self._copy_before_reduction),
-                    self.guard(self._agree_after_reduction),
-                )
-            except Exception as exc:  # a layout msmon does not know: no agreement there, training goes on
-                logger.warning(
-                    "msmon[rank %d]: cannot follow %s's gradient reduction (%r) (said once)",
-                    ctx.rank,
-                    framework.name,
-                    exc,
-                )
-                continue
-            if undo is not None:
-                self._undo_reduction = undo
-                return
-
-    def _copy_before_reduction(self, pairs: list[tuple[torch.Tensor, torch.Tensor | None]] | None) -> None:
-        """Right before the framework reduces these (parameter, rank-local gradient) pairs in
-        place (None: every monitored parameter's gradient): the local gradients, copied. A
-        parameter reduced a second time in one step (accumulation without `no_sync()`) has lost
-        its local gradient: the step then gets no agreement."""
-        ctx, copies = self.ctx, self._copies
-        if not ctx.recording or copies is None or self._undo_reduction is None:
-            return
-        if pairs is None:
-            pairs = [(mp.param, ctx.grad_of(mp.param)) for mp in ctx.params if mp.param.requires_grad]
-        index_of = self._index_of
-        grads: dict[int, torch.Tensor] = {}
-        for param, grad in pairs:
-            index = index_of.get(id(param))
-            if index is None or grad is None or is_sparse(grad):
-                continue
-            if index in self._copied_this_step:
-                self._local_lost = True
-            self._copied_this_step.add(index)
-            grads[index] = grad
-            self._before_reduction[index] = copies.copy(index, grad)
-        self._known_norms.update(self._norms_read(grads, lambda i, grad: self.last_identity.get(i) == _identity(grad)))
-
-    def _agree_after_reduction(self) -> None:
-        """Right after it: the copies against the whole average now in `.grad`."""
-        ctx, local = self.ctx, self._before_reduction
-        if not local:
-            return
-        if self._local_lost:  # an earlier reduction's agreement is not the step's either
-            self._before_reduction, self._known_norms, self._agreed = {}, {}, None
-            if not self._lost_agreement_said:
-                self._lost_agreement_said = True
-                logger.warning(
-                    "msmon[rank %d]: step %d reduced a gradient more than once (accumulation without "
-                    "no_sync()?): its rank-local gradient is no longer known, so no grad_agreement row "
-                    "is written for such a step (said once)",
-                    ctx.rank,
-                    ctx.step,
-                )
-            return
-        pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in local.items()}
-        self._agreed = grad_agreement.of_pairs(pairs, self._known_norms, self._copies) or self._agreed
-        self._before_reduction, self._known_norms = {}, {}
 
     def _norms_read(self, grads: dict, fresh: Callable[[int, torch.Tensor], bool]) -> dict[int, torch.Tensor]:
         """The L2 norms grad_unreduced's rows already hold for these gradients (by index), where
@@ -246,6 +145,10 @@ class GradCollector(Collector):
             return {}
         column = ops.index("norm")
         return {i: self.last_rows[i][column] for i, grad in grads.items() if i in self.last_rows and fresh(i, grad)}
+
+    def _fresh_norms(self, grads: dict[int, torch.Tensor]) -> dict[int, torch.Tensor]:
+        """The norms grad_unreduced's rows hold for these gradients as they are now."""
+        return self._norms_read(grads, lambda i, grad: self.last_identity.get(i) == identity(grad))
 
     def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, more: bool = True) -> torch.Tensor:
         """Copy `.grad` before DDP reduces it, and (when `more` micro-batches may follow) add each
@@ -263,7 +166,7 @@ class GradCollector(Collector):
             return None
 
         self.local[index] = local
-        self._adding[index] = param.register_hook(_unserializable(self.guard(on_incoming_grad)))
+        self._adding[index] = param.register_hook(unserializable(self.guard(on_incoming_grad)))
         return local
 
     def _drop_local(self) -> None:
@@ -333,7 +236,7 @@ class GradCollector(Collector):
                 "to the real count",
             )
             return None
-        self._versions[_counter_of(grad)] = (torch._C._current_graph_task_id(), grad._version)
+        self._versions[counter_of(grad)] = (torch._C._current_graph_task_id(), grad._version)
         return grad
 
     def _rewritten(self, grad: torch.Tensor) -> bool:
@@ -341,7 +244,7 @@ class GradCollector(Collector):
         (one in-place add: its version counter goes up by exactly one). A host-side check, made
         at the first accumulation into the counter's tensor in this backward pass; later ones in
         the same pass follow each other with nothing of the script's in between."""
-        seen = self._versions.get(_counter_of(grad))
+        seen = self._versions.get(counter_of(grad))
         return seen is not None and seen[0] != torch._C._current_graph_task_id() and grad._version != seen[1] + 1
 
     def _agree_at_end(self) -> None:
@@ -390,7 +293,7 @@ class GradCollector(Collector):
             ctx.buffer.add(row_key("grad_unreduced", mp.name, mp.vpp_stage, count - 1), row)
         self.last_rows.pop(index, None)  # keep hook-firing order for the accumulated rows
         self.last_rows[index] = row
-        self.last_identity[index] = _identity(grad)
+        self.last_identity[index] = identity(grad)
         if self.agreeing:
             self._row_pass[index] = torch._C._current_graph_task_id()
 
@@ -399,8 +302,8 @@ class GradCollector(Collector):
         return (
             self.batched
             and not self.ctx.config.monitor_mbs_grad
-            and not _data_parallel()
-            and _hooks_that_may_write(param) <= 1
+            and not several_processes()
+            and hooks_that_may_write(param) <= 1
         )
 
     def _note(self, index: int, grad: torch.Tensor, count: int) -> None:
@@ -409,13 +312,13 @@ class GradCollector(Collector):
             self._flush_task = task
             torch.autograd.Variable._execution_engine.queue_callback(self.guard(self._read_noted))
         self._noted.pop(index, None)
-        self._noted[index] = (grad, _identity(grad), count)
+        self._noted[index] = (grad, identity(grad), count)
 
     def _read_noted(self) -> None:
         """End of backward: the noted gradients' statistics in one batch."""
         noted, self._noted, self._flush_task = self._noted, {}, None
         ctx = self.ctx
-        unchanged = {i: entry for i, entry in noted.items() if _identity(entry[0]) == entry[1]}
+        unchanged = {i: entry for i, entry in noted.items() if identity(entry[0]) == entry[1]}
         if len(unchanged) < len(noted):
             self.batched = False
             names = [ctx.params[i].name for i in noted if i not in unchanged]
@@ -442,9 +345,11 @@ class GradCollector(Collector):
         ctx = self.ctx
         if not ctx.recording:
             return
-        if self._agreed is not None:
-            grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *self._agreed)
-        elif self.agreeing and not self._local_lost and "grad_agreement" not in ctx.kept:
+        framework = self._framework
+        agreed = self._agreed if framework is None else framework.agreed or self._agreed
+        if agreed is not None:
+            grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *agreed)
+        elif self.agreeing and not (framework is not None and framework.lost) and "grad_agreement" not in ctx.kept:
             ctx.kept["grad_agreement"] = why = (
                 "nothing msmon follows reduced the monitored gradients in this step (no torch DDP "
                 "module, DeepSpeed stage-0 engine, Megatron DDP or FSDP NO_SHARD unit: a manual all-reduce?)"
@@ -464,30 +369,7 @@ class GradCollector(Collector):
             self._record_reduced(ctx.adapter.consumed_grads([mp.param for mp in ctx.params], inner))
 
     def _record_reduced(self, values: dict) -> None:
-        """grad_reduced rows of `values` (adapter.grads' answer, or part of it)."""
-        ctx = self.ctx
-        reused: dict[int, torch.Tensor] = {}
-        fresh: list[int] = []
-        grads: list[torch.Tensor] = []
-        consumed = ctx.shards.take("grad_reduced", values)
-        for index, mp in enumerate(ctx.params):
-            grad = consumed.get(id(mp.param))
-            if grad is None:
-                continue
-            if index in self.last_rows and self.last_identity.get(index) == _identity(grad):
-                reused[index] = self.last_rows[index]
-            else:
-                fresh.append(index)
-                grads.append(grad)
-        fresh_rows = any_layout_stats(grads, ctx.step_ops, ctx.config.eps) if grads else None
-        order = sorted(list(reused) + fresh)
-        if not order:
-            return
-        position = {index: i for i, index in enumerate(fresh)}
-        # the ignore: fresh_rows is None only when nothing is fresh, and then it is never indexed
-        rows = [reused[i] if i in reused else fresh_rows[position[i]] for i in order]  # type: ignore[index]
-        keys = [row_key("grad_reduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in order]
-        ctx.buffer.add_many(keys, torch.stack([r.to(rows[0].device) for r in rows]))
+        record_reduced(self.ctx, values, self.last_rows, self.last_identity)
 
     def end_step(self) -> None:
         self._consumed = False
@@ -502,7 +384,5 @@ class GradCollector(Collector):
         self._agree_task = None
         self._agreed = None
         self._row_pass.clear()
-        self._before_reduction.clear()
-        self._known_norms.clear()
-        self._copied_this_step.clear()
-        self._local_lost = False
+        if self._framework is not None:
+            self._framework.end_step()

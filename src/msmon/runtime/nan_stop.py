@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ..system import exit_drain
+from ..system.distributed import several_processes
 
 if TYPE_CHECKING:
     from .transfer import HostBatch
@@ -35,10 +36,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("msmon")
 
 GATHER_TIMEOUT = timedelta(minutes=10)
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def has_nonfinite(batch: HostBatch | None) -> bool:
@@ -64,7 +61,7 @@ class NanStop:
         """The monitored ranks whose step just ended held a non-finite statistic, the same list on
         every one of them. Called by every monitored rank after every optimizer step."""
         mine = has_nonfinite(batch)
-        if not _distributed():
+        if not several_processes():
             return [0] if mine else []
         members, values = self._gather(1.0 if mine else 0.0)
         return [rank for rank, value in zip(members, values) if value > 0]
@@ -72,7 +69,7 @@ class NanStop:
     def all_closed(self) -> None:
         """Wait until every monitored rank has closed its monitor: a launcher (torchrun) ends the
         other ranks as soon as one exits, which must not cut a rank's last writes short."""
-        if _distributed():
+        if several_processes():
             self._gather(0.0)
 
     def _gather(self, value: float) -> tuple[list[int], list[float]]:

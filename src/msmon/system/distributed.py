@@ -13,6 +13,11 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def several_processes() -> bool:
+    """Whether torch.distributed runs with more than one process."""
+    return is_initialized() and dist.get_world_size() > 1
+
+
 # where launchers put a process's rank before torch.distributed starts: torch's launchers
 # (torchrun, accelerate, deepspeed) set RANK; srun sets SLURM_PROCID, which a script reads itself
 RANK_VARIABLES = ("RANK", "SLURM_PROCID")
