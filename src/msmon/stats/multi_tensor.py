@@ -141,7 +141,8 @@ def _chunk_sums(chunk: Chunk, x: torch.Tensor) -> torch.Tensor:
 
 
 def _read(chunk: Chunk, acc: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The chunk's elements as one flat tensor in the accumulation dtype."""
+    """The chunk's elements as one flat tensor in dtype `acc` (the `_foreach_*` route: the
+    accumulation dtype; the compiled pass: the tensors' own, read in place where they are a view)."""
     buf = _scratch.get(device, acc, "staging")[: chunk.size]
     if chunk.view is not None:
         return chunk.view if chunk.view.dtype == acc else buf.copy_(chunk.view)
@@ -181,19 +182,12 @@ def _fused_columns(
     values: list[torch.Tensor] = []
     layouts = []
     for chunk in chunks:
-        got = fused_batch.chunk_rows(_read_raw(chunk, ts[0].dtype, device), chunk, limit)
+        got = fused_batch.chunk_rows(_read(chunk, ts[0].dtype, device), chunk, limit)  # in its own dtype
         if got is None:
             return None
         values.extend(got[0])
         layouts.append(got[1])
     return fused_batch.combine(values, tuple(layouts), len(ts), set(plan.op_fields))
-
-
-def _read_raw(chunk: Chunk, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The chunk's elements as one flat tensor in their own dtype (staged ones in a reused buffer)."""
-    if chunk.view is not None:
-        return chunk.view
-    return torch.cat(chunk.staged, out=_scratch.get(device, dtype, "staging")[: chunk.size])
 
 
 def _foreach_columns(
