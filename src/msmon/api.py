@@ -37,7 +37,7 @@ from .runtime.reload import ConfigReload
 from .runtime.shards import ShardCombiner
 from .runtime.step import Built, StepRunner
 from .runtime.step_context import StepContext
-from .stats import fused_rows, native, threads
+from .stats import fused_batch, fused_rows, native, threads
 from .system import lifecycle
 from .system.distributed import current_rank
 from .system.stop import StopAfterStruct
@@ -243,7 +243,8 @@ class TrainerMon:
             return
         runner.hook(ctx.adapter)
         native.prepare()  # find or build the kernel before the first step rather than inside a hook
-        fused_rows.prepare([p.param for p in ctx.params])  # the accelerator path's compiled pass, likewise
+        # the accelerator path's compiled pass, likewise, for the fields the configured ops read
+        fused_rows.prepare([p.param for p in ctx.params], fused_batch.fields_of_ops(runner.ops))
         threads.configure_threads()  # MSMON_STAT_THREADS / MSMON_NATIVE_THREADS as the job set them
         runner.build_collectors()
         runner.decide_recording()

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from msmon.stats import block_rows, fused_rows
+from msmon.stats import block_rows, fused_batch, fused_rows
 from msmon.stats.block_rows import SKIP
 from msmon.stats.engine import batch_stats
 from msmon.stats.flat_layout import GAP
@@ -68,24 +68,23 @@ def test_rows_cover_every_element_of_every_tensor_once_and_no_gap(seed):
 
 
 def masked_reference(x: torch.Tensor, bounds: torch.Tensor, threshold: float) -> list[list[float]]:
-    """Plain torch, row by row, over each row's columns only, in float64."""
+    """Plain torch, row by row, over each row's columns only, in float64, in FIELDS' order."""
     out = []
     for row, (lo, hi) in zip(x, bounds.tolist()):
         v = row[lo:hi].double()
         if v.numel() == 0:
-            out.append([0.0, -math.inf, -math.inf, 0.0, 0.0, 0.0, 0.0])
-            continue
-        out.append(
-            [
-                (v * v).sum().item(),
-                v.max().item(),
-                (-v).max().item(),
-                v.sum().item(),
-                float((v.abs() < threshold).sum()),
-                float(torch.isnan(v).sum()),
-                float(torch.isinf(v).sum()),
-            ]
-        )
+            values = dict(sq=0.0, max=-math.inf, negmax=-math.inf, sum=0.0, zeros=0.0, nans=0.0, infs=0.0)
+        else:
+            values = dict(
+                sq=(v * v).sum().item(),
+                max=v.max().item(),
+                negmax=(-v).max().item(),
+                sum=v.sum().item(),
+                zeros=float((v.abs() < threshold).sum()),
+                nans=float(torch.isnan(v).sum()),
+                infs=float(torch.isinf(v).sum()),
+            )
+        out.append([values[name] for name in fused_rows.FIELDS])
     return out
 
 
@@ -107,6 +106,20 @@ def test_the_generated_kernel_gives_each_whole_rows_values(dtype):
                 assert math.isnan(g), name
             else:
                 assert g == w, (name, g, w)
+
+
+@pytest.mark.parametrize("fields", [("sq", "max", "negmax"), ("nans",), ("sum", "zeros", "max")], ids=str)
+def test_a_kernel_of_some_fields_gives_those_columns_of_the_whole_kernel_and_nothing_else(fields):
+    x = torch.randn(4, BLOCK, generator=torch.Generator().manual_seed(3))
+    x[1, 7] = math.nan
+    threshold = torch.tensor(1e-3)
+    bounds = torch.tensor([[0, BLOCK], [3, 500], [0, 0], [10, 11]])
+    for rows_bounds in (None, bounds):
+        every = fused_rows.row_values(x, rows_bounds, threshold)
+        some = fused_rows.row_values(x, rows_bounds, threshold, fields)
+        assert every is not None and some is not None and some.shape == (4, len(fields))
+        columns = [fused_rows.FIELDS.index(name) for name in fields]
+        assert torch.allclose(some, every[:, columns], rtol=1e-6, equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -158,7 +171,7 @@ def test_a_failure_to_compile_is_said_once_and_the_other_route_gives_the_same_ro
     ts[0][4] = math.nan
     expected = batch_stats(ts, OPS, 1e-3)
 
-    def refuse(masked: bool) -> None:
+    def refuse(masked: bool, fields: tuple[str, ...]) -> None:
         raise RuntimeError("no C++ compiler found")
 
     monkeypatch.setattr(fused_rows, "_function", refuse)  # what torch.compile raises on a machine without one
@@ -191,12 +204,15 @@ def test_attach_compiles_the_kernels_for_the_models_dtypes_before_the_first_step
     monitor.set_monitor(model, optimizer)
     try:
         compiled = set(fused_rows.KERNELS_PER_CALL)
+        fields = fused_batch.fields_of_ops(monitor.ops)  # what the configured ops read, and no more
+        assert "infs" not in fields and "sq" in fields
         for dtype in (torch.bfloat16, torch.float32):  # the parameters', and float32 (moments, staged sums)
-            assert {(dtype, "cpu", False), (dtype, "cpu", True)} <= compiled
+            assert {(dtype, "cpu", False, fields), (dtype, "cpu", True, fields)} <= compiled
         before = fused_rows.launched_kernels()
         model(torch.randn(4, 8, dtype=torch.bfloat16)).float().sum().backward()
         optimizer.step()
         assert fused_rows.launched_kernels() > before, "the step's statistics took the compiled pass"
+        assert set(fused_rows.KERNELS_PER_CALL) == compiled, "the step compiled nothing more"
     finally:
         monitor.close()
 
@@ -214,7 +230,7 @@ def test_where_alignment_matters_the_first_compile_is_for_any_alignment_and_real
     got = fused_rows.row_values(x, bounds, torch.tensor(1e-3))
     assert got is not None
     sums = [x[0].sum().item(), x[1, 5:9].sum().item(), 0.0, x[3, :1].item()]
-    assert got[:, 3].tolist() == pytest.approx(sums, rel=1e-5)
+    assert got[:, fused_rows.FIELDS.index("sum")].tolist() == pytest.approx(sums, rel=1e-5)
     whole = fused_rows.row_values(x, None, torch.tensor(1e-3))
     assert whole is not None and whole[:, 0].tolist() == pytest.approx((x * x).sum(1).tolist(), rel=1e-5)
     counters = torch._dynamo.utils.counters["stats"]

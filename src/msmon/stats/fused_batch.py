@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -23,9 +24,32 @@ from .block_rows import SKIP, BlockRows, block_rows
 from .flat_layout import Chunk
 from .fused_rows import BLOCK, FIELDS
 from .inputs import RESULT_DTYPE, _to_device
+from .plan import _plan
 
-_SUM_FIELDS = [FIELDS.index(name) for name in ("sq", "sum", "zeros", "nans", "infs")]
-_MAX_FIELDS = [FIELDS.index(name) for name in ("max", "negmax")]
+_MAXED = ("max", "negmax")  # combined by a max; every other field by a sum
+
+
+def fields_for(op_fields: Sequence[str]) -> tuple[str, ...]:
+    """The fields the compiled pass computes for ops reading `op_fields` (the op table's field
+    names), in FIELDS' order: what they read, and the sum of squares as the NaN witness of min
+    and max. On a CPU the pass is bound by its instructions, so a field nobody asked for (infs,
+    say) is not computed."""
+    asked = set(op_fields)
+    wanted = {
+        "sq": bool({"norm", "min", "max"} & asked),
+        "sum": "sum" in asked,
+        "zeros": "zeros" in asked,
+        "nans": "nans" in asked,
+        "infs": "infs" in asked,
+        "max": "max" in asked,
+        "negmax": "min" in asked,
+    }
+    return tuple(name for name in FIELDS if wanted[name])
+
+
+def fields_of_ops(ops: Sequence[str]) -> tuple[str, ...]:
+    """The fields the compiled pass computes for these ops (names in the op table)."""
+    return fields_for(_plan(tuple(ops)).op_fields)
 
 
 @functools.lru_cache(maxsize=512)
@@ -92,21 +116,24 @@ def _boundary(x: torch.Tensor, view: torch.Tensor | None, rows: BlockRows) -> to
     return torch.cat(parts) if len(parts) > 1 or parts[0].stride(0) == 0 else parts[0]
 
 
-def chunk_rows(x: torch.Tensor, chunk: Chunk, threshold: torch.Tensor) -> tuple[list[torch.Tensor], BlockRows] | None:
-    """The per-row values of one chunk (x: its elements, flat, in their own dtype) and its rows'
-    layout (the tensor of each row); None when the compiled pass failed."""
+def chunk_rows(
+    x: torch.Tensor, chunk: Chunk, threshold: torch.Tensor, fields: tuple[str, ...]
+) -> tuple[list[torch.Tensor], BlockRows] | None:
+    """The per-row values of `fields` of one chunk (x: its elements, flat, in their own dtype) and
+    its rows' layout (the tensor of each row); None when the compiled pass failed."""
     rows = block_rows(tuple(chunk.pieces), x.numel(), _tail_in_place(x))
     view = x.as_strided((rows.view_rows, BLOCK), (BLOCK, 1)) if rows.view_rows else None
     values: list[torch.Tensor] = []
     if rows.main_rows:
         assert view is not None
-        main = fused_rows.row_values(view, None, threshold)  # whole blocks: a block where pieces meet is dropped
+        # whole blocks: a block where pieces meet is dropped
+        main = fused_rows.row_values(view, None, threshold, fields)
         if main is None:
             return None
         values.append(main)
     if rows.boundary_blocks:
         bounds = _bounds(rows, x.device)
-        edges = fused_rows.row_values(_boundary(x, view, rows), bounds, threshold)
+        edges = fused_rows.row_values(_boundary(x, view, rows), bounds, threshold, fields)
         if edges is None:
             return None
         values.append(edges)
@@ -114,27 +141,31 @@ def chunk_rows(x: torch.Tensor, chunk: Chunk, threshold: torch.Tensor) -> tuple[
 
 
 def combine(
-    values: list[torch.Tensor], layouts: tuple[BlockRows, ...], count: int, needs: set[str]
+    values: list[torch.Tensor], layouts: tuple[BlockRows, ...], count: int, fields: tuple[str, ...], needs: set[str]
 ) -> dict[str, torch.Tensor]:
-    """Each tensor's fields (float64 columns, in tensor order) from the rows' values: norm, max,
-    min, sum, zeros, nans, infs as `needs` asks (names of the multi-tensor route's columns)."""
+    """Each tensor's fields (float64 columns, in tensor order) from the rows' values of `fields`:
+    norm, max, min, sum, zeros, nans, infs as `needs` asks (names of the multi-tensor route's
+    columns)."""
     device = values[0].device
     stacked = torch.cat(values) if len(values) > 1 else values[0]
     positions, lengths_t = _tensor_order(layouts, count, device)
     ordered = stacked.to(RESULT_DTYPE).index_select(0, positions)
-    summed = torch.segment_reduce(ordered[:, _SUM_FIELDS], "sum", lengths=lengths_t, axis=0)
+    first_max = next((i for i, name in enumerate(fields) if name in _MAXED), len(fields))
+    summed = torch.segment_reduce(ordered[:, :first_max], "sum", lengths=lengths_t, axis=0)
+    column = {name: summed[:, i] for i, name in enumerate(fields[:first_max])}
+    if first_max < len(fields):
+        maxed = torch.segment_reduce(ordered[:, first_max:], "max", lengths=lengths_t, axis=0)
+        column.update({name: maxed[:, i] for i, name in enumerate(fields[first_max:])})
     out: dict[str, torch.Tensor] = {}
-    sq = summed[:, 0]
-    has_nan = torch.isnan(sq) if {"max", "min"} & needs else None
     if {"max", "min"} & needs:
-        maxed = torch.segment_reduce(ordered[:, _MAX_FIELDS], "max", lengths=lengths_t, axis=0)
+        has_nan = torch.isnan(column["sq"])
         if "max" in needs:
-            out["max"] = torch.where(has_nan, math.nan, maxed[:, 0])  # type: ignore[arg-type]
+            out["max"] = torch.where(has_nan, math.nan, column["max"])
         if "min" in needs:
-            out["min"] = torch.where(has_nan, math.nan, maxed[:, 1].neg())  # type: ignore[arg-type]
+            out["min"] = torch.where(has_nan, math.nan, column["negmax"].neg())
     if "norm" in needs:
-        out["norm"] = sq.sqrt()
-    for position, name in enumerate(("sum", "zeros", "nans", "infs"), start=1):
+        out["norm"] = column["sq"].sqrt()
+    for name in ("sum", "zeros", "nans", "infs"):
         if name in needs:
-            out[name] = summed[:, position]
+            out[name] = column[name]
     return out

@@ -4,9 +4,9 @@ The multi-tensor route (msmon.stats.multi_tensor) keeps the number of kernels fl
 of tensors, but reads each chunk about a dozen times: one `_foreach_*` reduction or elementwise
 pass per field. Where the device has a compiler (Inductor: Triton on CUDA, C++ on the CPU, which
 is the test proxy of MSMON_DEVICE_PATH=1), one generated kernel reads each element once and
-produces all seven per-row values at once:
+produces, per row, the values of those fields the configured ops read (one kernel per set):
 
-    sq (sum of squares), max, negmax (max of -x), sum, zeros (|x| < threshold), nans, infs
+    sq (sum of squares), sum, zeros (|x| < threshold), nans, infs, max, negmax (max of -x)
 
 over the rows of a [rows, BLOCK] view: whole rows (the blocks of a chunk that lie inside one
 tensor, read in place, no mask to compute), and, by a second kernel, rows restricted to their
@@ -14,8 +14,8 @@ columns [lo, hi) (the few blocks where tensors meet, copied once per tensor they
 Values are accumulated in float32 (float64 for float64 input; a 16-bit input is widened inside
 the kernel, with no copy); rows combine exactly afterwards.
 
-The kernel is compiled once per dtype and device (dynamic row count: the same code for every
-batch; Inductor's on-disk cache makes later processes load it in about a second). It is never
+The kernel is compiled once per dtype, device and field set (dynamic row count: the same code for
+every batch; Inductor's on-disk cache makes later processes load it in about a second). It is never
 traced under the caller's modes: a TorchDispatchMode of the user's (a FLOP counter) would make
 torch.compile refuse, and msmon's work is not the user's to count, so the call runs with the
 Python dispatch modes set aside. KERNELS_PER_CALL says how many kernels one call launches (read
@@ -43,58 +43,76 @@ from . import inductor_code
 logger = logging.getLogger("msmon")
 
 BLOCK = 1024  # columns of a row: the granularity at which tensors of one chunk are told apart
-FIELDS = ("sq", "max", "negmax", "sum", "zeros", "nans", "infs")
+# the fields one pass can give, those combined by a sum first and by a max last (fused_batch slices them)
+FIELDS = ("sq", "sum", "zeros", "nans", "infs", "max", "negmax")
 ENV = "MSMON_COMPILED_STATS"
 _DEVICES = ("cpu", "cuda")  # where Inductor generates code (C++, Triton)
 
 _lock = threading.Lock()
-_compiled: dict[bool, Callable[..., torch.Tensor]] = {}  # by masked
+_compiled: dict[tuple[bool, tuple[str, ...]], Callable[..., torch.Tensor]] = {}  # by (masked, fields)
 _failed = False
 _preparing = False  # prepare() is compiling: it says so itself
 _counted_to = 0  # dynamo's graph count after msmon's last compiled call (or last look)
 _others = 0  # graphs dynamo built outside msmon's calls
 _tally = threading.local()  # kernels launched by this thread's calls (benchmarks/op_counts.py)
-# kernels one call launches, per (dtype, device type, masked): read from the generated code on first use
-KERNELS_PER_CALL: dict[tuple[torch.dtype, str, bool], int] = {}
+# kernels one call launches, per (dtype, device type, masked, fields): read from the generated code on first use
+KERNELS_PER_CALL: dict[tuple[torch.dtype, str, bool, tuple[str, ...]], int] = {}
 
 
-def _values(v: torch.Tensor, inside: torch.Tensor | None, threshold: torch.Tensor) -> torch.Tensor:
-    """[rows, len(FIELDS)] of v (already in the accumulation dtype), over `inside` where given.
-    NaN and Inf are found by comparisons (v != v, |v| == inf), which vectorise where isnan does not."""
+def _values(
+    v: torch.Tensor, inside: torch.Tensor | None, threshold: torch.Tensor, fields: tuple[str, ...]
+) -> torch.Tensor:
+    """[rows, len(fields)] of v (already in the accumulation dtype), over `inside` where given:
+    only the fields asked for (a field costs instructions on every element, and on a CPU the pass
+    is bound by them). NaN and Inf are found by comparisons (v != v, |v| == inf), which vectorise
+    where isnan does not."""
     a = v.abs()
-    flags = [a < threshold, v != v, a == math.inf]
     if inside is None:
-        sums = [(v * v).sum(1), v.amax(1), (-v).amax(1), v.sum(1)]
-        return torch.stack(sums + [flag.to(v.dtype).sum(1) for flag in flags], dim=1)
+        whole: dict[str, Callable[[], torch.Tensor]] = {
+            "sq": lambda: (v * v).sum(1),
+            "max": lambda: v.amax(1),
+            "negmax": lambda: (-v).amax(1),
+            "sum": lambda: v.sum(1),
+            "zeros": lambda: (a < threshold).to(v.dtype).sum(1),
+            "nans": lambda: (v != v).to(v.dtype).sum(1),
+            "infs": lambda: (a == math.inf).to(v.dtype).sum(1),
+        }
+        return torch.stack([whole[name]() for name in fields], dim=1)
     zero = torch.zeros((), dtype=v.dtype, device=v.device)
     lowest = torch.full((), -math.inf, dtype=v.dtype, device=v.device)
-    sums = [
-        torch.where(inside, v * v, zero).sum(1),
-        torch.where(inside, v, lowest).amax(1),
-        torch.where(inside, -v, lowest).amax(1),
-        torch.where(inside, v, zero).sum(1),
-    ]
-    return torch.stack(sums + [(inside & flag).to(v.dtype).sum(1) for flag in flags], dim=1)
+    masked: dict[str, Callable[[], torch.Tensor]] = {
+        "sq": lambda: torch.where(inside, v * v, zero).sum(1),
+        "max": lambda: torch.where(inside, v, lowest).amax(1),
+        "negmax": lambda: torch.where(inside, -v, lowest).amax(1),
+        "sum": lambda: torch.where(inside, v, zero).sum(1),
+        "zeros": lambda: (inside & (a < threshold)).to(v.dtype).sum(1),
+        "nans": lambda: (inside & (v != v)).to(v.dtype).sum(1),
+        "infs": lambda: (inside & (a == math.inf)).to(v.dtype).sum(1),
+    }
+    return torch.stack([masked[name]() for name in fields], dim=1)
 
 
 def _accumulated(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
 
 
-def _whole_rows(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """[rows, len(FIELDS)] values of each whole row of x: the blocks that lie inside one tensor,
-    most of the data, with no mask to compute. Compiled; eager it is the tests' reference."""
-    return _values(_accumulated(x), None, threshold)
-
-
-def _row_values(x: torch.Tensor, bounds: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
-    """[rows, len(FIELDS)] values of each row of x over its columns [lo, hi) (bounds: [rows, 2],
-    one tensor, so that no two arguments alias, with the rows first, so that its row count is
-    x's by construction and no other size is ever taken for it). Compiled; eager it is the
+def _whole_rows(x: torch.Tensor, threshold: torch.Tensor, fields: tuple[str, ...] = FIELDS) -> torch.Tensor:
+    """[rows, len(fields)] values of each whole row of x: the blocks that lie inside one tensor,
+    most of the data, with no mask to compute. Compiled (one code per fields); eager it is the
     tests' reference."""
+    return _values(_accumulated(x), None, threshold, fields)
+
+
+def _row_values(
+    x: torch.Tensor, bounds: torch.Tensor, threshold: torch.Tensor, fields: tuple[str, ...] = FIELDS
+) -> torch.Tensor:
+    """[rows, len(fields)] values of each row of x over its columns [lo, hi) (bounds: [rows, 2],
+    one tensor, so that no two arguments alias, with the rows first, so that its row count is
+    x's by construction and no other size is ever taken for it). Compiled (one code per fields);
+    eager it is the tests' reference."""
     column = torch.arange(x.shape[1], device=x.device)
     inside = (column[None, :] >= bounds[:, 0:1]) & (column[None, :] < bounds[:, 1:2])
-    return _values(_accumulated(x), inside, threshold)
+    return _values(_accumulated(x), inside, threshold, fields)
 
 
 def enabled() -> bool:
@@ -116,26 +134,40 @@ def usable(device: torch.device) -> bool:
     return device.type in _DEVICES and enabled()
 
 
-def _function(masked: bool) -> Callable[..., torch.Tensor]:
+def _function(masked: bool, fields: tuple[str, ...]) -> Callable[..., torch.Tensor]:
     with _lock:
-        if masked not in _compiled:
-            _compiled[masked] = torch.compile(_row_values if masked else _whole_rows, dynamic=True, fullgraph=True)
-        return _compiled[masked]
+        key = (masked, fields)
+        if key not in _compiled:
+            if masked:
+
+                def run(x: torch.Tensor, bounds: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+                    return _row_values(x, bounds, threshold, fields)
+
+            else:
+
+                def run(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:  # type: ignore[misc]
+                    return _whole_rows(x, threshold, fields)
+
+            _compiled[key] = torch.compile(run, dynamic=True, fullgraph=True)
+        return _compiled[key]
 
 
-def row_values(x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Tensor) -> torch.Tensor | None:
-    """The compiled values of the rows of x ([rows >= 2, BLOCK]): each whole (bounds None) or
-    over its columns [lo, hi) (bounds [rows, 2]); None when the route failed here (logged once;
-    the caller reduces the batch another way)."""
+def row_values(
+    x: torch.Tensor, bounds: torch.Tensor | None, threshold: torch.Tensor, fields: tuple[str, ...] = FIELDS
+) -> torch.Tensor | None:
+    """The compiled values of the rows of x ([rows >= 2, BLOCK]), [rows, len(fields)]: each row
+    whole (bounds None) or over its columns [lo, hi) (bounds [rows, 2]); None when the route
+    failed here (logged once; the caller reduces the batch another way). `fields`: a subset of
+    FIELDS in FIELDS' order."""
     global _failed
-    key = (x.dtype, x.device.type, bounds is not None)
+    key = (x.dtype, x.device.type, bounds is not None, fields)
     first = key not in KERNELS_PER_CALL
     _note_others()
     try:
         known = inductor_code.loaded_modules() if first else None
         started = time.perf_counter()
         with torch.utils._python_dispatch._disable_current_modes(), torch.no_grad():
-            function = _function(bounds is not None)
+            function = _function(bounds is not None, fields)
             if first and _alignment_matters(x.device):
                 function(*_with_x(_unaligned_like(x), bounds, threshold))
             out = function(*_with_x(_plain(x), bounds, threshold))
@@ -194,11 +226,12 @@ def users_graphs_compiled() -> bool:
     return _others > 0
 
 
-def prepare(tensors: list[torch.Tensor]) -> None:
-    """Compile (or load from Inductor's cache) the kernels for these tensors' devices and dtypes,
-    and float32 on the same devices, now, at attach, rather than in the first step: a first
-    compile takes seconds (tens on a CPU), a cached one about one. Devices that keep their own
-    code (the CPU without MSMON_DEVICE_PATH=1) compile nothing."""
+def prepare(tensors: list[torch.Tensor], fields: tuple[str, ...] = FIELDS) -> None:
+    """Compile (or load from Inductor's cache) the kernels of `fields` (what the configured ops
+    read) for these tensors' devices and dtypes, and float32 on the same devices, now, at
+    attach, rather than in the first step: a first compile takes seconds (tens on a CPU), a
+    cached one about one. Devices that keep their own code (the CPU without MSMON_DEVICE_PATH=1)
+    compile nothing."""
     from .device_path import host_code
 
     wanted = {(t.device, t.dtype) for t in tensors if t.is_floating_point() and not host_code(t.device)}
@@ -208,7 +241,7 @@ def prepare(tensors: list[torch.Tensor]) -> None:
     started = time.perf_counter()
     _preparing = True
     try:
-        compiled = _prepare_each(wanted)
+        compiled = _prepare_each(wanted, fields)
     finally:
         _preparing = False
     took = time.perf_counter() - started
@@ -221,14 +254,14 @@ def prepare(tensors: list[torch.Tensor]) -> None:
         )
 
 
-def _prepare_each(wanted: set[tuple[torch.device, torch.dtype]]) -> bool:
+def _prepare_each(wanted: set[tuple[torch.device, torch.dtype]], fields: tuple[str, ...]) -> bool:
     """Compile both kernels for each (device, dtype); False when the route failed (said once)."""
     for device, dtype in sorted(wanted, key=str):
         x = torch.zeros(3, BLOCK, dtype=dtype, device=device)  # three rows: see _unaligned_like
         threshold = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32, device=device)
         bounds = torch.tensor([[0, BLOCK]] * 3, device=device)
         # on the training's thread count, as the statistics run (the code is guarded on it)
-        if row_values(x, None, threshold) is None or row_values(x, bounds, threshold) is None:
+        if row_values(x, None, threshold, fields) is None or row_values(x, bounds, threshold, fields) is None:
             return False  # said once by row_values; the torch route runs
     return bool(wanted)
 

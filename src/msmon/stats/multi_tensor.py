@@ -179,15 +179,16 @@ def _fused_columns(
     """The fields of the batch from the compiled pass, in tensor order; None when it failed."""
     device = ts[0].device
     limit = fused_batch._threshold(threshold, acc, device)
+    fields = fused_batch.fields_for(plan.op_fields)
     values: list[torch.Tensor] = []
     layouts = []
     for chunk in chunks:
-        got = fused_batch.chunk_rows(_read(chunk, ts[0].dtype, device), chunk, limit)  # in its own dtype
+        got = fused_batch.chunk_rows(_read(chunk, ts[0].dtype, device), chunk, limit, fields)  # in its own dtype
         if got is None:
             return None
         values.extend(got[0])
         layouts.append(got[1])
-    return fused_batch.combine(values, tuple(layouts), len(ts), set(plan.op_fields))
+    return fused_batch.combine(values, tuple(layouts), len(ts), fields, set(plan.op_fields))
 
 
 def _foreach_columns(
