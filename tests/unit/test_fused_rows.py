@@ -108,6 +108,19 @@ def test_the_generated_kernel_gives_each_whole_rows_values(dtype):
                 assert g == w, (name, g, w)
 
 
+@pytest.mark.parametrize(
+    "ops, fields",
+    [
+        (["norm", "min", "max", "mean", "zeros", "nans"], ("sq", "sum", "zeros", "nans", "max", "negmax")),
+        (["max"], ("sq", "max")),  # the sum of squares is min's and max's NaN witness
+        (["nans", "infs"], ("nans", "infs")),
+        (["mean"], ("sum",)),
+    ],
+)
+def test_the_pass_computes_the_fields_the_ops_read_and_no_other(ops, fields):
+    assert fused_batch.fields_of_ops(ops) == fields
+
+
 @pytest.mark.parametrize("fields", [("sq", "max", "negmax"), ("nans",), ("sum", "zeros", "max")], ids=str)
 def test_a_kernel_of_some_fields_gives_those_columns_of_the_whole_kernel_and_nothing_else(fields):
     x = torch.randn(4, BLOCK, generator=torch.Generator().manual_seed(3))
