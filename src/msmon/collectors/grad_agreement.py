@@ -40,6 +40,7 @@ import logging
 import torch
 
 from ..output.records import RowKey
+from .grad_tensors import identity
 
 logger = logging.getLogger("msmon")
 
@@ -199,15 +200,117 @@ def agreement(
     reduced: list[torch.Tensor],
     local_square: torch.Tensor | None = None,
     dot: torch.Tensor | None = None,
+    reduced_square: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, norm_ratio) of the concatenations of `local` and `reduced` (pairs of one shape),
-    as 0-d float64 tensors on the device; a zero gradient gives NaN. `local_square` (the local
-    norm squared) and `dot` are taken as given when known."""
+    as 0-d float64 tensors on the device; a zero gradient gives NaN. `local_square` and
+    `reduced_square` (the norms squared) and `dot` are taken as given when known."""
     if dot is None:
         dot = torch.stack([_dot(a, b) for a, b in zip(local, reduced)]).sum()
     local_sq = _square_sum(local) if local_square is None else local_square
-    local_norm, reduced_norm = local_sq.sqrt(), _square_sum(reduced).sqrt()
+    reduced_sq = _square_sum(reduced) if reduced_square is None else reduced_square
+    local_norm, reduced_norm = local_sq.sqrt(), reduced_sq.sqrt()
     return dot / (local_norm * reduced_norm), local_norm / reduced_norm
+
+
+class Partial:
+    """An agreement computed at the reduction but for the reduced gradients' norm, which the
+    same step's grad_reduced rows usually hold already (their `norm` column, read from the very
+    `.grad` at step time): finished there, it costs no pass of its own over the reduced
+    gradients. Where a row describes another tensor or is missing, the reduced gradient kept
+    here is read then, if it is still as the reduction left it (its identity: object, data
+    pointer, version counter); one rewritten since (clipped or unscaled in place) has lost the
+    value the cosine needs, and `finish` answers None. With `reduced_square` given, the norm
+    was read at the reduction and `finish` only divides."""
+
+    def __init__(
+        self,
+        local_square: torch.Tensor,
+        dot: torch.Tensor,
+        reduced: dict[int, torch.Tensor],
+        reduced_square: torch.Tensor | None = None,
+    ) -> None:
+        self.local_square = local_square
+        self.dot = dot
+        self.reduced_square = reduced_square
+        self._reduced = reduced
+        self._identities = {i: identity(t) for i, t in reduced.items()}
+
+    def unchanged(self) -> bool:
+        """Whether every reduced gradient is still as the reduction left it: where that holds
+        when a step's rows are taken, the norm can wait for them."""
+        return all(identity(t) == self._identities[i] for i, t in self._reduced.items())
+
+    def finish(
+        self, described: dict[int, tuple[torch.Tensor, int]], norms: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, norm_ratio), or None when a reduced gradient's norm is lost. `norms`: the L2
+        norms of this step's grad_reduced rows (their `norm` column; None without that op);
+        `described`: index -> (the gradient a row was read from, its position in `norms`). A row
+        counts only where it was read from the very tensor, unmodified, the reduction left."""
+        reduced_sq = self.reduced_square
+        if reduced_sq is None:
+            at: dict[int, int] = {}
+            if norms is not None:
+                at = {
+                    i: described[i][1]
+                    for i in self._reduced
+                    if i in described and identity(described[i][0]) == self._identities[i]
+                }
+            rest = {i: t for i, t in self._reduced.items() if i not in at}
+            if any(identity(t) != self._identities[i] for i, t in rest.items()):
+                return None
+            parts = []
+            if norms is not None and at:
+                whole = len(at) == len(norms) and list(at.values()) == list(range(len(norms)))
+                column = norms if whole else torch.stack([norms[p] for p in at.values()])
+                parts.append(column.double().square().sum())
+            if rest:
+                parts.append(_square_sum(list(rest.values())))
+            reduced_sq = parts[0] if len(parts) == 1 else parts[0] + parts[1]
+        return agreement([], [], self.local_square, self.dot, reduced_sq)
+
+
+class ReducedNorm:
+    """Where a monitor's agreement takes the reduced gradients' norm. The first step reads it at
+    the reduction and checks, when the step's rows are taken, whether the reduced gradients are
+    still as the reduction left them; where they are, later steps leave the norm to the rows
+    (`Partial.finish`). A step whose reduced gradients were rewritten in between after all
+    (clipped or unscaled in place on that step only) gets no agreement row, said once, and the
+    norm is read at the reduction from then on. Without the `norm` op it is always read there."""
+
+    def __init__(self) -> None:
+        self._later: bool | None = None  # None: not known yet
+
+    def later(self, ops: list[str]) -> bool:
+        return self._later is True and "norm" in ops
+
+    def finish(
+        self,
+        partial: Partial,
+        described: dict[int, tuple[torch.Tensor, int]],
+        norms: torch.Tensor | None,
+        where: tuple[int, int],
+        learn: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`partial` finished with the step's grad_reduced rows (Partial.finish's arguments);
+        `where`: (rank, step), for the log; `learn`: whether this partial's gradients tell about the
+        next steps' (not a framework's reduction, whose agreement always reads the norm there)."""
+        agreed = partial.finish(described, norms)
+        if not learn:
+            return agreed
+        if self._later is None and partial.reduced_square is not None:
+            self._later = partial.unchanged()
+        if agreed is None:
+            self._later = False
+            logger.warning(
+                "msmon[rank %d]: the reduced gradients were rewritten between the end of backward and the "
+                "optimizer step of step %d (clipped or unscaled in place?) after earlier steps left them as "
+                "the reduction did: that step has no grad_agreement row, and their norm is read at the "
+                "reduction from now on (said once)",
+                *where,
+            )
+        return agreed
 
 
 def of_pairs(
@@ -215,11 +318,24 @@ def of_pairs(
     local_norms: dict[int, torch.Tensor] | None = None,
     copies: LocalCopies | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(cos, norm_ratio) of (local, reduced) pairs by parameter index (partial_of_pairs, its
+    reduced norm read now)."""
+    partial = partial_of_pairs(pairs, local_norms, copies)
+    return None if partial is None else partial.finish({}, None)
+
+
+def partial_of_pairs(
+    pairs: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+    local_norms: dict[int, torch.Tensor] | None = None,
+    copies: LocalCopies | None = None,
+    norm_later: bool = False,
+) -> Partial | None:
     """The agreement of (local, reduced) pairs by parameter index, leaving out a missing,
     sparse or reshaped reduced gradient; None when no pair is left. `local_norms`: the local
     gradients' L2 norms already computed (0-d tensors, by index), not read again. With `copies`
     (the LocalCopies the local tensors are in), the dot product is its in-place one, which
-    spends the copies."""
+    spends the copies. The reduced norm is read now, or with `norm_later` left to
+    `Partial.finish` (the step's grad_reduced rows)."""
     kept = {
         i: (a, b) for i, (a, b) in pairs.items() if b is not None and b.layout == torch.strided and a.shape == b.shape
     }
@@ -233,12 +349,14 @@ def of_pairs(
         local_square = torch.stack(norms).double().square().sum() if norms else None
         if rest:
             local_square = _square_sum(rest) if local_square is None else local_square + _square_sum(rest)
-    local = [a for a, _ in kept.values()]
-    reduced = [b for _, b in kept.values()]
     if local_square is None:
-        local_square = _square_sum(local)  # before an in-place dot spends the copies
-    dot = copies.dot(kept) if copies is not None else None
-    return agreement(local, reduced, local_square, dot)
+        local_square = _square_sum([a for a, _ in kept.values()])  # before an in-place dot spends the copies
+    if copies is not None:
+        dot = copies.dot(kept)
+    else:
+        dot = torch.stack([_dot(a, b) for a, b in kept.values()]).sum()
+    reduced = {i: b for i, (_, b) in kept.items()}
+    return Partial(local_square, dot, reduced, None if norm_later else _square_sum(list(reduced.values())))
 
 
 def add_rows(buffer, ops: list[str], cos: torch.Tensor, ratio: torch.Tensor) -> None:
