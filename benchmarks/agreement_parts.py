@@ -6,8 +6,11 @@ The tensor work the agreement does per step on the reference model's gradients, 
 thread, each part timed alone (thread CPU time, median of the repeats): the copy of the local
 gradients into LocalCopies' flat buffer, the dot product (per-parameter dots, the CPU's way,
 and the accelerators' in-place `_foreach_mul_` and sum), the reduced gradients' norm
-(`_foreach_norm`, what `agreement()` read before it took grad_reduced's rows), and the rest
-of `of_pairs` (the local norms taken as known, the float64 totals, the division). Before each
+(`_foreach_norm`, what the agreement read before it took grad_reduced's rows), the rest (the
+local norms taken as known, the float64 totals, the division), and the whole of the sums both
+ways: the reduced norm read (`of_pairs`) and taken from the step's grad_reduced rows
+(`partial_of_pairs` and `Partial.finish`; the rows themselves are computed untimed, as
+grad_reduced computes them anyway). Before each
 part a buffer larger than the caches is written (`--cold`, default), so the part reads cold
 gradients as it does in a training step, where the backward pass has evicted them; `--warm`
 leaves them in the cache. The local gradients are the model's own after one backward pass, the
@@ -45,7 +48,7 @@ def measure(model_name: str, repeats: int, cold: bool) -> dict[str, float]:
     from workloads import MODELS
 
     from msmon.collectors import grad_agreement
-    from msmon.collectors.grad_agreement import LocalCopies, _square_sum, of_pairs
+    from msmon.collectors.grad_agreement import LocalCopies, _square_sum, of_pairs, partial_of_pairs
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -81,6 +84,17 @@ def measure(model_name: str, repeats: int, cold: bool) -> dict[str, float]:
         local_norm, reduced_norm = known_sq.sqrt(), known_sq.sqrt()
         return dot / (local_norm * reduced_norm), local_norm / reduced_norm
 
+    from msmon.collectors.reduced_rows import ReducedRows
+    from msmon.stats.sparse import any_layout_stats
+
+    ops = ["norm", "min", "max", "mean", "zeros", "nans"]
+    rows = ReducedRows([], list(reduced), list(reduced.values()), any_layout_stats(list(reduced.values()), ops, 0.0))
+
+    def from_rows() -> None:  # the reduced norm from the step's grad_reduced rows (computed anyway, untimed)
+        partial = partial_of_pairs(pairs, norms, copies, norm_later=True)
+        assert partial is not None
+        partial.finish(rows.described(), rows.column(ops))
+
     numel = sum(g.numel() for g in local.values())
     result = {
         "parameters": len(local),
@@ -91,7 +105,8 @@ def measure(model_name: str, repeats: int, cold: bool) -> dict[str, float]:
         "reduced_norm_foreach_ms": _timed(lambda: _square_sum(list(reduced.values())), flush, repeats),
         "local_norm_foreach_ms": _timed(lambda: _square_sum(list(local.values())), flush, repeats),
         "rest_ms": _timed(rest, flush, repeats),
-        "of_pairs_before_ms": _timed(lambda: of_pairs(pairs, norms, copies), flush, repeats),
+        "of_pairs_norm_read_ms": _timed(lambda: of_pairs(pairs, norms, copies), flush, repeats),
+        "of_pairs_norm_from_rows_ms": _timed(from_rows, flush, repeats),
     }
     for i, g in local.items():  # the in-place dot spent the copies
         copies.copy(i, g)

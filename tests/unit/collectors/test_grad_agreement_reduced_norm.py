@@ -165,3 +165,20 @@ def test_gradients_rewritten_in_the_first_step_keep_the_norm_read_at_the_reducti
     assert got is not None and (float(got[0]), float(got[1])) == pytest.approx(want, rel=1e-6)
     assert not choice.later(OPS)
     assert not [r for r in caplog.records if "rewritten" in r.getMessage()]
+
+
+def test_the_dot_products_total_is_bit_for_bit_the_per_pair_float64_total_in_any_dtype_mix():
+    gen = torch.Generator().manual_seed(9)
+    pairs = []
+    for shape, dtype, reduced_dtype in [
+        ((64, 8), torch.float32, torch.float32),
+        ((33,), torch.float32, torch.bfloat16),  # a 16-bit reduced gradient: read in float32
+        ((5, 7), torch.float64, torch.float64),
+        ((1,), torch.float32, torch.float32),
+    ]:
+        a = torch.randn(shape, generator=gen, dtype=dtype)
+        pairs.append((a, torch.randn(shape, generator=gen, dtype=dtype).to(reduced_dtype)))
+    per_pair = torch.stack([grad_agreement._dot(a, b) for a, b in pairs]).sum()  # each widened, then totalled
+    assert torch.equal(grad_agreement._dots(pairs), per_pair)
+    plain = sum(float(a.double().reshape(-1) @ b.double().reshape(-1)) for a, b in pairs)
+    assert float(grad_agreement._dots(pairs)) == pytest.approx(plain, rel=1e-6)
