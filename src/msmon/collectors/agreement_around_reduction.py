@@ -39,7 +39,7 @@ class AroundFrameworkReduction:
         self.copies = copies
         self.known_norms = known_norms  # grad_unreduced's norms of gradients as they are now
         self.index_of = {id(mp.param): i for i, mp in enumerate(ctx.params)}
-        self.agreed: grad_agreement.Partial | None = None  # its reduced norm read there (not left to the rows)
+        self.agreed: tuple[torch.Tensor, torch.Tensor] | None = None
         self.lost = False  # a parameter reduced twice in this step: its local gradient is gone
         self._undo: Callable[[], None] | None = None
         self._before: dict[int, torch.Tensor] = {}
@@ -116,7 +116,7 @@ class AroundFrameworkReduction:
                 )
             return
         pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in local.items()}
-        self.agreed = grad_agreement.partial_of_pairs(pairs, self._norms, self.copies) or self.agreed
+        self.agreed = grad_agreement.of_pairs(pairs, self._norms, self.copies) or self.agreed
         self._before, self._norms = {}, {}
 
     def end_step(self) -> None:

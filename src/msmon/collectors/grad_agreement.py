@@ -21,13 +21,17 @@ What it costs: the reduction overwrites the local gradient, so it is copied firs
 copy of the monitored gradients (LocalCopies: views of one flat buffer per device, kept across
 steps), on recorded steps, which is why the key is off by default. The sums are of the whole
 concatenation, so only three totals are needed: the local norm, taken from grad_unreduced's row
-of the same tensor where one was computed in the same pass; the dot product, one in-place
-`_foreach_mul_` of the copy (spent afterwards) and one sum per flat buffer (per-parameter dots
-on the CPU); and the reduced norm, taken from the `norm` column of the same step's grad_reduced
-rows, read from the very `.grad` the reduction left (`Partial`, `ReducedNorm`: where something
-rewrites `.grad` before the optimizer step, or `norm` is not an op, one `_foreach_norm` at the
-reduction instead). A few kernels, whatever the parameter count; on the CPU the copy and the dot
-product are what is left (docs/performance.md).
+of the same tensor where one was computed in the same pass; on an accelerator the dot product,
+one in-place `_foreach_mul_` of the copy (spent afterwards) and one sum per flat buffer, and
+the reduced norm, one `_foreach_norm`: a few kernels whatever the parameter count. On the CPU,
+per parameter the dot product and then the reduced tensor's own, which finds it in the cache:
+the reduced norm costs a fraction of a pass of its own there (docs/performance.md).
+
+The reduced norm is not taken from grad_reduced's rows of the step, although they usually
+hold it: those are read at the optimizer step, and nothing tells reliably whether `.grad` was
+rewritten in between. Its version counter does not move under a GradScaler's `unscale_`
+(`_amp_foreach_non_finite_check_and_unscale_`) nor under writes through `.data`, so the rows of
+an unscaled or clipped gradient would pass for the reduced one.
 
 Not available, said once in the log: a single process (the local gradient is the reduced one);
 a rank that keeps only a shard of the reduced gradient (DeepSpeed ZeRO-1/2/3, Megatron's
@@ -44,7 +48,6 @@ import logging
 import torch
 
 from ..output.records import RowKey
-from .grad_tensors import identity
 
 logger = logging.getLogger("msmon")
 
@@ -151,16 +154,18 @@ class LocalCopies:
         # the ignore: _fits is False for None, so a view is always there by now
         return view.copy_(grad.detach())  # type: ignore[union-attr]
 
-    def dot(self, pairs: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """<local, reduced> over `pairs` (index -> (local, reduced)), a 0-d float64 tensor. On an
-        accelerator the copies this object holds are multiplied in place (they are spent
-        afterwards): per flat buffer, its views that no pair uses set to zero, one
-        `_foreach_mul_` and one sum, so the kernel count does not grow with the parameters. On
-        the CPU, where a kernel launch is a function call, one dot product per parameter: it
-        reads both tensors once and writes nothing, which measured faster there than the
-        multiply's extra write and read of the copy (docs/performance.md). Any local tensor
-        outside the flat buffers gets its own dot product."""
-        sums: list[torch.Tensor] = []
+    def sums(self, pairs: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(<local, reduced>, |reduced|^2) over `pairs` (index -> (local, reduced)), 0-d float64
+        tensors. On an accelerator the copies this object holds are multiplied in place (they
+        are spent afterwards): per flat buffer, its views that no pair uses set to zero, one
+        `_foreach_mul_` and one sum, and the reduced norm one `_foreach_norm`, so the kernel
+        count does not grow with the parameters. On the CPU, where a kernel launch is a function
+        call, per parameter one dot product and then the reduced tensor's own, which finds it
+        still in the cache: it reads both tensors once and writes nothing, which measured faster
+        there than the multiply's extra write and read of the copy, and the reduced norm costs a
+        fraction of a pass of its own (docs/performance.md). Any local tensor outside the flat
+        buffers gets its own dot products."""
+        dots: list[torch.Tensor] = []
         inside: set[int] = set()
         for flat, indices in self._flats:
             if flat.device.type == "cpu" and not IN_PLACE_ON_CPU:
@@ -173,11 +178,14 @@ class LocalCopies:
             if unused:
                 torch._foreach_zero_(unused)
             torch._foreach_mul_([self._views[i] for i in used], [pairs[i][1] for i in used])
-            sums.append(flat.sum().double())
+            dots.append(flat.sum().double())
+        squares = [_square_sum([pairs[i][1] for i in inside])] if inside else []
         rest = [(a, b) for i, (a, b) in pairs.items() if i not in inside]
         if rest:
-            sums.append(_dots(rest))
-        return torch.stack(sums).sum()
+            dot, square = _dots_and_squares(rest)
+            dots.append(dot)
+            squares.append(square)
+        return torch.stack(dots).sum(), torch.stack(squares).sum()
 
     def clear(self) -> None:
         self._views.clear()
@@ -185,19 +193,25 @@ class LocalCopies:
         self._own.clear()
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    dtype = _copy_dtype(a.dtype)
-    return torch.dot(a.reshape(-1).to(dtype), b.reshape(-1).to(dtype)).double()
-
-
-def _dots(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Σ <a, b> over `pairs`, a 0-d float64: one dot product per pair, totalled in float64. A pair
-    already of one dtype (a copy and a float32 or float64 gradient: the usual case) takes
-    `torch.dot` alone, its results widened together afterwards, which is exact: a third of the
-    calls per parameter of `_dot`, whose conversions are no-ops there (0.4 against 0.2 ms of
-    Python per step for the reference model's 53 parameters)."""
-    dots = [torch.dot(a.reshape(-1), b.reshape(-1)) if a.dtype == b.dtype else _dot(a, b) for a, b in pairs]
-    return torch.stack(dots).double().sum()  # stack widens a float32 dot beside a float64 one exactly
+def _dots_and_squares(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ <a, b>, Σ <b, b>) over `pairs`, 0-d float64s. Per pair, in the copy dtype (float32, or
+    float64 for float64 copies: a 16-bit tensor is widened once for both products), the dot
+    product and then b's own, while b is still in the cache; each total widened to float64 after
+    (exactly) and summed there. `torch.dot` alone per product: conversions that would be no-ops
+    cost as much Python as the products themselves at the reference model's 53 parameters."""
+    dots: list[torch.Tensor] = []
+    squares: list[torch.Tensor] = []
+    for a, b in pairs:
+        dtype = _copy_dtype(a.dtype)
+        a, b = a.reshape(-1), b.reshape(-1)
+        if a.dtype != dtype:
+            a = a.to(dtype)
+        if b.dtype != dtype:
+            b = b.to(dtype)
+        dots.append(torch.dot(a, b))
+        squares.append(torch.dot(b, b))
+    # stack widens a float32 product beside a float64 one exactly
+    return torch.stack(dots).double().sum(), torch.stack(squares).double().sum()
 
 
 def _square_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -221,112 +235,13 @@ def agreement(
     """(cos, norm_ratio) of the concatenations of `local` and `reduced` (pairs of one shape),
     as 0-d float64 tensors on the device; a zero gradient gives NaN. `local_square` and
     `reduced_square` (the norms squared) and `dot` are taken as given when known."""
-    if dot is None:
-        dot = _dots(list(zip(local, reduced)))
+    if dot is None or reduced_square is None:
+        dot_read, square_read = _dots_and_squares(list(zip(local, reduced)))
+        dot = dot_read if dot is None else dot
+        reduced_square = square_read if reduced_square is None else reduced_square
     local_sq = _square_sum(local) if local_square is None else local_square
-    reduced_sq = _square_sum(reduced) if reduced_square is None else reduced_square
-    local_norm, reduced_norm = local_sq.sqrt(), reduced_sq.sqrt()
+    local_norm, reduced_norm = local_sq.sqrt(), reduced_square.sqrt()
     return dot / (local_norm * reduced_norm), local_norm / reduced_norm
-
-
-class Partial:
-    """An agreement computed at the reduction but for the reduced gradients' norm, which the
-    same step's grad_reduced rows usually hold already (their `norm` column, read from the very
-    `.grad` at step time): finished there, it costs no pass of its own over the reduced
-    gradients. Where a row describes another tensor or is missing, the reduced gradient kept
-    here is read then, if it is still as the reduction left it (its identity: object, data
-    pointer, version counter); one rewritten since (clipped or unscaled in place) has lost the
-    value the cosine needs, and `finish` answers None. With `reduced_square` given, the norm
-    was read at the reduction and `finish` only divides."""
-
-    def __init__(
-        self,
-        local_square: torch.Tensor,
-        dot: torch.Tensor,
-        reduced: dict[int, torch.Tensor],
-        reduced_square: torch.Tensor | None = None,
-    ) -> None:
-        self.local_square = local_square
-        self.dot = dot
-        self.reduced_square = reduced_square
-        self._reduced = reduced
-        self._identities = {i: identity(t) for i, t in reduced.items()}
-
-    def unchanged(self) -> bool:
-        """Whether every reduced gradient is still as the reduction left it: where that holds
-        when a step's rows are taken, the norm can wait for them."""
-        return all(identity(t) == self._identities[i] for i, t in self._reduced.items())
-
-    def finish(
-        self, described: dict[int, tuple[torch.Tensor, int]], norms: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(cos, norm_ratio), or None when a reduced gradient's norm is lost. `norms`: the L2
-        norms of this step's grad_reduced rows (their `norm` column; None without that op);
-        `described`: index -> (the gradient a row was read from, its position in `norms`). A row
-        counts only where it was read from the very tensor, unmodified, the reduction left."""
-        reduced_sq = self.reduced_square
-        if reduced_sq is None:
-            at: dict[int, int] = {}
-            if norms is not None:
-                at = {
-                    i: described[i][1]
-                    for i in self._reduced
-                    if i in described and identity(described[i][0]) == self._identities[i]
-                }
-            rest = {i: t for i, t in self._reduced.items() if i not in at}
-            if any(identity(t) != self._identities[i] for i, t in rest.items()):
-                return None
-            parts = []
-            if norms is not None and at:
-                whole = len(at) == len(norms) and list(at.values()) == list(range(len(norms)))
-                column = norms if whole else torch.stack([norms[p] for p in at.values()])
-                parts.append(column.double().square().sum())
-            if rest:
-                parts.append(_square_sum(list(rest.values())))
-            reduced_sq = parts[0] if len(parts) == 1 else parts[0] + parts[1]
-        return agreement([], [], self.local_square, self.dot, reduced_sq)
-
-
-class ReducedNorm:
-    """Where a monitor's agreement takes the reduced gradients' norm. The first step reads it at
-    the reduction and checks, when the step's rows are taken, whether the reduced gradients are
-    still as the reduction left them; where they are, later steps leave the norm to the rows
-    (`Partial.finish`). A step whose reduced gradients were rewritten in between after all
-    (clipped or unscaled in place on that step only) gets no agreement row, said once, and the
-    norm is read at the reduction from then on. Without the `norm` op it is always read there."""
-
-    def __init__(self) -> None:
-        self._later: bool | None = None  # None: not known yet
-
-    def later(self, ops: list[str]) -> bool:
-        return self._later is True and "norm" in ops
-
-    def finish(
-        self,
-        partial: Partial,
-        described: dict[int, tuple[torch.Tensor, int]],
-        norms: torch.Tensor | None,
-        where: tuple[int, int],
-        learn: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """`partial` finished with the step's grad_reduced rows (Partial.finish's arguments);
-        `where`: (rank, step), for the log; `learn`: whether this partial's gradients tell about the
-        next steps' (not a framework's reduction, whose agreement always reads the norm there)."""
-        agreed = partial.finish(described, norms)
-        if not learn:
-            return agreed
-        if self._later is None and partial.reduced_square is not None:
-            self._later = partial.unchanged()
-        if agreed is None:
-            self._later = False
-            logger.warning(
-                "msmon[rank %d]: the reduced gradients were rewritten between the end of backward and the "
-                "optimizer step of step %d (clipped or unscaled in place?) after earlier steps left them as "
-                "the reduction did: that step has no grad_agreement row, and their norm is read at the "
-                "reduction from now on (said once)",
-                *where,
-            )
-        return agreed
 
 
 def of_pairs(
@@ -334,24 +249,11 @@ def of_pairs(
     local_norms: dict[int, torch.Tensor] | None = None,
     copies: LocalCopies | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(cos, norm_ratio) of (local, reduced) pairs by parameter index (partial_of_pairs, its
-    reduced norm read now)."""
-    partial = partial_of_pairs(pairs, local_norms, copies)
-    return None if partial is None else partial.finish({}, None)
-
-
-def partial_of_pairs(
-    pairs: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
-    local_norms: dict[int, torch.Tensor] | None = None,
-    copies: LocalCopies | None = None,
-    norm_later: bool = False,
-) -> Partial | None:
     """The agreement of (local, reduced) pairs by parameter index, leaving out a missing,
     sparse or reshaped reduced gradient; None when no pair is left. `local_norms`: the local
     gradients' L2 norms already computed (0-d tensors, by index), not read again. With `copies`
     (the LocalCopies the local tensors are in), the dot product is its in-place one, which
-    spends the copies. The reduced norm is read now, or with `norm_later` left to
-    `Partial.finish` (the step's grad_reduced rows)."""
+    spends the copies."""
     kept = {
         i: (a, b) for i, (a, b) in pairs.items() if b is not None and b.layout == torch.strided and a.shape == b.shape
     }
@@ -365,14 +267,12 @@ def partial_of_pairs(
         local_square = torch.stack(norms).double().square().sum() if norms else None
         if rest:
             local_square = _square_sum(rest) if local_square is None else local_square + _square_sum(rest)
+    local = [a for a, _ in kept.values()]
+    reduced = [b for _, b in kept.values()]
     if local_square is None:
-        local_square = _square_sum([a for a, _ in kept.values()])  # before an in-place dot spends the copies
-    if copies is not None:
-        dot = copies.dot(kept)
-    else:
-        dot = _dots(list(kept.values()))
-    reduced = {i: b for i, (_, b) in kept.items()}
-    return Partial(local_square, dot, reduced, None if norm_later else _square_sum(list(reduced.values())))
+        local_square = _square_sum(local)  # before an in-place dot spends the copies
+    dot, reduced_square = copies.sums(kept) if copies is not None else (None, None)
+    return agreement(local, reduced, local_square, dot, reduced_square)
 
 
 def add_rows(buffer, ops: list[str], cos: torch.Tensor, ratio: torch.Tensor) -> None:

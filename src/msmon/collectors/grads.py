@@ -57,7 +57,7 @@ from .agreement_around_reduction import AroundFrameworkReduction
 from .base import Collector
 from .ddp_sync import DdpSync
 from .grad_tensors import counter_of, hooks_that_may_write, identity, unserializable
-from .reduced_rows import record_reduced, reduced_rows
+from .reduced_rows import record_reduced
 from .registry import register
 
 if TYPE_CHECKING:
@@ -90,8 +90,7 @@ class GradCollector(Collector):
         # grad_agreement: whether it is recorded here, the backward pass whose end computes it, its values
         self.agreeing = False
         self._agree_task: int | None = None
-        self._agreed: grad_agreement.Partial | None = None
-        self._reduced_norm = grad_agreement.ReducedNorm()  # read at the reduction or taken from the rows
+        self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
         self._copies: grad_agreement.LocalCopies | None = None  # the agreement's copies, kept across steps
         self._row_pass: dict[int, int] = {}  # the backward pass whose hook last recorded each row
         # a framework that reduces whole gradients itself (Framework.whole_gradient_reduction)
@@ -271,8 +270,7 @@ class GradCollector(Collector):
             return
         pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()}
         norms = self._norms_read(self.local, lambda i, _grad: self._row_pass.get(i) == task)  # this pass's rows
-        later = self._reduced_norm.later(ctx.step_ops) and not self.at_inner_step
-        agreed = grad_agreement.partial_of_pairs(pairs, norms, self._copies if last else None, norm_later=later)
+        agreed = grad_agreement.of_pairs(pairs, norms, self._copies if last else None)
         self._agreed = agreed or self._agreed
         if last:  # the step's last: the copies go back now
             self._drop_local()
@@ -347,19 +345,10 @@ class GradCollector(Collector):
         ctx = self.ctx
         if not ctx.recording:
             return
-        reduced = None
-        if not self.at_inner_step:
-            reduced = reduced_rows(
-                ctx, ctx.adapter.grads([mp.param for mp in ctx.params], ctx.grad_of), self.last_rows, self.last_identity
-            )
         framework = self._framework
-        partial = self._agreed if framework is None else framework.agreed or self._agreed
-        if partial is not None:
-            described, norms = reduced.described() if reduced else {}, reduced.column(ctx.step_ops) if reduced else None
-            learn = partial is self._agreed
-            agreed = self._reduced_norm.finish(partial, described, norms, (ctx.rank, ctx.step), learn)
-            if agreed is not None:
-                grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *agreed)
+        agreed = self._agreed if framework is None else framework.agreed or self._agreed
+        if agreed is not None:
+            grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *agreed)
         elif self.agreeing and not (framework is not None and framework.lost) and "grad_agreement" not in ctx.kept:
             ctx.kept["grad_agreement"] = why = (
                 "nothing msmon follows reduced the monitored gradients in this step (no torch DDP "
@@ -370,8 +359,8 @@ class GradCollector(Collector):
             indices = list(self.last_rows)
             keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
             ctx.buffer.add_many(keys, torch.stack([self.last_rows[i] for i in indices]))
-        if reduced is not None:
-            reduced.add_to(ctx)
+        if not self.at_inner_step:
+            self._record_reduced(ctx.adapter.grads([mp.param for mp in ctx.params], ctx.grad_of))
 
     def _on_inner_step(self, inner: torch.optim.Optimizer, _args: tuple, _kwargs: dict) -> None:
         """The inner optimizer is about to consume the gradients of the groups it steps now."""
