@@ -21,9 +21,17 @@ What it costs: the reduction overwrites the local gradient, so it is copied firs
 copy of the monitored gradients (LocalCopies: views of one flat buffer per device, kept across
 steps), on recorded steps, which is why the key is off by default. The sums are of the whole
 concatenation, so only three totals are needed: the local norm, taken from grad_unreduced's row
-of the same tensor where one was computed in the same pass; the reduced norm, one
-`_foreach_norm`; and the dot product, one in-place `_foreach_mul_` of the copy (spent
-afterwards) and one sum per flat buffer. A few kernels, whatever the parameter count.
+of the same tensor where one was computed in the same pass; on an accelerator the dot product,
+one in-place `_foreach_mul_` of the copy (spent afterwards) and one sum per flat buffer, and
+the reduced norm, one `_foreach_norm`: a few kernels whatever the parameter count. On the CPU,
+per parameter the dot product and then the reduced tensor's own, which finds it in the cache:
+the reduced norm costs a fraction of a pass of its own there (docs/performance.md).
+
+The reduced norm is not taken from grad_reduced's rows of the step, although they usually
+hold it: those are read at the optimizer step, and nothing tells reliably whether `.grad` was
+rewritten in between. Its version counter does not move under a GradScaler's `unscale_`
+(`_amp_foreach_non_finite_check_and_unscale_`) nor under writes through `.data`, so the rows of
+an unscaled or clipped gradient would pass for the reduced one.
 
 Not available, said once in the log: a single process (the local gradient is the reduced one);
 a rank that keeps only a shard of the reduced gradient (DeepSpeed ZeRO-1/2/3, Megatron's
@@ -146,16 +154,18 @@ class LocalCopies:
         # the ignore: _fits is False for None, so a view is always there by now
         return view.copy_(grad.detach())  # type: ignore[union-attr]
 
-    def dot(self, pairs: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """<local, reduced> over `pairs` (index -> (local, reduced)), a 0-d float64 tensor. On an
-        accelerator the copies this object holds are multiplied in place (they are spent
-        afterwards): per flat buffer, its views that no pair uses set to zero, one
-        `_foreach_mul_` and one sum, so the kernel count does not grow with the parameters. On
-        the CPU, where a kernel launch is a function call, one dot product per parameter: it
-        reads both tensors once and writes nothing, which measured faster there than the
-        multiply's extra write and read of the copy (docs/performance.md). Any local tensor
-        outside the flat buffers gets its own dot product."""
-        sums: list[torch.Tensor] = []
+    def sums(self, pairs: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(<local, reduced>, |reduced|^2) over `pairs` (index -> (local, reduced)), 0-d float64
+        tensors. On an accelerator the copies this object holds are multiplied in place (they
+        are spent afterwards): per flat buffer, its views that no pair uses set to zero, one
+        `_foreach_mul_` and one sum, and the reduced norm one `_foreach_norm`, so the kernel
+        count does not grow with the parameters. On the CPU, where a kernel launch is a function
+        call, per parameter one dot product and then the reduced tensor's own, which finds it
+        still in the cache: it reads both tensors once and writes nothing, which measured faster
+        there than the multiply's extra write and read of the copy, and the reduced norm costs a
+        fraction of a pass of its own (docs/performance.md). Any local tensor outside the flat
+        buffers gets its own dot products."""
+        dots: list[torch.Tensor] = []
         inside: set[int] = set()
         for flat, indices in self._flats:
             if flat.device.type == "cpu" and not IN_PLACE_ON_CPU:
@@ -168,9 +178,14 @@ class LocalCopies:
             if unused:
                 torch._foreach_zero_(unused)
             torch._foreach_mul_([self._views[i] for i in used], [pairs[i][1] for i in used])
-            sums.append(flat.sum().double())
-        sums.extend(_dot(a, b) for i, (a, b) in pairs.items() if i not in inside)
-        return torch.stack(sums).sum()
+            dots.append(flat.sum().double())
+        squares = [_square_sum([pairs[i][1] for i in inside])] if inside else []
+        rest = [(a, b) for i, (a, b) in pairs.items() if i not in inside]
+        if rest:
+            dot, square = _dots_and_squares(rest)
+            dots.append(dot)
+            squares.append(square)
+        return torch.stack(dots).sum(), torch.stack(squares).sum()
 
     def clear(self) -> None:
         self._views.clear()
@@ -178,9 +193,25 @@ class LocalCopies:
         self._own.clear()
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    dtype = _copy_dtype(a.dtype)
-    return torch.dot(a.reshape(-1).to(dtype), b.reshape(-1).to(dtype)).double()
+def _dots_and_squares(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ <a, b>, Σ <b, b>) over `pairs`, 0-d float64s. Per pair, in the copy dtype (float32, or
+    float64 for float64 copies: a 16-bit tensor is widened once for both products), the dot
+    product and then b's own, while b is still in the cache; each total widened to float64 after
+    (exactly) and summed there. `torch.dot` alone per product: conversions that would be no-ops
+    cost as much Python as the products themselves at the reference model's 53 parameters."""
+    dots: list[torch.Tensor] = []
+    squares: list[torch.Tensor] = []
+    for a, b in pairs:
+        dtype = _copy_dtype(a.dtype)
+        a, b = a.reshape(-1), b.reshape(-1)
+        if a.dtype != dtype:
+            a = a.to(dtype)
+        if b.dtype != dtype:
+            b = b.to(dtype)
+        dots.append(torch.dot(a, b))
+        squares.append(torch.dot(b, b))
+    # stack widens a float32 product beside a float64 one exactly
+    return torch.stack(dots).double().sum(), torch.stack(squares).double().sum()
 
 
 def _square_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -199,14 +230,17 @@ def agreement(
     reduced: list[torch.Tensor],
     local_square: torch.Tensor | None = None,
     dot: torch.Tensor | None = None,
+    reduced_square: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, norm_ratio) of the concatenations of `local` and `reduced` (pairs of one shape),
-    as 0-d float64 tensors on the device; a zero gradient gives NaN. `local_square` (the local
-    norm squared) and `dot` are taken as given when known."""
-    if dot is None:
-        dot = torch.stack([_dot(a, b) for a, b in zip(local, reduced)]).sum()
+    as 0-d float64 tensors on the device; a zero gradient gives NaN. `local_square` and
+    `reduced_square` (the norms squared) and `dot` are taken as given when known."""
+    if dot is None or reduced_square is None:
+        dot_read, square_read = _dots_and_squares(list(zip(local, reduced)))
+        dot = dot_read if dot is None else dot
+        reduced_square = square_read if reduced_square is None else reduced_square
     local_sq = _square_sum(local) if local_square is None else local_square
-    local_norm, reduced_norm = local_sq.sqrt(), _square_sum(reduced).sqrt()
+    local_norm, reduced_norm = local_sq.sqrt(), reduced_square.sqrt()
     return dot / (local_norm * reduced_norm), local_norm / reduced_norm
 
 
@@ -237,8 +271,8 @@ def of_pairs(
     reduced = [b for _, b in kept.values()]
     if local_square is None:
         local_square = _square_sum(local)  # before an in-place dot spends the copies
-    dot = copies.dot(kept) if copies is not None else None
-    return agreement(local, reduced, local_square, dot)
+    dot, reduced_square = copies.sums(kept) if copies is not None else (None, None)
+    return agreement(local, reduced, local_square, dot, reduced_square)
 
 
 def add_rows(buffer, ops: list[str], cos: torch.Tensor, ratio: torch.Tensor) -> None:
