@@ -43,10 +43,11 @@ says so once, and the hooks read gradients themselves from then on.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from ..hooks.core import grad_rewrites
 from ..output.records import row_key
 from ..runtime.step_context import StepContext
 from ..stats.engine import tensor_stats
@@ -95,6 +96,7 @@ class GradCollector(Collector):
         self._row_pass: dict[int, int] = {}  # the backward pass whose hook last recorded each row
         # a framework that reduces whole gradients itself (Framework.whole_gradient_reduction)
         self._framework: AroundFrameworkReduction | None = None
+        self._rewrites: grad_rewrites.Listening | None = None  # a GradScaler's unscale_, watched
 
     def attach(self) -> None:
         ctx = self.ctx
@@ -127,8 +129,18 @@ class GradCollector(Collector):
         if self.at_inner_step:
             on_inner_step = self.guard(self._on_inner_step)
             self.handles.extend(inner.register_step_pre_hook(on_inner_step) for inner in inners)
+        self._rewrites = grad_rewrites.listen(self.guard(self._on_rewrite))
+
+    def _on_rewrite(self, optimizer: Any) -> None:
+        """A GradScaler unscaled `optimizer`'s gradients in place, leaving their version counters
+        as they were: no row of this step describes them any more (grad_reduced reads them again)."""
+        if self.last_identity and {id(mp.param) for mp in self.ctx.params} & grad_rewrites.params_of(optimizer):
+            self.last_identity.clear()
 
     def detach(self) -> None:
+        if self._rewrites is not None:
+            self._rewrites.stop()
+            self._rewrites = None
         self._drop_local()
         if self._framework is not None:
             framework, self._framework = self._framework, None
