@@ -51,8 +51,8 @@ def _timed(part: Callable[[], object], flush: Callable[[], None] | None, repeats
 def measure(model_name: str, repeats: int, cold: bool, paired: int = 0) -> dict[str, Any]:
     from workloads import MODELS
 
-    from msmon.collectors import grad_agreement
     from msmon.collectors.grad_agreement import LocalCopies, _square_sum, of_pairs
+    from msmon.stats import device_path
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -75,12 +75,14 @@ def measure(model_name: str, repeats: int, cold: bool, paired: int = 0) -> dict[
         for i, g in local.items():
             copies.copy(i, g)
 
-    def sums_in_place() -> None:
-        grad_agreement.IN_PLACE_ON_CPU = True
+    def sums_in_place() -> None:  # the accelerators' route (MSMON_DEVICE_PATH=1)
+        os.environ[device_path.ENV] = "1"
+        device_path.refresh()
         try:
             copies.sums(pairs)
         finally:
-            grad_agreement.IN_PLACE_ON_CPU = False
+            del os.environ[device_path.ENV]
+            device_path.refresh()
 
     def dots_alone() -> None:
         torch.stack([torch.dot(a.reshape(-1), b.reshape(-1)) for a, b in pairs.values()]).double().sum()

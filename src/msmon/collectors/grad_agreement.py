@@ -48,6 +48,7 @@ import logging
 import torch
 
 from ..output.records import RowKey
+from ..stats.device_path import host_code
 
 logger = logging.getLogger("msmon")
 
@@ -95,10 +96,6 @@ def unavailable(data_parallel: bool, hooks_unreduced: bool, adapter_name: str) -
             f"{adapter_name} reduces gradients in its own buffers or keeps only a shard of the reduced gradient",
         )
     return None
-
-
-# the in-place multiply also on the CPU (tests run the accelerators' path with it)
-IN_PLACE_ON_CPU = False
 
 
 def _copy_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -159,8 +156,8 @@ class LocalCopies:
         tensors. On an accelerator the copies this object holds are multiplied in place (they
         are spent afterwards): per flat buffer, its views that no pair uses set to zero, one
         `_foreach_mul_` and one sum, and the reduced norm one `_foreach_norm`, so the kernel
-        count does not grow with the parameters. On the CPU, where a kernel launch is a function
-        call, per parameter one dot product and then the reduced tensor's own, which finds it
+        count does not grow with the parameters. On the CPU (but with MSMON_DEVICE_PATH=1, which
+        takes the accelerators' way), where a kernel launch is a function call, per parameter one dot product and then the reduced tensor's own, which finds it
         still in the cache: it reads both tensors once and writes nothing, which measured faster
         there than the multiply's extra write and read of the copy, and the reduced norm costs a
         fraction of a pass of its own (docs/performance.md). Any local tensor outside the flat
@@ -168,7 +165,7 @@ class LocalCopies:
         dots: list[torch.Tensor] = []
         inside: set[int] = set()
         for flat, indices in self._flats:
-            if flat.device.type == "cpu" and not IN_PLACE_ON_CPU:
+            if host_code(flat.device):  # the CPU's per-parameter products (MSMON_DEVICE_PATH=1: not)
                 continue
             used = [i for i in indices if i in pairs and pairs[i][0] is self._views[i]]
             if not used:

@@ -10,7 +10,6 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, train_steps
 from msmon import TrainerMon
-from msmon.collectors import grad_agreement
 from msmon.collectors.grad_agreement import LocalCopies, agreement, of_pairs
 from msmon.config import parse_config
 
@@ -63,9 +62,10 @@ def _plain(local: list[torch.Tensor], reduced: list[torch.Tensor]) -> tuple[floa
 
 
 @pytest.fixture(params=["per-parameter dots (CPU)", "in-place foreach multiply (accelerators)"])
-def dot_path(request, monkeypatch):
-    """Both ways LocalCopies.dot sums: the accelerators' one forced on the CPU."""
-    monkeypatch.setattr(grad_agreement, "IN_PLACE_ON_CPU", request.param.startswith("in-place"))
+def dot_path(request):
+    """Both ways LocalCopies sums: the accelerators' one on the CPU with MSMON_DEVICE_PATH=1."""
+    if request.param.startswith("in-place"):
+        request.getfixturevalue("device_path")
 
 
 def test_the_flat_copies_dot_equals_the_plain_concatenation_leaving_out_unused_and_stale_views(dot_path):

@@ -57,8 +57,8 @@ def test_on_the_cpu_the_reduced_norm_comes_from_the_dot_products_pass_with_the_p
     assert (float(cos), float(ratio)) == pytest.approx(want, rel=1e-6)
 
 
-def test_on_the_accelerators_path_the_reduced_norm_is_one_foreach_norm_with_the_same_values(monkeypatch):
-    monkeypatch.setattr(grad_agreement, "IN_PLACE_ON_CPU", True)
+def test_on_the_accelerators_path_the_reduced_norm_is_one_foreach_norm_with_the_same_values(monkeypatch, device_path):
+    """MSMON_DEVICE_PATH=1 takes the accelerators' in-place multiply (before, only a module flag did)."""
     copies, local, reduced, kept, local_norms = _step(1)
     calls = _counting_norms(monkeypatch)
     cos, ratio = of_pairs({i: (kept[i], reduced[i]) for i in kept}, local_norms, copies)
@@ -66,8 +66,7 @@ def test_on_the_accelerators_path_the_reduced_norm_is_one_foreach_norm_with_the_
     assert (float(cos), float(ratio)) == pytest.approx(_plain(list(local.values()), list(reduced.values())), rel=1e-6)
 
 
-def test_a_local_tensor_outside_the_flat_buffers_gets_both_products_on_the_accelerators_path_too(monkeypatch):
-    monkeypatch.setattr(grad_agreement, "IN_PLACE_ON_CPU", True)
+def test_a_local_tensor_outside_the_flat_buffers_gets_both_products_on_the_accelerators_path_too(device_path):
     copies, local, reduced, kept, local_norms = _step(2)
     odd = torch.randn(2, 3, generator=torch.Generator().manual_seed(7))  # fits no view: its own buffer
     local[9], reduced[9] = odd, 0.5 * odd + 1.0
