@@ -157,11 +157,12 @@ class LocalCopies:
         are spent afterwards): per flat buffer, its views that no pair uses set to zero, one
         `_foreach_mul_` and one sum, and the reduced norm one `_foreach_norm`, so the kernel
         count does not grow with the parameters. On the CPU (but with MSMON_DEVICE_PATH=1, which
-        takes the accelerators' way), where a kernel launch is a function call, per parameter one dot product and then the reduced tensor's own, which finds it
-        still in the cache: it reads both tensors once and writes nothing, which measured faster
-        there than the multiply's extra write and read of the copy, and the reduced norm costs a
-        fraction of a pass of its own (docs/performance.md). Any local tensor outside the flat
-        buffers gets its own dot products."""
+        takes the accelerators' way), where a kernel launch is a function call, per parameter
+        one dot product and then the reduced tensor's own, which finds it still in the cache: it
+        reads both tensors once and writes nothing, which measured faster there than the
+        multiply's extra write and read of the copy, and the reduced norm costs a fraction of a
+        pass of its own (docs/performance.md). Any local tensor outside the flat buffers gets its
+        own dot products."""
         dots: list[torch.Tensor] = []
         inside: set[int] = set()
         for flat, indices in self._flats:

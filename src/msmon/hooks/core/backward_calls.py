@@ -31,11 +31,12 @@ import logging
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from .listeners import Listeners, Listening
 from .patching import Replacements
 
 #: on_loss(loss, scale): the unscaled loss (detached, as the script computed it) and the scale
@@ -83,57 +84,44 @@ class _State(threading.local):
 
 
 _state = _State()
-_listeners: list[_Listener] = []
-_replaced = Replacements()
 _declared: dict[tuple[int, str], Scaler | EntryPoint] = {}
 # id(scaled tensor) -> (weak ref to it, the unscaled loss, the scale)
 _scaled: dict[int, tuple[weakref.ref, torch.Tensor, Any]] = {}
-_lock = threading.Lock()
+
+
+def _forget_all() -> None:
+    """The last listener left: no scaler is declared, no scaled loss remembered."""
+    _declared.clear()
+    _scaled.clear()
+
+
+_registry: Listeners[_Listener] = Listeners(_forget_all)
+_listeners = _registry.items  # the registered listeners, iterated over as a copy
 _failure_said = False
 logger = logging.getLogger("msmon")
-
-
-@dataclass
-class Listening:
-    """A registration; `stop()` ends it (the last one puts the wrapped methods back)."""
-
-    listener: _Listener
-    stopped: bool = field(default=False)
-
-    def stop(self) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
-        with _lock:
-            if self.listener in _listeners:
-                _listeners.remove(self.listener)
-            if not _listeners:
-                _replaced.restore()
-                _declared.clear()
-                _scaled.clear()
 
 
 def listen(on_loss: OnLoss, on_skipped: OnSkipped, scaling: Sequence[LossScaling] = ()) -> Listening:
     """Report every backward pass's loss to `on_loss` from now until `stop()`; `scaling`: the
     loss scalers of the frameworks in use (wrapped as well, once per process)."""
-    listener = _Listener(on_loss, on_skipped)
-    with _lock:
-        _listeners.append(listener)
-        _replaced.replace(torch.Tensor, "backward", _wrap_tensor_backward)
-        _replaced.replace(torch.autograd, "backward", _wrap_autograd_backward)
+
+    def install(replaced: Replacements) -> None:
+        replaced.replace(torch.Tensor, "backward", _wrap_tensor_backward)
+        replaced.replace(torch.autograd, "backward", _wrap_autograd_backward)
         for declared in scaling:
             for scaler in declared.scalers:
-                _replace_method(scaler, _wrap_scaler)
+                _replace_method(replaced, scaler, _wrap_scaler)
             for entry in declared.entry_points:
-                _replace_method(entry, _wrap_entry_point)
-    return Listening(listener)
+                _replace_method(replaced, entry, _wrap_entry_point)
+
+    return _registry.add(_Listener(on_loss, on_skipped), install)
 
 
-def _replace_method(what: Scaler | EntryPoint, wrap: Callable[[Any, Any], Any]) -> None:
+def _replace_method(replaced: Replacements, what: Scaler | EntryPoint, wrap: Callable[[Any, Any], Any]) -> None:
     key = (id(what.owner), what.name)
     if key not in _declared:
         _declared[key] = what
-        _replaced.replace(what.owner, what.name, lambda original: wrap(original, what))
+        replaced.replace(what.owner, what.name, lambda original: wrap(original, what))
 
 
 def _loss_of(tensors: Any) -> tuple[torch.Tensor, Any] | None:

@@ -20,21 +20,15 @@ of its own and cannot be seen this way (docs/frameworks.md says so).
 from __future__ import annotations
 
 import functools
-import logging
-import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .listeners import Listeners, Listening
 from .patching import Replacements
-
-logger = logging.getLogger("msmon")
 
 #: on_rewritten(optimizer): the gradients of `optimizer`'s parameters were rewritten in place
 OnRewritten = Callable[[Any], None]
 
-_lock = threading.Lock()
-_listeners: list[OnRewritten] = []
-_replaced = Replacements()
+_registry: Listeners[OnRewritten] = Listeners()
 
 
 def _scaler_classes() -> list[type]:
@@ -55,38 +49,21 @@ def _wrap_unscale(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def unscale_(self: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, optimizer, *args, **kwargs)
-        for listener in list(_listeners):
+        for listener in list(_registry.items):
             listener(optimizer)  # each listener is guarded by its collector: a failure stays msmon's
         return result
 
     return unscale_
 
 
-@dataclass
-class Listening:
-    """A registration; `stop()` ends it (the last one puts the wrapped methods back)."""
-
-    listener: OnRewritten
-    stopped: bool = field(default=False)
-
-    def stop(self) -> None:
-        if self.stopped:
-            return
-        self.stopped = True
-        with _lock:
-            if self.listener in _listeners:
-                _listeners.remove(self.listener)
-            if not _listeners:
-                _replaced.restore()
-
-
 def listen(on_rewritten: OnRewritten) -> Listening:
     """Tell `on_rewritten` of every in-place rewrite of an optimizer's gradients seen from now until `stop()`."""
-    with _lock:
-        _listeners.append(on_rewritten)
+
+    def install(replaced: Replacements) -> None:
         for cls in _scaler_classes():
-            _replaced.replace(cls, "unscale_", _wrap_unscale)
-    return Listening(on_rewritten)
+            replaced.replace(cls, "unscale_", _wrap_unscale)
+
+    return _registry.add(on_rewritten, install)
 
 
 def params_of(optimizer: Any) -> set[int]:
