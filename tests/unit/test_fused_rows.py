@@ -135,6 +135,19 @@ def test_a_kernel_of_some_fields_gives_those_columns_of_the_whole_kernel_and_not
         assert torch.allclose(some, every[:, columns], rtol=1e-6, equal_nan=True)
 
 
+def test_many_field_sets_and_dtypes_in_one_process_keep_the_compiled_pass_on(monkeypatch):
+    """Each field set's kernel has a code object of its own: dynamo's limit of eight graphs per
+    code object (past it fullgraph=True fails) is never reached by sets times dtypes."""
+    monkeypatch.setattr(fused_rows, "_failed", False)
+    sets = [("sq",), ("sum",), ("zeros",), ("nans",), ("infs",), ("max",)]
+    for dtype in (torch.float32, torch.bfloat16):
+        for fields in sets:
+            x = torch.randn(3, BLOCK).to(dtype)
+            got = fused_rows.row_values(x, None, torch.tensor(1e-3), fields)
+            assert got is not None and got.shape == (3, 1), (dtype, fields)
+    assert fused_rows.usable(torch.device("cpu"))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_the_generated_kernel_gives_each_rows_values_over_its_columns_only(dtype):
     gen = torch.Generator().manual_seed(7)

@@ -34,6 +34,7 @@ import os
 import sys
 import threading
 import time
+import types
 from typing import Callable
 
 import torch
@@ -148,8 +149,19 @@ def _function(masked: bool, fields: tuple[str, ...]) -> Callable[..., torch.Tens
                 def run(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:  # type: ignore[misc]
                     return _whole_rows(x, threshold, fields)
 
-            _compiled[key] = torch.compile(run, dynamic=True, fullgraph=True)
+            _compiled[key] = torch.compile(_own_code(run, masked, fields), dynamic=True, fullgraph=True)
         return _compiled[key]
+
+
+def _own_code(
+    function: Callable[..., torch.Tensor], masked: bool, fields: tuple[str, ...]
+) -> Callable[..., torch.Tensor]:
+    """`function` with a code object of its own. Dynamo keeps a code object's compiled graphs
+    together, eight at most (its recompile limit; past it, fullgraph=True fails), and every field
+    set's closure shares one code: with several sets, their dtypes would add up past the limit."""
+    name = ("masked_" if masked else "whole_") + "_".join(fields)
+    code = function.__code__.replace(co_name=name)
+    return types.FunctionType(code, function.__globals__, name, function.__defaults__, function.__closure__)
 
 
 def row_values(
