@@ -46,12 +46,15 @@ def _output_of(result: subprocess.CompletedProcess) -> str:
 
 
 def _monitor_output_dirs(argv: object, env: dict | None) -> list[str]:
-    """Where a job's monitors write: `msmon run --output-dir`, else MONITOR_OUTPUT_DIR."""
+    """Where a job's monitors write: `msmon run --output-dir`, else MONITOR_OUTPUT_DIR; and the
+    kernel cache a test gave it (MSMON_CACHE_DIR), so that a rerun starts from the same empty
+    cache (a first-use test counts the ranks that built the kernel)."""
     dirs = []
     if isinstance(argv, (list, tuple)) and "--output-dir" in argv[:-1]:
         dirs.append(str(argv[list(argv).index("--output-dir") + 1]))
-    if env and env.get("MONITOR_OUTPUT_DIR"):
-        dirs.append(env["MONITOR_OUTPUT_DIR"])
+    for key in ("MONITOR_OUTPUT_DIR", "MSMON_CACHE_DIR"):
+        if env and env.get(key):
+            dirs.append(env[key])
     return dirs
 
 
