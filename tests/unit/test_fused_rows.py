@@ -135,6 +135,12 @@ def test_a_kernel_of_some_fields_gives_those_columns_of_the_whole_kernel_and_not
         assert torch.allclose(some, every[:, columns], rtol=1e-6, equal_nan=True)
 
 
+def test_ops_that_read_no_field_compile_nothing_at_attach_and_leave_the_pass_on(monkeypatch):
+    monkeypatch.setattr(fused_rows, "_failed", False)
+    fused_rows.prepare([torch.zeros(4, 4)], ())  # e.g. only ops registered with their own reduction
+    assert fused_rows.usable(torch.device("cpu"))
+
+
 def test_many_field_sets_and_dtypes_in_one_process_keep_the_compiled_pass_on(monkeypatch):
     """Each field set's kernel has a code object of its own: dynamo's limit of eight graphs per
     code object (past it fullgraph=True fails) is never reached by sets times dtypes."""

@@ -246,6 +246,8 @@ def prepare(tensors: list[torch.Tensor], fields: tuple[str, ...] = FIELDS) -> No
     compile nothing."""
     from .device_path import host_code
 
+    if not fields:  # the ops are all of their own reductions (ops.register): nothing to compile
+        return
     wanted = {(t.device, t.dtype) for t in tensors if t.is_floating_point() and not host_code(t.device)}
     wanted |= {(device, torch.float32) for device, _ in wanted}
     wanted = {(device, dtype) for device, dtype in wanted if usable(device)}
