@@ -37,7 +37,7 @@ from .runtime.reload import ConfigReload
 from .runtime.shards import ShardCombiner
 from .runtime.step import Built, StepRunner
 from .runtime.step_context import StepContext
-from .stats import fused_batch, fused_rows, native, threads
+from .stats import fused_batch, native, threads
 from .system import lifecycle
 from .system.distributed import current_rank
 from .system.stop import StopAfterStruct
@@ -171,6 +171,8 @@ class TrainerMon:
         """Change the statistics computed from the next step on (or this one, if nothing of it
         is recorded yet)."""
         self.runner.ops = parse_ops(value)
+        if self.attached:
+            fused_batch.prepare_for([mp.param for mp in self.ctx.params], self.runner.ops)
         if len(self.ctx.buffer) == 0:
             self.ctx.step_ops = list(self.runner.ops)
 
@@ -243,8 +245,7 @@ class TrainerMon:
             return
         runner.hook(ctx.adapter)
         native.prepare()  # find or build the kernel before the first step rather than inside a hook
-        # the accelerator path's compiled pass, likewise, for the fields the configured ops read
-        fused_rows.prepare([p.param for p in ctx.params], fused_batch.fields_of_ops(runner.ops))
+        fused_batch.prepare_for([p.param for p in ctx.params], runner.ops)  # the accelerator path's, likewise
         threads.configure_threads()  # MSMON_STAT_THREADS / MSMON_NATIVE_THREADS as the job set them
         runner.build_collectors()
         runner.decide_recording()

@@ -213,3 +213,32 @@ def test_a_rank_outside_module_ranks_stops_with_print_struct_instead_of_hanging(
         assert stop.code == 0
     else:
         raise AssertionError("rank 0 kept training while the recording ranks stopped")
+
+
+def test_new_ops_have_their_compiled_kernels_before_the_next_step_not_inside_its_hooks(
+    tmp_path, output_dir, device_path, monkeypatch
+):
+    """On the accelerator path the compiled pass is built per field set; an edit of `ops` (a
+    reload, or the `ops` setter) builds the new set's kernels between steps."""
+    from msmon.stats import fused_batch, fused_rows
+
+    monkeypatch.delenv(fused_rows.ENV, raising=False)
+    monkeypatch.setattr(fused_rows, "KERNELS_PER_CALL", {})
+    path = tmp_path / "monitor.json"
+    write_config(path, {"wg_distribution": True, "format": "csv", "ops": ["norm"]}, 1_000_000_000)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    mon = TrainerMon(str(path))
+    mon.set_monitor(model, optimizer, grad_acc_steps=1)
+
+    def built(ops: list[str]) -> bool:
+        return (torch.float32, "cpu", False, fused_batch.fields_of_ops(ops)) in fused_rows.KERNELS_PER_CALL
+
+    train_steps(model, optimizer, 1)
+    assert built(["norm"]) and not built(["norm", "max"])
+    write_config(path, {"wg_distribution": True, "format": "csv", "ops": ["norm", "max"]}, 2_000_000_000)
+    train_steps(model, optimizer, 1)  # picked up at this step's end
+    assert built(["norm", "max"])
+    mon.ops = ["zeros"]
+    assert built(["zeros"])
+    mon.close()

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import MonitorConfig
+from ..stats import fused_batch
 from ..system.stop import StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
 from . import selection
 from .nan_stop import NanStop
@@ -222,5 +223,6 @@ class StepRunner:
             ctx.grad_acc_steps = ctx.grad_acc_steps if new.grad_acc_steps is None else new.grad_acc_steps
         self.window.reconfigure(old, new, ctx.step)
         ctx.params = selection.monitored_params(new, ctx.models, ctx.adapter, ctx.rank)
+        fused_batch.prepare_for([mp.param for mp in ctx.params], self.ops)  # new ops: their kernels now
         self.rebuild_collectors()
         logger.info("msmon[rank %d]: config reloaded at step %d", ctx.rank, ctx.step)

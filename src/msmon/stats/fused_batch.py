@@ -52,6 +52,12 @@ def fields_of_ops(ops: Sequence[str]) -> tuple[str, ...]:
     return fields_for(_plan(tuple(ops)).op_fields)
 
 
+def prepare_for(tensors: list[torch.Tensor], ops: Sequence[str]) -> None:
+    """Compile (or load) the pass for these tensors and the fields `ops` read now, between steps
+    (at attach, when the ops change), not on first use inside a hook: a compile takes seconds."""
+    fused_rows.prepare(tensors, fields_of_ops(ops))
+
+
 @functools.lru_cache(maxsize=512)
 def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
     return _to_device(torch.tensor(values, dtype=torch.long), device)
