@@ -19,13 +19,10 @@ not follow.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
-from ...system.distributed import current_rank
 from ..core.patching import wrap_method
-
-logger = logging.getLogger("msmon")
+from ..core.reduction_seam import stop_following
 
 # the optimizers of stage 0 whose gradients the engine reduces in `.grad` (a torch optimizer, or
 # FP16_UnfusedOptimizer over the bit16 parameters); BF16_Optimizer reduces its own buffers
@@ -70,13 +67,7 @@ def whole_gradient_reduction(
         try:
             state["reducing"] = _reduces_now(engine)
         except Exception as exc:  # an engine of another layout: the agreement is off, training goes on
-            state["failed"] = True
-            logger.warning(
-                "msmon[rank %d]: cannot tell when DeepSpeed reduces gradients (%r); grad_agreement is "
-                "not recorded from now on (said once)",
-                current_rank(),
-                exc,
-            )
+            stop_following(state, "tell when DeepSpeed reduces gradients", exc)
             return
         if state["reducing"]:
             before(None)

@@ -15,15 +15,12 @@ a sharded unit keeps only its shard of the reduced gradient.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 import torch
 
-from ...system.distributed import current_rank
+from ..core.reduction_seam import stop_following
 from .seams import removal_of, unsharded_views
-
-logger = logging.getLogger("msmon")
 
 
 def _units(models: list[Any]) -> list[Any]:
@@ -71,13 +68,7 @@ def whole_gradient_reduction(
                     return  # no_sync(): no reduction follows
                 pairs = list(zip(_originals, unsharded_views(flat, grad)))
             except Exception as exc:  # an FSDP of another layout: the agreement is off, training goes on
-                queued["failed"] = True
-                logger.warning(
-                    "msmon[rank %d]: cannot read FSDP's flat gradient (%r); grad_agreement is not recorded "
-                    "from now on (said once)",
-                    current_rank(),
-                    exc,
-                )
+                stop_following(queued, "read FSDP's flat gradient", exc)
                 return
             before(pairs)
             task = torch._C._current_graph_task_id()
