@@ -23,7 +23,7 @@ from . import fused_rows
 from .block_rows import SKIP, BlockRows, block_rows
 from .flat_layout import Chunk
 from .fused_rows import BLOCK, FIELDS
-from .inputs import RESULT_DTYPE, _to_device
+from .inputs import RESULT_DTYPE, _to_device, indices_on_device
 from .plan import _plan
 
 _MAXED = ("max", "negmax")  # combined by a max; every other field by a sum
@@ -59,11 +59,6 @@ def prepare_for(tensors: list[torch.Tensor], ops: Sequence[str]) -> None:
 
 
 @functools.lru_cache(maxsize=512)
-def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    return _to_device(torch.tensor(values, dtype=torch.long), device)
-
-
-@functools.lru_cache(maxsize=512)
 def _bounds(rows: BlockRows, device: torch.device) -> torch.Tensor:
     """[rows, 2] columns [lo, hi) of each boundary row, on the device once per layout."""
     return _to_device(torch.tensor(list(zip(rows.boundary_lo, rows.boundary_hi)), dtype=torch.long), device)
@@ -74,7 +69,7 @@ def _gathered(rows: BlockRows, device: torch.device) -> torch.Tensor | None:
     """The view's blocks the boundary matrix copies (the padded tail aside), on the device once
     per layout; None when it copies none."""
     blocks = tuple(b for b in rows.boundary_blocks if b < rows.view_rows)
-    return _on_device(blocks, device) if blocks else None
+    return indices_on_device(blocks, device) if blocks else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -99,7 +94,7 @@ def _tensor_order(
                 by_tensor[tensor].append(position)
             position += 1
     positions = tuple(p for rows in by_tensor for p in rows)
-    return _on_device(positions, device), _on_device(tuple(len(rows) for rows in by_tensor), device)
+    return indices_on_device(positions, device), indices_on_device(tuple(len(rows) for rows in by_tensor), device)
 
 
 def _tail_in_place(x: torch.Tensor) -> bool:

@@ -70,3 +70,10 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if device.type == "cpu":
         return t
     return t.pin_memory().to(device, non_blocking=True)
+
+
+@functools.lru_cache(maxsize=512)
+def indices_on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A host-known index or length list on the device, built once per layout (cached: no copy
+    to the device in a repeated step)."""
+    return _to_device(torch.tensor(values, dtype=torch.long), device)

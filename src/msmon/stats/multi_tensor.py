@@ -34,7 +34,6 @@ read in place. Ops with their own reduction (op.compute) are computed tensor by 
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 
@@ -42,7 +41,7 @@ import torch
 
 from . import fused_batch, fused_rows
 from .flat_layout import CHUNK, GAP, Chunk, chunks_of
-from .inputs import RESULT_DTYPE, _accumulate_dtype, _to_device
+from .inputs import RESULT_DTYPE, _accumulate_dtype, indices_on_device
 from .plan import _Plan
 
 # the per-piece values stacked per chunk, in this order (those the plan needs)
@@ -79,13 +78,6 @@ def _stream(device: torch.device) -> object:
 
 
 _scratch = _Scratch()
-
-
-@functools.lru_cache(maxsize=256)
-def _on_device(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """A host-known index or length list on the device, built once per layout (cached: no copy
-    to the device in a repeated step)."""
-    return _to_device(torch.tensor(values, dtype=torch.long), device)
 
 
 def _needs(plan: _Plan) -> tuple[str, ...]:
@@ -135,9 +127,9 @@ def _chunk_values(chunk: Chunk, x: torch.Tensor, needs: tuple[str, ...], thresho
 def _chunk_sums(chunk: Chunk, x: torch.Tensor) -> torch.Tensor:
     """Per-piece sums of one chunk (gaps dropped), in x's dtype."""
     lengths = tuple(length for _, length in chunk.pieces)
-    sums = torch.segment_reduce(x, "sum", lengths=_on_device(lengths, x.device))
+    sums = torch.segment_reduce(x, "sum", lengths=indices_on_device(lengths, x.device))
     kept = tuple(i for i, (row, _) in enumerate(chunk.pieces) if row != GAP)
-    return sums if len(kept) == len(lengths) else sums.index_select(0, _on_device(kept, x.device))
+    return sums if len(kept) == len(lengths) else sums.index_select(0, indices_on_device(kept, x.device))
 
 
 def _read(chunk: Chunk, acc: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -169,7 +161,7 @@ def batch_columns(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torc
         columns[name] = torch.stack([compute(ts[row], acc) for row in order]).to(RESULT_DTYPE)
     rows = torch.stack([columns[f] for f in plan.op_fields], dim=1)
     if order != tuple(range(len(ts))):
-        rows = rows.index_select(0, _on_device(_inverse(order), device))
+        rows = rows.index_select(0, indices_on_device(_inverse(order), device))
     return rows
 
 
@@ -235,7 +227,7 @@ def _combine(
     """Each tensor's fields (float64 columns, in computed order) from its pieces' values."""
     counts = tuple(_run_lengths(rows_of_pieces))
     split = len(counts) != len(rows_of_pieces)  # some tensor has several pieces
-    lengths = _on_device(counts, device) if split else None
+    lengths = indices_on_device(counts, device) if split else None
     out: dict[str, torch.Tensor] = {}
     if stacks:
         values = torch.cat(stacks, dim=1).to(RESULT_DTYPE) if len(stacks) > 1 else stacks[0].to(RESULT_DTYPE)
