@@ -210,6 +210,15 @@ def rank_dir(output_dir: Path, rank: int = 0) -> Path:
     return Path(dirs[-1])
 
 
+def assert_agreement_rows_are(rows: list[dict[str, str]], expected: list) -> None:
+    """grad_agreement's CSV rows are the script's own (cos, norm_ratio), step after step."""
+    got = {int(r["step"]): (float(r["cos"]), float(r["norm_ratio"])) for r in rows}
+    assert len(rows) == len(expected)
+    assert got == {
+        step: (pytest.approx(c, rel=1e-6, abs=1e-9), pytest.approx(n, rel=1e-6)) for step, (c, n) in enumerate(expected)
+    }
+
+
 def read_csv_rows(directory: Path, category: str) -> list[dict[str, str]]:
     rows: list[dict[str, str]] = []
     for path in sorted(directory.glob(f"{category}_[0-9]*.csv")):

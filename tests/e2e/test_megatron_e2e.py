@@ -21,7 +21,7 @@ from test_deepspeed_e2e import (
     assert_loss_rows_are_the_scripts_losses,
 )
 
-from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows
+from conftest import ALL_OPS, ROOT, assert_agreement_rows_are, rank_dir, read_csv_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -97,13 +97,7 @@ def test_loss_rows_are_each_ranks_micro_step_losses_and_grad_agreement_where_a_r
     assert "grad_agreement is not recorded" not in proc.stderr
     for rank, directory in directories.items():
         expected = [s["agreement"] for s in json.loads((work / f"truth_rank{rank}.json").read_text())["steps"]]
-        rows = read_csv_rows(directory, "grad_agreement")
-        got = {int(r["step"]): (float(r["cos"]), float(r["norm_ratio"])) for r in rows}
-        assert len(rows) == len(expected)
-        assert got == {
-            step: (pytest.approx(c, rel=1e-6, abs=1e-9), pytest.approx(n, rel=1e-6))
-            for step, (c, n) in enumerate(expected)
-        }
+        assert_agreement_rows_are(read_csv_rows(directory, "grad_agreement"), expected)
 
 
 def test_every_statistic_equals_the_whole_tensors_megatron_holds(megatron_job):
