@@ -51,7 +51,7 @@ def _timed(part: Callable[[], object], flush: Callable[[], None] | None, repeats
 def measure(model_name: str, repeats: int, cold: bool, paired: int = 0) -> dict[str, Any]:
     from workloads import MODELS
 
-    from msmon.collectors.grad_agreement import LocalCopies, _square_sum, of_pairs
+    from msmon.collectors.grads.agreement import LocalCopies, _square_sum, of_pairs
     from msmon.stats import device_path
 
     torch.set_num_threads(1)

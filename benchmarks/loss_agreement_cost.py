@@ -43,7 +43,7 @@ CHOICES = ("wg", "wg+loss", "wg+agreement")
 
 def grad_collector(monitor: Any) -> Any:
     """The monitor's gradient collector (the one that records the agreement)."""
-    from msmon.collectors.grads import GradCollector
+    from msmon.collectors.grads.collector import GradCollector
 
     return next(c for c in monitor.runner.built.collectors if isinstance(c, GradCollector))
 

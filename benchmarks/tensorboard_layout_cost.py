@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from msmon.output.records import RowKey, StepRecord
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
+from msmon.records.rows import RowKey, StepRecord
 
 CATEGORIES = ("actv", "actv_grad", "grad_unreduced", "grad_reduced", "param_origin", "param_updated")
 CATEGORIES += ("exp_avg", "exp_avg_sq", "update", "ratio")

@@ -269,7 +269,7 @@ def world_of_one():
     import torch.distributed as dist
 
     from msmon.hooks import torch_distributed
-    from msmon.hooks.core import collective_listeners as cc
+    from msmon.seams import collective_listeners as cc
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -19,14 +19,10 @@ import torch
 from .collectors import registry
 from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
-from .collectors.grads import GradCollector
+from .collectors.grads.collector import GradCollector
 from .collectors.l2_features.targets import resolve_targets
 from .collectors.structure import STRUCT, StructCollector
 from .config import ConfigError, MonitorConfig, load_config, parse_ops
-from .hooks.core.adapter_choice import adapter_for
-from .hooks.core.adapters import hold_weakly
-from .hooks.core.pipeline import pipeline_position
-from .hooks.core.registry import frameworks
 from .output.directory import ensure_writable, output_base_dir
 from .output.rank_output import RankOutput, report_cost
 from .output.sinks import check_formats
@@ -37,6 +33,10 @@ from .runtime.reload import ConfigReload
 from .runtime.shards import ShardCombiner
 from .runtime.step import Built, StepRunner
 from .runtime.step_context import StepContext
+from .seams.adapter_choice import adapter_for
+from .seams.adapters import hold_weakly
+from .seams.pipeline import pipeline_position
+from .seams.registry import frameworks
 from .stats import fused_batch, native, threads
 from .system import lifecycle
 from .system.distributed import current_rank

@@ -157,7 +157,7 @@ def test_the_exchange_is_not_counted_as_the_trainings_communication():
     replica check's own all_gather goes around that wrapper."""
     from msmon.collectors.replica_check.group import exchange, own_group
     from msmon.hooks import torch_distributed
-    from msmon.hooks.core import collective_listeners as cc
+    from msmon.seams import collective_listeners as cc
 
     seen = []
 

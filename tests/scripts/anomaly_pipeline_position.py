@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from msmon import TrainerMon
-from msmon.hooks.core.pipeline import pipeline_position
+from msmon.seams.pipeline import pipeline_position
 
 out = sys.argv[1]
 dist.init_process_group("gloo")

@@ -25,7 +25,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import MLP  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
-from msmon.collectors.grads import GradCollector  # noqa: E402
+from msmon.collectors.grads.collector import GradCollector  # noqa: E402
 
 NAN_RANK = 1
 

@@ -52,7 +52,7 @@ def test_no_import_cycle_runs_through_a_collector():
 def test_collectors_import_nothing_above_them():
     """The msmon package itself counts as above (it is the api's facade). The comm collector
     listens to the collectives through the listener API in the hooks' core
-    (hooks/core/collective_listeners.py), never through the torch_distributed instrumentor."""
+    (seams/collective_listeners.py), never through the torch_distributed instrumentor."""
     graph = _import_graph()
     upward = {
         name.removeprefix("msmon.collectors."): sorted(

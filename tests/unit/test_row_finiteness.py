@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from msmon.output.records import RowKey
+from msmon.records.rows import RowKey
 from msmon.runtime.buffer import StepBuffer
 from msmon.runtime.row_finiteness import RowFiniteness, row_finiteness
 from msmon.stats import native

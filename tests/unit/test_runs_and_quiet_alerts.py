@@ -1,4 +1,4 @@
-"""Runs kept apart (output/runs.py), repeated alerts logged once per rule and tensor, `msmon
+"""Runs kept apart (records/runs.py), repeated alerts logged once per rule and tensor, `msmon
 analyse` on a run without anomalies, `alert.on_nan` in the config, and the end-of-job lines."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from msmon import TrainerMon
 from msmon.config import ConfigError, parse_config
 from msmon.launcher.cli import main
 from msmon.launcher.run_summary import summary_lines
-from msmon.output.runs import ALL_RUNS, NO_RUN, RunChoiceError, choose_run, group_runs, of_run, write_run_file
+from msmon.records.runs import ALL_RUNS, NO_RUN, RunChoiceError, choose_run, group_runs, of_run, write_run_file
 
 
 def _rank_dir(root, name: str, rank: int, run_id: str | None) -> str:

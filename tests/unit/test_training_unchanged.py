@@ -14,7 +14,7 @@ import pytest
 import torch
 from tiny_gpt import TinyGPT, lm_loss, synthetic_batch
 
-import msmon.collectors.grads as grads_module
+import msmon.collectors.grads.collector as grads_module
 from conftest import ALL_OPS, ROOT, rank_dir, read_csv_rows
 from msmon import TrainerMon
 

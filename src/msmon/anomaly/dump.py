@@ -16,9 +16,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ..output.layout import DUMP_DIR, DUMP_FILE
-from ..output.records import RowKey, StepRecord
-from ..output.runs import current_run_id
+from ..records.layout import DUMP_DIR, DUMP_FILE
+from ..records.rows import RowKey, StepRecord
+from ..records.runs import current_run_id
 from .event import FIELDS, STAGES, json_number
 from .rules import Alert
 
@@ -41,7 +41,7 @@ class AnomalyDumpWriter:
         self.group_mates = list(group_mates)
         self._lock = threading.Lock()
         self._tail_checked = False
-        self.run_id = current_run_id()  # each record says which run wrote it (output/runs.py)
+        self.run_id = current_run_id()  # each record says which run wrote it (records/runs.py)
 
     def record(self, step: int, alert: Alert) -> dict[str, Any]:
         """The dump record of one alert (what a line of anomaly.jsonl holds)."""

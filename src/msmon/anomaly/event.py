@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..output.records import BACKWARD, FORWARD, OPTIMIZER
+from ..records.rows import BACKWARD, FORWARD, OPTIMIZER
 
 NAN_ORIGIN_RULE = "NanOrigin"  # records written by the first-non-finite-origin detector
 REPLICA_RULE = "ReplicaMismatch"  # records of the replica check (collectors/replica_check.py)

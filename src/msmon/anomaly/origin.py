@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..output.records import LOSS, RowKey
+from ..records.rows import LOSS, RowKey
 
 _AFTER_BACKWARD = 1 << 30  # weight gradients: after every micro-step's flags
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import AlertRuleConfig
-from ..output.records import RowKey
+from ..records.rows import RowKey
 from ..stats.ops import COUNT_OPS, MAGNITUDE_OPS
 from .event import RANK_OUTLIER_RULE
 

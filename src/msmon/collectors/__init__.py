@@ -9,7 +9,8 @@ Importing a collector's module registers it (collectors.registry); every one is 
 from . import comm, stack_info  # noqa: F401  (registration)
 from .activations import ActivationCollector, MicroStepTracker
 from .base import Collector, MonitoredParam
-from .grads import GradCollector
+from .grads.collector import GradCollector
+from .grads.sync import SyncGradCollector
 from .l2_features.collector import L2FeatureCollector
 from .loss import LossCollector
 from .nan_origin.collector import NanOriginCollector
@@ -18,7 +19,6 @@ from .params import ParamCollector
 from .rank_outlier import collector as rank_outlier_collector  # noqa: F401  (registration)
 from .replica_check import collector as replica_check_collector  # noqa: F401  (registration)
 from .structure import StructCollector
-from .sync_grads import SyncGradCollector
 
 __all__ = [
     "Collector",

@@ -30,13 +30,13 @@ from typing import Any
 import torch
 
 from ..config import TensorSpec
-from ..hooks.core import guest_hooks
-from ..output.records import RowKey, row_key
+from ..records.rows import RowKey, row_key
 from ..runtime.buffer import RowGroup
 from ..runtime.collective_flush import FlushBeforeCollectives
 from ..runtime.hook_batch import PendingRow, batches
 from ..runtime.selection import xy_targets
 from ..runtime.step_context import StepContext
+from ..seams import guest_hooks
 from ..stats import fused_rows
 from ..stats.engine import tensor_stats
 from ..system.distributed import several_processes

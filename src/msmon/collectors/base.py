@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..hooks.core.guest_hooks import is_compiling, transform_running
 from ..runtime.selection import MonitoredParam
+from ..seams.guest_hooks import is_compiling, transform_running
 
 if TYPE_CHECKING:
     from ..runtime.step_context import StepContext

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..hooks.core import collective_listeners as cc
-from ..hooks.core import guest_hooks
-from ..hooks.core.collective_calls import CallSite, CollectiveCall
-from ..output.records import BACKWARD, FORWARD, OPTIMIZER, RowKey, format_tag
+from ..records.rows import BACKWARD, FORWARD, OPTIMIZER, RowKey, format_tag
 from ..runtime.step_context import StepContext
+from ..seams import collective_listeners as cc
+from ..seams import guest_hooks
+from ..seams.collective_calls import CallSite, CollectiveCall
 from ..stats.combine import combine_rows
 from ..stats.engine import batch_stats
 from ..stats.inputs import local_tensor

@@ -1,7 +1,7 @@
 """The loss of each micro-step (`loss_distribution`), with no change to the script.
 
 Every backward pass starts from a scalar: the loss. While this collector is attached, the
-backward calls are watched (hooks/core/backward_calls.py) and each one that starts from a
+backward calls are watched (seams/backward_calls.py) and each one that starts from a
 single floating-point element is one micro-step's loss, numbered in call order within the
 step: a row of category `loss` (column `value`, `loss_*.csv`, the TensorBoard scalar
 `0:loss:{micro}/rank{r}/loss_value`, the rows AnomalyRankOutlier reads its loss from) and an
@@ -26,9 +26,9 @@ import sys
 
 import torch
 
-from ..hooks.core import backward_calls
-from ..output.records import RowKey
+from ..records.rows import RowKey
 from ..runtime.step_context import StepContext
+from ..seams import backward_calls
 from .base import READS_NOTHING, Collector
 from .registry import register
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..config import MonitorConfig
-from ..hooks.core import guest_hooks
-from ..hooks.core.adapters import in_closure_reevaluation
 from ..runtime.step_context import StepContext
+from ..seams import guest_hooks
+from ..seams.adapters import in_closure_reevaluation
 from .base import Collector
 from .l2_features.targets import l2_enabled
 from .module_io import in_backward, select

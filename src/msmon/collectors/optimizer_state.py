@@ -24,10 +24,10 @@ import logging
 
 import torch
 
-from ..hooks.core.adapters import Shard
-from ..output.records import OPTIMIZER, DirectionKey, RowKey, format_tag, row_key
+from ..records.rows import OPTIMIZER, DirectionKey, RowKey, format_tag, row_key
 from ..runtime.buffer import Histogram
 from ..runtime.step_context import StepContext
+from ..seams.adapters import Shard
 from ..stats.engine import batch_stats
 from ..stats.inputs import _to_device, local_tensor
 from ..stats.scalar import scalar_rows

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..output.records import row_key
+from ..records.rows import row_key
 from ..runtime.step_context import StepContext
 from ..stats.engine import batch_stats
 from ..stats.inputs import local_tensor

@@ -22,9 +22,9 @@ from types import FrameType
 
 import torch
 
-from ..hooks.core import guest_hooks
 from ..output.artifacts import write_artifact
 from ..runtime.step_context import StepContext
+from ..seams import guest_hooks
 from .base import Collector
 from .registry import register
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ..hooks.core import guest_hooks
 from ..output.artifacts import write_artifact
 from ..runtime.step_context import StepContext
+from ..seams import guest_hooks
 from .base import Collector
 from .module_io import describe, in_backward, iter_tensors, structure_of
 from .registry import register

@@ -3,11 +3,11 @@ mentions it, and holding everything msmon knows about that library.
 
 A package `hooks/<name>/` exports, in its light `__init__.py` (it never imports its library;
 heavy parts are imported when first used), one typed `Framework` as `FRAMEWORK`
-(hooks/core/spec.py): how to switch it on and off, the versions it supports, and, where the
+(seams/spec.py): how to switch it on and off, the versions it supports, and, where the
 library has them, the adapter of its optimizers, its optimizer classes, msprobe's opt_ty names,
 its parallel groups, its pipeline position, the replica check's exceptions, the import that
 switches it on and its place in the order frameworks are asked. The registry
-(hooks/core/registry.py) finds the packages in this folder and puts them in that order.
+(seams/registry.py) finds the packages in this folder and puts them in that order.
 
 `enable(session)` registers a post-import hook (wrapt) on the module each spec names, so an
 instrumentor is switched on only when the training script imports its library, right away if
@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NoReturn
 
 from ..config import MonitorConfig, load_config
+from ..seams import registry
+from ..seams.spec import Framework
+from ..seams.versions import warn_if_unsupported
 from ..system.distributed import current_rank
-from .core import registry
-from .core.spec import Framework
-from .core.versions import warn_if_unsupported
 from .monitor_factory import AttachedMonitor, MonitorFactory
 
 logger = logging.getLogger("msmon")

@@ -12,11 +12,11 @@ from typing import Any
 
 from ..config import ConfigError
 from ..runtime.naming import model_chunks
+from ..seams.module_attrs import stored
+from ..seams.pipeline import pipeline_position
 from ..system.distributed import current_rank
 from . import Session, torch_optim
 from .attach import start_monitor, targets_error
-from .core.module_attrs import stored
-from .core.pipeline import pipeline_position
 from .monitor_factory import AttachedMonitor
 
 logger = logging.getLogger("msmon")

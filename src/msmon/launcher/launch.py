@@ -14,7 +14,7 @@ import click
 
 from ..config import ConfigError
 from ..output.directory import ensure_writable, output_base_dir
-from ..output.runs import new_run_id
+from ..records.runs import new_run_id
 from . import run_summary
 from .bootstrap import job_directory
 from .job_command_line import JobCommand, UsageError, parse, sitecustomize_disabled_by

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from ..output.directory import describe_stopped
-from ..output.layout import DUMP_DIR, SUMMARY_FILE
+from ..records.layout import DUMP_DIR, SUMMARY_FILE
 from ..runtime.cost import describe
 from .bootstrap.boot import WORKERS_DIR
 

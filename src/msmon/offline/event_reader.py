@@ -16,7 +16,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from ..output.tfrecord import masked_crc32c_function
+from ..records.tfrecord import masked_crc32c_function
 
 _HEADER = 12  # uint64 length, uint32 masked CRC32C of those 8 bytes
 _FOOTER = 4  # uint32 masked CRC32C of the data

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.origin import Origin, find_origin
 from ..anomaly.rules import Alert, RuleEngine
+from ..records.rows import RowKey, StepRecord
 from .handoff import StepConsumer
-from .records import RowKey, StepRecord
 from .sinks.base import naming
 
 if TYPE_CHECKING:

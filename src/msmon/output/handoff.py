@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .records import StepRecord
+from ..records.rows import StepRecord
 
 if TYPE_CHECKING:  # the host copy's type only: the writer never builds one
     from ..runtime.transfer import HostBatch

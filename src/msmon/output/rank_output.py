@@ -16,14 +16,14 @@ from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.rules import RuleEngine, build_rules
 from ..config import MonitorConfig
 from ..config.resolved import resolved
+from ..records.layout import CONFIG_FILE, SUMMARY_FILE, rank_dir_name
+from ..records.runs import current_run_id, write_run_file
 from ..system.environment import ENV_BOOTSTRAP_DIR
 from ..system.thread_priority import writer_nice
 from . import resume
 from .alerts import AlertConsumer
 from .directory import stopped_line, stopped_output
 from .handoff import StepConsumer
-from .layout import CONFIG_FILE, SUMMARY_FILE, rank_dir_name
-from .runs import current_run_id, write_run_file
 from .sinks import build_sinks
 from .sinks.api_sink import ApiSink
 from .writer import BackgroundWriter

@@ -33,7 +33,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..config.time_range import TIME_FORMAT, parse_time
-from .layout import CSV_FILE, RANK_DIR, rank_dir_name
+from ..records.layout import CSV_FILE, RANK_DIR, rank_dir_name
 
 logger = logging.getLogger("msmon")
 

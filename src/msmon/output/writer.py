@@ -17,11 +17,11 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
+from ..records.rows import StepRecord
 from ..system.thread_priority import lower_this_threads_priority
 from ..system.torch_threads import torch_on_this_thread_only
 from .directory import stopped_line, stopped_output
 from .handoff import StepConsumer
-from .records import StepRecord
 from .sinks.base import Sink
 from .sinks.feature_rows import split_features
 

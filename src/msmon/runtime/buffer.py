@@ -1,6 +1,6 @@
 """The per-step buffer that keeps a step's rows on the device until one copy at its end.
 
-A row is one tensor's statistics; its key says which tensor (msmon.output.records.RowKey). Rows
+A row is one tensor's statistics; its key says which tensor (msmon.records.rows.RowKey). Rows
 are appended in execution order, so a row's index within its step is its call_id. A row may
 be pending (msmon.runtime.hook_batch: its tensor was noted in a hook and is read with others at
 the next batch point): it holds its place, and a pending row that was lost (its tensor changed
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..output.records import RowKey
+from ..records.rows import RowKey
 from .hook_batch import PendingRow, resolved
 from .row_finiteness import RowFiniteness
 

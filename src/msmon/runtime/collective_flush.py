@@ -5,7 +5,7 @@ A collective writes its result into the caller's tensors without moving their ve
 same storage) cannot see it: Megatron's reduce-from-tensor-parallel-region all-reduces a tensor
 in place, and in backward its copy-to region all-reduces an incoming gradient in place. While
 tensors are noted (msmon.runtime.hook_batch), this listener of the wrapped collectives
-(msmon.hooks.core.collective_listeners) reads the batch before any collective whose tensors share
+(msmon.seams.collective_listeners) reads the batch before any collective whose tensors share
 storage with a noted one, so each row is of the value its hook saw, and forgets the rows kept for
 those tensors (msmon.runtime.tensor_memo), so that a hook meeting the same tensor object after the
 collective (a gradient reduced in place and handed on) reads the new value. Held only where batching
@@ -14,8 +14,8 @@ runs and more than one process is in the job: on a single process nothing is wra
 
 from __future__ import annotations
 
-from ..hooks.core import collective_listeners as cc
-from ..hooks.core.collective_calls import CollectiveCall
+from ..seams import collective_listeners as cc
+from ..seams.collective_calls import CollectiveCall
 from .hook_batch import HookBatch
 
 

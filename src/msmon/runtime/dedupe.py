@@ -29,7 +29,7 @@ import torch.distributed as dist
 from ..system.distributed import current_rank, is_initialized
 
 if TYPE_CHECKING:
-    from ..hooks.core.spec import Framework
+    from ..seams.spec import Framework
     from .step_context import StepContext
 
 logger = logging.getLogger("msmon")

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from ..hooks.core.guest_hooks import is_compiling, transform_running
-from ..output.records import RowKey
+from ..records.rows import RowKey
+from ..seams.guest_hooks import is_compiling, transform_running
 from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:

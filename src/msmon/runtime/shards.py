@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ..hooks.core.adapters import Shard
-from ..output.records import RowKey, row_key
+from ..records.rows import RowKey, row_key
+from ..seams.adapters import Shard
 from ..stats.combine import combine_gathered
 from ..stats.engine import batch_stats
 from ..stats.scalar import scalar_rows

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from ..anomaly.dump import AnomalyDumpWriter
     from ..collectors.activations import MicroStepTracker
     from ..collectors.base import Collector, MonitoredParam
-    from ..hooks.core.spec import Framework
     from ..output.handoff import StepConsumer
+    from ..seams.spec import Framework
 
 logger = logging.getLogger("msmon")
 

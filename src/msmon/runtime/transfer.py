@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..output.records import RowKey
+from ..records.rows import RowKey
 from .buffer import Histogram
 
 

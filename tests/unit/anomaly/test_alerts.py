@@ -12,7 +12,7 @@ from conftest import ROOT
 from msmon import TrainerMon
 from msmon.anomaly.rules import EMA_ALPHA, WARMUP, AnomalyNan, AnomalyTurbulence, RuleEngine, build_rules
 from msmon.config import parse_config
-from msmon.output.records import RowKey
+from msmon.records.rows import RowKey
 
 OPS = ["norm", "min", "max", "mean", "nans", "infs"]
 GRAD = RowKey("grad_reduced", "fc1.weight")

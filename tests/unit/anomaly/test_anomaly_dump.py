@@ -15,7 +15,7 @@ from conftest import MLP, ROOT
 from msmon import TrainerMon
 from msmon.anomaly.dump import FIELDS, AnomalyDumpWriter, dump_path
 from msmon.anomaly.rules import Alert
-from msmon.output.records import RowKey, StepRecord
+from msmon.records.rows import RowKey, StepRecord
 
 
 def read_records(path) -> list[dict]:

@@ -17,7 +17,7 @@ from msmon.config import ConfigError, parse_config
 from msmon.offline.analyse.events import AnomalyEvent
 from msmon.offline.analyse.kind import fault_kind
 from msmon.offline.analyse.verdict import order_events, verdict
-from msmon.output.records import RowKey, StepRecord
+from msmon.records.rows import RowKey, StepRecord
 
 
 # -- the spread ------------------------------------------------------------------------------------

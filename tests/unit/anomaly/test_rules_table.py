@@ -10,7 +10,7 @@ import random
 import torch
 
 from msmon.anomaly.rules import EMA_ALPHA, WARMUP, AnomalyNan, AnomalyTurbulence, RuleEngine
-from msmon.output.records import RowKey
+from msmon.records.rows import RowKey
 
 OPS = ["norm", "min", "max", "mean", "zeros", "nans", "infs"]
 

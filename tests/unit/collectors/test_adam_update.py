@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from msmon.collectors.adam_update import updates_and_ratios
-from msmon.hooks.core.adapters import Moments
+from msmon.seams.adapters import Moments
 
 
 def per_parameter(m: torch.Tensor, v: torch.Tensor, beta1: float, beta2: float, eps: float, step: float):

@@ -18,8 +18,8 @@ from conftest import MLP, rank_dir, read_csv_rows
 from msmon import TrainerMon
 from msmon.collectors.comm import CodelineFilter
 from msmon.hooks import torch_distributed
-from msmon.hooks.core import collective_listeners as cc
-from msmon.hooks.core.collective_calls import COLLECTIVES, CallSite, CollectiveCall
+from msmon.seams import collective_listeners as cc
+from msmon.seams.collective_calls import COLLECTIVES, CallSite, CollectiveCall
 
 c10d = dist.distributed_c10d
 

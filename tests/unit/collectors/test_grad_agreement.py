@@ -10,7 +10,7 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, train_steps
 from msmon import TrainerMon
-from msmon.collectors.grad_agreement import LocalCopies, agreement, of_pairs
+from msmon.collectors.grads.agreement import LocalCopies, agreement, of_pairs
 from msmon.config import parse_config
 
 

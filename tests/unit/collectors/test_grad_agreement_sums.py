@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from msmon.collectors import grad_agreement
-from msmon.collectors.grad_agreement import LocalCopies, _dots_and_squares, agreement, of_pairs
+from msmon.collectors.grads import agreement as grad_agreement
+from msmon.collectors.grads.agreement import LocalCopies, _dots_and_squares, agreement, of_pairs
 
 SHAPES = [(32, 8), (32,), (5, 32), (7,), (1,)]
 

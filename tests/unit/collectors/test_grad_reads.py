@@ -10,7 +10,7 @@ import torch
 
 from conftest import MLP, reference_stats
 from msmon import TrainerMon
-from msmon.collectors.grads import GradCollector
+from msmon.collectors.grads.collector import GradCollector
 
 
 def grad_collector(mon: TrainerMon) -> GradCollector:

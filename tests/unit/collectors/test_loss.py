@@ -152,7 +152,7 @@ class Engine:
 
 
 def test_a_frameworks_declared_scaler_and_entry_point_give_the_unscaled_loss_and_nothing_else():
-    from msmon.hooks.core import backward_calls
+    from msmon.seams import backward_calls
 
     scaling = backward_calls.LossScaling(
         scalers=(backward_calls.Scaler(HalfPrecisionScaler, "scale_loss", lambda s: s.scale),),

@@ -12,7 +12,7 @@ from conftest import MLP
 from msmon import TrainerMon
 from msmon.anomaly.origin import find_origin
 from msmon.collectors.nan_origin import collector as nan_origin
-from msmon.output.records import RowKey
+from msmon.records.rows import RowKey
 
 # How the flags are told: by reading each tensor (the origin alone), or by the rows the
 # activation collector took of the same tensors (all_xy), from min/max or from NaN/Inf counts;

@@ -14,7 +14,7 @@ from conftest import MLP
 from msmon import TrainerMon
 from msmon.collectors.rank_outlier.collector import OutlierState, StatisticsConsumer
 from msmon.collectors.rank_outlier.statistics import RankStatistics, mean_loss
-from msmon.output.records import RowKey
+from msmon.records.rows import RowKey
 
 
 def test_the_loss_is_the_mean_of_the_steps_loss_rows_and_absent_without_them():

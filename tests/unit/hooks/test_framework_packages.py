@@ -16,14 +16,14 @@ import torch
 from conftest import MLP
 from msmon import TrainerMon, hooks
 from msmon.config import ConfigError
-from msmon.hooks.core import adapter_choice, registry, versions
-from msmon.hooks.core.spec import Framework
+from msmon.seams import adapter_choice, registry, versions
+from msmon.seams.spec import Framework
 
 
-def test_every_package_in_the_hooks_folder_but_core_exports_a_framework_spec_named_as_its_folder():
+def test_every_package_in_the_hooks_folder_exports_a_framework_spec_named_as_its_folder():
     folders = sorted(p.name for p in Path(hooks.__file__).parent.iterdir() if (p / "__init__.py").is_file())
     specs = registry.frameworks()
-    assert sorted(spec.name for spec in specs) == [name for name in folders if name != "core"]
+    assert sorted(spec.name for spec in specs) == folders
     for spec in specs:
         assert isinstance(spec, Framework), spec
         assert callable(spec.instrument) and callable(spec.uninstrument), spec.name
@@ -57,8 +57,8 @@ def test_the_installed_frameworks_are_inside_what_their_packages_support():
 
 def test_importing_the_packages_imports_no_framework():
     code = (
-        "import sys; from msmon.hooks.core import registry; registry.frameworks(); "
-        "import msmon.hooks.core.adapter_choice; "
+        "import sys; from msmon.seams import registry; registry.frameworks(); "
+        "import msmon.seams.adapter_choice; "
         "print(sorted(m for m in ('deepspeed', 'megatron.core', 'msmon.api') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -121,8 +121,8 @@ def _write_package(folder: Path, name: str, init: str) -> None:
 NEW_FRAMEWORK = """
     \"""A library msmon did not know: it fits any optimizer, and says when it is switched on.\"""
 
-    from ..core.adapters import OptimizerAdapter
-    from ..core.spec import Framework
+    from msmon.seams.adapters import OptimizerAdapter
+    from msmon.seams.spec import Framework
 
 
     class NewAdapter(OptimizerAdapter):
@@ -281,7 +281,7 @@ def test_a_version_outside_supported_warns_once_and_still_switches_on(write_conf
 
 
 def test_wrap_method_undo_removes_only_its_own_wrapper():
-    from msmon.hooks.core.patching import wrap_method
+    from msmon.seams.patching import wrap_method
 
     class Engine:
         def reduce(self, x):
@@ -297,7 +297,7 @@ def test_wrap_method_undo_removes_only_its_own_wrapper():
 def test_each_framework_entry_point_is_replaced_once_and_restored():
     """deepspeed.initialize, Accelerator.prepare and Megatron's builders: a second instrument
     (a post-import hook firing twice) must not wrap the wrapper."""
-    from msmon.hooks.core.patching import Replacements
+    from msmon.seams.patching import Replacements
 
     library = types.SimpleNamespace(build=lambda x: x + 1)
     original = library.build

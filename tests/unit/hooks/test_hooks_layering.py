@@ -1,7 +1,7 @@
 """The hooks' place in msmon's layers (issue 32): the instrumentors sit below the api, so the
 monitor they attach is built by a factory the layer above gives the Session (the launcher's
-in-job start-up gives the api's TrainerMon), and the hooks' core (spec, registry, adapters, the
-collective-call listener API) sits below the collectors and the runtime, so it imports no
+in-job start-up gives the api's TrainerMon), and the seams (spec, registry, adapters, the
+collective-call listener API: seams/) sit below the collectors and the runtime, so they import no
 instrumentor. Imports are read from the source: function-level imports included,
 TYPE_CHECKING blocks not."""
 
@@ -26,10 +26,8 @@ def _is_in(name: str, modules: tuple[str, ...]) -> bool:
 
 
 def _library_packages() -> tuple[str, ...]:
-    """msmon.hooks.<library>: one folder per instrumented library (not the core)."""
-    return tuple(
-        f"msmon.hooks.{p.name}" for p in sorted(HOOKS.iterdir()) if (p / "__init__.py").is_file() and p.name != "core"
-    )
+    """msmon.hooks.<library>: one folder per instrumented library."""
+    return tuple(f"msmon.hooks.{p.name}" for p in sorted(HOOKS.iterdir()) if (p / "__init__.py").is_file())
 
 
 def test_no_module_of_the_hooks_imports_the_api_it_sits_below():
@@ -40,19 +38,19 @@ def test_no_module_of_the_hooks_imports_the_api_it_sits_below():
     assert {name: modules for name, modules in upward.items() if modules} == {}
 
 
-def test_the_hooks_core_imports_no_instrumentor_and_no_library_package():
-    """Of msmon.hooks, the core imports only itself (not the Session's package either: the
-    instrumentors' shared state); nor anything else above it."""
+def test_the_seams_import_no_instrumentor_and_no_library_package():
+    """The seams import nothing of msmon.hooks (not the Session's package either: the
+    instrumentors' shared state); nor anything else above them."""
     libraries = _library_packages()
     assert {"msmon.hooks.torch_optim", "msmon.hooks.torch_distributed", "msmon.hooks.deepspeed"} <= set(libraries)
     above = (*INSTRUMENTORS, *libraries, "msmon.api", "msmon.launcher", "msmon.collectors")
 
     def is_above(name: str) -> bool:
-        return _is_in(name, above) or (name.startswith("msmon.hooks.") and not _is_in(name, ("msmon.hooks.core",)))
+        return _is_in(name, above) or name == "msmon.hooks" or name.startswith("msmon.hooks.")
 
     upward = {
         _module_name(path): sorted(m for m in _msmon_imports(path) if is_above(m))
-        for path in sorted((HOOKS / "core").rglob("*.py"))
+        for path in sorted((PACKAGE / "seams").rglob("*.py"))
     }
     assert {name: modules for name, modules in upward.items() if modules} == {}
 

@@ -14,7 +14,7 @@ import torch
 from conftest import MLP, ROOT
 from msmon import TrainerMon
 from msmon.config import ConfigError
-from msmon.hooks.core.adapter_choice import adapter_for
+from msmon.seams.adapter_choice import adapter_for
 
 sys.path.insert(0, str(ROOT / "tests" / "scripts"))
 import megatron_cpu  # noqa: E402  (imports megatron.core)

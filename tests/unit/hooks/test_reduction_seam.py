@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from msmon.hooks.core.reduction_seam import stop_following
+from msmon.seams.reduction_seam import stop_following
 
 
 def test_a_seam_that_cannot_read_its_framework_stops_and_says_why(caplog):

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from msmon.collectors.grad_agreement import unavailable
+from msmon.collectors.grads.agreement import unavailable
 from msmon.hooks.deepspeed.reduction import whole_gradient_reduction as deepspeed_reduction
 from msmon.hooks.megatron.reduction import whole_gradient_reduction as megatron_reduction
 

@@ -19,7 +19,7 @@ from conftest import MLP, ROOT, read_csv_rows
 from msmon import TrainerMon
 from msmon.hooks import Session, torch_optim
 from msmon.hooks import handover as framework_attach
-from msmon.hooks.core.adapters import OptimizerGone
+from msmon.seams.adapters import OptimizerGone
 
 CONFIG = {
     "wg_distribution": True,
@@ -315,7 +315,7 @@ def test_a_framework_optimizer_dropped_by_the_script_is_collected_and_its_monito
 
 
 def test_the_undo_of_a_wrapped_framework_method_does_not_keep_its_object_alive():
-    from msmon.hooks.core.patching import wrap_method
+    from msmon.seams.patching import wrap_method
 
     class Engine:  # stands for a DeepSpeed optimizer, whose reduce_ipg_grads the adapter wraps
         def reduce_ipg_grads(self):

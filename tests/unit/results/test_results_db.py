@@ -25,10 +25,10 @@ from msmon.launcher.cli import main  # noqa: E402
 from msmon.offline.analyse.reading import read_dumps  # noqa: E402
 from msmon.offline.analyse.verdict import order_events  # noqa: E402
 from msmon.offline.results import db, scan, schema  # noqa: E402
-from msmon.output import layout as output_names  # noqa: E402
-from msmon.output.records import RowKey, StepRecord  # noqa: E402
 from msmon.output.sinks.csv_sink import CsvSink  # noqa: E402
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink  # noqa: E402
+from msmon.records import layout as output_names  # noqa: E402
+from msmon.records.rows import RowKey, StepRecord  # noqa: E402
 from msmon.stats.ops import OPS  # noqa: E402
 
 GENERATOR = ROOT / "benchmarks" / "synthetic_output.py"

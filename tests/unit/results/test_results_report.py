@@ -24,7 +24,7 @@ from msmon.launcher.cli import main  # noqa: E402
 from msmon.offline.analyse.reading import read_dumps  # noqa: E402
 from msmon.offline.analyse.verdict import order_events, verdict  # noqa: E402
 from msmon.offline.results import cells, db, queries, report_html  # noqa: E402
-from msmon.output.records import REPLICATED_CATEGORIES  # noqa: E402
+from msmon.records.rows import REPLICATED_CATEGORIES  # noqa: E402
 
 ARTIFACTS = ROOT / "tests" / "artifacts"
 

@@ -1,5 +1,5 @@
 """What the writers and the offline readers share is declared once: the anomaly record's fields
-(anomaly/event.py) and the CSV file name (output/layout.py). What one side writes, every reader
+(anomaly/event.py) and the CSV file name (records/layout.py). What one side writes, every reader
 parses the same way."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from msmon.anomaly.event import FIELDS  # noqa: E402
 from msmon.offline.convert.csv_to_tb import read_csv_steps  # noqa: E402
 from msmon.offline.convert.sources import no_progress  # noqa: E402
 from msmon.offline.results import db, scan  # noqa: E402
-from msmon.output import layout as output_names  # noqa: E402
-from msmon.output.records import RowKey, StepRecord  # noqa: E402
 from msmon.output.resume import csv_windows  # noqa: E402
 from msmon.output.sinks.csv_sink import CsvSink  # noqa: E402
+from msmon.records import layout as output_names  # noqa: E402
+from msmon.records.rows import RowKey, StepRecord  # noqa: E402
 
 
 def test_every_field_of_a_dump_record_is_the_anomalies_column_of_its_name_in_the_records_order(tmp_path):
@@ -61,7 +61,7 @@ def test_every_field_of_a_dump_record_is_the_anomalies_column_of_its_name_in_the
 
 
 def test_the_csv_sinks_file_names_are_read_back_alike_by_append_output_msmon_db_and_convert(tmp_path):
-    """One format and one pattern (output/layout.py): a window file and the `_from{step}` file
+    """One format and one pattern (records/layout.py): a window file and the `_from{step}` file
     begun when a category's columns change mid-window parse the same way everywhere."""
     rank = tmp_path / "out" / "Dec03_10-00-00-rank3-0000abcd"
     rank.mkdir(parents=True)
@@ -100,7 +100,7 @@ def test_a_rank_directory_name_is_written_and_parsed_back_by_output_layout_alone
     from datetime import datetime
 
     from msmon.config.time_range import TIME_FORMAT
-    from msmon.output import layout
+    from msmon.records import layout
 
     name = layout.rank_dir_name(13)
     match = layout.RANK_DIR.match(name)

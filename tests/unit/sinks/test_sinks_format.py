@@ -13,11 +13,11 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, reference_stats
 from msmon import TrainerMon
-from msmon.output.csv_cell import csv_value
-from msmon.output.records import RowKey, StepRecord
 from msmon.output.sinks.api_sink import ApiSink
 from msmon.output.sinks.csv_sink import CsvSink
 from msmon.output.sinks.numbers import csv_values
+from msmon.records.csv_cell import csv_value
+from msmon.records.rows import RowKey, StepRecord
 from msmon.runtime.buffer import StepBuffer
 from msmon.stats import native
 
@@ -239,9 +239,9 @@ def test_tensorboard_records_carry_the_checksums_tensorboard_computes_and_read_b
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
-    from msmon.output.records import RowKey, StepRecord
     from msmon.output.sinks.tensorboard_sink import TensorBoardSink
-    from msmon.output.tfrecord import masked_crc32c_function
+    from msmon.records.rows import RowKey, StepRecord
+    from msmon.records.tfrecord import masked_crc32c_function
 
     crc = masked_crc32c_function()
     for n in (0, 1, 7, 8, 9, 63, 4097, 250_000):

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from msmon.output.records import RowKey, StepRecord
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
+from msmon.records.rows import RowKey, StepRecord
 
 
 def read_back(directory):

@@ -11,9 +11,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 
-from msmon.output.records import RowKey, StepRecord
 from msmon.output.sinks import summary_wire
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
+from msmon.records.rows import RowKey, StepRecord
 
 VALUES = [
     1.5,

@@ -10,9 +10,9 @@ import logging
 import torch
 
 from msmon.output.handoff import StepConsumer
-from msmon.output.records import RowKey, StepRecord
 from msmon.output.sinks.base import Sink
 from msmon.output.writer import BackgroundWriter
+from msmon.records.rows import RowKey, StepRecord
 from msmon.runtime.transfer import HostBatch
 
 EVENTS: list[tuple[str, int]] = []

@@ -14,9 +14,9 @@ import torch
 
 from conftest import MLP, rank_dir, read_csv_rows, train_steps
 from msmon import TrainerMon
-from msmon.output.records import RowKey, StepRecord
 from msmon.output.sinks.base import Sink
 from msmon.output.writer import BackgroundWriter
+from msmon.records.rows import RowKey, StepRecord
 from msmon.runtime.transfer import HostBatch
 from msmon.system.thread_priority import ENV, writer_nice
 

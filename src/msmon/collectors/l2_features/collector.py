@@ -28,9 +28,9 @@ from typing import Any, cast
 
 import torch
 
-from ...hooks.core import guest_hooks
-from ...output.records import RowKey
+from ...records.rows import RowKey
 from ...runtime.step_context import StepContext
+from ...seams import guest_hooks
 from ...stats.inputs import local_tensor
 from ..base import Collector
 from ..module_io import in_backward, iter_tensors

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ...config import ConfigError, MonitorConfig
-from ...hooks.core.module_attrs import has_stored, stored_tensor
 from ...runtime.naming import display
 from ...runtime.selection import split_vpp
+from ...seams.module_attrs import has_stored, stored_tensor
 from ...stats.inputs import local_tensor
 
 if TYPE_CHECKING:

@@ -18,11 +18,11 @@ import math
 
 import torch
 
-from ...hooks.core import guest_hooks
-from ...output.records import LOSS, RowKey, row_key
+from ...records.rows import LOSS, RowKey, row_key
 from ...runtime.row_finiteness import row_finiteness
 from ...runtime.selection import recorded_modules
 from ...runtime.step_context import StepContext
+from ...seams import guest_hooks
 from ...stats.inputs import local_tensor
 from ..base import Collector
 from ..module_io import CallCounter, call_name, in_backward, iter_tensors

@@ -39,7 +39,7 @@ from .statistics import RankStatistics, mean_loss, read_statistics
 
 if TYPE_CHECKING:
     from ...config import MonitorConfig
-    from ...output.records import StepRecord
+    from ...records.rows import StepRecord
     from ...runtime.step_context import StepContext
     from ...runtime.transfer import HostBatch
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...output.records import BACKWARD, FORWARD, RowKey, StepRecord
+from ...records.rows import BACKWARD, FORWARD, RowKey, StepRecord
 
 
 @dataclass(frozen=True)

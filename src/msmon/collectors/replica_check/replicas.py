@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ...hooks.core.adapters import Shard
 from ...runtime import dedupe
+from ...seams.adapters import Shard
 from .entries import GRAD, WEIGHT, Entry, SkippedTensor, ranks_text
 
 if TYPE_CHECKING:

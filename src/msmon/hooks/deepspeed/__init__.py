@@ -5,20 +5,20 @@
 - groups.py: its data-, tensor- and pipeline-parallel groups, for the write-once rule.
 
 Light on import (never imports DeepSpeed, nor the monitor): it exports its `FRAMEWORK` spec
-(hooks/core/spec.py), which the adapter choice, dedupe.py and the pipeline position read.
+(seams/spec.py), which the adapter choice, dedupe.py and the pipeline position read.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..core.spec import Framework
+from ...seams.spec import Framework
 from .groups import groups_of_models, pipeline_position
 
 if TYPE_CHECKING:
+    from ...seams.adapters import OptimizerAdapter
+    from ...seams.backward_calls import LossScaling
     from .. import Session
-    from ..core.adapters import OptimizerAdapter
-    from ..core.backward_calls import LossScaling
 
 __all__ = ["EXPERT_PARAMETER", "FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
 
@@ -85,7 +85,7 @@ def loss_scaling() -> LossScaling:
     the division to its own hooks: `scale` is a scaler like torch's `GradScaler.scale`."""
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    from ..core.backward_calls import EntryPoint, LossScaling, Scaler
+    from ...seams.backward_calls import EntryPoint, LossScaling, Scaler
 
     return LossScaling(
         scalers=(Scaler(DeepSpeedEngine, "scale", _loss_scale_of),),

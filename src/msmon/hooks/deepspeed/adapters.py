@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from ..core.adapters import (
+from ...seams.adapters import (
     GradPairs,
     Moments,
     OptimizerAdapter,
@@ -38,7 +38,7 @@ from ..core.adapters import (
     inner_moments,
     stepped_now,
 )
-from ..core.patching import wrap_method
+from ...seams.patching import wrap_method
 
 _STAGE3_REDUCE = "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads"
 _STAGE3_GRAD_PARTITIONS = "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition"

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import torch
 
+from ...seams.patching import Replacements
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
-from ..core.patching import Replacements
 from ..handover import attach
 
 logger = logging.getLogger("msmon")

@@ -1,5 +1,5 @@
 """Where DeepSpeed's stage 0 reduces whole gradients (layout of deepspeed 0.19), for the
-gradient agreement (collectors/grad_agreement.py).
+gradient agreement (collectors/grads/agreement.py).
 
 Without ZeRO (stage 0) the engine, not a torch DDP module, all-reduces the gradients: at the
 end of every backward pass (`_backward_epilogue`, or `step()` when the script drives the
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..core.patching import wrap_method
-from ..core.reduction_seam import stop_following
+from ...seams.patching import wrap_method
+from ...seams.reduction_seam import stop_following
 
 # the optimizers of stage 0 whose gradients the engine reduces in `.grad` (a torch optimizer, or
 # FP16_UnfusedOptimizer over the bit16 parameters); BF16_Optimizer reduces its own buffers

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..core.spec import Framework
+from ...seams.spec import Framework
 
 if TYPE_CHECKING:
+    from ...seams.adapters import OptimizerAdapter
     from .. import Session
-    from ..core.adapters import OptimizerAdapter
 
 __all__ = ["FRAMEWORK", "adapter_for", "instrument", "uninstrument"]
 

@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import torch
 
+from ...seams.adapter_choice import resolve_optimizer
+from ...seams.patching import Replacements
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
-from ..core.adapter_choice import resolve_optimizer
-from ..core.patching import Replacements
 from ..handover import attach
 from .adapters import adapter_for
 

@@ -1,5 +1,5 @@
 """Where FSDP1's NO_SHARD reduces whole gradients (torch 2.x `_runtime_utils`), for the gradient
-agreement (collectors/grad_agreement.py).
+agreement (collectors/grads/agreement.py).
 
 A NO_SHARD unit keeps the whole flat parameter on every rank, and its post-backward hook (an
 AccumulateGrad node hook on the FlatParameter) all-reduces the whole flat gradient in place
@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.reduction_seam import stop_following
+from ...seams.reduction_seam import stop_following
 from .seams import removal_of, unsharded_views
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.adapters import GradPairs
+from ...seams.adapters import GradPairs
 
 logger = logging.getLogger("msmon")
 

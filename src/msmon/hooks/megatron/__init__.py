@@ -6,20 +6,20 @@
 - groups.py: its data-, tensor- and pipeline-parallel groups (`parallel_state`).
 
 Light on import (never imports Megatron, nor the monitor): it exports its `FRAMEWORK` spec
-(hooks/core/spec.py), which the adapter choice, dedupe.py and the pipeline position read.
+(seams/spec.py), which the adapter choice, dedupe.py and the pipeline position read.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..core.spec import Framework
+from ...seams.spec import Framework
 from .groups import groups_of_process, pipeline_position
 
 if TYPE_CHECKING:
+    from ...seams.adapters import OptimizerAdapter
+    from ...seams.backward_calls import LossScaling
     from .. import Session
-    from ..core.adapters import OptimizerAdapter
-    from ..core.backward_calls import LossScaling
 
 __all__ = ["FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
 
@@ -53,7 +53,7 @@ def replica_exclusion(models: list[Any], optimizer: Any, weights: bool) -> Calla
     (`allreduce=False`) are replicated over their expert-data-parallel group only; with the
     distributed optimizer's overlap_param_gather, each rank's model weights are updated only in
     the next forward, so right after the step they differ by design."""
-    from ..core.adapters import class_names
+    from ...seams.adapters import class_names
     from ..deepspeed import EXPERT_PARAMETER
 
     names = class_names(optimizer)
@@ -98,7 +98,7 @@ def loss_scaling() -> LossScaling:
     autograd engine directly, so it is watched as well."""
     from megatron.core.optimizer.optimizer import MegatronOptimizer
 
-    from ..core.backward_calls import EntryPoint, LossScaling, Scaler
+    from ...seams.backward_calls import EntryPoint, LossScaling, Scaler
 
     classes, todo = [], [MegatronOptimizer]
     while todo:

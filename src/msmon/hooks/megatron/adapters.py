@@ -24,8 +24,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..core.adapters import GradPairs, Moments, OptimizerAdapter, Shard, class_names, inner_moments, stepped_now
-from ..core.patching import wrap_method
+from ...seams.adapters import GradPairs, Moments, OptimizerAdapter, Shard, class_names, inner_moments, stepped_now
+from ...seams.patching import wrap_method
 from ..torch_optim.adapters import TorchOptimAdapter
 
 

@@ -13,9 +13,9 @@ import functools
 import logging
 from typing import Any, Callable
 
+from ...seams.patching import Replacements
 from ...system.distributed import current_rank
 from .. import Session, torch_optim
-from ..core.patching import Replacements
 from ..handover import attach
 
 logger = logging.getLogger("msmon")

@@ -1,5 +1,5 @@
 """Where Megatron's DDP reduces whole gradients (layout of megatron-core 0.16), for the gradient
-agreement (collectors/grad_agreement.py).
+agreement (collectors/grads/agreement.py).
 
 Megatron's DistributedDataParallel accumulates each parameter's gradient into `main_grad`, a
 view of its bucket's `grad_data`, and each bucket group reduces its buckets in
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..core.adapters import class_names
-from ..core.patching import wrap_method
+from ...seams.adapters import class_names
+from ...seams.patching import wrap_method
 
 
 def _sharded(models: list[Any], optimizer: Any) -> bool:

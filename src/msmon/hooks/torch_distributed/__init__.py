@@ -1,12 +1,12 @@
 """torch.distributed: the collectives are wrapped for the whole process while the config has
 cc_distribution on (instrumentor.py, the launcher's hold). What a call is and the listeners that
-see it (the comm collector is one) are the hooks' core: hooks/core/collective_calls.py and
-hooks/core/collective_listeners.py.
+see it (the comm collector is one) are the hooks' core: seams/collective_calls.py and
+seams/collective_listeners.py.
 """
 
 from __future__ import annotations
 
-from ..core.spec import Framework
+from ...seams.spec import Framework
 from .instrumentor import instrument, uninstrument
 
 __all__ = ["FRAMEWORK", "instrument", "uninstrument"]

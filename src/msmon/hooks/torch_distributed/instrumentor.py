@@ -1,7 +1,7 @@
 """The launcher's hold on the collectives' wrappers: switched on by the hooks registry when torch
 is imported, it keeps torch.distributed wrapped for the whole process when the session's config
 has cc_distribution on (and leaves torch untouched otherwise). The wrapping and the listeners
-are the hooks' core (hooks/core/collective_listeners.py), which each monitor's comm collector
+are the hooks' core (seams/collective_listeners.py), which each monitor's comm collector
 holds too, from attach to detach.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..core.collective_listeners import acquire, release
+from ...seams.collective_listeners import acquire, release
 
 _session_hold = False
 _lock = threading.Lock()

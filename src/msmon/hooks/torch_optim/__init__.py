@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..core.spec import Framework
+from ...seams.spec import Framework
 
 if TYPE_CHECKING:
+    from ...seams.adapters import OptimizerAdapter
+    from ...seams.backward_calls import LossScaling
     from .. import Session
-    from ..core.adapters import OptimizerAdapter
-    from ..core.backward_calls import LossScaling
 
 
 def instrument(session: Session) -> None:
@@ -68,7 +68,7 @@ def loss_scaling() -> LossScaling:
     """torch's GradScaler: `scale(loss)` returns `loss * self._scale` (torch.cuda.amp's is a subclass)."""
     import torch
 
-    from ..core.backward_calls import LossScaling, Scaler
+    from ...seams.backward_calls import LossScaling, Scaler
 
     return LossScaling(scalers=(Scaler(torch.amp.GradScaler, "scale", lambda scaler: scaler._scale),))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.adapters import Moments, OptimizerAdapter, inner_moments
+from ...seams.adapters import Moments, OptimizerAdapter, inner_moments
 
 
 class TorchOptimAdapter(OptimizerAdapter):

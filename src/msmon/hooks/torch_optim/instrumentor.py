@@ -36,12 +36,12 @@ from torch.optim.optimizer import Optimizer, register_optimizer_step_pre_hook
 
 from ...collectors.l2_features.targets import l2_targets_error, l2_targets_nowhere
 from ...config import ConfigError
+from ...seams.adapter_choice import resolve_optimizer
+from ...seams.module_registry import ModuleTracker, roots_in_memory
+from ...seams.pipeline import pipeline_position
 from ...system.distributed import current_rank
 from .. import Session
 from ..attach import module_monitor, on_optimizer_collected, start_monitor, targets_error
-from ..core.adapter_choice import resolve_optimizer
-from ..core.pipeline import pipeline_position
-from ..module_registry import ModuleTracker, roots_in_memory
 from ..monitor_factory import AttachedMonitor
 
 logger = logging.getLogger("msmon")

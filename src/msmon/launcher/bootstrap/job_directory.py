@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - not POSIX: no locks, nothing is taken 
     fcntl = None  # type: ignore[assignment]
 
 from ...output.directory import ENV_OUTPUT_DIR
-from ...output.runs import ENV_RUN_ID
+from ...records.runs import ENV_RUN_ID
 from . import boot
 
 HERE = os.path.dirname(os.path.abspath(__file__))

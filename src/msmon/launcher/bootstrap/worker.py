@@ -24,8 +24,8 @@ from ... import hooks
 from ...config.resolved import resolved
 from ...hooks import explicit
 from ...output.directory import ENV_OUTPUT_DIR, output_base_dir
-from ...output.layout import rank_dir_name
-from ...output.runs import ENV_RUN_ID
+from ...records.layout import rank_dir_name
+from ...records.runs import ENV_RUN_ID
 from ...system import exit_drain, lifecycle
 from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot

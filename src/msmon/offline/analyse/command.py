@@ -10,8 +10,8 @@ import sys
 from typing import Any
 
 from ...anomaly.event import NAN_ORIGIN_RULE
-from ...output.layout import DUMP_DIR, DUMP_FILE, MSPROBE_DUMP_FILE
-from ...output.runs import RunChoiceError
+from ...records.layout import DUMP_DIR, DUMP_FILE, MSPROBE_DUMP_FILE
+from ...records.runs import RunChoiceError
 from .kind import dump_ranks, fault_kind
 from .msprobe_format import MSPROBE_ANALYSE_FILE, msprobe_records
 from .reading import read_dumps

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...anomaly.event import NAN_ORIGIN_RULE, RANK_OUTLIER_RULE, REPLICA_RULE, STAGES, json_number
-from ...output.records import BACKWARD, CATEGORY_STAGE, CATEGORY_TEXT, LOSS, MSPROBE_GRAD_STAGE
+from ...records.rows import BACKWARD, CATEGORY_STAGE, CATEGORY_TEXT, LOSS, MSPROBE_GRAD_STAGE
 
 STAGE_ORDER = {stage: i for i, stage in enumerate(STAGES)}
 # msprobe's task names too, mapped to the training stage they happen in (msprobe ranked unknown
@@ -38,7 +38,7 @@ class AnomalyEvent:
     message: str = ""
     group_mates: list[int] = field(default_factory=list)
     file: str = ""
-    run_id: str | None = None  # the run that wrote it (output/runs.py); None: a dump without run ids
+    run_id: str | None = None  # the run that wrote it (records/runs.py); None: a dump without run ids
 
     def order_key(self) -> tuple:
         micro = self.micro_step if self.micro_step is not None else math.inf

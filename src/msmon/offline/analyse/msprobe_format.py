@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from ...output.layout import MSPROBE_DUMP_FILE
+from ...records.layout import MSPROBE_DUMP_FILE
 
 if TYPE_CHECKING:
     from .events import AnomalyEvent

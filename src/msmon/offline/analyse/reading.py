@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...anomaly.event import NAN_ORIGIN_RULE, STAGES
-from ...output.layout import DUMP_FILE, MSPROBE_DUMP_FILE
-from ...output.records import OPTIMIZER
+from ...records.layout import DUMP_FILE, MSPROBE_DUMP_FILE
+from ...records.rows import OPTIMIZER
 from .events import STAGE_OF_CATEGORY, AnomalyEvent
 
 _RECORD_ERRORS = (ValueError, TypeError, KeyError, AttributeError)

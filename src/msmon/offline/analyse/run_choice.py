@@ -1,6 +1,6 @@
 """Which run `msmon analyse` reads: the anomaly dump (`anomaly_detected/rank<r>/anomaly.jsonl`) is
 shared by every run written to one output directory, and each record names its run (`run_id`,
-output/runs.py). The newest run is the one whose rank directories, beside the dump, started last;
+records/runs.py). The newest run is the one whose rank directories, beside the dump, started last;
 a dump copied away from its rank directories falls back on the newest run id in its records
 (ids sort by start time)."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from ...output.resume import rank_dirs
-from ...output.runs import ALL_RUNS, Run, RunChoiceError, choice_lines, choose_run, group_runs, of_run
+from ...records.runs import ALL_RUNS, Run, RunChoiceError, choice_lines, choose_run, group_runs, of_run
 from .events import AnomalyEvent
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ...anomaly.event import NAN_ORIGIN_RULE, REPLICA_RULE
-from ...output.records import BACKWARD, FORWARD, LOSS
+from ...records.rows import BACKWARD, FORWARD, LOSS
 from .events import AnomalyEvent, split_slot
 from .kind import fault_kind
 

@@ -10,8 +10,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ...output.layout import CONFIG_FILE, CSV_FILE
 from ...output.resume import csv_windows
+from ...records.layout import CONFIG_FILE, CSV_FILE
 from .sources import ConvertError, Progress, RankSource, fresh_dir, no_progress
 from .tags import LAYOUTS, META_KEY, Row, msmon_tag, msprobe_tag
 

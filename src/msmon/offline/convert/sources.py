@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from ...output.layout import CONFIG_FILE, RANK_DIR
 from ...output.resume import rank_dirs
-from ...output.runs import RunChoiceError, choice_lines, choose_run, group_runs
+from ...records.layout import CONFIG_FILE, RANK_DIR
+from ...records.runs import RunChoiceError, choice_lines, choose_run, group_runs
 
 MSPROBE_RANK = re.compile(r"^rank(?P<rank>\d+)$")
 
@@ -74,7 +74,7 @@ def one_per_rank(sources: list[RankSource], path: str) -> None:
 
 def of_run(sources: list[RankSource], run: str | None, verb: str) -> tuple[list[RankSource], list[str]]:
     """The sources of the run `run` (None: the newest; "all": every one), and the lines that
-    name it and the others (output/runs.py)."""
+    name it and the others (records/runs.py)."""
     try:
         chosen, others = choose_run(group_runs({s.path: s.rank for s in sources}), run)
     except RunChoiceError as exc:

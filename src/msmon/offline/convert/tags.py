@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...output.layout import SUMMARY_ROOT, format_tag
-from ...output.records import COLLECTIVE_PHASES, OTHER, TENSOR_CATEGORIES, DirectionKey
+from ...records.layout import SUMMARY_ROOT, format_tag
+from ...records.rows import COLLECTIVE_PHASES, OTHER, TENSOR_CATEGORIES, DirectionKey
 
 # what the last part of a live tag, `{word}_{op}`, starts with: a category, mg_direction or a
 # collective's phase; the longer words first, so that `exp_avg_sq_norm` is not exp_avg's `sq_norm`

@@ -8,9 +8,9 @@ import logging
 import os
 from typing import Any
 
-from ...output.csv_cell import count_value, csv_value
-from ...output.layout import csv_file_name
-from ...output.records import MICRO_STEP_CATEGORIES
+from ...records.csv_cell import count_value, csv_value
+from ...records.layout import csv_file_name
+from ...records.rows import MICRO_STEP_CATEGORIES
 from ...stats.ops import COUNT_OPS
 from ..event_reader import tolerant_accumulator
 from .sources import Progress, RankSource, fresh_dir, no_progress, rank_config

@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from ...anomaly.event import FIELDS, NAN_ORIGIN_RULE
-from ...output.records import BACKWARD, FORWARD, OPTIMIZER
+from ...records.rows import BACKWARD, FORWARD, OPTIMIZER
 from ..analyse.events import AnomalyEvent
 from ..analyse.kind import fault_kind
 from ..analyse.verdict import first_per_rank, verdict

@@ -25,7 +25,7 @@ class LoadReport:
     tb_duplicates: int = 0
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
-    run_lines: list[str] = field(default_factory=list)  # the run loaded and the others (output/runs.py)
+    run_lines: list[str] = field(default_factory=list)  # the run loaded and the others (records/runs.py)
 
     def lines(self) -> list[str]:
         out = self.run_lines + [

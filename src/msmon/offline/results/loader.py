@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ...anomaly.event import FIELDS
-from ...output.runs import ALL_RUNS, Run, RunChoiceError, choice_lines, choose_run, group_runs, of_run
+from ...records.runs import ALL_RUNS, Run, RunChoiceError, choice_lines, choose_run, group_runs, of_run
 from ..analyse.reading import read_dump_files
 from ..analyse.verdict import order_events
 from . import schema

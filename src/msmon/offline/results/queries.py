@@ -19,7 +19,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from ...output.records import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
+from ...records.rows import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
 from .anomaly_queries import anomalies, first_nonfinite
 from .bulk import insert_rows
 from .cells import encode_cells, encode_ranks

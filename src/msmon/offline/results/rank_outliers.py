@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...output.records import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
+from ...records.rows import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
 from .limits import Limits
 from .robust import MAD_FLOOR, MAD_SCALE, SQL_Z
 

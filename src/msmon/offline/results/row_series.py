@@ -96,7 +96,7 @@ def _per_rank_points(con: DuckDBPyConnection, first: int, width: int) -> None:
         }
     point = f"r.category, m.op, r.row, (m.step - {first}) // {width} AS b, m.rank"
     source = "FROM metrics m JOIN heatmap_rows r USING (category, vpp_stage, name)"
-    # category names are file-name words (output/layout.py's CSV_FILE); '' stands for none
+    # category names are file-name words (records/layout.py's CSV_FILE); '' stands for none
     categories = ", ".join(f"'{c}'" for c in sorted(merged)) or "''"
     con.execute(f"""
         CREATE OR REPLACE TEMP TABLE series_merged AS

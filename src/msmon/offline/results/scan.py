@@ -19,10 +19,10 @@ import os
 import re
 from dataclasses import dataclass
 
-from ...output.layout import CONFIG_FILE, CSV_FILE, DUMP_FILE, MSPROBE_DUMP_FILE, SUMMARY_FILE
+from ...records.layout import CONFIG_FILE, CSV_FILE, DUMP_FILE, MSPROBE_DUMP_FILE, SUMMARY_FILE
 
 CSV, TENSORBOARD, SUMMARY, CONFIG, ANOMALIES = "csv", "tensorboard", "summary", "config", "anomalies"
-# a rank's number in a directory name: msmon's (output/layout.py's RANK_DIR) and any other tool's
+# a rank's number in a directory name: msmon's (records/layout.py's RANK_DIR) and any other tool's
 # `rank<r>` folder (msprobe's anomaly dumps, a hand-made layout), which msmon db also reads
 RANK_IN_DIR = re.compile(r"(?:^|[-_])rank(\d+)(?:[-_]|$)")
 TB_PREFIX = "events.out.tfevents."

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...output.layout import SUMMARY_ROOT, tag_with_rank
-from ...output.records import COLUMN_CATEGORIES
+from ...records.layout import SUMMARY_ROOT, tag_with_rank
+from ...records.rows import COLUMN_CATEGORIES
 from ..analyse.reading import parse_tag
 from ..event_reader import EventReader
 from .schema import OPS

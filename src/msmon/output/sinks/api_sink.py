@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ..records import StepRecord
+from ...records.rows import StepRecord
 from . import sink_format
 from .base import Sink
 

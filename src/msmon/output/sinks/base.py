@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..records import StepRecord
+from ...records.rows import StepRecord
 
 if TYPE_CHECKING:
     from ...config import MonitorConfig

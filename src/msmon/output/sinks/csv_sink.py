@@ -14,10 +14,10 @@ from typing import IO, TYPE_CHECKING
 
 import torch
 
+from ...records.csv_cell import count_value, csv_value
+from ...records.layout import csv_file_name
+from ...records.rows import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from ...stats.ops import COUNT_OPS
-from ..csv_cell import count_value, csv_value
-from ..layout import csv_file_name
-from ..records import MICRO_STEP_CATEGORIES, RowKey, StepRecord
 from . import sink_format
 from .base import Sink, naming
 from .numbers import csv_flat

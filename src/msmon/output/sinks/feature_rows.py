@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..records import COLUMN_CATEGORIES, RowKey, StepRecord
+from ...records.rows import COLUMN_CATEGORIES, RowKey, StepRecord
 
 
 def split_features(

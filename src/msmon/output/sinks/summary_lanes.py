@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ..layout import SUMMARY_HOLDERS_TAG, summary_tag
-from ..records import RowKey
+from ...records.layout import SUMMARY_HOLDERS_TAG, summary_tag
+from ...records.rows import RowKey
 from . import summary_wire
 
 

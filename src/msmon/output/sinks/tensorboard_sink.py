@@ -20,9 +20,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
-from ..layout import without_rank
-from ..records import RowKey, StepRecord
-from ..tfrecord import RecordFile
+from ...records.layout import without_rank
+from ...records.rows import RowKey, StepRecord
+from ...records.tfrecord import RecordFile
 from . import sink_format, summary_wire
 from .base import Sink, naming
 from .heatmap import Heatmaps

@@ -3,7 +3,7 @@ optimizer's class; each yields named fp32 weights, the consumed gradients and Ad
 (Shards where the family splits them).
 
 The adapters live with their framework (`hooks/<framework>/adapters.py`); here the frameworks'
-specs are asked in the registry's order (hooks/core/registry.py: Megatron, DeepSpeed, FSDP,
+specs are asked in the registry's order (seams/registry.py: Megatron, DeepSpeed, FSDP,
 then torch.optim, which fits any optimizer), and msprobe's opt_ty names are the union of theirs.
 """
 
@@ -13,7 +13,7 @@ import functools
 import logging
 from typing import Any
 
-from ...config import ConfigError
+from ..config import ConfigError
 from .adapters import OptimizerAdapter, unwrap_optimizer
 from .registry import frameworks
 

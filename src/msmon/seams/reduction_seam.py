@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ...system.distributed import current_rank
+from ..system.distributed import current_rank
 
 logger = logging.getLogger("msmon")
 

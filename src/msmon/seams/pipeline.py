@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ...system.distributed import current_rank, is_initialized, position_in
+from ..system.distributed import current_rank, is_initialized, position_in
 from .registry import frameworks
 
 

@@ -1,5 +1,5 @@
 """What a framework package declares: one typed `Framework`, exported by its light
-`hooks/<name>/__init__.py` as `FRAMEWORK`. The registry (hooks/core/registry.py) finds the
+`hooks/<name>/__init__.py` as `FRAMEWORK`. The registry (seams/registry.py) finds the
 folders itself, so the spec is all a new framework writes; and the layers that ask about frameworks (adapter
 choice, parallel groups, the pipeline stage, the replica check) read typed fields instead of
 probing modules for optional names.
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from ...runtime import dedupe
-    from .. import Session
+    from ..hooks import Session
+    from ..runtime import dedupe
     from .adapters import OptimizerAdapter
     from .backward_calls import LossScaling
 
@@ -72,7 +72,7 @@ class Framework:
     pipeline_position: Callable[[], Position | None] | None = None
     #: the replica check's exceptions for (models, optimizer, weights), None when none apply
     replica_exclusion: Callable[[list[Any], Any, bool], ReplicaRule | None] | None = None
-    #: the loss scalers it provides (hooks/core/backward_calls.py), asked once its library is imported
+    #: the loss scalers it provides (seams/backward_calls.py), asked once its library is imported
     loss_scaling: Callable[[], LossScaling] | None = None
     #: where the library itself reduces whole gradients in place of a torch DDP module, so that each
     #: rank then holds the whole reduced gradient: given (models, optimizer, before, after), calls

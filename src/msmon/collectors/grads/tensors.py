@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..stats.sparse import is_sparse
-from .base import READS_NOTHING
+from ...stats.sparse import is_sparse
+from ..base import READS_NOTHING
 
 
 def identity(t: torch.Tensor) -> tuple[int, int, int]:

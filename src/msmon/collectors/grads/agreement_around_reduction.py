@@ -4,7 +4,7 @@ DeepSpeed's stage 0, Megatron's DDP without the distributed optimizer and FSDP1 
 average the gradients in place at a point of their own; each framework declares where
 (Framework.whole_gradient_reduction). Right before it the rank-local gradients are copied
 (into grad_agreement.LocalCopies' flat buffers), right after it the copies are compared with the
-whole average now in `.grad`. The weight-gradient collector (msmon.collectors.grads) owns this
+whole average now in `.grad`. The weight-gradient collector (msmon.collectors.grads.collector) owns this
 object and writes its result with the step's other rows.
 """
 
@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import torch
 
-from ..runtime.step_context import StepContext
-from ..stats.sparse import is_sparse
-from . import grad_agreement
+from ...runtime.step_context import StepContext
+from ...stats.sparse import is_sparse
+from . import agreement as grad_agreement
 
 logger = logging.getLogger("msmon")
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from ..output.records import row_key
-from ..runtime.step_context import StepContext
-from ..stats.engine import batch_stats
-from .base import Collector
-from .registry import register
+from ...records.rows import row_key
+from ...runtime.step_context import StepContext
+from ...stats.engine import batch_stats
+from ..base import Collector
+from ..registry import register
 
 
 @register(

@@ -1,7 +1,7 @@
 """The framework packages, found in the hooks folder, in the order they are asked.
 
-Every sub-package of msmon.hooks but `core` is a framework package: its light `__init__.py`
-exports a `Framework` as `FRAMEWORK` (hooks/core/spec.py), which says the import that switches
+Every sub-package of msmon.hooks is a framework package: its light `__init__.py`
+exports a `Framework` as `FRAMEWORK` (seams/spec.py), which says the import that switches
 it on and its place in the order (`precedence`: most specific first, so torch_optim, whose
 adapter fits any optimizer, comes after the frameworks built on torch.optim). To add a
 framework, write its folder `hooks/<name>/`: nothing else names it.
@@ -16,20 +16,19 @@ import importlib
 import logging
 import pkgutil
 
-from ...system.distributed import current_rank
+from ..system.distributed import current_rank
 from .spec import Framework
 
 logger = logging.getLogger("msmon")
 
 PACKAGE = "msmon.hooks"
-NOT_FRAMEWORKS = frozenset({"core"})  # sub-packages of hooks/ that are the hooks' own parts
 
 
 def package_names() -> list[str]:
-    """The framework packages in the hooks folder (its sub-packages but `core`), by name."""
+    """The framework packages in the hooks folder (its sub-packages), by name."""
     hooks = importlib.import_module(PACKAGE)  # already imported: this module is inside it
     found = pkgutil.iter_modules(hooks.__path__)
-    return sorted(module.name for module in found if module.ispkg and module.name not in NOT_FRAMEWORKS)
+    return sorted(module.name for module in found if module.ispkg)
 
 
 def load(name: str) -> Framework:
@@ -37,7 +36,7 @@ def load(name: str) -> Framework:
     TypeError when it exports no Framework)."""
     package = importlib.import_module(f"{PACKAGE}.{name}")
     if not hasattr(package, "FRAMEWORK"):
-        raise TypeError(f"{PACKAGE}.{name} exports no FRAMEWORK (a Framework: hooks/core/spec.py)")
+        raise TypeError(f"{PACKAGE}.{name} exports no FRAMEWORK (a Framework: seams/spec.py)")
     spec = package.FRAMEWORK
     if not isinstance(spec, Framework):
         raise TypeError(f"{PACKAGE}.{name}.FRAMEWORK is a {type(spec).__name__}, not a Framework")

@@ -47,19 +47,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from ..hooks.core import grad_rewrites
-from ..output.records import row_key
-from ..runtime.step_context import StepContext
-from ..stats.engine import tensor_stats
-from ..stats.sparse import any_layout_stats, is_sparse, sparse_stats
-from ..system.distributed import several_processes
-from . import grad_agreement
+from ...records.rows import row_key
+from ...runtime.step_context import StepContext
+from ...seams import grad_rewrites
+from ...stats.engine import tensor_stats
+from ...stats.sparse import any_layout_stats, is_sparse, sparse_stats
+from ...system.distributed import several_processes
+from ..base import Collector
+from ..registry import register
+from . import agreement as grad_agreement
 from .agreement_around_reduction import AroundFrameworkReduction
-from .base import Collector
 from .ddp_sync import DdpSync
-from .grad_tensors import counter_of, hooks_that_may_write, identity, unserializable
 from .reduced_rows import record_reduced
-from .registry import register
+from .tensors import counter_of, hooks_that_may_write, identity, unserializable
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle

@@ -11,7 +11,7 @@ to the adapter as `writer`: the public methods leave out what this rank does not
 collectors never need to know about data or tensor parallelism.
 
 Nothing here knows a framework: the adapters of each live in its package, `hooks/<framework>/`
-(torch.optim's in `hooks/torch_optim/`), and hooks/core/adapter_choice.py asks them in turn.
+(torch.optim's in `hooks/torch_optim/`), and seams/adapter_choice.py asks them in turn.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ only read what they are given; the call itself goes on unchanged. When the last 
 leaves, every replaced attribute is put back.
 
 Loss scalers make the tensor backward runs on a scaled copy of the loss. The frameworks
-declare theirs (`Framework.loss_scaling`, hooks/core/spec.py):
+declare theirs (`Framework.loss_scaling`, seams/spec.py):
 
 - a scaler method returns `loss * scale` (torch's `GradScaler.scale`, DeepSpeed's
   `engine.scale`, Megatron's `scale_loss`): its result is remembered (weakly) with the very

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..output.records import row_key
-from ..runtime.step_context import StepContext
-from ..stats.sparse import any_layout_stats
-from .grad_tensors import identity
+from ...records.rows import row_key
+from ...runtime.step_context import StepContext
+from ...stats.sparse import any_layout_stats
+from .tensors import identity
 
 
 def record_reduced(

@@ -15,7 +15,7 @@ import re
 import sys
 from typing import Callable
 
-from ...system.distributed import current_rank
+from ..system.distributed import current_rank
 
 logger = logging.getLogger("msmon")
 

@@ -47,8 +47,8 @@ import logging
 
 import torch
 
-from ..output.records import RowKey
-from ..stats.device_path import host_code
+from ...records.rows import RowKey
+from ...stats.device_path import host_code
 
 logger = logging.getLogger("msmon")
 
