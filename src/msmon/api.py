@@ -77,6 +77,7 @@ class TrainerMon:
         self.output = RankOutput(rank, self.ctx.output_base, lambda: self.ctx.step)
         self.ctx.anomaly_dump = self.output.anomaly_dump
         self.ctx.watch_steps = self.output.watch_steps
+        self.ctx.alert_repeats = self.output.repeats
         self.ctx.stop = self.close
         reload = ConfigReload(self.config_file_path, rank)
         self.runner = StepRunner(self.ctx, self.output, reload, self._build_collectors, self._check_fits, self.close)
@@ -290,6 +291,7 @@ class TrainerMon:
         if self.writer is not None and not self._closed:
             self._closed = True
             self.writer.close()
+            self.output.repeats.log_summary()  # one line per rule and tensor that alerted again
             self.output.write_summary(self.summary())
             if self.steps_recorded or self.ctx.cost.steps:
                 report_cost(

@@ -102,7 +102,9 @@ class PathEvent:
     def position(self) -> tuple:
         """Sorts the events of one step in training order (then the rank, for a stable order)."""
         micro = self.micro_step if self.micro_step is not None else math.inf
-        pipeline = (-self.vpp_stage, -self.pp_stage) if self.phase in _BACKWARD_PHASES else (self.vpp_stage, self.pp_stage)
+        pipeline = (
+            (-self.vpp_stage, -self.pp_stage) if self.phase in _BACKWARD_PHASES else (self.vpp_stage, self.pp_stage)
+        )
         return (micro, self.phase, *pipeline, self.call_id, 0 if self.is_origin else 1, self.rank)
 
     def module(self) -> str:

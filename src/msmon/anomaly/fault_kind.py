@@ -220,8 +220,8 @@ def _one_rank(
             ONE_RANK_MODEL_COPY.code,
             step,
             rank,
-            f"rank {rank}'s rank-local values turned first at step {step}, on rank {rank} only (first: {first.what()}), "
-            f"and the replica check found its replicated weights differing at step {named.step}",
+            f"rank {rank}'s rank-local values turned first at step {step}, on rank {rank} only (first: "
+            f"{first.what()}), and the replica check found its replicated weights differing at step {named.step}",
             (rank,),
             first.module(),
             first.what(),
@@ -233,8 +233,9 @@ def _one_rank(
             ONE_RANK_MODEL_COPY.code,
             step,
             rank,
-            f"rank {rank}'s rank-local values turned first at step {step}, on rank {rank} only (first: {first.what()}), "
-            f"and its {began.what()} alerted on rank {rank} alone: its copy of the model differed as the step began",
+            f"rank {rank}'s rank-local values turned first at step {step}, on rank {rank} only (first: "
+            f"{first.what()}), and its {began.what()} alerted on rank {rank} alone: its copy of the model differed "
+            "as the step began",
             (rank,),
             first.module(),
             first.what(),

@@ -384,7 +384,9 @@ def test_the_page_draws_every_section_and_a_clicked_row_over_steps_in_headless_c
     assert 'id="loss-chart" data-lines="6" data-mode="lines"' in dom.stdout
     banner = overview[: overview.index('class="cards"')]
     assert 'data-code="one_rank_data_or_device" data-rank="1"' in banner
-    assert "Kind of fault: one rank: its data or its device</b> (step 8, rank 1, first module layers.0.attn.qkv)" in banner
+    assert (
+        "Kind of fault: one rank: its data or its device</b> (step 8, rank 1, first module layers.0.attn.qkv)" in banner
+    )
     assert dom.stdout.count("<tr>") > 16 + 8, "the outlier table's and the movers' rows"
     assert "(rank 3)" in dom.stdout and "turned non-finite" in dom.stdout
     # a click on a heatmap row draws that tensor over steps, a line per rank

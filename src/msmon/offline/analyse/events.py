@@ -97,4 +97,3 @@ class AnomalyEvent:
         out["history"] = json_number(self.history)
         out["description"] = f"{self.where()}, {self.stage}: {self.what()} ({self.symptom()})"
         return out
-
