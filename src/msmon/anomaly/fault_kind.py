@@ -115,6 +115,8 @@ class FaultKind:
         return KINDS[self.code].words
 
     def sentence(self) -> str:
+        if self.code == ONE_RANK_DATA_OR_DEVICE.code:  # its why says it of the rank: "rank 1: its data or ..."
+            return f"Kind: {self.why}."
         return f"Kind: {self.kind}: {self.why}."
 
     def headline(self) -> str:
@@ -164,7 +166,7 @@ def classify(events: Iterable[PathEvent], ranks: Collection[int] | None = None) 
         return _after_reduction(step, at_step, after, replicas, job)
     turned = sorted(local)
     if len(turned) == 1:
-        return _one_rank(step, turned[0], local[turned[0]], after, replicas)
+        return _one_rank(step, turned[0], local[turned[0]], after, replicas, len(job))
     first = _first(min((e for evs in local.values() for e in evs), key=PathEvent.position), at_step)
     if set(turned) == job:
         return FaultKind(
@@ -205,6 +207,7 @@ def _one_rank(
     mine: list[PathEvent],
     after: dict[int, list[PathEvent]],
     replicas: list[PathEvent],
+    size: int,
 ) -> FaultKind:
     first = _first(mine[0], mine)
     others = sorted(r for r in after if r != rank)
@@ -212,7 +215,7 @@ def _one_rank(
         f"rank{'s' if len(others) > 1 else ''} {_list(others)} turned only after the reduction "
         f"({after[others[0]][0].what()})"
         if others
-        else "the other ranks' own values stayed in range"
+        else ("the other rank's" if size == 2 else "the other ranks'") + " own values stayed in range"
     )
     named = next((e for e in replicas if e.rank == rank), None)
     if named is not None:

@@ -204,7 +204,7 @@ def test_analyse_reads_the_kind_from_dump_records_with_the_first_module_in_its_v
     assert kind is not None and (kind.code, kind.rank, kind.module) == ("one_rank_data_or_device", 1, "fc2")
     assert kind.to_json()["code"] == "one_rank_data_or_device" and kind.to_json()["module"] == "fc2"
     text = verdict(ordered, {0, 1})
-    assert "Kind: one rank: its data or its device: rank 1: its data or its device; rank-local values" in text
+    assert "Kind: rank 1: its data or its device; rank-local values" in text
     assert kind.headline() == "one rank: its data or its device (step 5, rank 1, first module fc2)"
 
 

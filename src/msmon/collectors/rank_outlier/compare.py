@@ -147,8 +147,10 @@ def dump_record(
             recent = math.exp(own.tensors[(stat.key, name, vpp)].mean)
             tensor["recent"] = recent
             shown = statistics.median(others) if others else None
+            tensor["others"] = shown
+            theirs = "the other rank's" if len(ranks) == 2 else "the other ranks' median"
             tensor_text = f"; first departing tensor: {name} (norm {value:.6g}, its own recent {recent:.6g}" + (
-                f", the other ranks' median {shown:.6g})" if shown is not None else ")"
+                f", {theirs} {shown:.6g})" if shown is not None else ")"
             )
     elif stat.key != "loss":
         name, call_id = f"all {stat.category} tensors", 0
