@@ -22,7 +22,8 @@ or gradient. So:
 The ranks compared are the job's ranks (every rank with the dump on makes its `rank{r}` folder
 at start) and those with a record; they are taken as data-parallel replicas. Where a collective
 runs inside the model (pipeline stages' sends, tensor parallelism, SyncBatchNorm) a rank's
-activations are not its own alone, so a fault crossing it reads as several ranks (or all). One rank alone has nothing to be told apart from: no kind.
+activations are not its own alone, so a fault crossing it reads as several ranks (or all). One
+rank alone has nothing to be told apart from: no kind.
 
 `classify` takes the typed `PathEvent`s, so that `msmon analyse`, the report, the end-of-job
 line and a run-time decision (an action taken once per step from every rank's view) tell the
