@@ -40,6 +40,7 @@ from .seams.registry import frameworks
 from .stats import fused_batch, native, threads
 from .system import lifecycle
 from .system.distributed import current_rank
+from .system.environment import ENV_BOOTSTRAP_DIR
 from .system.stop import StopAfterStruct
 
 logger = logging.getLogger("msmon")
@@ -69,6 +70,9 @@ class TrainerMon:
         check_formats(config, self.config_file_path)
         self.ctx = StepContext(current_rank(), config, output_base_dir())
         rank = self.ctx.rank
+        if config.translation and rank == 0 and not os.environ.get(ENV_BOOTSTRAP_DIR):  # msmon run prints it
+            for line in config.translation:
+                logger.info("msmon: %s", line)
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
         self.opt_ty = opt_ty
