@@ -81,6 +81,7 @@ class TrainerMon:
         self.output = RankOutput(rank, self.ctx.output_base, lambda: self.ctx.step)
         self.ctx.anomaly_dump = self.output.anomaly_dump
         self.ctx.watch_steps = self.output.watch_steps
+        self.ctx.alerts_raised = lambda: self.output.alerts_raised
         self.ctx.stop = self.close
         reload = ConfigReload(self.config_file_path, rank)
         self.runner = StepRunner(self.ctx, self.output, reload, self._build_collectors, self._check_fits, self.close)
@@ -294,6 +295,11 @@ class TrainerMon:
         if self.writer is not None and not self._closed:
             self._closed = True
             self.writer.close()
+            for finish in self.ctx.at_close:  # after the last step was written and consumed
+                try:
+                    finish()
+                except Exception as exc:  # never raised at the end of a run
+                    logger.warning("msmon[rank %d]: closing failed: %r", self.rank, exc)
             self.output.write_summary(self.summary())
             if self.steps_recorded or self.ctx.cost.steps:
                 report_cost(
