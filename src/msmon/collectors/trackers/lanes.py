@@ -183,8 +183,10 @@ class LaneCombiner:
         lanes.values = {"msmon/verdict": float(level), **lanes.values}
         if level > self.level:
             self.level = level
-            said = [f"non-finite: {troubles[0]}" + (f" and {len(troubles) - 1} more" if len(troubles) > 1 else "")]
-            said = said if troubles else []
+            said = []
+            if troubles:
+                more = f" and {len(troubles) - 1} more" if len(troubles) > 1 else ""
+                said.append(f"non-finite: {troubles[0]}{more}")
             if raised:
                 said.append(f"{int(alerts.sum())} alerts on ranks {raised}")
             lanes.escalation = "; ".join(said)
