@@ -75,7 +75,7 @@ def _job(base: Path, *script_args: str) -> dict:
 @pytest.fixture(scope="module")
 def script_made_wandb(tmp_path_factory) -> dict:
     # steps as long as real ones: the lanes of a step reach the script's run while the script still logs
-    return _job(tmp_path_factory.mktemp("trackers_wandb"), "--wandb-run", "--step-seconds", "0.5")
+    return _job(tmp_path_factory.mktemp("trackers_wandb"), "--wandb-run", "--step-seconds", "0.75")
 
 
 @pytest.fixture(scope="module")

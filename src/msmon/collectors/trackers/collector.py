@@ -72,7 +72,7 @@ class TrackerState:
     script_runs: list[Any] = field(default_factory=list)  # per format: the run the script made, or None
     runs: dict[str, TrackerRun] = field(default_factory=dict)  # format -> its run (the logging rank's)
     failed: set[str] = field(default_factory=set)  # formats switched off
-    exchange: ExchangeThread[RankLanes | Connect] = field(default_factory=ExchangeThread)
+    exchange: ExchangeThread[RankLanes] = field(default_factory=ExchangeThread)
     known: dict[int, float] = field(default_factory=dict)  # group position -> the digest of its names
     names: dict[int, dict[str, list[str]]] = field(default_factory=dict)  # group position -> its names
     combiner: LaneCombiner | None = None
@@ -118,9 +118,7 @@ class TrackerCollector(Collector):
         columns = CategoryColumns(state.config.category_ops)
         reader = LaneReader(columns, state.config.tracker.tensors, explicit=state.logs)
         thread = f"msmon-trackers-rank{ctx.rank}"
-        state.exchange.start(thread, ctx.rank, state, self._run, "tracker lanes", "gathering")
-        if state.logs:  # the clients load and the runs connect before the first step's lanes are ready
-            state.exchange.put(Connect(ctx.step))
+        state.exchange.start(thread, ctx.rank, state, self._gather, "tracker lanes", "gathering")
         ctx.watch_steps(LaneConsumer(state, reader, ctx.alerts_raised))
         ctx.at_close.append(lambda: close_runs(state, ctx.rank))
         if state.logs:
@@ -132,29 +130,19 @@ class TrackerCollector(Collector):
             )
 
     # -- on this rank's exchange thread ------------------------------------------------------------
-    def _run(self, job: RankLanes | Connect) -> None:
-        if isinstance(job, Connect):
-            self._connect(job.step)
-        else:
-            self._gather(job)
-
-    def _connect(self, step: int) -> list[tuple[str, TrackerRun]]:
-        """The runs of the trackers not switched off (connected the first time: a failure
-        switches that tracker off, with one line)."""
+    def _run_of(self, fmt: type[TrackerSink], script_run: Any, step: int) -> TrackerRun | None:
+        """The format's run, connected the first time it is needed (a failure switches that
+        format off, with one line); None once it is off."""
         state = self.state
-        runs = []
-        for fmt, script_run in zip(state.formats, state.script_runs):
-            if fmt.name in state.failed:
-                continue
-            run = state.runs.get(fmt.name)
-            if run is None:
-                try:
-                    run = state.runs[fmt.name] = fmt.connect(state.config, run_name(state.config), script_run)
-                except Exception as exc:
-                    self._switch_off(fmt.name, step, exc)
-                    continue
-            runs.append((fmt.name, run))
-        return runs
+        if fmt.name in state.failed:
+            return None
+        run = state.runs.get(fmt.name)
+        if run is None:
+            try:
+                run = state.runs[fmt.name] = fmt.connect(state.config, run_name(state.config), script_run)
+            except Exception as exc:
+                self._switch_off(fmt.name, step, exc)
+        return run
 
     def _switch_off(self, name: str, step: int, exc: Exception) -> None:
         """One tracker stops, with one line; the gather goes on for the others."""
@@ -183,11 +171,14 @@ class TrackerCollector(Collector):
         if not state.logs or state.combiner is None:
             return
         lanes = state.combiner.combine(table, [state.names[i] for i in range(size)], mine.tensors)
-        for name, run in self._connect(lanes.step):
+        for fmt, script_run in zip(state.formats, state.script_runs):  # each connected as its turn comes
+            run = self._run_of(fmt, script_run, lanes.step)
+            if run is None:
+                continue
             try:
                 run.send(lanes)
             except Exception as exc:
-                self._switch_off(name, lanes.step, exc)
+                self._switch_off(fmt.name, lanes.step, exc)
 
     def _names(self, mine: dict[str, list[str]], size: int) -> list[dict[str, list[str]]]:
         """Every rank's tensor names (when one's rows changed): lengths, then the padded bytes."""
@@ -200,13 +191,6 @@ class TrackerCollector(Collector):
         padded[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         rows = exchange(padded, self.state.group, size)
         return [json.loads(bytes(rows[i, : int(n)].tolist())) for i, n in enumerate(lengths[:, 0].tolist())]
-
-
-@dataclass
-class Connect:
-    """The logging rank's first job: load the clients and connect the runs."""
-
-    step: int
 
 
 def run_name(config: MonitorConfig) -> str:
