@@ -76,6 +76,9 @@ class StepContext:
         # the monitor's alerts so far, to log a rule's alert once per tensor (output/repeats.py)
         self.alert_repeats = AlertRepeats(rank)
         self.stop: Callable[[], None] = lambda: None  # close the monitor (a collector ending the run)
+        self.alerts_raised: Callable[[], int] = lambda: 0  # this rank's alerts so far (the rules' and collectors')
+        # what a collector needs done once the monitor is closed and its writer wrote the last step
+        self.at_close: list[Callable[[], None]] = []
 
     # -- reading the model ------------------------------------------------------------------------
     def names(self) -> Names:
