@@ -164,7 +164,7 @@ def classify(events: Iterable[PathEvent], ranks: Collection[int] | None = None) 
         (local if e.rank_local else after).setdefault(e.rank, []).append(e)
     replicas = sorted((e for e in events if e.rule == REPLICA_RULE), key=lambda e: (e.step, e.position()))
     if not local:
-        return _after_reduction(step, at_step, after, replicas, job)
+        return _after_reduction(step, after, replicas, job)
     turned = sorted(local)
     if len(turned) == 1:
         return _one_rank(step, turned[0], local[turned[0]], after, replicas, len(job))
@@ -286,7 +286,6 @@ def _one_rank(
 
 def _after_reduction(
     step: int,
-    at_step: list[PathEvent],
     after: dict[int, list[PathEvent]],
     replicas: list[PathEvent],
     job: set[int],
