@@ -81,6 +81,7 @@ class TrainerMon:
         self.output = RankOutput(rank, self.ctx.output_base, lambda: self.ctx.step)
         self.ctx.anomaly_dump = self.output.anomaly_dump
         self.ctx.watch_steps = self.output.watch_steps
+        self.ctx.alert_repeats = self.output.repeats
         self.ctx.alerts_raised = lambda: self.output.alerts_raised
         self.ctx.stop = self.close
         reload = ConfigReload(self.config_file_path, rank)
@@ -300,6 +301,7 @@ class TrainerMon:
                     finish()
                 except Exception as exc:  # never raised at the end of a run
                     logger.warning("msmon[rank %d]: closing failed: %r", self.rank, exc)
+            self.output.repeats.log_summary()  # one line per rule and tensor that alerted again
             self.output.write_summary(self.summary())
             if self.steps_recorded or self.ctx.cost.steps:
                 report_cost(

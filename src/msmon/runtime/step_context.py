@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..config import MonitorConfig
+from ..output.repeats import AlertRepeats
 from .buffer import StepBuffer
 from .cost import CostMeter
 from .grad_hooks import GradHooks
@@ -72,6 +73,8 @@ class StepContext:
         self.anomaly_dump: Callable[[], AnomalyDumpWriter | None] = lambda: None
         # hand a consumer every written step on the writer thread, for the rest of the run
         self.watch_steps: Callable[[StepConsumer], None] = lambda consumer: None
+        # the monitor's alerts so far, to log a rule's alert once per tensor (output/repeats.py)
+        self.alert_repeats = AlertRepeats(rank)
         self.stop: Callable[[], None] = lambda: None  # close the monitor (a collector ending the run)
         self.alerts_raised: Callable[[], int] = lambda: 0  # this rank's alerts so far (the rules' and collectors')
         # what a collector needs done once the monitor is closed and its writer wrote the last step

@@ -6,8 +6,10 @@ Per rank and step, over every monitored parameter the data-parallel reduction av
     norm_ratio = |local| / |reduced|
 `local` is the rank-local gradient of the step (grad_unreduced's tensor), `reduced` the whole
 average the reduction leaves on this rank. Ranks fed similar data have cos near 1 and a ratio
-near 1 (more when their batches are noisy: the average cancels noise); a rank whose data
-departs has its cos drop. No collective is added: both tensors are on this rank.
+near 1 (more when their batches are noisy: the average cancels noise). Read the two together: a
+rank whose gradient outweighs the others' makes the average its own, so its cos stays high while
+the others' fall; its norm_ratio points at it (anomaly/agreement.py, docs/loss.md). No collective
+is added: both tensors are on this rank.
 
 Where a rank holds both (docs/loss.md has the table): under torch DDP (grads.py copies the local
 gradient in the post-accumulate hook of the backward pass DDP reduces, and takes the sums once
