@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import MonitorConfig
 from ..stats import fused_batch
-from ..system.stop import StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
+from ..system.stop import StopRun, stop_after_struct, stop_with_the_others
 from . import selection
-from .nan_stop import NanStop
+from .actions.board import WRITER
+from .actions.step_actions import StepActions
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
 from .step_context import StepContext
@@ -71,13 +72,16 @@ class StepRunner:
         self.built = Built()
         self.steps_recorded = 0
         self.unhook: Callable[[], None] | None = None
-        # alert.on_nan "stop", fixed now: every rank must ask the others at every step (nan_stop.py)
-        self.nan_stop = NanStop(ctx.config.module_ranks) if ctx.config.alert.on_nan == "stop" else None
+        # alert.on_nan "stop" and alert.actions, fixed now: every rank must vote at every step (actions/)
+        actions = StepActions(ctx, close)
+        self.actions = actions if actions.enabled else None
 
     # -- hooks on the optimizer -----------------------------------------------------------------
     def hook(self, adapter: Any) -> None:
         """Run the collectors around every step of the adapter's optimizer."""
         self.unhook = adapter.hook_step(self.before_update, self.after_update)
+        if self.actions is not None:
+            self.actions.attach(adapter)  # skip_step's hooks, after the monitor's own
 
     def hook_stop_only(self, adapter: Any) -> None:
         """A rank that records nothing: stop where the recording ranks stop (print_struct,
@@ -90,6 +94,8 @@ class StepRunner:
             collector.detach()
         self.built = Built()
         self.ctx.hook_batch.clear()  # nothing noted is kept alive past the monitor
+        if self.actions is not None:
+            self.actions.detach()
         if self.unhook is not None:
             self.unhook()
             self.unhook = None
@@ -129,6 +135,8 @@ class StepRunner:
     def before_update(self) -> None:
         started = time.perf_counter()
         self._run_callbacks("before_update")
+        if self.actions is not None:
+            self.actions.before_update()  # skip_step: whether every rank holds this step's update back
         self.ctx.cost.seconds += time.perf_counter() - started
 
     def after_update(self) -> None:
@@ -170,17 +178,19 @@ class StepRunner:
         ctx.hook_batch.end_step()
         ctx.losses.clear()
         ctx.grad_hooks.clear()
-        if self.nan_stop is not None:
-            with_nonfinite = self.nan_stop.ranks_with_nonfinite(batch)
-            if with_nonfinite:
-                stop_on_nan(ctx.rank, ctx.step, with_nonfinite, self._close, self.nan_stop.all_closed)
+        if self.actions is not None:  # the ranks' vote: on_nan's stop, the actions of the alerts
+            self.actions.at_step_end(ctx.step, batch)
         structure = self.built.structure
         if structure is not None and structure.enabled and ctx.recording:
             stop_after_struct(structure, ctx.output_base, ctx.rank, ctx.step, self._close)
         ctx.step += 1
         agreed = self.reload.at_step_end(ctx.shards.take_stamped(), self._check_fits)
-        if agreed is not None:
-            self.apply_config(agreed)
+        switched = self.actions.config_switch(ctx.step, agreed) if self.actions is not None else agreed
+        if switched is not None:  # an edit of the file, or an escalation starting or ending: every rank alike
+            if switched is agreed:
+                self.apply_config(switched)
+            else:
+                self.apply_config(switched, "the escalation switched the config", lockstep=True)
         was_recording = ctx.recording
         self.decide_recording()
         if self.window.closed_after(was_recording, ctx.config):
@@ -201,7 +211,10 @@ class StepRunner:
         batch = None
         if (keys or hists or flags is not None) and writer is not None:
             batch = stage_to_host(keys, chunks, len(ctx.step_ops), hists, flag_keys, flags)
-            writer.submit(ctx.step, ctx.step_ops, batch, {"heatmap": True} if ctx.config.heatmap_visualize else None)
+            ctx.board.expect(WRITER, ctx.step)  # the writer says when it read the step (actions/board.py)
+            meta = {"heatmap": True} if ctx.config.heatmap_visualize else None
+            if not writer.submit(ctx.step, ctx.step_ops, batch, meta):
+                ctx.board.done(WRITER, ctx.step)
         self.window.recorded_one()
         self.steps_recorded += 1
         return batch
@@ -210,8 +223,10 @@ class StepRunner:
         stop_with_the_others(self.ctx.rank, self.ctx.step, self._close)
 
     # -- config reload --------------------------------------------------------------------------
-    def apply_config(self, new: MonitorConfig) -> None:
-        """Put the agreed edit in force from the next step on."""
+    def apply_config(self, new: MonitorConfig, what: str = "config reloaded", lockstep: bool = False) -> None:
+        """Put the agreed edit (or an escalation's config) in force from the next step on.
+        `lockstep`: every rank switches at this step (an escalation): settings fixed at attach
+        for want of that (replica_check's) may follow it."""
         ctx = self.ctx
         old = ctx.config
         self._check_fits(new)
@@ -224,5 +239,11 @@ class StepRunner:
         self.window.reconfigure(old, new, ctx.step)
         ctx.params = selection.monitored_params(new, ctx.models, ctx.adapter, ctx.rank)
         fused_batch.prepare_for([mp.param for mp in ctx.params], self.ops)  # new ops: their kernels now
-        self.rebuild_collectors()
-        logger.info("msmon[rank %d]: config reloaded at step %d", ctx.rank, ctx.step)
+        ctx.lockstep_edit = lockstep
+        try:
+            self.rebuild_collectors()
+        finally:
+            ctx.lockstep_edit = False
+        logger.log(
+            logging.DEBUG if lockstep else logging.INFO, "msmon[rank %d]: %s at step %d", ctx.rank, what, ctx.step
+        )

@@ -70,3 +70,8 @@ def stop_on_nan(
         flush=True,
     )
     raise StopOnNan(NAN_EXIT_CODE)
+
+
+class StopOnAction(StopRun):
+    """Raised on every monitored rank at the step boundary where the ranks decided a stop action
+    of alert.actions (runtime/actions/stop.py): the exit code says the kind of fault."""

@@ -1,0 +1,197 @@
+"""The monitor's per-step decision: `alert.on_nan: "stop"` and `alert.actions`, one vote per step.
+
+At the end of step s every monitored rank gives one gather (vote.py) two numbers: whether its
+step s held a non-finite statistic (on_nan, read from the step's host copy as before), and how
+many bytes of alerts it saw at step s-1; when any rank saw an alert, one more gather carries
+them. Every rank reads the same answers and takes the same decision (decide.py): on_nan stops
+after step s, the actions of step s-1's alerts are taken at this boundary (stop after step s,
+an escalation from step s+1, notifications queued). The alerts are one step behind because
+they are made on other threads (the writer, the exchange threads: board.py) while the next
+step trains; waiting for them here costs nothing when those threads keep up, which they do
+unless the machine's cores are busy (then the training waits for them, at most
+alert.vote_timeout). skip_step decides before the optimizer step, from the step's own rows
+(skip.py). Everything is fixed when the monitor attaches: every rank must vote at every step.
+A vote that fails (a rank died or hangs) is said once and switches the actions off on this rank;
+training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import socket
+from typing import TYPE_CHECKING, Any, Callable
+
+from ...anomaly.seen import Seen
+from ...config import MonitorConfig
+from ...system.stop import stop_on_nan
+from .board import ActionBoard
+from .decide import triggers, views
+from .escalate import Escalation
+from .nonfinite import has_nonfinite
+from .notify import Notifications
+from .skip import SkipStep
+from .stop import ActionStop
+from .vote import StepVote, VoteFailed
+
+if TYPE_CHECKING:
+    from ..step_context import StepContext
+    from ..transfer import HostBatch
+
+logger = logging.getLogger("msmon")
+
+
+class StepActions:
+    """One monitor's vote and actions (module docstring); `close` closes the monitor."""
+
+    def __init__(self, ctx: StepContext, close: Callable[[], None]) -> None:
+        config = ctx.config
+        self.ctx = ctx
+        self._close_monitor = close
+        self.on_nan = config.alert.on_nan == "stop"
+        self.actions = list(config.alert.actions)
+        self.vote = StepVote(config.module_ranks, config.alert.vote_timeout)
+        self.board = ActionBoard(active=bool(self.actions))
+        ctx.board = self.board
+        does = {action.do for action in self.actions}
+        self.escalation = Escalation(speaker=False) if "escalate" in does else None
+        self.skip = SkipStep(ctx, self.actions, self.vote) if "skip_step" in does else None
+        self.notify = Notifications(ctx.rank, speaker=False) if "notify" in does else None
+        self.stopper = ActionStop(ctx.rank, ctx.output_base, self.vote) if "stop" in does else None
+        self.off: str | None = None
+        self._host = socket.gethostname()
+        self._late_said = False
+        self._started = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.on_nan or bool(self.actions)
+
+    def attach(self, adapter: Any) -> None:
+        """At set_monitor: skip_step's hooks (a ConfigError where msmon does not own the step)."""
+        if self.skip is not None:
+            self.skip.install(adapter)
+
+    def detach(self) -> None:
+        if self.skip is not None:
+            self.skip.remove()
+
+    def _start(self) -> None:
+        """At the first vote (torch.distributed is up by then): who speaks for the job."""
+        self._started = True
+        speaker = self.ctx.rank == self.vote.members()[0]
+        if self.escalation is not None:
+            self.escalation.speaker = speaker
+        if self.notify is not None:
+            self.notify = Notifications(self.ctx.rank, speaker)
+
+    # -- before the optimizer step -----------------------------------------------------------------
+    def before_update(self) -> None:
+        """skip_step's decision for the step now ending (every rank, every step)."""
+        if self.skip is None or self.off is not None:
+            return
+        if not self._started:
+            self._start()
+        try:
+            self.skip.decide()
+        except VoteFailed as exc:
+            self._failed(exc)
+
+    # -- at the end of the step ----------------------------------------------------------------------
+    def at_step_end(self, trained: int, batch: HostBatch | None) -> None:
+        """After step `trained` on every monitored rank: the vote, then on_nan's stop and the
+        actions of step `trained - 1`'s alerts (a stop raises StopRun)."""
+        if self.skip is not None:
+            self.skip.skipping = False
+        if self.off is not None:
+            return
+        if not self._started:
+            self._start()
+        try:
+            nonfinite = has_nonfinite(batch) if self.on_nan else False
+            seen_here = self._seen(trained - 1) if self.actions else []
+            mine = pickle.dumps(seen_here) if seen_here else b""
+            answers = self.vote.numbers([1.0 if nonfinite else 0.0, float(len(mine))])
+            sizes = [int(a[1]) for a in answers]
+            payloads = self.vote.payloads(mine, sizes) if any(sizes) else []
+        except VoteFailed as exc:
+            self._failed(exc)
+            return
+        members = self.vote.members()
+        with_nonfinite = [rank for rank, answer in zip(members, answers) if answer[0] > 0]
+        if with_nonfinite:
+            stop_on_nan(self.ctx.rank, trained, with_nonfinite, self._close_monitor, self.vote.all_closed)
+        seen: list[Seen] = [one for payload in payloads if payload for one in pickle.loads(payload)]
+        stops = []
+        for view in views(seen, members):
+            for trigger in triggers(self.actions, view):
+                do = trigger.action.do
+                if do == "notify" and self.notify is not None:
+                    self.notify.consider(trigger)
+                elif do == "escalate" and self.escalation is not None:
+                    self.escalation.consider(trigger)
+                elif do == "stop":
+                    stops.append(trigger)
+        if stops and self.stopper is not None:
+            self.stopper.stop(stops[0], trained, self._close_monitor)
+
+    def _seen(self, step: int) -> list[Seen]:
+        """What this rank saw up to `step`, once its readers finished it (a bounded wait)."""
+        late = self.board.wait_finished(step, self.vote.timeout.total_seconds())
+        if late and not self._late_said:
+            self._late_said = True
+            logger.warning(
+                "msmon[rank %d]: %s had not read step %d after %g s (alert.vote_timeout); its alerts join a later "
+                "vote (said once)",
+                self.ctx.rank,
+                " and ".join(late),
+                step,
+                self.vote.timeout.total_seconds(),
+            )
+        return [one.on_host(self._host) for one in self.board.take(step)]
+
+    def config_switch(self, next_step: int, agreed: MonitorConfig | None) -> MonitorConfig | None:
+        """The config to put in force at this boundary: an escalation's start or end, else the
+        edit the ranks agreed on (`agreed`), else None."""
+        if self.escalation is None or self.off is not None:
+            return agreed
+        return self.escalation.at_boundary(next_step, self.ctx.config, agreed)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.off = str(exc)
+        self.board.active = False
+        logger.error(
+            "msmon[rank %d]: step %d: %s; alert.actions and on_nan are off on this rank, training goes on",
+            self.ctx.rank,
+            self.ctx.step,
+            exc,
+        )
+
+    # -- the end of the run ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """At the monitor's close: the notifications still queued get a bounded wait."""
+        if self.notify is not None:
+            self.notify.close()
+
+    def summary(self, last_trained: int | None) -> dict[str, Any]:
+        """What the actions did, for summary.json."""
+        out: dict[str, Any] = {}
+        if self.escalation is not None:
+            out["escalations"] = self.escalation.summary(last_trained)
+        if self.skip is not None:
+            out["skipped_steps"] = list(self.skip.skipped)
+            out["skips"] = len(self.skip.skipped)
+        if self.notify is not None:
+            delivery = self.notify.delivery
+            if delivery is not None:
+                out["notify"] = {
+                    "sent": delivery.sent,
+                    "failed": delivery.failed,
+                    "dropped": delivery.dropped,
+                    "close_seconds": delivery.close_seconds,
+                }
+                if delivery.errors:
+                    out["notify"]["errors"] = delivery.errors
+        if self.off is not None:
+            out["actions_off"] = self.off
+        return out
