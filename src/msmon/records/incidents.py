@@ -48,7 +48,12 @@ def occurrences(incidents: list[dict[str, Any]], verdict: str | None, step: int)
 def append_incident(output_base: str, record: dict[str, Any]) -> None:
     """Add one record (one line, flushed to disk); OSError when it cannot be written."""
     os.makedirs(output_base, exist_ok=True)
-    with open(ledger_path(output_base), "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, default=str) + "\n")
+    path = ledger_path(output_base)
+    with open(path, "a+b") as fh:
+        torn = False
+        if fh.seek(0, os.SEEK_END) > 0:
+            fh.seek(-1, os.SEEK_END)
+            torn = fh.read(1) != b"\n"  # an earlier run was killed mid-line
+        fh.write((("\n" if torn else "") + json.dumps(record, default=str) + "\n").encode())
         fh.flush()
         os.fsync(fh.fileno())

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...anomaly.seen import Seen
-from ...output.notify import Delivery, Notifier, Target
+from ...output.notify import CLOSE_SECONDS, Delivery, Notifier, Target
 from ...records.runs import current_run_id
 from .decide import Trigger
 
@@ -93,10 +93,10 @@ class Notifications:
             for message in messages:
                 self.notifier.send(target, message)
 
-    def close(self) -> None:
+    def close(self, seconds: float = CLOSE_SECONDS) -> None:
         """At the monitor's close: wait a bounded time for what is queued (once)."""
         if self.notifier is not None and self._closed is None:
-            self._closed = self.notifier.close()
+            self._closed = self.notifier.close(seconds)
 
     @property
     def delivery(self) -> Delivery | None:

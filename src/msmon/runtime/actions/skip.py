@@ -9,8 +9,9 @@ When it is decided. Before the optimizer step, so the decision needs the step's 
 the host before `optimizer.step` runs, as GradScaler needs its found-inf flag: in the step's
 pre-hook, once the monitor has read the gradients, the rows recorded so far (activations, the
 loss, the rank-local and, under torch.optim, the reduced gradients) are read on the host (a
-device sync on an accelerator), the alert rules (a history of their own, fed only these rows)
-look at them, and every rank gives what it saw to one gather on msmon's group (vote.py); every
+device sync on an accelerator), the alert rules (a history of their own, fed only these rows;
+a skipped step's values leave it again, as Lightning's SpikeDetection keeps a spike out of its
+running mean) look at them, and every rank gives what it saw to one gather on msmon's group (vote.py); every
 rank then decides alike. Only with a skip_step action configured; the cost (the sync, the rule
 scan, one gather per step) is in docs/actions.md and benchmarks/nan_stop_cost.py. A step that is
 not recorded is never skipped (no statistics); rules known only after the step
@@ -84,6 +85,7 @@ class SkipStep:
         self.skipped: list[dict[str, Any]] = []
         self.off: str | None = None
         self._counts: dict[int, int] = {}
+        self._before: tuple[torch.Tensor, torch.Tensor] | None = None  # the rules' history before this step
         self._removers: list[Callable[[], None]] = []
 
     @property
@@ -122,6 +124,7 @@ class SkipStep:
         whether every rank skips this step. Every monitored rank calls it at every step."""
         ctx = self.ctx
         self.skipping = False
+        self._before = None
         mine = b""
         if ctx.recording and self.off is None:
             mine = self._what_i_saw()
@@ -143,6 +146,7 @@ class SkipStep:
         if not keys:
             return b""
         table = torch.cat([c.detach().to("cpu", torch.float64) for c in chunks])  # the host sync skip_step costs
+        self._before = self.engine.snapshot()
         alerts = self.engine.scan(keys, ctx.step_ops, None, table)
         seen = [from_alert(ctx.rank, ctx.step, alert) for alert in alerts]
         return pickle.dumps(seen) if seen else b""
@@ -163,6 +167,8 @@ class SkipStep:
     def _skip(self, trigger: Trigger) -> None:
         ctx = self.ctx
         self.skipping = True
+        if self._before is not None:  # a skipped step's values do not enter the history (Lightning's SpikeDetection)
+            self.engine.restore(self._before)
         self.skipped.append({"step": ctx.step, "action": trigger.index, "why": trigger.why()})
         if not self.speaker:
             return
