@@ -135,7 +135,10 @@ def test_an_endpoint_that_sleeps_10_s_holds_neither_the_sender_nor_the_close_pas
 
 def test_a_command_gets_the_alert_in_its_environment(tmp_path):
     out = tmp_path / "env.json"
-    script = f"import json, os; json.dump({{k: v for k, v in os.environ.items() if k.startswith('MSMON_ALERT_')}}, open({str(out)!r}, 'w'))"
+    script = (
+        "import json, os; "
+        f"json.dump({{k: v for k, v in os.environ.items() if k.startswith('MSMON_ALERT_')}}, open({str(out)!r}, 'w'))"
+    )
     notifications = Notifications(rank=0, speaker=True)
     action = notify_action(command=[sys.executable, "-c", script])
     for trigger in triggers([action], views([alert(1, 7, "fc2.weight")], [0, 1])[0]):
