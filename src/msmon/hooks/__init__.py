@@ -65,6 +65,7 @@ class Session:
     error: str | None = None  # why the process was stopped before training, if it was
     stood_down: bool = False  # the script built its own TrainerMon: it monitors itself (hooks/explicit.py)
     stop_said_by_launcher: bool = False  # under `msmon run`: its end-of-job line gives a stop's reason, once
+    forked: bool = False  # a forked child that took the session over (`continue_in_fork`)
 
     @classmethod
     def from_file(cls, config_path: str, build_monitor: MonitorFactory) -> Session:
@@ -79,6 +80,7 @@ class Session:
         self.pid = os.getpid()
         self.monitors = []
         self.error = None
+        self.forked = True
 
     def may_attach(self) -> bool:
         """Whether an optimizer built (or handed over) here may get a monitor: this is a

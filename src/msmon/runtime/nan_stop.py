@@ -1,14 +1,27 @@
 """`alert.on_nan: "stop"`: end the job, on every rank at the same step, after a step whose
-statistics hold a NaN or an inf.
+statistics show a tensor holding a NaN or an inf.
 
 Why here and how. The NaN is seen per rank, on the host, once the step's one copy has arrived.
 Stopping one rank alone would leave the others waiting in the training's next collective, so
-each monitored rank, at the end of every optimizer step, gives one number (1: this step's
-statistics or finiteness flags show a tensor holding a NaN or an inf; 0: not) to one all_gather on msmon's own
-gloo group, and every rank stops when any number is 1. Every rank reads the same numbers after
-the same step, so all stop after that step, or none does. The stop closes the monitor first
-(every pending step written, the anomaly dump with this step's alerts, summary.json), then
-raises `StopOnNan` (a SystemExit with a non-zero code).
+each monitored rank, at the end of every optimizer step, gives one number (1: this step's rows
+or finiteness flags show a non-finite tensor; 0: not) to one all_gather on msmon's own gloo
+group, and every rank stops when any number is 1. Every rank reads the same numbers after the
+same step, so all stop after that step, or none does. The stop closes the monitor first (every
+pending step written, the anomaly dump with this step's alerts, summary.json), then raises
+`StopOnNan` (a SystemExit with a non-zero code).
+
+Only tensors count (`has_nonfinite`): a derived value that is undefined (the gradient
+agreement's cos of a rank whose local gradient is exactly zero, 0/0: records.DERIVED_CATEGORIES)
+and a norm that overflowed on a tensor whose min and max prove it finite (stats/finiteness.py)
+never stop a job that trains on finite data.
+
+Uneven inputs. Under DDP's `join()` a rank that ran out of inputs waits in the join context
+while the others train on; it takes no more steps, so it would give no number, and the others
+would wait in the gather. From the moment it waits there (seams/join_calls.py) a thread of that
+rank gives LEFT in each round, until a round in which every rank is LEFT (all have left their
+loops; the rank's training thread waits for that round before it goes on, so the next step's
+round is the next one on every rank). A round with a 1 still stops the ranks that train; the
+thread answers their closing round, then ends.
 
 What it costs, and only when asked for: the training thread waits at the end of each recorded
 step for that step's statistics to reach the host (on a GPU: for the step's kernels to finish),

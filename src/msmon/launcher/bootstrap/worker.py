@@ -164,7 +164,7 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
     attached = record.data["monitors"] if record is not None else session.monitors
     if attached or session.error is not None or session.stood_down:  # said why already, or the script's own monitor
         return
-    if not unmonitored.built_any() and not unmonitored_rank(record):
+    if not unmonitored.built_any() and not unmonitored_rank(record, session.forked):
         return  # a launcher's process (accelerate's, deepspeed's, the mp.spawn parent) or a helper
     reason = unmonitored.reason()
     log_dir = unmonitored.write_summary(session, reason)
@@ -181,15 +181,19 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
         record.confirm()
 
 
-def unmonitored_rank(record: WorkerRecord | None) -> bool:
+def unmonitored_rank(record: WorkerRecord | None, forked: bool = False) -> bool:
     """Whether a process that built no optimizer was a training rank all the same (its
     directory then says that nothing was monitored, and why): torch.distributed ran in it, or
     a torch elastic agent started it as a rank, or it is the job's first process and no other
-    process of the job was a rank (a plain `python train.py`). Never a DataLoader worker."""
+    process of the job was a rank (a plain `python train.py`). Never a DataLoader worker, nor
+    another forked helper (`forked`: a child that took the session over) that started no
+    torch.distributed."""
     if hooks.in_dataloader_worker():
         return False
     if is_initialized() or boot.rank_by_environment(os.environ):
         return True
+    if forked:
+        return False
     if record is None:  # `import msmon.auto` without `msmon run`: the script asked for this process
         return True
     return boot.is_first_process(os.environ) and not record.others()
