@@ -1,12 +1,17 @@
-"""Two DDP ranks that a healthy script starts and trains in ways msmon once got wrong, each
-writing its own truth; run under `msmon run --no-torchrun` with `alert.on_nan: "stop"`, and
-plainly (`--plain` only changes the truth file's name: the script has no monitoring code).
+"""Two DDP ranks that a healthy script trains in ways msmon once got wrong, each writing its
+own truth. Two ways to start them:
 
-- The ranks are forked: torch.multiprocessing.start_processes(start_method="fork") from a
-  parent that imported torch (and, under `msmon run`, msmon's bootstrap) and builds nothing.
-  Each rank iterates a DataLoader with a worker process before it builds its optimizer (the
-  worker is forked from a process that is not a rank yet); the dataset builds an optimizer in
-  the worker, which must never be monitored.
+- `torchrun --nproc-per-node 2 uneven_ddp.py OUT torchrun CONFIG`: each rank trains twice, with
+  the script's own TrainerMon on CONFIG (`alert.on_nan: "stop"`), then plainly: the plain run's
+  weights are what every monitored run must end with;
+- `msmon run --no-torchrun -- python uneven_ddp.py OUT fork`: the ranks are forked by
+  torch.multiprocessing.start_processes(start_method="fork") from a parent that imported torch
+  (and msmon's bootstrap) and builds nothing; msmon attaches by itself. Each rank iterates a
+  DataLoader with a worker process before it builds its optimizer (the worker is forked from a
+  process that is no rank yet); the dataset builds an optimizer in the worker, which must never
+  be monitored.
+
+What every run does:
 - DDP with find_unused_parameters=True: the `extra` layer is used on rank 0 only, so rank 1's
   local gradient of it is zero and DDP's reduction still writes the average into its `.grad`.
 - A GradScaler whose first scaled losses overflow (to inf, forced here: the loss is multiplied
@@ -21,10 +26,8 @@ the loss of each rank; the rank-local gradient (the sum of autograd.grad of an u
 of the model, taken before DDP reduces); and, while both ranks train, the reduced gradient
 recomputed from both ranks' local gradients gathered with torch.distributed (mean over the
 world, DDP's average), so that cos and |local|/|reduced| do not take DDP's word for it. After
-rank 1 joined, rank 0's reduced gradient is DDP's `.grad` (rank 1 contributes zeros).
-Final weights are saved, to be compared with the plain run's.
-
-argv: out_dir rendezvous_dir [--plain]
+rank 1 joined, rank 0's reduced gradient is DDP's `.grad` (rank 1 contributes zeros). The final
+weights are saved too. Files: OUT/{monitored,plain,forked}_rank{r}.pt.
 """
 
 from __future__ import annotations
@@ -69,15 +72,19 @@ def flat(tensors) -> torch.Tensor:
     return torch.cat([t.reshape(-1).double() for t in tensors])
 
 
-def train(rank: int, world: int, out: str, rendezvous: str, tag: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
-    for _ in torch.utils.data.DataLoader(OptimizerInWorker(), num_workers=1):
-        pass
+def train(rank: int, world: int, config: str | None = None) -> dict:
+    """The job on this rank, with a TrainerMon on `config` when given: its truth."""
     torch.manual_seed(0)
     model, reference = Net(), Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    mon = None
+    if config is not None:  # imported here: the forked job's parent imports torch and nothing of msmon
+        from msmon import TrainerMon
+
+        mon = TrainerMon(config)
     ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=True)
+    if mon is not None:
+        mon.set_monitor(ddp, optimizer)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=1000)
     use_extra = rank == 0
     gen = torch.Generator().manual_seed(100 + rank)
@@ -125,17 +132,34 @@ def train(rank: int, world: int, out: str, rendezvous: str, tag: str) -> None:
                 "both": both,
             }
             step += 1
+    if mon is not None:
+        mon.close()
     truth["weights"] = {k: v.clone() for k, v in model.state_dict().items()}
-    torch.save(truth, os.path.join(out, f"{tag}_rank{rank}.pt"))
     print(f"rank {rank}: {step} steps, {truth['skipped']} skipped", flush=True)
+    return truth
+
+
+def forked_rank(rank: int, world: int, out: str, rendezvous: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    for _ in torch.utils.data.DataLoader(OptimizerInWorker(), num_workers=1):
+        pass
+    torch.save(train(rank, world), os.path.join(out, f"forked_rank{rank}.pt"))
     dist.destroy_process_group()
 
 
 def main() -> None:
-    out, rendezvous = sys.argv[1], sys.argv[2]
-    tag = "plain" if "--plain" in sys.argv[3:] else "monitored"
-    store = os.path.join(rendezvous, f"{tag}-{os.getpid()}")
-    mp.start_processes(train, args=(2, out, store, tag), nprocs=2, join=True, start_method="fork")
+    out, how = sys.argv[1], sys.argv[2]
+    if how == "fork":  # the ranks meet through a file named for this job, never through a port
+        store = os.path.join(out, f"rendezvous-{os.getpid()}")
+        mp.start_processes(forked_rank, args=(2, out, store), nprocs=2, join=True, start_method="fork")
+        return
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.save(train(rank, world, sys.argv[3]), os.path.join(out, f"monitored_rank{rank}.pt"))
+    torch.save(train(rank, world), os.path.join(out, f"plain_rank{rank}.pt"))
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
