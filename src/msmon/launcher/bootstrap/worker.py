@@ -22,7 +22,6 @@ registered with multiprocessing too (system/process_end.py).
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -117,7 +116,8 @@ def _begin(session: hooks.Session, record: WorkerRecord | None) -> hooks.Session
     unmonitored = _unmonitored = Unmonitored()
     session.listeners.insert(0, _mark_rank)
     session.listeners.append(unmonitored.on_event)
-    atexit.register(_report_at_exit, session, record, unmonitored)  # runs after the monitors closed (LIFO)
+    # runs after the monitors closed (last in, first out), in a multiprocessing child too
+    process_end.at_end(lambda: _report_at_exit(session, record, unmonitored))
     os.register_at_fork(after_in_child=_after_fork_in_child)
     process_end.in_forked_children(session, _report_in_forked_child)
     explicit.watch(session)
@@ -127,8 +127,9 @@ def _begin(session: hooks.Session, record: WorkerRecord | None) -> hooks.Session
 
 def _after_fork_in_child() -> None:
     """A forked child: the child of a rank stays its helper; the child of a process that is no
-    rank (yet) takes the session over, as a rank may (module docstring). Its inherited atexit
-    handler then reports for it."""
+    rank (yet) takes the session over, as a rank may (module docstring). The report at exit
+    it inherited then speaks for it (a multiprocessing child registers its own:
+    `_report_in_forked_child`)."""
     session = _session
     if session is None or session.in_owner_process() or boot.is_child_here():
         return
@@ -162,8 +163,8 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
     if record is not None:
         record.finish(session.monitors)
     attached = record.data["monitors"] if record is not None else session.monitors
-    if attached or session.error is not None or session.stood_down:  # said why already, or the script's own monitor
-        return
+    if attached or unmonitored.attached or session.error is not None or session.stood_down:
+        return  # monitored (a monitor closed with its dropped optimizer counts), said why already, or the script's own
     if not unmonitored.built_any() and not unmonitored_rank(record, session.forked):
         return  # a launcher's process (accelerate's, deepspeed's, the mp.spawn parent) or a helper
     reason = unmonitored.reason()
@@ -206,9 +207,12 @@ class Unmonitored:
     def __init__(self) -> None:
         self.skipped: list[str] = []
         self.deferred: list[str] = []
+        self.attached = 0  # monitors attached here (a monitor closed early, its optimizer dropped, counts too)
 
     def on_event(self, event: str, info: dict) -> None:
-        if event == "skipped":
+        if event == "attached":
+            self.attached += 1
+        elif event == "skipped":
             self.skipped.append(f"{info['optimizer']}: {info['reason']}")
         elif event == "deferred":
             self.deferred.append(
@@ -219,6 +223,7 @@ class Unmonitored:
         """A forked child that took the session over: what its parent built is not its own."""
         self.skipped.clear()
         self.deferred.clear()
+        self.attached = 0
 
     def built_any(self) -> bool:
         """An optimizer was built here (skipped or left for a step that never came)."""
