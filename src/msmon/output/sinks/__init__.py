@@ -13,7 +13,9 @@ package loads none of them (nor torch).
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import os
 import pkgutil
 from typing import TYPE_CHECKING, Callable, TypeVar
@@ -25,7 +27,15 @@ from .base import Sink
 if TYPE_CHECKING:
     from ...config import MonitorConfig
 
-__all__ = ["Sink", "sink_format", "format_names", "check_formats", "registered_formats", "build_sinks"]
+__all__ = [
+    "Sink",
+    "sink_format",
+    "format_names",
+    "check_formats",
+    "required_modules",
+    "registered_formats",
+    "build_sinks",
+]
 
 SINK_FILE_SUFFIX = "_sink"  # `csv_sink.py` writes `format: csv`
 _S = TypeVar("_S", bound=type[Sink])
@@ -60,14 +70,45 @@ def format_names() -> list[str]:
 
 
 def check_formats(config: MonitorConfig, path: str | os.PathLike | None = None) -> None:
-    """Refuse a config whose `format` names no sink file, before training (or before a hot
-    reload takes it), with the closest name; `path`, the config file's, prefixes the message as
-    the config's own errors do."""
+    """Refuse a config whose `format` names no sink file, or a format whose optional package is
+    not installed, before training (or before a hot reload takes it), with the closest name or
+    what to install; `path`, the config file's, prefixes the message as the config's own errors do."""
     known = format_names()
     for name in config.format:
+        message = None
         if name not in known:
             message = f"format: unknown format {short_repr(name)}; expected {known}{did_you_mean(name, known)}"
+        else:
+            missing = [(m, extra) for m, extra in required_modules(name).items() if not _installed(m)]
+            if missing:
+                module, extra = missing[0]
+                message = f"format: {name!r} needs {module}, which is not installed: pip install '{extra}'"
+        if message is not None:
             raise ConfigError(f"{path}: {message}" if path is not None else message)
+
+
+def required_modules(name: str) -> dict[str, str]:
+    """{module: what to pip install} that format `name` needs beyond msmon's own dependencies: the
+    literal `REQUIRES = {...}` of its sink file, read from the file's text without importing it
+    (no torch, no optional package), so that a missing one is a config error before training."""
+    path = os.path.join(os.path.dirname(__file__), f"{name}{SINK_FILE_SUFFIX}.py")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, SyntaxError):
+        return {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "REQUIRES" for t in node.targets):
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def registered_formats() -> dict[str, type[Sink]]:
