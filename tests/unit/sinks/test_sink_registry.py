@@ -20,6 +20,7 @@ from msmon.output import sinks
 from msmon.output.sinks.api_sink import ApiSink
 from msmon.output.sinks.base import Sink
 from msmon.output.sinks.csv_sink import CsvSink
+from msmon.output.sinks.parquet_sink import ParquetSink
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
 
 
@@ -29,13 +30,23 @@ def test_the_format_names_are_the_sink_files_names_read_without_importing_them_o
         "print(sinks.format_names(), sorted(m for m in sys.modules if m.endswith('_sink')), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['api', 'csv', 'tensorboard'] [] False"
+    assert out.strip() == "['api', 'csv', 'parquet', 'tensorboard'] [] False"
     assert sorted(sinks.registered_formats()) == sinks.format_names()
 
 
 def test_each_sink_class_is_registered_under_the_name_its_log_lines_use():
-    assert sinks.registered_formats() == {"csv": CsvSink, "tensorboard": TensorBoardSink, "api": ApiSink}
-    assert (CsvSink.name, TensorBoardSink.name, ApiSink.name) == ("csv", "tensorboard", "api")
+    assert sinks.registered_formats() == {
+        "csv": CsvSink,
+        "tensorboard": TensorBoardSink,
+        "api": ApiSink,
+        "parquet": ParquetSink,
+    }
+    assert (CsvSink.name, TensorBoardSink.name, ApiSink.name, ParquetSink.name) == (
+        "csv",
+        "tensorboard",
+        "api",
+        "parquet",
+    )
 
 
 def test_the_sinks_are_built_in_the_order_the_format_names_them(tmp_path):
@@ -136,7 +147,7 @@ def test_a_new_sink_file_is_a_format_the_config_accepts_and_gets_every_recorded_
     write_config, output_dir, new_sink_file
 ):
     new_sink_file(LINES_SINK)
-    assert sinks.format_names() == ["api", "csv", "lines", "tensorboard"]
+    assert sinks.format_names() == ["api", "csv", "lines", "parquet", "tensorboard"]
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -170,13 +181,13 @@ def test_the_config_takes_any_format_name_and_the_sink_registry_refuses_an_unkno
         sinks.check_formats(config, "/jobs/monitor.json")
     assert str(err.value) == (
         "/jobs/monitor.json: format: unknown format 'tensorbord'; "
-        "expected ['api', 'csv', 'tensorboard'] (did you mean 'tensorboard'?)"
+        "expected ['api', 'csv', 'parquet', 'tensorboard'] (did you mean 'tensorboard'?)"
     )
     sinks.check_formats(parse_config({"format": ["api", "csv", "tensorboard"]}))
 
 
 def test_trainermon_refuses_an_unknown_format_before_training_with_the_file_and_the_known_ones(write_config):
-    path = write_config({"wg_distribution": True, "format": ["csv", "parquet"]})
+    path = write_config({"wg_distribution": True, "format": ["csv", "hdf5"]})
     with pytest.raises(ConfigError) as err:
         TrainerMon(path)
-    assert str(err.value) == f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'tensorboard']"
+    assert str(err.value) == f"{path}: format: unknown format 'hdf5'; expected ['api', 'csv', 'parquet', 'tensorboard']"

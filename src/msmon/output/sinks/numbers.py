@@ -64,10 +64,10 @@ def csv_table(table: torch.Tensor, ndigits: int) -> torch.Tensor:
     if rounding is not None and table.is_cpu:
         out = torch.empty_like(table)
         n = table.numel()
-        doubtful = (ctypes.c_int64 * n)()
-        count = rounding(table.data_ptr(), out.data_ptr(), n, ndigits, _DECADES.data_ptr(), ctypes.addressof(doubtful))
+        left = (ctypes.c_int64 * n)()
+        count = rounding(table.data_ptr(), out.data_ptr(), n, ndigits, _DECADES.data_ptr(), ctypes.addressof(left))
         flat = out.view(-1)
-        for i in doubtful[:count]:  # the kernel left these values as they were
+        for i in left[:count]:  # the kernel left these values as they were
             flat[i] = csv_value(float(flat[i]), ndigits)
         return out
     rounded, doubtful = _rounded_tensor(table, ndigits)
