@@ -144,7 +144,7 @@ class MonitorConfig:
     parquet_roll_steps: int = key(
         100,
         doc="msmon: steps per Parquet file (format parquet); a rank killed mid-run loses at most these "
-        "(docs/output.md)",
+        "(docs/results.md)",
         minimum=1,
     )
     parquet_roll_mb: int = key(

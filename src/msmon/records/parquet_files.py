@@ -12,7 +12,7 @@ renamed to its `*.parquet` name, when the window of `roll_steps` steps ends, pas
 or when the writer closes. Durability follows: a row group is readable only once its file is
 closed (Parquet's footer, which says where every row group is, is written last), so a rank
 killed with SIGKILL loses the rows of its open file, at most `roll_steps` steps, and leaves
-every `*.parquet` file whole (docs/output.md).
+every `*.parquet` file whole (docs/results.md, "Parquet").
 """
 
 from __future__ import annotations

@@ -142,46 +142,32 @@ def test_a_restarted_writer_adds_files_and_never_replaces_one(tmp_path):
 
 
 def test_a_rank_killed_mid_write_leaves_every_parquet_file_readable(tmp_path):
-    """SIGKILL while row groups of an open file are on disk: the closed files read whole (pyarrow
-    and DuckDB), the open one is a hidden .tmp that no *.parquet glob reads (and could not be
-    read: it has no footer), and msmon db loads the rest and counts it."""
+    """SIGKILL while a rank writes row groups into its open file: the closed files read whole
+    (pyarrow and DuckDB), the open one is a hidden .tmp that no *.parquet glob reads (and could
+    not be read: it has no footer), and msmon db loads the rest and counts it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "scripts" / "parquet_writer_forever.py"), str(tmp_path), "5"], env=env
-    )
-    block = tmp_path / "parquet" / "run=killed-run" / "rank_block=0"
+    script = ROOT / "tests" / "scripts" / "parquet_writer_killed.py"
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), "5"], env=env, stdout=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            names = os.listdir(block) if block.is_dir() else []
-            open_files = [block / n for n in names if UNFINISHED_FILE.match(n)]
-            if len([n for n in names if PARQUET_FILE.match(n)]) >= 2 and any(
-                p.exists() and p.stat().st_size > 1000 for p in open_files
-            ):
-                break
-            time.sleep(0.01)
-        else:
-            pytest.fail("the writer did not close two files and start a third within 60 s")
+        assert proc.stdout is not None and proc.stdout.readline() == b"open\n"
+        time.sleep(0.2)  # writing row groups into the open file meanwhile
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
+    block = tmp_path / "parquet" / "run=killed-run" / "rank_block=0"
     files = parquet_files(tmp_path)
-    leftovers = [block / n for n in os.listdir(block) if UNFINISHED_FILE.match(n)]
-    assert len(files) >= 2 and len(leftovers) == 1
-    for path in files:
-        assert pq.read_table(path).num_rows > 0
-    rows = (
-        duckdb.connect()
-        .execute(
-            "SELECT count(*), count(DISTINCT step) FROM read_parquet(?, hive_partitioning = true)",
-            [str(tmp_path / "parquet" / "*" / "*" / "*.parquet")],
-        )
-        .fetchone()
+    (leftover,) = [block / n for n in os.listdir(block) if UNFINISHED_FILE.match(n)]
+    assert [p.name for p in files] == ["part-00005-00000.parquet", "part-00005-00001.parquet"]
+    assert [pq.read_table(p).num_rows for p in files] == [3 * 80, 3 * 80]
+    assert leftover.stat().st_size > 1000  # row groups of steps 6 and 7 at least
+    got = duckdb.connect().execute(
+        "SELECT count(*), min(step), max(step) FROM read_parquet(?, hive_partitioning = true)",
+        [str(tmp_path / "parquet" / "*" / "*" / "*.parquet")],
     )
-    assert rows[0] == rows[1] * 20 * 4 and rows[1] % 3 == 0  # whole windows of 3 steps only
+    assert got.fetchone() == (6 * 80, 0, 5)
     with pytest.raises(pa.ArrowInvalid):  # what a reader would meet without the rename: no footer
-        pq.read_table(leftovers[0])
+        pq.read_table(leftover)
     from click.testing import CliRunner
 
     from msmon.launcher.cli import main
@@ -190,7 +176,7 @@ def test_a_rank_killed_mid_write_leaves_every_parquet_file_readable(tmp_path):
     assert result.exit_code == 0, result.output
     assert "1 Parquet files not closed yet" in result.output
     con = duckdb.connect(str(tmp_path / "run.duckdb"), read_only=True)
-    assert con.execute("SELECT count(*) FROM metrics").fetchone()[0] == rows[0]
+    assert con.execute("SELECT count(*) FROM metrics").fetchone() == (6 * 80,)
 
 
 def test_the_format_declares_pyarrow_and_a_missing_pyarrow_is_refused_before_training(monkeypatch, write_config):

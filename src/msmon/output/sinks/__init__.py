@@ -8,7 +8,9 @@ names are checked here, by `check_formats`, where a config is loaded for use (Tr
 reload, the launcher). A sink file declares its Sink class with `@sink_format("name")`, which
 holds it to its file's name; the rank output builds its sinks from this registry, so a new format
 is one file in this folder. The sink files load when sinks are first built: importing this
-package loads none of them (nor torch).
+package loads none of them (nor torch). A format that needs an optional package says so in its
+file, `REQUIRES = {"pyarrow": "msmon[parquet]"}`, read from the text (`required_modules`), so
+that `check_formats` refuses it before training when the package is missing, never mid-run.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ catalog `msmon db` makes), Spark, Trino and ClickHouse read them in place.
 The values are the CSV's (`csv_value` with `ndigits`), so that the two formats of a run hold
 the same numbers and `msmon db` reads either. The rows of a step are buffered, not flushed
 (`flush` is a no-op): a row group is durable once its file is closed, so a rank killed
-mid-run loses at most `parquet_roll_steps` steps of its open file (docs/output.md). pyarrow is
+mid-run loses at most `parquet_roll_steps` steps of its open file (docs/results.md, "Parquet"). pyarrow is
 an optional extra (`msmon[parquet]`): `check_formats` refuses the format before training when
 it is not installed (REQUIRES, read without importing this file).
 """
