@@ -6,8 +6,9 @@ sink. pyarrow is imported with this module, which only the `parquet` format and 
 
 Rows arrive as columns for one window of steps: the step, a tensor id (`tensor_ids`: category,
 pipeline chunk, name and micro-step, interned), an op id and the value. They are kept until
-`row_group_rows` of them are waiting, then written as one row group (zstd; the strings
-dictionary-encoded, so that a name costs a few bits a row). A file is closed, and only then
+`row_group_rows` of them are waiting, then written as one row group (zstd; every column but
+the value dictionary-encoded, so that a name costs a few bits a row; no min/max statistics on
+the value, which would leave NaN out and let readers skip the row groups that hold one). A file is closed, and only then
 renamed to its `*.parquet` name, when the window of `roll_steps` steps ends, past `roll_bytes`,
 or when the writer closes. Durability follows: a row group is readable only once its file is
 closed (Parquet's footer, which says where every row group is, is written last), so a rank
@@ -26,7 +27,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .parquet_layout import COLUMNS, DICTIONARY_COLUMNS, TENSORS_KEY, file_name, next_seq, unfinished_name
+from .parquet_layout import (
+    COLUMNS,
+    DICTIONARY_COLUMNS,
+    STATISTICS_COLUMNS,
+    TENSORS_KEY,
+    file_name,
+    next_seq,
+    unfinished_name,
+)
 
 ROW_GROUP_ROWS = 131_072  # rows per row group at least (fewer only in a file's last one)
 _ARROW_TYPES = {"VARCHAR": pa.string(), "INTEGER": pa.int32(), "BIGINT": pa.int64(), "DOUBLE": pa.float64()}
@@ -134,7 +143,11 @@ class RollingParquet:
         self._seq += 1
         self._path = os.path.join(self.directory, unfinished_name(self.rank, self._open_seq))
         self._writer = pq.ParquetWriter(
-            self._path, SCHEMA, compression="zstd", use_dictionary=DICTIONARY_COLUMNS, write_statistics=True
+            self._path,
+            SCHEMA,
+            compression="zstd",
+            use_dictionary=DICTIONARY_COLUMNS,
+            write_statistics=STATISTICS_COLUMNS,
         )
 
     def _write_row_group(self) -> None:

@@ -106,6 +106,27 @@ def test_values_are_the_csv_sinks_row_for_row(tmp_path):
     assert {r[6] for r in got if r[5] == "nans"} <= {0.0, 1.0, 2.0}
 
 
+def test_a_filter_on_nan_finds_every_nan_a_row_group_holds_beside_finite_values(tmp_path):
+    """A writer leaves NaN out of a column's min and max; with those statistics DuckDB skipped the
+    row group of [1.5, nan] for `isnan(value)` and found no NaN at all. The value column has none."""
+    sink = ParquetSink(str(tmp_path), "run-a", 6, 100, 128 << 20)
+    keys = [RowKey("grad_reduced", "a.weight"), RowKey("grad_reduced", "b.weight")]
+    for step in range(3):
+        sink.write(StepRecord(step, 0, ["norm"], keys, table=torch.tensor([[1.5], [math.nan if step == 1 else 2.5]])))
+    sink.close()
+    (path,) = parquet_files(tmp_path)
+    con = duckdb.connect()
+    assert con.execute("SELECT step, name FROM read_parquet(?) WHERE isnan(value)", [str(path)]).fetchall() == [
+        (1, "b.weight")
+    ]
+    assert con.execute("SELECT count(*) FROM read_parquet(?) WHERE value > 2", [str(path)]).fetchone() == (
+        3,
+    )  # NaN too
+    meta = pq.ParquetFile(path).metadata.row_group(0)
+    columns = [meta.column(i) for i in range(meta.num_columns)]
+    assert [c.path_in_schema for c in columns if not c.is_stats_set] == ["value"]
+
+
 def test_row_groups_are_large_zstd_and_the_names_dictionary_encoded(tmp_path):
     sink = ParquetSink(str(tmp_path), "run-a", 6, 100, 128 << 20, row_group_rows=100)
     write_steps(sink, range(7))  # 40 rows a step: row groups at 120, 120, 40 rows (the last at close)
