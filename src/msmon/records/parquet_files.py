@@ -8,7 +8,8 @@ Rows arrive as columns for one window of steps: the step, a tensor id (`tensor_i
 pipeline chunk, name and micro-step, interned), an op id and the value. They are kept until
 `row_group_rows` of them are waiting, then written as one row group (zstd; every column but
 the value dictionary-encoded, so that a name costs a few bits a row; no min/max statistics on
-the value, which would leave NaN out and let readers skip the row groups that hold one). A file is closed, and only then
+the value, which would leave NaN out and let readers skip the row groups that hold one; rows
+sorted by category and op, with a page index, so that readers skip the pages of the others). A file is closed, and only then
 renamed to its `*.parquet` name, when the window of `roll_steps` steps ends, past `roll_bytes`,
 or when the writer closes. Durability follows: a row group is readable only once its file is
 closed (Parquet's footer, which says where every row group is, is written last), so a rank
@@ -148,6 +149,7 @@ class RollingParquet:
             compression="zstd",
             use_dictionary=DICTIONARY_COLUMNS,
             write_statistics=STATISTICS_COLUMNS,
+            write_page_index=True,
         )
 
     def _write_row_group(self) -> None:
@@ -156,6 +158,12 @@ class RollingParquet:
         steps, tensors, ops, values = (np.concatenate(parts) for parts in zip(*self._chunks))
         self._chunks, rows, self._rows = [], self._rows, 0
         fields = self._tensors
+        used, first = np.unique(tensors, return_index=True)
+        for tensor in used[np.argsort(first)].tolist():  # the order recorded, before the rows are sorted
+            category, vpp_stage, name, _ = fields[tensor]
+            self._order.setdefault((category, vpp_stage, name))
+        order = self._sorted(steps, tensors, ops)
+        steps, tensors, ops, values = steps[order], tensors[order], ops[order], values[order]
         index = pa.array(tensors)
         table = pa.Table.from_arrays(
             [
@@ -171,10 +179,19 @@ class RollingParquet:
             ],
             schema=SCHEMA,
         )
-        used, first = np.unique(tensors, return_index=True)
-        for tensor in used[np.argsort(first)].tolist():
-            category, vpp_stage, name, _ = fields[tensor]
-            self._order.setdefault((category, vpp_stage, name))
         if self._writer is None:
             self._open()
         self._writer.write_table(table, row_group_size=rows)
+
+    def _sorted(self, steps: np.ndarray, tensors: np.ndarray, ops: np.ndarray) -> np.ndarray:
+        """The rows' order in the row group: by category, op, tensor and step (names in string
+        order, as readers compare them), so that each page holds one category and op, and a
+        reader that filters on them (the report's loss chart and per-rank outliers) skips the
+        other pages by the page index."""
+        by_name = sorted(range(len(self._tensors)), key=lambda t: (self._tensors[t][0], self._tensors[t][2]))
+        tensor_rank = np.empty(len(by_name), dtype=np.int64)
+        tensor_rank[by_name] = np.arange(len(by_name))
+        categories = sorted({f[0] for f in self._tensors})
+        category_rank = np.array([categories.index(f[0]) for f in self._tensors], dtype=np.int64)
+        op_rank = np.argsort(np.argsort(np.array(self._op_names, dtype=object)))
+        return np.lexsort((steps, tensor_rank[tensors], op_rank[ops], category_rank[tensors]))

@@ -157,3 +157,14 @@ def test_a_schema_version_1_database_is_brought_up_to_date_and_read_as_it_is(csv
     )
     con.close()
     assert rows(database) == expected
+
+
+def test_a_report_on_parquet_files_that_moved_says_what_to_do_in_one_line(csv_run, tmp_path):
+    out = exported(csv_run, tmp_path / "exported")
+    database = tmp_path / "run.duckdb"
+    msmon("db", "-d", str(out), "-o", str(database))
+    out.rename(tmp_path / "moved")
+    result = CliRunner().invoke(main, ["report", "--db", str(database), "-o", str(tmp_path / "report.html")])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {out}/parquet/run={NO_RUN}/*/part-*.parquet: no Parquet file there any")
+    assert "run msmon db on the output where it is now" in result.output and result.output.count("\n") == 1

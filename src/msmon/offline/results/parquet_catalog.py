@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from ...records.parquet_layout import TENSORS_KEY, run_of
 from ...records.runs import NO_RUN, runs_of
 from .bulk import _quoted, insert_rows
+from .connection import DatabaseError
 from .csv_loader import compact_tensors
 from .scan import ANOMALIES, PARQUET, UNFINISHED, FoundFile
 from .schema import LOADED_ONLY, TENSOR_COLUMNS
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # duckdb is optional and imported only where a database is op
     from .loader import Loader
 
 FOOTERS_PER_QUERY = 2000  # files whose footers one DuckDB call reads
+SOURCES_KEY = "parquet_sources"  # meta: what the view reads, a glob per run folder or a file
 
 
 class _Every:
@@ -184,6 +186,8 @@ def define_metrics(con: DuckDBPyConnection, bad: set[str]) -> None:
             sources += paths
         else:
             sources.append(pattern)
+    con.execute("DELETE FROM meta WHERE key = ?", [SOURCES_KEY])
+    con.execute("INSERT INTO meta VALUES (?, ?)", [SOURCES_KEY, json.dumps(sources)])
     if not sources:
         con.execute(f"CREATE OR REPLACE VIEW metrics AS {LOADED_ONLY}")
         con.execute("DROP VIEW IF EXISTS parquet_metrics")
@@ -196,3 +200,15 @@ def define_metrics(con: DuckDBPyConnection, bad: set[str]) -> None:
         f"CREATE OR REPLACE VIEW metrics AS {LOADED_ONLY} UNION ALL SELECT rank, vpp_stage, category, name, step, "
         "micro_step, op, value, NULL::INTEGER AS file_id FROM parquet_metrics"
     )
+
+
+def check_sources(con: DuckDBPyConnection) -> None:
+    """A DatabaseError when a place the `metrics` view reads holds no Parquet file any more (the
+    output was moved or deleted), rather than DuckDB's error in the middle of a query."""
+    row = con.execute("SELECT value FROM meta WHERE key = ?", [SOURCES_KEY]).fetchone()
+    for source in json.loads(row[0]) if row else []:
+        if not os.path.exists(source) and not glob.glob(source):
+            raise DatabaseError(
+                f"{source}: no Parquet file there any more; the database reads the run's Parquet files where "
+                "they are: run msmon db on the output where it is now, into a new database"
+            )
