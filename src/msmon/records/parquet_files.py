@@ -9,12 +9,12 @@ pipeline chunk, name and micro-step, interned), an op id and the value. They are
 `row_group_rows` of them are waiting, then written as one row group (zstd; every column but
 the value dictionary-encoded, so that a name costs a few bits a row; no min/max statistics on
 the value, which would leave NaN out and let readers skip the row groups that hold one; rows
-sorted by category and op, with a page index, so that readers skip the pages of the others). A file is closed, and only then
-renamed to its `*.parquet` name, when the window of `roll_steps` steps ends, past `roll_bytes`,
-or when the writer closes. Durability follows: a row group is readable only once its file is
-closed (Parquet's footer, which says where every row group is, is written last), so a rank
-killed with SIGKILL loses the rows of its open file, at most `roll_steps` steps, and leaves
-every `*.parquet` file whole (docs/results.md, "Parquet").
+sorted by category and op, with a page index, so that readers skip the pages of the others).
+A file is closed, and only then renamed to its `*.parquet` name, when the window of
+`roll_steps` steps ends, past `roll_bytes`, or when the writer closes. Durability follows: a
+row group is readable only once its file is closed (Parquet's footer, which says where every
+row group is, is written last), so a rank killed with SIGKILL loses the rows of its open file,
+at most `roll_steps` steps, and leaves every `*.parquet` file whole (docs/results.md, "Parquet").
 """
 
 from __future__ import annotations

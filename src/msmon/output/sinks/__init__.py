@@ -94,9 +94,9 @@ def required_modules(name: str) -> dict[str, str]:
     literal `REQUIRES = {...}` of its sink file, read from the file's text without importing it
     (no torch, no optional package), so that a missing one is a config error before training."""
     paths = [os.path.join(folder, f"{name}{SINK_FILE_SUFFIX}.py") for folder in __path__]
-    path = next((p for p in paths if os.path.isfile(p)), None)
+    path = next((p for p in paths if os.path.isfile(p)), paths[0])
     try:
-        with open(path or paths[0], encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             tree = ast.parse(fh.read(), path)
     except (OSError, SyntaxError):
         return {}
