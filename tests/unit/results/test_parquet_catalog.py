@@ -168,3 +168,31 @@ def test_a_report_on_parquet_files_that_moved_says_what_to_do_in_one_line(csv_ru
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: {out}/parquet/run={NO_RUN}/*/part-*.parquet: no Parquet file there any")
     assert "run msmon db on the output where it is now" in result.output and result.output.count("\n") == 1
+
+
+def test_tensorboard_scalars_of_a_rank_in_parquet_are_left_out_and_its_histograms_loaded(tmp_path):
+    """format: ["tensorboard", "parquet"]: the same values in float32 and in the CSV's rounding; the
+    Parquet ones are kept, each once, and the event file still gives its histograms."""
+    from msmon.output.sinks.tensorboard_sink import TensorBoardSink
+
+    out = tmp_path / "out"
+    rank_dir = out / "Dec06_10-00-00-rank0-abcdef12"
+    rank_dir.mkdir(parents=True)
+    sinks = [TensorBoardSink(str(rank_dir)), ParquetSink(str(out), NO_RUN, 6, ROLL, 128 << 20)]
+    keys = [RowKey("grad_reduced", "a.weight"), RowKey("exp_avg", "a.weight")]
+    for step in range(4):
+        histogram = ("0:a.weight/rank0/update_hist", [-1.0, 0.0, 1.0], [2.0, 3.0])
+        record = StepRecord(step, 0, ["norm", "max"], keys, table=torch.rand(2, 2, dtype=torch.float64))
+        record.histograms = [histogram]
+        for sink in sinks:
+            sink.write(record)
+    for sink in sinks:
+        sink.close()
+    output = msmon("db", "-d", str(out), "-o", str(tmp_path / "run.duckdb"))
+    assert "16 TensorBoard scalars left out" in output and "2 Parquet files" in output
+    con = duckdb.connect(str(tmp_path / "run.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*), count(DISTINCT (category, name, step, op)) FROM metrics").fetchone() == (
+        16,
+        16,
+    )
+    assert con.execute("SELECT count(*) FROM histograms").fetchone() == (4,)
