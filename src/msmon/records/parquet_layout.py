@@ -12,8 +12,9 @@ ClickHouse read as one table:
   than RANK_BLOCK ranks' files at sixteen thousand ranks;
 - one file per rank and window of `parquet_roll_steps` steps (sooner past `parquet_roll_mb`),
   every category in it: the file count is what a parallel file system's metadata server pays
-  for, so categories are a column (each file is sorted by nothing but the order rows were
-  recorded in; DuckDB reads only the row groups and columns a query needs either way);
+  for, and a `category=` folder level would multiply it by the number of categories (and cut
+  the row groups as many times smaller), so the category is a column; the rows of a row group
+  are sorted by it, with a page index, so that a reader of one category skips the others' pages;
 - a file is written as `.part-<rank>-<seq>.parquet.tmp` and renamed when closed: every file
   named `*.parquet` is whole, and a rank killed mid-write leaves only a hidden `.tmp` file
   that no engine reads (Spark and Hive skip names starting with a dot, and `*.parquet` globs
