@@ -78,14 +78,15 @@ def split(found: list[FoundFile]) -> tuple[list[FoundFile], ParquetFound]:
             parquet.unfinished += 1
         else:
             rest.append(f)
+    if not parquet.files:
+        return rest, parquet
     keys = {(run_of(f.path) or NO_RUN, f.rank) for f in parquet.files}
-    for f in rest:
-        if f.kind == ANOMALIES or f.rank is None:
-            continue
-        for run_id in [r for r, _ in runs_of(f.rank_dir)] or [NO_RUN]:
-            parquet.rank_dirs.setdefault((run_id, f.rank), f.rank_dir)
-            if (run_id, f.rank) in keys:
-                parquet.covered.add(f.rank_dir)
+    rank_dirs = {f.rank_dir: f.rank for f in rest if f.kind != ANOMALIES and f.rank is not None}
+    for rank_dir, rank in rank_dirs.items():  # run.json read once per directory, not per file
+        for run_id in [r for r, _ in runs_of(rank_dir)] or [NO_RUN]:
+            parquet.rank_dirs.setdefault((run_id, rank), rank_dir)
+            if (run_id, rank) in keys:
+                parquet.covered.add(rank_dir)
     return rest, parquet
 
 
