@@ -91,11 +91,10 @@ class Loader:
         others: dict[str, list[tuple[FoundFile, bool, int]]] = {TENSORBOARD: [], SUMMARY: [], CONFIG: [], ANOMALIES: []}
         for f in found:
             old = self.known.get(f.path)
-            if old is not None and old.size == f.size and old.mtime_ns == f.mtime_ns:
-                self.report.unchanged += 1
-                continue
             if f.kind == CSV and parquet.covers(f):  # its rank's statistics are read from Parquet
                 self.report.csv_in_parquet += 1
+            elif old is not None and old.size == f.size and old.mtime_ns == f.mtime_ns:
+                self.report.unchanged += 1
             elif f.kind == CSV:
                 csv_work.append((f, self._csv_work(f, old)))
             elif f.kind == TENSORBOARD:
