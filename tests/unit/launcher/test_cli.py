@@ -83,7 +83,7 @@ def no_torch_msmon(*args: str) -> subprocess.CompletedProcess:
 
 def test_msmon_run_refuses_an_unknown_format_before_torchrun_starts_without_importing_torch(tmp_path):
     config = tmp_path / "monitor.json"
-    config.write_text(json.dumps({"wg_distribution": True, "format": ["csv", "parquet"]}))
+    config.write_text(json.dumps({"wg_distribution": True, "format": ["csv", "hdf5"]}))
     marker = tmp_path / "ran"
     script = tmp_path / "train.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
@@ -91,8 +91,8 @@ def test_msmon_run_refuses_an_unknown_format_before_torchrun_starts_without_impo
     proc = no_torch_msmon(*args)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"Error: invalid config: {config}: format: unknown format 'parquet'; "
-        "expected ['api', 'csv', 'mlflow', 'tensorboard', 'wandb']"
+        f"Error: invalid config: {config}: format: unknown format 'hdf5'; "
+        "expected ['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb']"
     ]
     assert not marker.exists()  # torchrun never started
 

@@ -132,7 +132,7 @@ class CsvBatch:
         )
         reloads = [w.file_id for w in self.works if w.reload]
         if reloads:
-            con.execute("DELETE FROM metrics WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [reloads])
+            con.execute("DELETE FROM loaded_metrics WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [reloads])
         expected: dict[str, int] = {}
         for w in self.works:
             expected[w.header] = expected.get(w.header, 0) + w.lines
@@ -178,7 +178,7 @@ def _insert_layout(con: DuckDBPyConnection, header: str, parts: list[bytes], tmp
     micro = "w.micro_step" if "micro_step" in columns else "NULL::INTEGER"
     added = one_row(
         con.execute(f"""
-        INSERT INTO metrics (rank, vpp_stage, category, name, step, micro_step, op, value, file_id)
+        INSERT INTO loaded_metrics (rank, vpp_stage, category, name, step, micro_step, op, value, file_id)
         SELECT b.rank, w.vpp_stage, b.category, w.name, w.step, {micro}, w.op, w.value, w.file_id
         FROM (UNPIVOT batch_wide ON {", ".join(f'"{op}"' for op in ops)} INTO NAME op VALUE value) w
         JOIN batch_files b ON b.id = w.file_id""")

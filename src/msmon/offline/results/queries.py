@@ -78,12 +78,16 @@ def build_per_step(con: DuckDBPyConnection) -> None:
 
 def overview(con: DuckDBPyConnection) -> dict[str, Any]:
     steps = one_row(con.execute("SELECT min(step), max(step), count(DISTINCT step) FROM per_step"))
-    ranks = one_row(con.execute("SELECT count(DISTINCT rank) FROM files WHERE kind IN ('csv', 'tensorboard')"))[0]
-    dirs = one_row(con.execute("SELECT count(DISTINCT rank_dir) FROM files WHERE kind IN ('csv', 'tensorboard')"))[0]
+    ranks = one_row(
+        con.execute("SELECT count(DISTINCT rank) FROM files WHERE kind IN ('csv', 'tensorboard', 'parquet')")
+    )[0]
+    dirs = one_row(
+        con.execute("SELECT count(DISTINCT rank_dir) FROM files WHERE kind IN ('csv', 'tensorboard', 'parquet')")
+    )[0]
     doubled = [
         r[0]
         for r in con.execute(
-            "SELECT rank FROM files WHERE kind IN ('csv', 'tensorboard') GROUP BY rank "
+            "SELECT rank FROM files WHERE kind IN ('csv', 'tensorboard', 'parquet') GROUP BY rank "
             "HAVING count(DISTINCT rank_dir) > 1 ORDER BY rank"
         ).fetchall()
     ]

@@ -12,6 +12,7 @@ scalars of that category are left out, so no value is counted twice.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,7 +62,7 @@ def _parse(tag: str, rank: int | None = None) -> tuple[int, int, str, int | None
     return rank, vpp, name, micro, category, op
 
 
-def read_events(path: str, skip: int, csv_categories: set[str], rank: int | None = None) -> EventRows:
+def read_events(path: str, skip: int, csv_categories: Container[str], rank: int | None = None) -> EventRows:
     """Rows of the events after the first `skip` ones; scalars of `csv_categories` left out.
     `rank`: the rank directory's, the rank of by_rank tags."""
     out = EventRows()
