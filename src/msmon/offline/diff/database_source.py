@@ -38,7 +38,9 @@ def open_database(path: str, run: str | None) -> Source:
             job = _object(summary).get("job")
             if isinstance(job, dict):
                 facts.jobs.setdefault(rank, job)
-        kinds = {k for (k,) in con.execute("SELECT DISTINCT kind FROM files WHERE kind IN ('csv', 'tensorboard')")}
+        kinds = {
+            k for (k,) in con.execute("SELECT DISTINCT kind FROM files WHERE kind IN ('csv', 'tensorboard')").fetchall()
+        }
         facts.storage = sorted(kinds)
     return Source(facts, [Chunk(DATABASE, path)])
 
@@ -47,7 +49,8 @@ def database_rows(path: str) -> Iterator[Row]:
     """Every row of the database's metrics, its values gathered per tensor and (micro-)step."""
     with _connection(path) as con:
         positions = {
-            (c, v, n): p for c, v, n, p in con.execute("SELECT category, vpp_stage, name, position FROM tensors")
+            (c, v, n): p
+            for c, v, n, p in con.execute("SELECT category, vpp_stage, name, position FROM tensors").fetchall()
         }
         result = con.execute(
             "SELECT rank, category, vpp_stage, name, step, coalesce(micro_step, -1), op, value FROM metrics "

@@ -85,7 +85,11 @@ def _front(outcome: Outcome) -> list[str]:
     out.append("<th class='l'>largest relative difference</th></tr>")
     for r in rows[:200]:
         largest = r["largest"] or {}
-        where = " ".join(str(largest.get(k, "")) for k in ("relative_difference", "category", "name", "op"))
+        rel = largest.get("relative_difference")
+        where = " ".join(
+            [f"{rel:.3g}" if isinstance(rel, float) else str(rel or "")]
+            + [str(largest.get(k, "")) for k in ("category", "name", "op")]
+        )
         cells = "".join(f"<td>{r['categories'].get(c, {}).get('tensors_over', '')}</td>" for c in categories)
         out.append(f"<tr><td>{r['step']}</td><td>{r['tensors_over']}</td>{cells}<td class='l'>{e(where)}</td></tr>")
     out.append("</table>")
