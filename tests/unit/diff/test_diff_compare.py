@@ -148,3 +148,15 @@ def test_rows_on_one_side_only_are_counted_and_said(tmp_path):
     code, data, text = answer(tmp_path, a, write_output(tmp_path / "b", steps=3))
     assert code == 0 and "identical over 4 steps x 18 tensors" not in text
     assert sum(data["compared"]["rows_only_in_a"].values()) == 2 * 18 and "rows only on one side" in text
+
+
+def test_reading_ranks_in_parallel_processes_gives_the_answer_one_process_gives(tmp_path):
+    a = write_output(tmp_path / "a", ranks=20, steps=2)
+    b = write_output(tmp_path / "b", ranks=20, steps=2, value=changed("actv", "fc1.output", 1, rank=17))
+    answers = [answer(tmp_path, a, b, "-j", jobs)[1] for jobs in (1, 2)]
+    for data in answers:
+        data.pop("a"), data.pop("b")
+    assert answers[0] == answers[1]
+    first = answers[1]["first_divergence"]
+    assert (first["step"], first["name"], first["rank"]) == (1, "fc1.output", 17)
+    assert answers[1]["compared"]["files_identical"] == 20 * 2 * 7 - 1
