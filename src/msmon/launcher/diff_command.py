@@ -77,9 +77,9 @@ def diff(
     if calibrate:
         if not output:
             _bad("--calibrate writes a golden file: give it with -o golden.json")
-        if run_a or run_b or exact or rtol is not None or json_path or db_path or html_path:
-            _bad("--calibrate takes the reruns, --run, --factor and -o only")
-        sys.exit(run_calibrate(list(inputs), [None if r == "-" else r for r in runs], output, factor, jobs))
+        if run_a or run_b or exact or rtol is not None or json_path or db_path or html_path or map_path:
+            _bad("--calibrate takes the reruns, --run, --factor, --dtype, -j and -o only")
+        sys.exit(run_calibrate(list(inputs), [None if r == "-" else r for r in runs], output, factor, jobs, dtype))
     if len(inputs) != 2:
         _bad(f"expected two inputs, A and B (got {len(inputs)}); --calibrate reads several reruns")
     if output or runs:

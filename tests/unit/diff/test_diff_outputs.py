@@ -128,3 +128,16 @@ def test_the_page_draws_the_twenty_tensors_that_part_most_as_two_lines_over_step
         timeout=120,
     )
     assert shot.is_file() and shot.stat().st_size > 20_000
+
+
+def test_a_rerun_that_turns_non_finite_gives_an_infinite_tolerance_written_as_text_not_a_crash(tmp_path):
+    def nan_at_2(c, n, s, r, m):
+        return float("nan") if (c, n, s) == ("actv", "fc2.output", 2) else base_value(c, n, s, r, m)
+
+    golden = tmp_path / "golden.json"
+    reruns = [write_output(tmp_path / "r1"), write_output(tmp_path / "r2", value=nan_at_2)]
+    result = diff("--calibrate", *reruns, "-o", golden)
+    assert result.exit_code == 0, result.output
+    data = json.loads(golden.read_text())
+    assert data["tolerances"]["actv"]["norm"] == "inf" and data["observed"]["actv"]["norm"] == "inf"
+    assert diff(golden, reruns[1]).exit_code == 0

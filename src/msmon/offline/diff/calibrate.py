@@ -44,7 +44,9 @@ class Observing(Tolerance):
         return "observing"
 
 
-def run_calibrate(paths: list[str], runs: list[str | None], output: str, factor: float, jobs: int = 0) -> int:
+def run_calibrate(
+    paths: list[str], runs: list[str | None], output: str, factor: float, jobs: int = 0, dtype: str | None = None
+) -> int:
     from .command import INCOMPARABLE, DiffOptions, choose_tolerance
 
     try:
@@ -56,7 +58,7 @@ def run_calibrate(paths: list[str], runs: list[str | None], output: str, factor:
         if any(s.facts.kind == "golden file" for s in sources):
             raise DiffInputError("--calibrate reads reruns of the job, not a golden file")
         rows = [_read_whole(s, jobs) for s in sources]
-        floor_tol = choose_tolerance(DiffOptions(), sources[0], sources[-1])
+        floor_tol = choose_tolerance(DiffOptions(dtype=dtype), sources[0], sources[-1])
         observing = Observing(floor_tol.floor, floor_tol.dtype)
         for ops_category in _ops(rows[0]).items():
             observing.observed.setdefault(ops_category[0], {op: 0.0 for op in ops_category[1]})
@@ -79,10 +81,10 @@ def run_calibrate(paths: list[str], runs: list[str | None], output: str, factor:
         print(f"rerun: {source.facts.describe()}")
     print(f"tolerance per category (the largest relative difference among {len(sources)} reruns x {factor:g}, "
           f"floor {floor_tol.floor:.2g} for {floor_tol.dtype} and stored digits):")  # fmt: skip
-    for category, ops in sorted(data["observed"].items()):
+    for category, ops in sorted(observing.observed.items()):
         largest = max(ops.values(), default=0.0)
         print(f"  {category}: largest {largest:.3g} -> up to {max(largest * factor, floor_tol.floor):.3g}")
-    if all(v == 0.0 for ops in data["observed"].values() for v in ops.values()):
+    if all(v == 0.0 for ops in observing.observed.values() for v in ops.values()):
         print("the reruns are identical bit for bit: the tolerance is the floor (--exact checks bit equality)")
     print(f"msmon diff: {output} written ({len(data['reference']['rows']):,} reference rows)", file=sys.stderr)
     return 0

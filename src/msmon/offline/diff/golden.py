@@ -58,8 +58,10 @@ def golden_data(
         "factor": factor,
         "floor": floor,
         "dtype": dtype,
-        "observed": observed,
-        "tolerances": {c: {op: max(v * factor, floor) for op, v in ops.items()} for c, ops in observed.items()},
+        "observed": {c: {op: json_number(v) for op, v in ops.items()} for c, ops in observed.items()},
+        "tolerances": {
+            c: {op: json_number(max(v * factor, floor)) for op, v in ops.items()} for c, ops in observed.items()
+        },
         "reference": {
             "facts": {
                 **{f: getattr(facts, f) for f in FACT_FIELDS},

@@ -72,9 +72,9 @@ def _read_rank(item: tuple[list[Chunk], list[Chunk], bool, NameMap]) -> ReadPair
     a_chunks, b_chunks = _expanded(a_chunks), _expanded(b_chunks)
     out = ReadPair()
     paired: dict[tuple[int, str], Chunk] = {}
-    if pair_files:
-        by_key = {c.pair_key: c for c in b_chunks if c.pair_key is not None}
-        paired = {c.pair_key: by_key[c.pair_key] for c in a_chunks if c.pair_key in by_key}
+    if pair_files:  # files whose (rank, name) is one file on each side
+        unique_a, unique_b = _unique(a_chunks), _unique(b_chunks)
+        paired = {key: unique_b[key] for key in unique_a.keys() & unique_b.keys()}
     taken = set(paired)
     counts: dict[str, list[csv_rows.FileCount]] = defaultdict(list)
     for chunk in a_chunks:
@@ -98,6 +98,15 @@ def _read_rank(item: tuple[list[Chunk], list[Chunk], bool, NameMap]) -> ReadPair
     for category, files in counts.items():
         out.counted.merge(csv_rows.counted(category, files))
     return out
+
+
+def _unique(chunks: list[Chunk]) -> dict[tuple[int, str], Chunk]:
+    """{pair key: chunk} of the chunks whose pair key no other chunk of the side has."""
+    seen: dict[tuple[int, str], Chunk | None] = {}
+    for chunk in chunks:
+        if chunk.pair_key is not None:
+            seen[chunk.pair_key] = None if chunk.pair_key in seen else chunk
+    return {key: chunk for key, chunk in seen.items() if chunk is not None}
 
 
 def _expanded(chunks: list[Chunk]) -> list[Chunk]:
