@@ -12,8 +12,9 @@ a million files takes) or copied (`--copy copy`: separate files, so that B's rea
 their own), except one file: the reduced gradient of one tensor at one step on one rank, written
 anew with that tensor's norm times 1 + 1e-3. Existing outputs under --work are reused.
 
-Then `msmon diff A B --json` runs as a child process, timed; its peak memory is the largest
-resident set of it and of its reading processes (getrusage of the children). The answer's
+Then `msmon diff A B --json` runs in a child process, timed: its wall time, the CPU seconds of it
+and of its reading processes (which the load of a shared machine changes less than the wall),
+and the peak resident memory of each (getrusage, read in that process as it ends). The answer's
 first_divergence must name the step, tensor and rank changed; the script fails otherwise.
 """
 
@@ -23,7 +24,6 @@ import argparse
 import glob
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -32,6 +32,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CATEGORY = "grad_reduced"
+# `msmon ...` in this process, then what it and its children cost, written to argv[1]
+MEASURED = """
+import json, resource, sys
+from msmon.launcher.cli import main
+out, sys.argv, code = sys.argv[1], ["msmon", *sys.argv[2:]], 0
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+json.dump({"diff_cpu_s": round(me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime, 1),
+           "peak_rss_mib_main": round(me.ru_maxrss / 1024, 1),
+           "peak_rss_mib_reading_process": round(kids.ru_maxrss / 1024, 1)}, open(out, "w"))
+sys.exit(code)
+"""
 
 
 def write_a(path: str, args: argparse.Namespace) -> float:
@@ -89,13 +104,14 @@ def main() -> None:
     made["make_b_s"] = round(write_b(a, b, args.copy), 1)
     tensor, changed = change_one_value(b, rank, step, row)
     answer = os.path.join(args.work, "diff.json")
+    usage_file = os.path.join(args.work, "usage.json")
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "msmon.launcher", "diff", a, b, "--json", answer, "-j", str(args.jobs)],
+        [sys.executable, "-c", MEASURED, usage_file, "diff", a, b, "--json", answer, "-j", str(args.jobs)],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")},
     )  # fmt: skip
     wall = time.perf_counter() - started
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    usage = json.loads(open(usage_file, encoding="utf-8").read())
     print(proc.stdout[-3000:], proc.stderr[-2000:], sep="\n", file=sys.stderr)
     first = json.loads(open(answer, encoding="utf-8").read())["first_divergence"] if proc.returncode == 1 else None
     found = first is not None and (first["step"], first["name"], first["rank"], first["category"]) == (
@@ -115,7 +131,7 @@ def main() -> None:
                 "found": found,
                 "first_divergence": first,
                 "diff_wall_s": round(wall, 1),
-                "peak_rss_mib_largest_process": round(peak_kib / 1024, 1),
+                **usage,
                 "jobs": args.jobs,
                 "load_average": os.getloadavg(),
             },

@@ -7,16 +7,18 @@ from __future__ import annotations
 import sys
 from itertools import combinations
 
+from .command import INCOMPARABLE, DiffOptions, choose_tolerance
 from .compare import compare
 from .contract import check_same_model
 from .errors import DiffInputError, Incomparable
 from .findings import Findings
 from .golden import golden_data
+from .inputs import open_input
 from .json_report import write_atomically
 from .layout import decide
 from .names import NameMap
 from .reading import default_jobs, read_pair
-from .source import Source, open_input
+from .source import Source
 from .table import SideRows
 from .tolerance import Tolerance
 
@@ -47,8 +49,6 @@ class Observing(Tolerance):
 def run_calibrate(
     paths: list[str], runs: list[str | None], output: str, factor: float, jobs: int = 0, dtype: str | None = None
 ) -> int:
-    from .command import INCOMPARABLE, DiffOptions, choose_tolerance
-
     try:
         if len(paths) < 2:
             raise DiffInputError("--calibrate needs two reruns of the job at least (three are better)")

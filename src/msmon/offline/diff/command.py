@@ -10,17 +10,22 @@ from dataclasses import dataclass
 from .compare import compare
 from .contract import check_same_model, contract
 from .directory_source import files_of
+from .duckdb_table import write_database
 from .errors import DiffInputError, Incomparable
 from .findings import Findings
 from .golden import golden_limits
+from .html_page import write_page
+from .inputs import open_input
 from .interpret import interpret
+from .json_report import write_json
 from .layout import Layout, decide
 from .names import load_map
 from .outcome import Outcome
 from .reading import ReadPair, default_jobs, read_pair, rows_of
 from .series import series
-from .source import CSV, RANK_DIR, Source, open_input
+from .source import CSV, RANK_DIR, Source
 from .table import SideRows, TensorKey
+from .terminal import lines
 from .tolerance import DEFAULT_NDIGITS, DTYPE_EPS, Calibrated, Exact, Relative, Tolerance, dtype_of, storage_floor
 
 INCOMPARABLE = 2
@@ -40,11 +45,6 @@ class DiffOptions:
 
 
 def run_diff(a_path: str, b_path: str, run_a: str | None, run_b: str | None, options: DiffOptions) -> int:
-    from .duckdb_table import write_database
-    from .html_page import write_page
-    from .json_report import write_json
-    from .terminal import lines
-
     try:
         outcome = diff(a_path, b_path, run_a, run_b, options)
         for line in lines(outcome):

@@ -11,7 +11,6 @@ within a rank, a row's position in its file is the order the monitor recorded it
 from __future__ import annotations
 
 from .cells import Cell
-from .table import NO_MICRO
 
 # (phase, place): phase 0 before the micro-steps, 1 in each micro-step, 2 after them
 CATEGORY_PLACE = {
@@ -55,14 +54,3 @@ def order_key(cell: Cell, position: int, pp_stage: int) -> tuple:
         STATISTIC_ORDER.get(cell.statistic, 3),
         cell.op,
     )
-
-
-def stage_of(category: str) -> str:
-    """forward, backward, or optimizer: where a category's tensors are made."""
-    phase, place = CATEGORY_PLACE.get(category, (2, 6))
-    if phase == 0 or phase == 2:
-        return "optimizer" if category != "grad_unreduced" else "backward"
-    return "backward" if place == 2 else "forward"
-
-
-__all__ = ["CATEGORY_PLACE", "NO_MICRO", "order_key", "stage_of"]

@@ -1,19 +1,13 @@
 """One side of a comparison, whatever it was read from: the run's facts (ranks, configs, what
-each rank's summary.json says of the job) and where its rows are (chunks).
-
-The readers are small functions behind `open_input`, one per kind of input (an output
-directory, msprobe's included; a database `msmon db` wrote; a golden file), so that a new
-source of rows (Parquet files, a catalog) is one more reader and nothing else changes.
-"""
+each rank's summary.json says of the job) and where its rows are (chunks). inputs.py chooses
+the reader that makes one."""
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import DiffInputError
 from .table import SideRows
 
 CSV, EVENTS, DATABASE, RANK_DIR = "csv", "events", "database", "rank_dir"
@@ -63,29 +57,6 @@ class Source:
     facts: RunFacts
     chunks: list[Chunk] = field(default_factory=list)
     preloaded: SideRows | None = None
-
-
-def open_input(path: str, run: str | None) -> Source:
-    """The side `path` names: an output directory (msmon's or msprobe's), a database `msmon db`
-    wrote, or a golden file (`msmon diff --calibrate`). DiffInputError when it is none of them."""
-    from .database_source import is_database, open_database
-    from .directory_source import open_directory
-    from .golden import is_golden, open_golden
-
-    if os.path.isdir(path):
-        return open_directory(path, run)
-    if not os.path.exists(path):
-        raise DiffInputError(f"{path}: no such directory or file (an output directory, a .duckdb or a golden file)")
-    if is_database(path):
-        return open_database(path, run)
-    if is_golden(path):
-        if run is not None:
-            raise DiffInputError(f"{path}: a golden file holds one run; --run does not apply to it")
-        return open_golden(path)
-    raise DiffInputError(
-        f"{path}: neither an output directory, a database msmon db wrote, nor a golden file "
-        "msmon diff --calibrate wrote"
-    )
 
 
 def read_json(path: str) -> dict[str, Any] | None:
