@@ -34,6 +34,8 @@ TOP = 20
 
 @dataclass
 class DiffOptions:
+    """The command line's choices: the tolerance mode, --dtype, --map, the outputs, -j."""
+
     exact: bool = False
     rtol: float | None = None
     dtype: str | None = None

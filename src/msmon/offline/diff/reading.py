@@ -2,7 +2,7 @@
 layout, a rank's CSV file is paired with the file of the same name on the other side, and a
 pair that is byte for byte the same is counted (its rows, tensors, steps) without a value being
 parsed: two 512-rank runs that differ in one value parse one pair of files. Every other chunk is
-parsed into rows. Ranks are read in parallel processes when there are many files.
+parsed into rows. Ranks are read in parallel processes when there are many (PARALLEL_FROM).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def read_pair(a: Source, b: Source, pair_files: bool, names: NameMap, jobs: int 
         for chunk in source.chunks:
             work[chunk.rank][side].append(chunk)
     items = [(a_chunks, b_chunks, pair_files, names) for a_chunks, b_chunks in work.values()]
-    if jobs > 1 and len(items) >= PARALLEL_FROM and len(items) > 1:
+    if jobs > 1 and len(items) >= PARALLEL_FROM:
         with get_context("fork").Pool(min(jobs, len(items))) as pool:
             for part in pool.imap_unordered(_read_rank, items, chunksize=max(1, len(items) // (8 * jobs))):
                 out.merge(part)
