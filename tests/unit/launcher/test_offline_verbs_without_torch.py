@@ -142,3 +142,14 @@ def test_msmon_export_to_parquet_runs_without_torch_and_msmon_db_reads_it_in_pla
     assert "of 1 rank directories" in proc.stdout and "written as 1 Parquet files" in proc.stdout
     proc = msmon_without_torch("db", "-d", copy, "-o", tmp_path / "run.duckdb", "--no-progress")
     assert "1 Parquet files" in proc.stderr and "CSV files left out" in proc.stderr
+
+
+def test_msmon_diff_runs_without_torch_on_directories_golden_files_and_its_outputs(run_output, tmp_path):
+    proc = msmon_without_torch(
+        "diff", run_output, run_output, "--json", tmp_path / "d.json", "--html", tmp_path / "d.html"
+    )
+    assert "result: identical over 3 steps" in proc.stdout and (tmp_path / "d.html").is_file()
+    golden = tmp_path / "golden.json"
+    msmon_without_torch("diff", "--calibrate", run_output, run_output, "-o", golden)
+    proc = msmon_without_torch("diff", golden, run_output)
+    assert "tolerance: calibrated from" in proc.stdout and "identical over 3 steps" in proc.stdout

@@ -14,12 +14,13 @@ from msmon.launcher import cli
 
 def test_the_msmon_group_has_exactly_the_commands_of_the_verb_files():
     files = sorted(p.stem for p in cli.Path(cli.__file__).parent.glob("*_command.py"))
-    assert len(files) == 8
+    assert len(files) == 9
     assert sorted(cli.main.commands) == [
         "analyse",
         "build-native",
         "convert",
         "db",
+        "diff",
         "export",
         "report",
         "run",
