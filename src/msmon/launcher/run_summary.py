@@ -13,6 +13,7 @@ from typing import Any
 from ..output.directory import describe_stopped
 from ..records.layout import DUMP_DIR, SUMMARY_FILE
 from ..runtime.cost import describe
+from ..system.decision import Decision
 from .bootstrap.boot import WORKERS_DIR
 
 
@@ -77,10 +78,12 @@ def summary_lines(
     run_id: str | None = None,
     *,
     config_source: str | None = None,
+    decision: Decision | None = None,
 ) -> list[str]:
     """What the launcher prints when the job ends: a line per monitor, then (`msmon run`) the
-    first non-finite value and where to look next. output_base: where `msmon struct` keeps the
-    module trees; config_source: the config file, named in a config error's line."""
+    first non-finite value, the stop msmon decided (`decision`: system/decision.py) and where
+    to look next. output_base: where `msmon struct` keeps the module trees; config_source: the
+    config file, named in a config error's line."""
     if not records:
         return [
             "msmon: no training process loaded msmon, so nothing was monitored. Python started with -E, -I "
@@ -108,7 +111,9 @@ def summary_lines(
         for monitor in monitors:
             lines.append(_monitor_line(monitor, mode, len(monitors) > 1, output_base))
     if mode == "run":
-        lines += _next_steps(records, run_id)
+        lines += _next_steps(records, run_id, decision)
+    elif decision is not None:
+        lines.append(decision.line)
     return lines
 
 
@@ -145,15 +150,17 @@ def describe_origin(origin: dict[str, Any]) -> str:
     return f"first non-finite value: rank {origin.get('rank', '?')} step {origin['step']}{micro}, {what}"
 
 
-def _next_steps(records: list[dict[str, Any]], run_id: str | None) -> list[str]:
-    """The first non-finite value, and the commands that read the run."""
+def _next_steps(records: list[dict[str, Any]], run_id: str | None, decision: Decision | None = None) -> list[str]:
+    """The first non-finite value, the decided stop, and the commands that read the run."""
     bases = sorted({m["output_base"] for r in records for m in r.get("monitors", []) if m.get("log_dir")})
     if not bases:
-        return []
+        return [decision.line] if decision is not None else []
     lines = []
     origin = _first_origin(records)
     if origin is not None:
         lines.append(f"msmon: {describe_origin(origin)}")
+    if decision is not None:
+        lines.append(decision.line)
     out = _shown(bases[0])
     run = f" --run {run_id}" if run_id else ""
     analyse = (

@@ -1,0 +1,63 @@
+"""SIGINT sent to `msmon run`'s process alone (a scheduler signalling the launcher, `kill -INT`)
+stops a real 2-rank torchrun job as it stops plain torchrun: within seconds, every step the
+ranks finished before it kept in their CSV files, and each monitor closed (summary.json).
+How the launcher tells this SIGINT from the terminal's Ctrl-C: tests/unit/launcher/test_signal_forwarding.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, rank_dir, read_csv_rows
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = str(ROOT / "tests" / "scripts" / "launcher_ddp.py")
+ENDS_WITHIN_S = 15  # plain torchrun: about 2 s; on a loaded 2-core machine, more
+
+
+def test_sigint_to_the_launcher_alone_stops_the_job_within_seconds_keeping_what_was_recorded(tmp_path):
+    config, out = tmp_path / "monitor.json", tmp_path / "out"
+    config.write_text(json.dumps({"wg_distribution": True, "format": ["csv"], "ops": ["norm"]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MSMON_", "TORCHELASTIC_", "MONITOR_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    argv = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(config), "--output-dir", str(out)]
+    argv += ["--standalone", "--nproc-per-node", "2", "--", SCRIPT, "--steps", "100000"]
+    # a session of its own: no terminal, and nothing but this test's kill reaches the launcher
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        printed = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            printed.append(line)
+            if line.startswith("rank 1 step 3 "):
+                break
+        assert printed and printed[-1].startswith("rank 1 step 3 "), "".join(printed)[-2000:]
+        os.kill(proc.pid, signal.SIGINT)  # the launcher's pid only, not its process group
+        sent = time.monotonic()
+        rest, err = proc.communicate(timeout=120)
+        ended_after = time.monotonic() - sent
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    printed.append(rest)
+    assert ended_after < ENDS_WITHIN_S, (ended_after, err[-3000:])
+    assert proc.returncode != 0  # torchrun's own code for a job it stopped on a signal
+    for rank in (0, 1):
+        done = [int(s) for s in re.findall(rf"^rank {rank} step (\d+) ", "".join(printed), re.M)]
+        rows = read_csv_rows(rank_dir(out, rank), "grad_reduced")
+        steps = sorted({int(r["step"]) for r in rows})
+        assert steps == list(range(len(steps))) and steps[-1] >= max(done), (rank, steps, max(done))
+        summary = json.loads((rank_dir(out, rank) / "summary.json").read_text())  # the monitor closed
+        assert summary["steps_recorded"] == len(steps)
+    assert re.search(r"^msmon: rank 0: \d+ steps recorded", err, re.M), err[-3000:]
