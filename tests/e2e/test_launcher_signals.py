@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -32,7 +31,9 @@ def test_sigint_to_the_launcher_alone_stops_the_job_within_seconds_keeping_what_
     argv = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(config), "--output-dir", str(out)]
     argv += ["--standalone", "--nproc-per-node", "2", "--", SCRIPT, "--steps", "100000"]
     # a session of its own: no terminal, and nothing but this test's kill reaches the launcher
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
     try:
         printed = []
         assert proc.stdout is not None
