@@ -208,5 +208,6 @@ def test_on_nan_stop_in_one_process_ends_it_after_the_step_with_its_output_writt
     (rank_dir,) = output_dir.glob("*-rank0-*")
     summary = json.loads((rank_dir / "summary.json").read_text())  # the monitor closed first
     assert summary["steps_recorded"] == 3
+    assert (summary["last_step"], summary["next_step"]) == (2, 3)  # step 2 was trained and recorded
     records = [json.loads(line) for line in (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").open()]
     assert {r["step"] for r in records} == {2}  # the step's alerts written before the exit
