@@ -131,7 +131,7 @@ def _read_jsonl(path: str, result: DumpSet) -> Iterable[AnomalyEvent]:
                         + (
                             "the file holds records of more than one run without a run id (they are read as one run)"
                             if event.run_id is None
-                            else f"run {event.run_id} started again from an earlier step (a resumed job with its run id?)"
+                            else f"run {event.run_id} started again from an earlier step (resumed, same id?)"
                         )
                     )
                 last_step[event.run_id] = event.step
