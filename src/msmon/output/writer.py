@@ -174,9 +174,7 @@ class BackgroundWriter:
             if sink not in self.sinks:
                 continue  # a file sink, and the output stopped at this step
             try:
-                sink.write(record)
-                for feature_record in features:  # L2 features: their own columns, no alert rules
-                    sink.write(feature_record)
+                sink.write_step([record, *features])  # features: their own columns, no alert rules
             except Exception as exc:
                 if isinstance(exc, OSError) and sink.writes_files:  # the disk failed: all output stops
                     self.stop_output(step, exc)

@@ -5,7 +5,8 @@ For each category of the step (grad_reduced, actv, ...) and each op, the largest
 category's tensors is a scalar `summary/{category}/{op}_max`, and one text table per step
 (`summary/max_holders`) names the tensor holding each. A NaN is the largest value (torch.max
 propagates it), so a lane turns NaN at the step a tensor of its category does, and the table
-names the first such tensor. Computed on the writer thread from the host table the sink writes.
+names the first such tensor. Computed on the writer thread from the host tables the sink writes:
+one step's statistics and its column categories' rows (loss, grad_agreement, ...) give one table.
 """
 
 from __future__ import annotations
@@ -32,33 +33,40 @@ class SummaryLanes:
         self._text_metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
         self._tensor, self._shape, self._string = TensorProto, TensorShapeProto, types_pb2.DT_STRING
         self._prefixes: dict[tuple[str, str], bytes] = {}
-        self._keys: list[RowKey] = []
-        self._groups: list[tuple[str, list[int], torch.Tensor]] = []
+        self._seen: list[tuple[list[RowKey], list[tuple[str, list[int], torch.Tensor]]]] = []
 
-    def _grouped(self, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
-        """(category, its rows, the same as an index tensor) of the step's keys; kept while the
-        keys stay the same, as they do from step to step (the comparison of the same RowKey
-        objects is one C loop, grouping them again a Python loop per row)."""
-        if keys != self._keys:
+    def _grouped(self, position: int, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
+        """(category, its rows, the same as an index tensor) of the keys of the step's table at
+        `position` (the statistics, then each column category's); kept while the keys stay the
+        same, as they do from step to step (the comparison of the same RowKey objects is one C
+        loop, grouping them again a Python loop per row)."""
+        while len(self._seen) <= position:
+            self._seen.append(([], []))
+        seen_keys, groups = self._seen[position]
+        if keys != seen_keys:
             rows: dict[str, list[int]] = {}
             for i, key in enumerate(keys):
                 rows.setdefault(key.category, []).append(i)
-            self._keys = list(keys)
-            self._groups = [(category, index, torch.tensor(index)) for category, index in rows.items()]
-        return self._groups
+            groups = [(category, index, torch.tensor(index)) for category, index in rows.items()]
+            self._seen[position] = (list(keys), groups)
+        return groups
 
-    def entries(self, keys: list[RowKey], ops: list[str], table: torch.Tensor) -> list[bytes]:
-        """The lanes' scalar entries and the holders' text entry of a step's [rows, ops] table."""
+    def entries(self, tables: list[tuple[list[RowKey], list[str], torch.Tensor]]) -> list[bytes]:
+        """The lanes' scalar entries and the holders' one text entry of a step, from each of the
+        step's [rows, ops] tables with its keys and ops: the statistics and the categories with
+        their own columns (the loss, the gradient agreement, the L2 features) are written as
+        separate tables of one step, and TensorBoard keeps one text per tag and step."""
         prefixes: list[bytes] = []
         maxima: list[torch.Tensor] = []
         lines = ["| category | op | max | tensor |", "|---|---|---|---|"]
-        for category, index, rows in self._grouped(keys):
-            values, where = table.index_select(0, rows).max(dim=0)
-            maxima.append(values)
-            holders = where.tolist()
-            for j, (op, value) in enumerate(zip(ops, values.tolist())):
-                prefixes.append(self._prefix(category, op))
-                lines.append(f"| {category} | {op} | {value:.6g} | {keys[index[holders[j]]].display_name()} |")
+        for position, (keys, ops, table) in enumerate(tables):
+            for category, index, rows in self._grouped(position, keys):
+                values, where = table.index_select(0, rows).max(dim=0)
+                maxima.append(values)
+                holders = where.tolist()
+                for j, (op, value) in enumerate(zip(ops, values.tolist())):
+                    prefixes.append(self._prefix(category, op))
+                    lines.append(f"| {category} | {op} | {value:.6g} | {keys[index[holders[j]]].display_name()} |")
         if not prefixes:
             return []
         scalars = summary_wire.scalars(prefixes, summary_wire.float32_bytes(torch.cat(maxima)))
