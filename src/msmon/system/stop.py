@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from .decision import Decision, record
-from .environment import ENV_BOOTSTRAP_DIR
+from .environment import ENV_BOOTSTRAP_DIR, ENV_JOB_MODE
 from .exit_codes import NONFINITE_STOP
 
 if TYPE_CHECKING:  # a type only: system/ sits below the collectors
@@ -41,13 +41,12 @@ def stop_after_struct(
     if rank == 0 or not torch.distributed.is_initialized():
         print(struct.render_tree(), flush=True)
     close()
-    # under `msmon struct` the ranks write into a scratch the launcher moves the tree out of: the
-    # launcher names where it lands
-    where = "" if os.environ.get(ENV_BOOTSTRAP_DIR) else f" to {path}"
-    print(
-        f"msmon: module structure of rank {rank} written{where}; stopping after step {step} as print_struct asks",
-        flush=True,
-    )
+    if os.environ.get(ENV_JOB_MODE) != "struct":  # `msmon struct`'s launcher says where each tree lands
+        where = "" if os.environ.get(ENV_BOOTSTRAP_DIR) else f" to {path}"
+        print(
+            f"msmon: module structure of rank {rank} written{where}; stopping after step {step} as print_struct asks",
+            flush=True,
+        )
     raise StopAfterStruct(0)
 
 
