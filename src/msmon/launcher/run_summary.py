@@ -8,6 +8,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
+import sys
 from typing import Any
 
 from ..output.directory import describe_stopped
@@ -163,15 +165,30 @@ def _next_steps(records: list[dict[str, Any]], run_id: str | None, decision: Dec
         lines.append(decision.line)
     out = _shown(bases[0])
     run = f" --run {run_id}" if run_id else ""
+    msmon = msmon_program()
     analyse = (
-        f"msmon analyse -d {os.path.join(out, DUMP_DIR)} (the first anomaly across ranks), "
+        f"{msmon} analyse -d {os.path.join(out, DUMP_DIR)} (the first anomaly across ranks), "
         if os.path.isdir(os.path.join(bases[0], DUMP_DIR))
         else ""
     )
     lines.append(
-        f"msmon: run {run_id or '(no id)'}; next: {analyse}msmon report -d {out}{run} -o report.html (one HTML page)"
+        f"msmon: run {run_id or '(no id)'}; next: {analyse}{msmon} report -d {out}{run} -o report.html (one HTML page)"
     )
     return lines
+
+
+def msmon_program() -> str:
+    """How to call this msmon from a fresh shell: `msmon` where PATH finds this very program,
+    else its path (`.venv/bin/msmon`: `make demo` runs it without activating the venv), else
+    this python with `-m msmon.launcher`."""
+    beside = os.path.join(os.path.dirname(sys.executable), "msmon")
+    if not os.path.isfile(beside):
+        return f"{_shown(sys.executable)} -m msmon.launcher"
+    found = shutil.which("msmon")
+    if found and os.path.realpath(found) == os.path.realpath(beside):
+        return "msmon"
+    shown = _shown(beside)
+    return shown if os.sep in shown else os.path.join(os.curdir, shown)  # `msmon` alone would be PATH's
 
 
 def _monitor_line(monitor: dict[str, Any], mode: str, several: bool, output_base: str | None = None) -> str:
