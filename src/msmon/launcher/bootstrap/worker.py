@@ -27,8 +27,8 @@ from ...output.directory import ENV_OUTPUT_DIR, output_base_dir
 from ...records.layout import rank_dir_name
 from ...records.runs import ENV_RUN_ID
 from ...system import exit_drain, lifecycle
-from ...system.environment import ENV_JOB_MODE
 from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
+from ...system.environment import ENV_JOB_MODE
 from . import boot
 from .job_directory import DEFAULT_CONFIG
 
