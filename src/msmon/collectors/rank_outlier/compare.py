@@ -97,9 +97,9 @@ def dump_record(
             )
     elif stat.key != "loss":
         name, call_id = f"all {stat.category} tensors", 0
-    also = "".join(f"; its {h.stat.words} departs too ({h.score:.3g} deviations)" for h in hits[1:])
+    also = "".join(f"; its {h.stat.said} departs too ({h.score:.3g} deviations)" for h in hits[1:])
     message = (
-        f"rank {rank}'s {stat.words} {first.value:.6g} is {first.score:.3g} robust deviations from the ranks' "
+        f"rank {rank}'s {stat.said} {first.value:.6g} is {first.score:.3g} robust deviations from the ranks' "
         f"median {first.spread.median:.6g} (threshold {k:g}; ranks {ranks}: "
         f"{', '.join(f'{v:.4g}' for v in first.column)}){tensor_text}{also}"
     )
