@@ -101,7 +101,9 @@ def test_an_edit_naming_an_unknown_format_is_refused_with_the_message_trainermon
     mon.close()
     assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "grad_reduced")} == {0, 1, 2}
     (logged,) = errors()
-    assert logged.endswith(f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'tensorboard']")
+    assert logged.endswith(
+        f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'mlflow', 'tensorboard', 'wandb']"
+    )
 
 
 def test_two_versions_in_one_mtime_tick_the_second_is_read(tmp_path, output_dir, errors):

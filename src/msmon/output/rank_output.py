@@ -84,6 +84,7 @@ class RankOutput:
             [self.alerts, *self.watchers],
             on_output_stopped=self._stopped,
             nice=writer_nice(),
+            category_ops=config.category_ops,
         )
 
     def restart_writer(self, config: MonitorConfig) -> None:

@@ -73,6 +73,9 @@ class StepContext:
         # hand a consumer every written step on the writer thread, for the rest of the run
         self.watch_steps: Callable[[StepConsumer], None] = lambda consumer: None
         self.stop: Callable[[], None] = lambda: None  # close the monitor (a collector ending the run)
+        self.alerts_raised: Callable[[], int] = lambda: 0  # this rank's alerts so far (the rules' and collectors')
+        # what a collector needs done once the monitor is closed and its writer wrote the last step
+        self.at_close: list[Callable[[], None]] = []
 
     # -- reading the model ------------------------------------------------------------------------
     def names(self) -> Names:

@@ -91,7 +91,8 @@ def test_msmon_run_refuses_an_unknown_format_before_torchrun_starts_without_impo
     proc = no_torch_msmon(*args)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"Error: invalid config: {config}: format: unknown format 'parquet'; expected ['api', 'csv', 'tensorboard']"
+        f"Error: invalid config: {config}: format: unknown format 'parquet'; "
+        "expected ['api', 'csv', 'mlflow', 'tensorboard', 'wandb']"
     ]
     assert not marker.exists()  # torchrun never started
 

@@ -20,7 +20,9 @@ from msmon.output import sinks
 from msmon.output.sinks.api_sink import ApiSink
 from msmon.output.sinks.base import Sink
 from msmon.output.sinks.csv_sink import CsvSink
+from msmon.output.sinks.mlflow_sink import MlflowSink
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
+from msmon.output.sinks.wandb_sink import WandbSink
 
 
 def test_the_format_names_are_the_sink_files_names_read_without_importing_them_or_torch():
@@ -29,12 +31,18 @@ def test_the_format_names_are_the_sink_files_names_read_without_importing_them_o
         "print(sinks.format_names(), sorted(m for m in sys.modules if m.endswith('_sink')), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['api', 'csv', 'tensorboard'] [] False"
+    assert out.strip() == "['api', 'csv', 'mlflow', 'tensorboard', 'wandb'] [] False"
     assert sorted(sinks.registered_formats()) == sinks.format_names()
 
 
 def test_each_sink_class_is_registered_under_the_name_its_log_lines_use():
-    assert sinks.registered_formats() == {"csv": CsvSink, "tensorboard": TensorBoardSink, "api": ApiSink}
+    assert sinks.registered_formats() == {
+        "csv": CsvSink,
+        "tensorboard": TensorBoardSink,
+        "api": ApiSink,
+        "wandb": WandbSink,
+        "mlflow": MlflowSink,
+    }
     assert (CsvSink.name, TensorBoardSink.name, ApiSink.name) == ("csv", "tensorboard", "api")
 
 
@@ -136,7 +144,7 @@ def test_a_new_sink_file_is_a_format_the_config_accepts_and_gets_every_recorded_
     write_config, output_dir, new_sink_file
 ):
     new_sink_file(LINES_SINK)
-    assert sinks.format_names() == ["api", "csv", "lines", "tensorboard"]
+    assert sinks.format_names() == ["api", "csv", "lines", "mlflow", "tensorboard", "wandb"]
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -170,7 +178,7 @@ def test_the_config_takes_any_format_name_and_the_sink_registry_refuses_an_unkno
         sinks.check_formats(config, "/jobs/monitor.json")
     assert str(err.value) == (
         "/jobs/monitor.json: format: unknown format 'tensorbord'; "
-        "expected ['api', 'csv', 'tensorboard'] (did you mean 'tensorboard'?)"
+        "expected ['api', 'csv', 'mlflow', 'tensorboard', 'wandb'] (did you mean 'tensorboard'?)"
     )
     sinks.check_formats(parse_config({"format": ["api", "csv", "tensorboard"]}))
 
@@ -179,4 +187,24 @@ def test_trainermon_refuses_an_unknown_format_before_training_with_the_file_and_
     path = write_config({"wg_distribution": True, "format": ["csv", "parquet"]})
     with pytest.raises(ConfigError) as err:
         TrainerMon(path)
-    assert str(err.value) == f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'tensorboard']"
+    assert str(err.value) == (
+        f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'mlflow', 'tensorboard', 'wandb']"
+    )
+
+
+def test_a_format_whose_client_package_is_missing_is_refused_before_training_naming_the_extra(
+    write_config, new_sink_file
+):
+    """A sink file names the package it needs (`CLIENT`); the check reads it from the file's text,
+    without importing the file, so a missing tracker client never surfaces in the middle of a run."""
+    new_sink_file('CLIENT = "msmon_no_such_client"\nEXTRA = "lines"\n' + LINES_SINK)
+    path = write_config({"format": ["csv", "lines"]})
+    with pytest.raises(ConfigError) as err:
+        TrainerMon(path)
+    assert str(err.value) == (
+        f"{path}: format: 'lines' needs the msmon_no_such_client package, which is not installed here: "
+        "pip install 'msmon[lines]'"
+    )
+    assert "msmon.output.sinks.lines_sink" not in sys.modules
+    assert sinks.format_client("wandb") == ("wandb", "wandb") and sinks.format_client("csv") is None
+    sinks.check_formats(parse_config({"format": ["csv", "wandb", "mlflow"]}))  # installed here: accepted

@@ -7,6 +7,8 @@ category's tensors is a scalar `summary/{category}/{op}_max`, and one text table
 propagates it), so a lane turns NaN at the step a tensor of its category does, and the table
 names the first such tensor. Computed on the writer thread from the host tables the sink writes:
 one step's statistics and its column categories' rows (loss, grad_agreement, ...) give one table.
+The grouping by category and the maxima (`CategoryRows`, `category_maxima`) are the trackers'
+lanes too (collectors/trackers/lanes.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,32 @@ import torch
 from ...records.layout import SUMMARY_HOLDERS_TAG, summary_tag
 from ...records.rows import RowKey
 from . import summary_wire
+
+
+class CategoryRows:
+    """The step's rows grouped by category: (category, its rows, the same as an index tensor),
+    in the order categories first appear; kept while the keys stay the same, as they do from
+    step to step (the comparison of the same RowKey objects is one C loop, grouping them again a
+    Python loop per row)."""
+
+    def __init__(self) -> None:
+        self._keys: list[RowKey] = []
+        self._groups: list[tuple[str, list[int], torch.Tensor]] = []
+
+    def groups(self, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
+        if keys != self._keys:
+            rows: dict[str, list[int]] = {}
+            for i, key in enumerate(keys):
+                rows.setdefault(key.category, []).append(i)
+            self._keys = list(keys)
+            self._groups = [(category, index, torch.tensor(index)) for category, index in rows.items()]
+        return self._groups
+
+
+def category_maxima(table: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per column of `table`, the largest value over `rows` (a NaN is the largest) and the position
+    in `rows` of the first row holding it."""
+    return table.index_select(0, rows).max(dim=0)
 
 
 class SummaryLanes:
@@ -33,23 +61,14 @@ class SummaryLanes:
         self._text_metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
         self._tensor, self._shape, self._string = TensorProto, TensorShapeProto, types_pb2.DT_STRING
         self._prefixes: dict[tuple[str, str], bytes] = {}
-        self._seen: list[tuple[list[RowKey], list[tuple[str, list[int], torch.Tensor]]]] = []
+        self._rows: list[CategoryRows] = []  # one per table of the step, in the order they come
 
     def _grouped(self, position: int, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
-        """(category, its rows, the same as an index tensor) of the keys of the step's table at
-        `position` (the statistics, then each column category's); kept while the keys stay the
-        same, as they do from step to step (the comparison of the same RowKey objects is one C
-        loop, grouping them again a Python loop per row)."""
-        while len(self._seen) <= position:
-            self._seen.append(([], []))
-        seen_keys, groups = self._seen[position]
-        if keys != seen_keys:
-            rows: dict[str, list[int]] = {}
-            for i, key in enumerate(keys):
-                rows.setdefault(key.category, []).append(i)
-            groups = [(category, index, torch.tensor(index)) for category, index in rows.items()]
-            self._seen[position] = (list(keys), groups)
-        return groups
+        """The categories of the keys of the step's table at `position` (the statistics, then each
+        category with ops or columns of its own), each table's grouping kept from step to step."""
+        while len(self._rows) <= position:
+            self._rows.append(CategoryRows())
+        return self._rows[position].groups(keys)
 
     def entries(self, tables: list[tuple[list[RowKey], list[str], torch.Tensor]]) -> list[bytes]:
         """The lanes' scalar entries and the holders' one text entry of a step, from each of the
@@ -61,7 +80,7 @@ class SummaryLanes:
         lines = ["| category | op | max | tensor |", "|---|---|---|---|"]
         for position, (keys, ops, table) in enumerate(tables):
             for category, index, rows in self._grouped(position, keys):
-                values, where = table.index_select(0, rows).max(dim=0)
+                values, where = category_maxima(table, rows)
                 maxima.append(values)
                 holders = where.tolist()
                 for j, (op, value) in enumerate(zip(ops, values.tolist())):
