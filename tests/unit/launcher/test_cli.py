@@ -179,7 +179,10 @@ def test_analyse_takes_several_steps_after_one_option(tmp_path):
 @pytest.mark.e2e
 def test_no_torchrun_runs_one_process_with_the_default_config(tmp_path):
     out = tmp_path / "out"
-    proc = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"))
+    on_path = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    proc = msmon(
+        "run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"), env=on_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no --config given; using the built-in default config" in proc.stderr
     assert '"wg_distribution": true' in proc.stderr  # the default, printed

@@ -42,6 +42,7 @@ class CsvWork:
     lines: int = 0  # data lines read
     tail: str | None = None  # hex of the last TAIL_CHECK bytes before `end`
     problem: str | None = None
+    gone: bool = False  # the file (its rank directory) disappeared since the scan: nothing read
 
 
 def read_header(path: str) -> str | None:
@@ -108,8 +109,12 @@ class CsvBatch:
 
     def add(self, work: CsvWork) -> None:
         """Read the work's lines into the batch (a grown file's work carries its header)."""
+        try:
+            body = _body(work)
+        except FileNotFoundError:  # removed since the scan (its rank directory, say): left out
+            work.gone = True
+            return
         self.works.append(work)
-        body = _body(work)
         if not work.header:
             return
         if layout(work.header) is None:

@@ -30,6 +30,12 @@ class LoadReport:
     parquet_rows: int = 0  # their rows
     csv_in_parquet: int = 0  # CSV files left out: their ranks' statistics are in Parquet files
     unfinished_parquet: int = 0  # `.part-*.parquet.tmp` files of the run: not read
+    gone: dict[str, int] = field(default_factory=dict)  # rank directory -> its files removed during the load
+
+    def vanished(self, rank_dir: str) -> None:
+        """A file of `rank_dir` was removed between the scan and its read (the directory was
+        deleted or moved during the load): it is left out, and said once per directory."""
+        self.gone[rank_dir] = self.gone.get(rank_dir, 0) + 1
 
     def lines(self) -> list[str]:
         out = self.run_lines + [
@@ -61,6 +67,10 @@ class LoadReport:
             out.append(f"msmon db: {self.skipped_lines:,} malformed CSV lines skipped")
         if self.missing:
             out.append(f"msmon db: {self.missing} files in the database are no longer on disk (their rows are kept)")
+        out += [
+            f"msmon db: {d} disappeared during the load; {n} of its files skipped (load again to bring it in)"
+            for d, n in sorted(self.gone.items())
+        ]
         out += [f"msmon db: {p}" for p in self.problems[:20]]
         if len(self.problems) > 20:
             out.append(f"msmon db: ... and {len(self.problems) - 20} more problems")

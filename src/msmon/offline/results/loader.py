@@ -220,6 +220,9 @@ class Loader:
             self.report.skipped_lines += skipped
             rows = []
             for f, w in pending:
+                if w.gone:
+                    self.report.vanished(f.rank_dir)
+                    continue
                 if w.problem:
                     self.report.problems.append(w.problem)
                 old = self.known.get(f.path)
@@ -268,6 +271,9 @@ class Loader:
         file_id = self.id_for(f)
         try:
             rows = read_events(f.path, skip, csv_categories, f.rank)
+        except FileNotFoundError:  # removed since the scan
+            self.report.vanished(f.rank_dir)
+            return
         except Exception as exc:  # a corrupt event file is reported, the rest is loaded
             self.report.problems.append(f"{f.path}: cannot be read as TensorBoard events ({exc}); skipped")
             return
@@ -318,6 +324,9 @@ class Loader:
                 data = json.loads(text)
                 if not isinstance(data, dict):
                     raise ValueError("not a JSON object")
+            except FileNotFoundError:  # removed since the scan
+                self.report.vanished(f.rank_dir)
+                continue
             except (OSError, ValueError) as exc:
                 self.report.problems.append(f"{f.path}: cannot be read ({exc}); skipped")
                 continue
