@@ -52,6 +52,15 @@ class ParallelGroups:
         )
         return f"{sizes or 'no parallel groups'} (from {self.source})"
 
+    def sizes(self) -> dict[str, Any]:
+        """{"dp": 2, "tp": 1, ..., "from": where they came from}: the groups found, for summary.json."""
+        found: dict[str, Any] = {
+            name: _size(group)
+            for name, group in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp))
+            if group is not None
+        }
+        return {**found, "from": self.source}
+
 
 def discover(
     models: list[torch.nn.Module],
@@ -180,6 +189,7 @@ def decide_writers(
     the pieces of split tensors can be combined (the monitor's ShardCombiner is enabled)."""
     adapter = ctx.adapter
     groups = discover(ctx.models, adapter, frameworks, dp_group, tp_group)
+    ctx.parallel = groups.sizes()
     adapter.writer = write_rule(groups, adapter)
     written = sum(adapter.writer(p) for p in adapter.params())
     logger.debug(

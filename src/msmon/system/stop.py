@@ -1,6 +1,7 @@
 """Runs that end early on purpose: print_struct stops after the step that wrote the module tree,
 ranks outside module_ranks stop with the recording ranks (rather than hang in a collective), and
-`alert.on_nan: "stop"` ends the job after a step with a NaN or an inf (runtime/nan_stop.py)."""
+`alert.on_nan: "stop"` ends the job after a step with a NaN or an inf, and alert.actions' stop with
+the exit code of the kind of fault (runtime/actions/)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .environment import ENV_BOOTSTRAP_DIR
+from .decision import Decision, record
+from .environment import ENV_BOOTSTRAP_DIR, ENV_JOB_MODE
+from .exit_codes import NONFINITE_STOP
 
 if TYPE_CHECKING:  # a type only: system/ sits below the collectors
     from ..collectors.structure import StructCollector
@@ -28,7 +31,7 @@ class StopOnNan(StopRun):
     under `alert.on_nan: "stop"`: the job fails (exit code NAN_EXIT_CODE)."""
 
 
-NAN_EXIT_CODE = 3
+NAN_EXIT_CODE = NONFINITE_STOP
 
 
 def stop_after_struct(
@@ -39,13 +42,12 @@ def stop_after_struct(
     if rank == 0 or not torch.distributed.is_initialized():
         print(struct.render_tree(), flush=True)
     close()
-    # under `msmon struct` the ranks write into a scratch the launcher moves the tree out of: the
-    # launcher names where it lands
-    where = "" if os.environ.get(ENV_BOOTSTRAP_DIR) else f" to {path}"
-    print(
-        f"msmon: module structure of rank {rank} written{where}; stopping after step {step} as print_struct asks",
-        flush=True,
-    )
+    if os.environ.get(ENV_JOB_MODE) != "struct":  # `msmon struct`'s launcher says where each tree lands
+        where = "" if os.environ.get(ENV_BOOTSTRAP_DIR) else f" to {path}"
+        print(
+            f"msmon: module structure of rank {rank} written{where}; stopping after step {step} as print_struct asks",
+            flush=True,
+        )
     raise StopAfterStruct(0)
 
 
@@ -59,16 +61,20 @@ def stop_with_the_others(rank: int, step: int, close: Callable[[], None]) -> Non
 def stop_on_nan(
     rank: int, step: int, ranks: list[int], close: Callable[[], None], all_closed: Callable[[], None]
 ) -> None:
-    """Close the monitor (pending steps, the anomaly dump, summary.json written), wait for the
-    other ranks to have closed theirs (`all_closed`), say why, stop the process with NAN_EXIT_CODE."""
+    """Close the monitor (pending steps, the anomaly dump, summary.json written), record the
+    decision for the launcher (system/decision.py), wait for the other ranks to have closed
+    theirs and recorded it too (`all_closed`), stop the process with NAN_EXIT_CODE. Under `msmon
+    run` the launcher prints the decision's line once for the job; without it each rank says it."""
     close()
-    all_closed()
-    print(
-        f"msmon[rank {rank}]: non-finite statistics at step {step} on rank{'s' if len(ranks) > 1 else ''} "
-        f"{', '.join(map(str, ranks))}; the job stops after this step as alert.on_nan asks "
-        f"(exit code {NAN_EXIT_CODE}); the output and the anomaly dump are complete",
-        flush=True,
+    line = (
+        f"msmon: the job stopped after step {step} as alert.on_nan asks: non-finite statistics on "
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} (exit code {NAN_EXIT_CODE}); "
+        "the output and the anomaly dump are complete"
     )
+    recorded = record(Decision(NAN_EXIT_CODE, line, step, rank, sorted(ranks)))
+    all_closed()
+    if recorded is None:
+        print(line.replace("msmon:", f"msmon[rank {rank}]:", 1), flush=True)
     raise StopOnNan(NAN_EXIT_CODE)
 
 

@@ -14,8 +14,18 @@ from msmon.launcher import cli
 
 def test_the_msmon_group_has_exactly_the_commands_of_the_verb_files():
     files = sorted(p.stem for p in cli.Path(cli.__file__).parent.glob("*_command.py"))
-    assert len(files) == 7
-    assert sorted(cli.main.commands) == ["analyse", "build-native", "convert", "db", "report", "run", "struct"]
+    assert len(files) == 9
+    assert sorted(cli.main.commands) == [
+        "analyse",
+        "build-native",
+        "convert",
+        "db",
+        "diff",
+        "export",
+        "report",
+        "run",
+        "struct",
+    ]
     assert sorted(cli.main.commands["convert"].commands) == ["csv2tb", "tb2csv"]
 
 

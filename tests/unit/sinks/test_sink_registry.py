@@ -21,6 +21,7 @@ from msmon.output.sinks.api_sink import ApiSink
 from msmon.output.sinks.base import Sink
 from msmon.output.sinks.csv_sink import CsvSink
 from msmon.output.sinks.mlflow_sink import MlflowSink
+from msmon.output.sinks.parquet_sink import ParquetSink
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
 from msmon.output.sinks.wandb_sink import WandbSink
 
@@ -31,7 +32,7 @@ def test_the_format_names_are_the_sink_files_names_read_without_importing_them_o
         "print(sinks.format_names(), sorted(m for m in sys.modules if m.endswith('_sink')), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['api', 'csv', 'mlflow', 'tensorboard', 'wandb'] [] False"
+    assert out.strip() == "['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb'] [] False"
     assert sorted(sinks.registered_formats()) == sinks.format_names()
 
 
@@ -42,8 +43,14 @@ def test_each_sink_class_is_registered_under_the_name_its_log_lines_use():
         "api": ApiSink,
         "wandb": WandbSink,
         "mlflow": MlflowSink,
+        "parquet": ParquetSink,
     }
-    assert (CsvSink.name, TensorBoardSink.name, ApiSink.name) == ("csv", "tensorboard", "api")
+    assert (CsvSink.name, TensorBoardSink.name, ApiSink.name, ParquetSink.name) == (
+        "csv",
+        "tensorboard",
+        "api",
+        "parquet",
+    )
 
 
 def test_the_sinks_are_built_in_the_order_the_format_names_them(tmp_path):
@@ -144,7 +151,7 @@ def test_a_new_sink_file_is_a_format_the_config_accepts_and_gets_every_recorded_
     write_config, output_dir, new_sink_file
 ):
     new_sink_file(LINES_SINK)
-    assert sinks.format_names() == ["api", "csv", "lines", "mlflow", "tensorboard", "wandb"]
+    assert sinks.format_names() == ["api", "csv", "lines", "mlflow", "parquet", "tensorboard", "wandb"]
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -178,33 +185,32 @@ def test_the_config_takes_any_format_name_and_the_sink_registry_refuses_an_unkno
         sinks.check_formats(config, "/jobs/monitor.json")
     assert str(err.value) == (
         "/jobs/monitor.json: format: unknown format 'tensorbord'; "
-        "expected ['api', 'csv', 'mlflow', 'tensorboard', 'wandb'] (did you mean 'tensorboard'?)"
+        "expected ['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb'] (did you mean 'tensorboard'?)"
     )
     sinks.check_formats(parse_config({"format": ["api", "csv", "tensorboard"]}))
 
 
 def test_trainermon_refuses_an_unknown_format_before_training_with_the_file_and_the_known_ones(write_config):
-    path = write_config({"wg_distribution": True, "format": ["csv", "parquet"]})
+    path = write_config({"wg_distribution": True, "format": ["csv", "hdf5"]})
     with pytest.raises(ConfigError) as err:
         TrainerMon(path)
     assert str(err.value) == (
-        f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'mlflow', 'tensorboard', 'wandb']"
+        f"{path}: format: unknown format 'hdf5'; expected ['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb']"
     )
 
 
 def test_a_format_whose_client_package_is_missing_is_refused_before_training_naming_the_extra(
     write_config, new_sink_file
 ):
-    """A sink file names the package it needs (`CLIENT`); the check reads it from the file's text,
+    """A sink file names the package it needs (`REQUIRES`); the check reads it from the file's text,
     without importing the file, so a missing tracker client never surfaces in the middle of a run."""
-    new_sink_file('CLIENT = "msmon_no_such_client"\nEXTRA = "lines"\n' + LINES_SINK)
+    new_sink_file('REQUIRES = {"msmon_no_such_client": "msmon[lines]"}\n' + LINES_SINK)
     path = write_config({"format": ["csv", "lines"]})
     with pytest.raises(ConfigError) as err:
         TrainerMon(path)
     assert str(err.value) == (
-        f"{path}: format: 'lines' needs the msmon_no_such_client package, which is not installed here: "
-        "pip install 'msmon[lines]'"
+        f"{path}: format: 'lines' needs msmon_no_such_client, which is not installed: pip install 'msmon[lines]'"
     )
     assert "msmon.output.sinks.lines_sink" not in sys.modules
-    assert sinks.format_client("wandb") == ("wandb", "wandb") and sinks.format_client("csv") is None
+    assert sinks.required_modules("wandb") == {"wandb": "msmon[wandb]"} and sinks.required_modules("csv") == {}
     sinks.check_formats(parse_config({"format": ["csv", "wandb", "mlflow"]}))  # installed here: accepted

@@ -45,7 +45,7 @@ from ...anomaly.seen import from_alert
 from ...config.schema import ActionConfig
 from ...output.skipped_steps import record_skip
 from .decide import Trigger, triggers, views
-from .vote import StepVote
+from .vote import FINITE, StepVote
 
 if TYPE_CHECKING:
     from ..step_context import StepContext
@@ -128,10 +128,10 @@ class SkipStep:
         mine = b""
         if ctx.recording and self.off is None:
             mine = self._what_i_saw()
-        sizes = [int(v[0]) for v in self.vote.numbers([float(len(mine))])]
-        if not any(sizes):
+        answered = self.vote.round(FINITE, mine)
+        if not answered.payloads:
             return
-        seen = [one for payload in self.vote.payloads(mine, sizes) if payload for one in pickle.loads(payload)]
+        seen = [one for payload in answered.payloads if payload for one in pickle.loads(payload)]
         skips = [a if a.do == "skip_step" else None for a in self.actions]
         for view in views(seen, self.vote.members()):
             for trigger in triggers(self.actions, view):

@@ -32,7 +32,7 @@ from .nonfinite import has_nonfinite
 from .notify import Notifications
 from .skip import SkipStep
 from .stop import ActionStop
-from .vote import StepVote, VoteFailed
+from .vote import FINITE, NONFINITE, Round, StepVote, VoteFailed
 
 if TYPE_CHECKING:
     from ..step_context import StepContext
@@ -68,13 +68,17 @@ class StepActions:
         return self.on_nan or bool(self.actions)
 
     def attach(self, adapter: Any) -> None:
-        """At set_monitor: skip_step's hooks (a ConfigError where msmon does not own the step)."""
+        """At set_monitor: skip_step's hooks (one line where msmon does not own the step); join
+        contexts followed (a rank out of inputs answers the rounds from a thread: vote.py)."""
         if self.skip is not None:
             self.skip.install(adapter)
+        self.vote.stopping = self._stopping
+        self.vote.follow_joins()
 
     def detach(self) -> None:
         if self.skip is not None:
             self.skip.remove()
+        self.vote.stop_listening()
 
     def _start(self) -> None:
         """At the first vote (torch.distributed is up by then): who speaks for the job."""
@@ -108,22 +112,20 @@ class StepActions:
         if not self._started:
             self._start()
         try:
-            nonfinite = has_nonfinite(batch) if self.on_nan else False
+            nonfinite = self.on_nan and has_nonfinite(batch, self.ctx.step_ops)
             seen_here = self._seen(trained - 1) if self.actions else []
-            mine = pickle.dumps(seen_here) if seen_here else b""
-            answers = self.vote.numbers([1.0 if nonfinite else 0.0, float(len(mine))])
-            sizes = [int(a[1]) for a in answers]
-            payloads = self.vote.payloads(mine, sizes) if any(sizes) else []
+            answered = self.vote.round(
+                NONFINITE if nonfinite else FINITE, pickle.dumps(seen_here) if seen_here else b""
+            )
         except VoteFailed as exc:
             self._failed(exc)
             return
         members = self.vote.members()
-        with_nonfinite = [rank for rank, answer in zip(members, answers) if answer[0] > 0]
+        with_nonfinite = answered.ranks_in(members, NONFINITE)
         if with_nonfinite:
             stop_on_nan(self.ctx.rank, trained, with_nonfinite, self._close_monitor, self.vote.all_closed)
-        seen: list[Seen] = [one for payload in payloads if payload for one in pickle.loads(payload)]
         stops = []
-        for view in views(seen, members):
+        for view in views(_unpacked(answered), members):
             for trigger in triggers(self.actions, view):
                 do = trigger.action.do
                 if do == "notify" and self.notify is not None:
@@ -134,6 +136,16 @@ class StepActions:
                     stops.append(trigger)
         if stops and self.stopper is not None:
             self.stopper.stop(stops[0], trained, self._close_monitor)
+
+    def _stopping(self, answered: Round) -> bool:
+        """Whether the ranks still training stop after this round (a rank waiting in a join
+        context answers their closing round, then no more: vote.py). Reads, changes nothing."""
+        if any(state == NONFINITE for state, _ in answered.answers):
+            return True
+        members = self.vote.members()
+        return any(
+            t.action.do == "stop" for view in views(_unpacked(answered), members) for t in triggers(self.actions, view)
+        )
 
     def _seen(self, step: int) -> list[Seen]:
         """What this rank saw up to `step`, once its readers finished it (a bounded wait)."""
@@ -195,3 +207,8 @@ class StepActions:
         if self.off is not None:
             out["actions_off"] = self.off
         return out
+
+
+def _unpacked(answered: Round) -> list[Seen]:
+    """Every rank's alerts of a round."""
+    return [one for payload in answered.payloads if payload for one in pickle.loads(payload)]

@@ -9,8 +9,9 @@ chosen by the kind of fault, so that a scheduler can act on it (docs/actions.md 
 The incident ledger (records/incidents.py, in the output root) keeps every such stop; when the
 same verdict at the same step is in it `repeat_limit - 1` times already, a restart met the
 same fault again: the stop exits 17, and its line says why. The ledger is read when the monitor
-attaches (before this run wrote to it), and the ranks take the largest count any of them read
-(one gather), so all of them exit with the same code even where nodes do not share the root.
+attaches (before this run wrote to it); where nodes do not share the output root and their
+ranks read different ledgers, `msmon run` takes the highest code any rank recorded (17 over 16:
+system/decision.py), so the job exits 17 as soon as one of them knows the fault came back.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from typing import Any, Callable
 
 from ...records.incidents import append_incident, occurrences, read_incidents
 from ...records.runs import current_run_id
+from ...system.decision import Decision, record
+from ...system.exit_codes import JOB_FAULT_STOP, RANK_FAULT_STOP
 from ...system.stop import StopOnAction
 from .decide import Trigger
 from .vote import StepVote
 
 logger = logging.getLogger("msmon")
 
-RANK_FAULT_STOP = 16
-JOB_FAULT_STOP = 17
 RANK_FAULT_KINDS = ("one_rank_model_copy", "one_rank_data_or_device")
 
 
@@ -56,11 +57,13 @@ class ActionStop:
         self.earlier = read_incidents(output_base)  # before this run wrote to it
 
     def stop(self, trigger: Trigger, trained: int, close: Callable[[], None]) -> None:
-        """Stop every rank after step `trained` (raises StopOnAction)."""
+        """Close the monitor, record the decision for the launcher (system/decision.py: `msmon run`
+        prints its line once and returns its code), wait for the other ranks to have closed
+        theirs, stop the process with the code (raises StopOnAction). Without `msmon run` each
+        rank says the line itself."""
         code, words = code_for(trigger)
         verdict = trigger.kind.code if trigger.kind is not None else None
         seen_before = occurrences(self.earlier, verdict, trigger.step)
-        seen_before = int(max(v[0] for v in self.vote.numbers([float(seen_before)])))
         reason = f"{words}; alert.actions[{trigger.index}]: {trigger.why()}"
         if code == RANK_FAULT_STOP and seen_before + 1 >= trigger.action.repeat_limit:
             code = JOB_FAULT_STOP
@@ -76,15 +79,14 @@ class ActionStop:
             f"{trigger.step}: {reason}"
         )
         close()
+        recorded = record(Decision(code, line, trained, self.rank, trigger.ranks))
         self.vote.all_closed()
-        print(
-            line if self.rank == self.vote.members()[0] else line.replace("msmon:", f"msmon[rank {self.rank}]:", 1),
-            flush=True,
-        )
+        if recorded is None:
+            print(line.replace("msmon:", f"msmon[rank {self.rank}]:", 1), flush=True)
         raise StopOnAction(code)
 
     def _write(self, trigger: Trigger, code: int, verdict: str | None, reason: str) -> None:
-        record: dict[str, Any] = {
+        incident: dict[str, Any] = {
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "run_id": current_run_id(),
             "step": trigger.step,
@@ -96,6 +98,6 @@ class ActionStop:
             "why": reason,
         }
         try:
-            append_incident(self.output_base, record)
+            append_incident(self.output_base, incident)
         except OSError as exc:
             logger.error("msmon: writing the incident ledger in %s failed: %s", self.output_base, exc)
