@@ -7,8 +7,9 @@ DIR/rank{R}.txt (the bit-exact record two runs are compared by).
 --bad-rank R --bad-step S --bad-scale X: rank R's batch of step S is multiplied by X (one rank's
 batches go bad). --spike-step S: every rank's targets of step S are multiplied by 1e3 (a loss
 spike). --flip-rank R --flip-step S: at the start of step S rank R flips one bit of fc1.weight
-(a replica fault). --kill-rank R --kill-step S: rank R kills itself (SIGKILL) after step S's
-update, before the monitor's end of step; --hang instead of killing, it sleeps --hang-seconds.
+(a replica fault). --kill-rank R --kill-step S: after step S's backward, rank R waits a second
+(the others reach the monitor's vote at the end of the step meanwhile) and kills itself
+(SIGKILL); with --hang it sleeps --hang-seconds instead, then exits.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def main() -> None:
         loss.backward()
         if step == args.kill_step and rank == args.kill_rank:
             print(f"rank {rank} leaves at step {step} at {time.time():.3f}", flush=True)
+            time.sleep(1.0)
             if args.hang:
                 time.sleep(args.hang_seconds)
                 os._exit(0)

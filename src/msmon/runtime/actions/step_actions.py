@@ -99,7 +99,7 @@ class StepActions:
         try:
             self.skip.decide()
         except VoteFailed as exc:
-            self._failed(exc)
+            self._failed(exc, f"before step {self.ctx.step}'s update")
 
     # -- at the end of the step ----------------------------------------------------------------------
     def at_step_end(self, trained: int, batch: HostBatch | None) -> None:
@@ -118,7 +118,7 @@ class StepActions:
                 NONFINITE if nonfinite else FINITE, pickle.dumps(seen_here) if seen_here else b""
             )
         except VoteFailed as exc:
-            self._failed(exc)
+            self._failed(exc, f"after step {trained}")
             return
         members = self.vote.members()
         with_nonfinite = answered.ranks_in(members, NONFINITE)
@@ -169,14 +169,15 @@ class StepActions:
             return agreed
         return self.escalation.at_boundary(next_step, self.ctx.config, agreed)
 
-    def _failed(self, exc: BaseException) -> None:
-        self.off = str(exc)
+    def _failed(self, exc: BaseException, when: str) -> None:
+        self.off = f"{when}: {exc}"
         self.board.active = False
         logger.error(
-            "msmon[rank %d]: step %d: %s; alert.actions and on_nan are off on this rank, training goes on",
+            "msmon[rank %d]: %s; alert.actions and on_nan are off on this rank, training goes on",
             self.ctx.rank,
-            self.ctx.step,
-            exc,
+            str(exc).replace("the vote ", f"the vote {when} ", 1)
+            if str(exc).startswith("the vote ")
+            else f"{when}: {exc}",
         )
 
     # -- the end of the run ----------------------------------------------------------------------------

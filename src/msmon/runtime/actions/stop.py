@@ -64,19 +64,25 @@ class ActionStop:
         code, words = code_for(trigger)
         verdict = trigger.kind.code if trigger.kind is not None else None
         seen_before = occurrences(self.earlier, verdict, trigger.step)
-        reason = f"{words}; alert.actions[{trigger.index}]: {trigger.why()}"
+        if trigger.verdict:
+            reason = f"{words} [verdict {verdict}]"
+        else:
+            reason = f"{trigger.why()} at step {trigger.step}" + (
+                f"; kind: {words} [verdict {verdict}]" if verdict else ""
+            )
         if code == RANK_FAULT_STOP and seen_before + 1 >= trigger.action.repeat_limit:
             code = JOB_FAULT_STOP
             reason = (
                 f"the same fault ({verdict} at step {trigger.step}) is in the incident ledger {seen_before} time"
                 f"{'s' if seen_before > 1 else ''} already (incidents.jsonl): a restart met it again, so it is not "
-                f"that device; do not restart blindly. {reason}"
+                f"that device; {reason}"
             )
         if self.rank == self.vote.members()[0]:
             self._write(trigger, code, verdict, reason)
+        advice = "restart it elsewhere" if code == RANK_FAULT_STOP else "do not restart it blindly"
         line = (
-            f"msmon: the job stopped after step {trained} as alert.actions asks (exit code {code}): fault at step "
-            f"{trigger.step}: {reason}"
+            f"msmon: the job stopped after step {trained} as alert.actions[{trigger.index}] asks (exit code {code}: "
+            f"{advice}): {reason}"
         )
         close()
         recorded = record(Decision(code, line, trained, self.rank, trigger.ranks))

@@ -50,7 +50,12 @@ FINITE, NONFINITE, LEFT = 0.0, 1.0, 2.0  # a rank's state in a round
 
 
 class VoteFailed(RuntimeError):
-    """A gather of the vote failed or timed out: a rank died or hangs."""
+    """A gather of the vote failed or timed out: a rank died or hangs. `what`: which gather;
+    `why`: what happened, in words."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(f"{what} {why}")
+        self.what, self.why = what, why
 
 
 @dataclass
@@ -136,7 +141,7 @@ class StepVote:
                 if waited >= 0.9 * seconds
                 else f"lost a rank after {waited:.1f} s (its connection closed: it died or left)"
             )
-            raise VoteFailed(f"{what} {why} ({' '.join(str(exc).split())[:160]})") from None
+            raise VoteFailed(what, f"{why} ({' '.join(str(exc).split())[:160]})") from None
 
     def _members(self) -> tuple[Any, list[int]]:
         members = self.members()
