@@ -269,3 +269,66 @@ def test_a_rank_killed_while_the_others_vote_ends_the_job_at_once_with_one_clear
         r"or left\) .*; alert.actions and on_nan are off on this rank, training goes on$",
         said[0],
     ), said[0]
+
+
+def chromium_dom(page: Path, profile: Path, script: str) -> str:
+    """The page's DOM after its own scripts and `script` ran, in headless Chromium."""
+    import shutil
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not browser:
+        pytest.fail("headless Chromium is needed for this test and was not found: apt-get install -y chromium")
+    copy = page.with_name("scripted.html")
+    copy.write_text(page.read_text(encoding="utf-8").replace("</body>", f"<script>{script}</script></body>"))
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+             f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+             "--virtual-time-budget=5000"]  # fmt: skip
+    shown = subprocess.run([browser, *flags, "--dump-dom", copy.as_uri()], capture_output=True, text=True, timeout=120)
+    console = [line for line in shown.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, "the page wrote to the console:\n" + "\n".join(console)
+    return shown.stdout
+
+
+READ_THE_BAND = """
+  var cv = document.querySelector("#heat-grad_reduced .heat canvas"), box = cv.getBoundingClientRect();
+  cv.dispatchEvent(new MouseEvent("click", { clientX: box.left + 300, clientY: box.top + 20 + 7, bubbles: true }));
+  var chart = document.querySelector(".row-chart canvas"), ctx = chart.getContext("2d");
+  var span = chart.getAttribute("data-span-px").split("-").map(Number), mid = Math.round((span[0] + span[1]) / 2);
+  var strip = ctx.getImageData(0, 18, chart.width, 1).data;  /* one read: a row of pixels across the plot */
+  function rgb(x) { return [strip[4 * x], strip[4 * x + 1], strip[4 * x + 2]].join(" "); }
+  document.body.setAttribute("data-band-pixel", rgb(mid));
+  document.body.setAttribute("data-plain-pixel", rgb(span[0] - 30));
+"""
+
+
+@pytest.mark.browser
+def test_the_database_keeps_the_escalated_steps_and_the_report_draws_them_as_a_band(escalation, tmp_path):
+    duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]")
+    from msmon.offline.results import report_html
+
+    database = tmp_path / "run.duckdb"
+    loaded = subprocess.run(
+        [sys.executable, "-m", "msmon.launcher", "db", "-d", str(escalation["out"]), "-o", str(database)],
+        capture_output=True, text=True, timeout=300, env=env(),
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr
+    con = duckdb.connect(str(database), read_only=True)
+    rows = con.execute(
+        "SELECT rank, action, first_step, last_step, alert_step, keys FROM actions ORDER BY rank"
+    ).fetchall()
+    assert rows == [(rank, "escalate", BAD + 2, BAD + 4, BAD, "all_xy") for rank in (0, 1)]
+    activations = con.execute(  # the escalated steps, joined with the statistics: the activations are there only
+        "SELECT DISTINCT m.step, m.step BETWEEN a.first_step AND a.last_step FROM metrics m JOIN actions a "
+        "ON m.rank = a.rank WHERE m.category = 'actv' ORDER BY 1"
+    ).fetchall()
+    assert activations == [(step, True) for step in range(BAD + 2, BAD + 5)]
+    page = tmp_path / "report.html"
+    report_html.build(con, str(page), str(database))
+    con.close()
+    dom = chromium_dom(page, tmp_path / "profile", READ_THE_BAND)
+    assert f'<li data-action="escalate" data-steps="{BAD + 2}-{BAD + 4}">steps {BAD + 2}–{BAD + 4} escalated' in dom
+    assert f'data-spans="escalate:{BAD + 2}-{BAD + 4}"' in dom  # the clicked row's chart over steps
+    band = re.search(r'data-band-pixel="(\d+) (\d+) (\d+)"', dom)
+    plain = re.search(r'data-plain-pixel="(\d+) (\d+) (\d+)"', dom)
+    assert plain is not None and plain.groups() == ("255", "255", "255"), dom[-2000:]  # white outside the band
+    assert band is not None and int(band[1]) > int(band[3]) + 40  # amber inside it
