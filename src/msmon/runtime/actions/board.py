@@ -29,8 +29,9 @@ MAX_SEEN_PER_STEP = 256
 class ActionBoard:
     """One monitor's readers and alerts; inert (`active` False) when no action is configured."""
 
-    def __init__(self, active: bool = False) -> None:
+    def __init__(self, active: bool = False, rules: set[str] | None = None) -> None:
         self.active = active
+        self.rules = rules  # the rules whose alerts an action reads (None: all, for a verdict)
         self.pp_stage = 0
         self._cond = threading.Condition()
         self._pending: dict[str, set[int]] = {}
@@ -66,6 +67,8 @@ class ActionBoard:
             return
         with self._cond:
             for one in seen:
+                if self.rules is not None and one.rule not in self.rules:
+                    continue
                 if self.pp_stage and not one.pp_stage:
                     one = replace(one, pp_stage=self.pp_stage)
                 self._seen.setdefault(one.step, []).append(one)

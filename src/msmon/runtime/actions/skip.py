@@ -8,14 +8,16 @@ and training goes on with the next batch.
 When it is decided. Before the optimizer step, so the decision needs the step's statistics on
 the host before `optimizer.step` runs, as GradScaler needs its found-inf flag: in the step's
 pre-hook, once the monitor has read the gradients, the rows recorded so far (activations, the
-loss, the rank-local and, under torch.optim, the reduced gradients) are read on the host (a
-device sync on an accelerator), the alert rules (a history of their own, fed only these rows;
-a skipped step's values leave it again, as Lightning's SpikeDetection keeps a spike out of its
-running mean) look at them, and every rank gives what it saw to one gather on msmon's group (vote.py); every
-rank then decides alike. Only with a skip_step action configured; the cost (the sync, the rule
-scan, one gather per step) is in docs/actions.md and benchmarks/nan_stop_cost.py. A step that is
-not recorded is never skipped (no statistics); rules known only after the step
-(AnomalyRankOutlier, NanOrigin, ReplicaMismatch) are refused by the config check.
+rank-local and, under torch.optim, the reduced gradients) are read on the host (a device sync on
+an accelerator) and the alert rules look at them as the writer's do: the statistics rows (the
+loss and the other values of columns of their own are no rule's; a loss spike shows in the
+gradients it makes), with a history of their own fed only these rows, which a skipped step's
+values leave again (as Lightning's SpikeDetection keeps a spike out of its running mean). Every
+rank gives what it saw to one gather on msmon's group (vote.py) and decides alike. Only with a
+skip_step action configured; the cost (the sync, the rule scan, one gather per step) is in
+docs/actions.md and benchmarks/nan_stop_cost.py. A step that is not recorded is never skipped
+(no statistics); rules known only after the step (AnomalyRankOutlier, NanOrigin,
+ReplicaMismatch) are refused by the config check.
 
 How. Only where msmon owns the step call: a step pre-hook on the optimizer that applies the
 update (torch.optim and FSDP's, or DeepSpeed's inner torch optimizer, stepped by its engine)
@@ -43,6 +45,7 @@ import torch
 from ...anomaly.rules import RuleEngine, build_rules
 from ...anomaly.seen import from_alert
 from ...config.schema import ActionConfig
+from ...output.sinks.feature_rows import split_features
 from ...output.skipped_steps import record_skip
 from .decide import Trigger, triggers, views
 from .vote import FINITE, StepVote
@@ -146,6 +149,7 @@ class SkipStep:
         if not keys:
             return b""
         table = torch.cat([c.detach().to("cpu", torch.float64) for c in chunks])  # the host sync skip_step costs
+        keys, table, _ = split_features(ctx.step, ctx.rank, keys, table, {})  # the rows the writer's rules read
         self._before = self.engine.snapshot()
         alerts = self.engine.scan(keys, ctx.step_ops, None, table)
         seen = [from_alert(ctx.rank, ctx.step, alert) for alert in alerts]

@@ -51,7 +51,9 @@ class StepActions:
         self.on_nan = config.alert.on_nan == "stop"
         self.actions = list(config.alert.actions)
         self.vote = StepVote(config.module_ranks, config.alert.vote_timeout)
-        self.board = ActionBoard(active=bool(self.actions))
+        verdicts = any(action.verdicts for action in self.actions)  # a verdict reads every alert of the step
+        wanted = None if verdicts else {rule for action in self.actions for rule in action.rules}
+        self.board = ActionBoard(active=bool(self.actions), rules=wanted)
         ctx.board = self.board
         does = {action.do for action in self.actions}
         self.escalation = Escalation(speaker=False) if "escalate" in does else None
