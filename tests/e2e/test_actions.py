@@ -332,3 +332,29 @@ def test_the_database_keeps_the_escalated_steps_and_the_report_draws_them_as_a_b
     plain = re.search(r'data-plain-pixel="(\d+) (\d+) (\d+)"', dom)
     assert plain is not None and plain.groups() == ("255", "255", "255"), dom[-2000:]  # white outside the band
     assert band is not None and int(band[1]) > int(band[3]) + 40  # amber inside it
+
+
+def test_skip_step_under_deepspeed_zero2_leaves_its_own_fp32_weights_and_moments_as_they_were(tmp_path):
+    config = {
+        "wg_distribution": True,
+        "format": ["csv"],
+        "ops": ["norm", "max"],
+        "alert": {
+            "rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 30}}],
+            "actions": [{"on": ["AnomalyTurbulence"], "do": "skip_step"}],
+        },
+    }
+    argv = [sys.executable, "-m", "msmon.launcher", "run", "--config", str(tmp_path / "c.json")]
+    (tmp_path / "c.json").write_text(json.dumps(config))
+    proc = run_job(
+        [*argv, "--output-dir", str(tmp_path / "out"), "--standalone", "--nproc-per-node", "2", "--",
+         str(ROOT / "tests" / "scripts" / "ds_skip.py"), "--stage", "2", "--steps", "8", "--spike-step", "5"],
+        timeout=600, env=env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    # DeepSpeed's own full fp32 weights and Adam moments after each step (two ranks' prints may share a line)
+    after = {(int(r), int(s)): h for r, s, h in re.findall(r"rank (\d) step (\d+) ([0-9a-f]{64})", proc.stdout)}
+    for rank in (0, 1):
+        steps = [after[(rank, s)] for s in range(8)]
+        assert steps[5] == steps[4] and len(set(steps)) == 7, rank
+        assert summary(tmp_path / "out", rank)["skips"] == 1
