@@ -62,7 +62,6 @@ class StepActions:
         self.stopper = ActionStop(ctx.rank, ctx.output_base, self.vote) if "stop" in does else None
         self.off: str | None = None
         self._host = socket.gethostname()
-        self._late_said = False
         self._started = False
 
     @property
@@ -150,15 +149,17 @@ class StepActions:
         )
 
     def _seen(self, step: int) -> list[Seen]:
-        """What this rank saw up to `step`, once its readers finished it (a bounded wait)."""
+        """What this rank saw up to `step`, once its readers finished it (a bounded wait). A
+        reader that is late once is not waited for again: its alerts join the vote of a later
+        step (every rank still reads the same ones), and a stuck reader never slows every step."""
         late = self.board.wait_finished(step, self.vote.timeout.total_seconds())
-        if late and not self._late_said:
-            self._late_said = True
+        for source in late:
+            self.board.retire(source)
             logger.warning(
-                "msmon[rank %d]: %s had not read step %d after %g s (alert.vote_timeout); its alerts join a later "
-                "vote (said once)",
+                "msmon[rank %d]: the %s had not read step %d after %g s (alert.vote_timeout); it is not waited for "
+                "any more: its alerts join the vote of a later step",
                 self.ctx.rank,
-                " and ".join(late),
+                source.replace("_", " "),
                 step,
                 self.vote.timeout.total_seconds(),
             )
@@ -167,7 +168,7 @@ class StepActions:
     def config_switch(self, next_step: int, agreed: MonitorConfig | None) -> MonitorConfig | None:
         """The config to put in force at this boundary: an escalation's start or end, else the
         edit the ranks agreed on (`agreed`), else None."""
-        if self.escalation is None or self.off is not None:
+        if self.escalation is None:  # without a vote (off) none starts, and the one in force still ends
             return agreed
         return self.escalation.at_boundary(next_step, self.ctx.config, agreed)
 
