@@ -16,7 +16,8 @@ rotating order:
     python benchmarks/nan_stop_cost.py --rounds 3 --steps 40 [--modes continue stop actions] [--json out.json]
 
 Per run: each rank's median step (after the warm-up, timed inside the training loop) and what
-msmon reports about itself (summary.json's monitor_ms_per_step). The table gives the medians over
+msmon reports about itself (summary.json's monitor_ms_per_step, and of it the vote's rounds and
+the wait for this rank's readers of the voted step: summary.json's "vote"). The table gives the medians over
 rounds and the ratio of each mode's step to the "stop" step of the same round: "actions" should
 be within the noise of "stop" (issue 43); "skip" costs what docs/actions.md says.
 """
@@ -74,9 +75,15 @@ def one_run(mode: str, steps: int, scratch: Path) -> dict[str, Any]:
     fired = [s for s in summaries if s.get("escalations") or s.get("skips") or s.get("actions_off")]
     if fired:
         raise SystemExit(f"{mode}: an action fired or the vote failed; this benchmark needs a job where none fires")
+    votes = [s["vote"] for s in summaries if s.get("vote", {}).get("rounds")]
     return {
         "step_ms": statistics.median(t["step_ms"] for t in timed),
         "monitor_ms_per_step": statistics.median(s["monitor_ms_per_step"] for s in summaries),
+        # of msmon's own time: the rounds' gathers, and the wait for this rank's readers of the voted step
+        "vote_ms_per_step": statistics.median(1e3 * v["round_seconds"] / v["rounds"] for v in votes) if votes else 0.0,
+        "reader_wait_ms_per_step": (
+            statistics.median(1e3 * v["reader_wait_seconds"] / v["rounds"] for v in votes) if votes else 0.0
+        ),
     }
 
 
@@ -98,9 +105,12 @@ def main() -> None:
     for mode in modes:
         step = statistics.median(r[mode]["step_ms"] for r in rounds)
         own = statistics.median(r[mode]["monitor_ms_per_step"] for r in rounds)
+        vote = statistics.median(r[mode]["vote_ms_per_step"] for r in rounds)
+        wait = statistics.median(r[mode]["reader_wait_ms_per_step"] for r in rounds)
         ratios[mode] = [r[mode]["step_ms"] / r["stop"]["step_ms"] for r in rounds]
         print(
-            f"{mode:8s}: step {step:.1f} ms, msmon's own time {own:.2f} ms per step (medians of rounds); "
+            f"{mode:8s}: step {step:.1f} ms, msmon's own time {own:.2f} ms per step (of it the rounds {vote:.2f} ms, "
+            f"the readers' wait {wait:.2f} ms; medians of rounds); "
             f"step / stop's, same round: median {statistics.median(ratios[mode]):.3f} "
             f"(range {min(ratios[mode]):.3f}-{max(ratios[mode]):.3f})"
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import pickle
 import socket
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...anomaly.seen import Seen
@@ -61,6 +62,9 @@ class StepActions:
         self.notify = Notifications(ctx.rank, speaker=False) if "notify" in does else None
         self.stopper = ActionStop(ctx.rank, ctx.output_base, self.vote) if "stop" in does else None
         self.off: str | None = None
+        self.rounds = 0  # summary.json's "vote": what the rounds cost the training thread
+        self.round_seconds = 0.0  # in the gathers (waiting for the slowest rank included)
+        self.reader_wait_seconds = 0.0  # waiting for this rank's readers of the voted step
         self._host = socket.gethostname()
         self._started = False
 
@@ -152,7 +156,9 @@ class StepActions:
         """What this rank saw up to `step`, once its readers finished it (a bounded wait). A
         reader that is late once is not waited for again: its alerts join the vote of a later
         step (every rank still reads the same ones), and a stuck reader never slows every step."""
+        started = time.perf_counter()
         late = self.board.wait_finished(step, self.vote.timeout.total_seconds())
+        self.reader_wait_seconds += time.perf_counter() - started
         for source in late:
             self.board.retire(source)
             logger.warning(
@@ -191,7 +197,13 @@ class StepActions:
 
     def summary(self, last_trained: int | None) -> dict[str, Any]:
         """What the actions did, for summary.json."""
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {
+            "vote": {
+                "rounds": self.rounds,
+                "round_seconds": round(self.round_seconds, 6),
+                "reader_wait_seconds": round(self.reader_wait_seconds, 6),
+            }
+        }
         if self.escalation is not None:
             out["escalations"] = self.escalation.summary(last_trained)
         if self.skip is not None:
