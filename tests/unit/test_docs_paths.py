@@ -98,5 +98,8 @@ def test_the_path_check_finds_the_paths_a_doc_names_and_reports_the_ones_that_do
 
 
 def test_heading_anchors_follow_github_slugs():
-    markdown = "# After the run: `msmon db`, `report` and `analyse` at scale\n## Method\n## Method\n```\n# not a heading\n```\n"
+    markdown = (
+        "# After the run: `msmon db`, `report` and `analyse` at scale\n## Method\n## Method\n"
+        "```\n# not a heading\n```\n"
+    )
     assert heading_anchors(markdown) == {"after-the-run-msmon-db-report-and-analyse-at-scale", "method", "method-1"}
