@@ -36,6 +36,7 @@ __all__ = [
     "check_formats",
     "required_modules",
     "registered_formats",
+    "sink_class",
     "build_sinks",
 ]
 
@@ -114,16 +115,20 @@ def _installed(module: str) -> bool:
         return False
 
 
+def sink_class(name: str) -> type[Sink]:
+    """The Sink class of format `name`, its file imported now (and only its file: a format the
+    config does not name never loads its packages, pyarrow's threads say)."""
+    importlib.import_module(f"{__name__}.{name}{SINK_FILE_SUFFIX}")
+    if name not in _REGISTRY:
+        raise ValueError(f"output/sinks/{name}{SINK_FILE_SUFFIX}.py declares no Sink with @sink_format({name!r})")
+    return _REGISTRY[name]
+
+
 def registered_formats() -> dict[str, type[Sink]]:
-    """{format name: Sink class} of every sink file in this folder."""
-    for name in format_names():
-        importlib.import_module(f"{__name__}.{name}{SINK_FILE_SUFFIX}")
-        if name not in _REGISTRY:
-            raise ValueError(f"output/sinks/{name}{SINK_FILE_SUFFIX}.py declares no Sink with @sink_format({name!r})")
-    return dict(_REGISTRY)
+    """{format name: Sink class} of every sink file in this folder (each imported)."""
+    return {name: sink_class(name) for name in format_names()}
 
 
 def build_sinks(formats: list[str], log_dir: str, config: MonitorConfig) -> list[Sink]:
     """The sinks of the config's `format` (its names checked by `check_formats`), in its order."""
-    known = registered_formats()
-    return [known[name].for_rank(log_dir, config) for name in formats]
+    return [sink_class(name).for_rank(log_dir, config) for name in formats]
