@@ -27,6 +27,7 @@ from .output.directory import ensure_writable, output_base_dir
 from .output.rank_output import RankOutput, report_cost
 from .output.sinks import check_formats
 from .runtime import dedupe, selection
+from .runtime.actions.board import WRITER
 from .runtime.cost import describe
 from .runtime.job_facts import job_facts
 from .runtime.naming import model_chunks
@@ -87,6 +88,8 @@ class TrainerMon:
         self.ctx.stop = self.close
         reload = ConfigReload(self.config_file_path, rank)
         self.runner = StepRunner(self.ctx, self.output, reload, self._build_collectors, self._check_fits, self.close)
+        board = self.ctx.board  # alert.actions: the writer tells the vote what it saw and read
+        self.output.seen, self.output.step_done = board.saw, lambda step: board.done(WRITER, step)
 
         self._optimizer: Any = lambda: None  # held weakly (optimizers.base.hold_weakly)
         self._wrapped_optimizer: Any = None
@@ -233,6 +236,7 @@ class TrainerMon:
             ctx.grad_acc_steps = grad_acc_steps
             runner.grad_acc_given = True
         self.pp_stage, self.group_mates = pipeline_position(self.process_group)
+        ctx.board.pp_stage = self.pp_stage
         self._check_fits(ctx.config)
         ctx.adapter = adapter_for(optimizer, self.opt_ty)
         ctx.params = selection.monitored_params(ctx.config, ctx.models, ctx.adapter, ctx.rank)
@@ -305,6 +309,8 @@ class TrainerMon:
                 except Exception as exc:  # never raised at the end of a run
                     logger.warning("msmon[rank %d]: closing failed: %r", self.rank, exc)
             self.output.repeats.log_summary()  # one line per rule and tensor that alerted again
+            if self.runner.actions is not None:
+                self.runner.actions.close()  # notifications still queued: a bounded wait
             self.output.write_summary(self.summary())
             if self.steps_recorded or self.ctx.cost.steps:
                 report_cost(
@@ -324,6 +330,7 @@ class TrainerMon:
             "last_step": self.step - 1 if self.step > 0 else None,  # the last step trained
             "next_step": self.step,
             "output_stopped": self.output_stopped,
+            **(self.runner.actions.summary(self.step - 1 if self.step > 0 else None) if self.runner.actions else {}),
             **({"job": {**self._job, "grad_acc_steps": self.ctx.grad_acc_steps}} if self._job is not None else {}),
             **({"note": note} if (note := self._nothing_recorded_because()) else {}),
         }

@@ -16,7 +16,7 @@ from msmon import TrainerMon
 from msmon.anomaly.rules import AnomalyNan
 from msmon.collectors.grads import agreement
 from msmon.records.rows import RowKey
-from msmon.runtime.nan_stop import has_nonfinite
+from msmon.runtime.actions.nonfinite import has_nonfinite
 from msmon.runtime.transfer import stage_to_host
 
 OPS = ["norm", "min", "max"]

@@ -242,6 +242,18 @@ class RuleEngine:
         self._bias_table = torch.ones(1, dtype=torch.float64)
         self._layouts: dict[tuple[str, ...], _Layout] = {}
 
+    def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The history as it is now, for `restore` (skip_step forgets a step it skipped)."""
+        return self._sums.clone(), self._counts.clone()
+
+    def restore(self, snapshot: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Back to a snapshot: a step's values leave the history (tensors first seen since keep their slot, empty)."""
+        sums, counts = snapshot
+        self._sums.zero_()
+        self._counts.zero_()
+        self._sums[: len(sums)] = sums
+        self._counts[: len(counts)] = counts
+
     def history(self, category: str, name: str, vpp_stage: int, magnitude: str) -> float | None:
         """The history h of one watched magnitude ("norm" or "peak"), None while warming up."""
         tensor = self._slots.get((category, name, vpp_stage))

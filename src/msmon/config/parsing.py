@@ -19,6 +19,7 @@ from typing import Any
 
 from ..system.short_repr import short_repr
 from . import v2
+from .actions import check_actions, parse_actions
 from .errors import ConfigError, did_you_mean
 from .ops import check_category_ops, parse_category_ops, parse_ops
 from .schema import (
@@ -191,8 +192,14 @@ def _parse_alert(value: Any) -> AlertConfig:
             if item not in ON_NAN:
                 raise ConfigError(f"alert.on_nan: expected one of {list(ON_NAN)}, got {short_repr(item)}")
             alert.on_nan = item
+        elif key == "actions":
+            alert.actions = parse_actions(item, _expect_int)
+        elif key == "vote_timeout":
+            alert.vote_timeout = _expect_positive("alert.vote_timeout", item)
         elif key == "inform":
-            logger.warning("msmon: alert.inform (messaging) is not supported; alerts are logged and dumped")
+            logger.warning(
+                'msmon: alert.inform (msprobe\'s messaging) is not read; alert.actions with "do": "notify" sends alerts'
+            )
         elif key == "rules":
             if not isinstance(item, list):
                 raise ConfigError(f"alert.rules: expected a list, got {short_repr(item)}")
@@ -322,6 +329,7 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
                 f"valid keys are {', '.join(VALID_KEYS)}"
             )
     check_category_ops(cfg.category_ops, cfg.ops)
+    check_actions(cfg, parse_config)
     if cfg.recording_l2_features != bool(cfg.l2_targets):
         why = (
             "recording_l2_features is true but l2_targets names no hook"

@@ -26,7 +26,8 @@ def resolved(config: MonitorConfig) -> dict[str, Any]:
                     {"rule_name": rule.rule_name, **({"args": {"threshold": rule.threshold}} if rule.threshold else {})}
                     for rule in value.rules
                 ],
-                **{key: getattr(value, key) for key in keys_of(AlertConfig) if key != "rules"},
+                **{key: getattr(value, key) for key in keys_of(AlertConfig) if key not in ("rules", "actions")},
+                "actions": [action.raw for action in value.actions],
             }
         elif isinstance(value, (CCConfig, ReplicaCheckConfig)):
             value = {key: getattr(value, key) for key in keys_of(type(value))}

@@ -18,6 +18,20 @@ from .errors import ConfigError
 
 ALERT_RULES = ("AnomalyTurbulence", "AnomalyNan", "AnomalyRankOutlier")
 ON_NAN = ("continue", "stop")  # alert.on_nan: what a non-finite statistic does to the job
+ACTIONS = ("escalate", "skip_step", "stop", "notify")  # alert.actions[].do (docs/actions.md)
+# the rules whose alerts an action's `on` may name: alert.rules' and the checks' (anomaly/event.py's names)
+ACTION_RULES = (*ALERT_RULES, "NanOrigin", "ReplicaMismatch")
+VERDICT_PREFIX = "verdict:"  # `on: ["verdict:one_rank_data"]`: the kind of fault told at the step
+# anomaly/fault_kind.py's codes (the config sits below the anomaly layer; tests/unit/config/test_actions.py
+# keeps the two lists equal)
+VERDICT_CODES = (
+    "one_rank_data",
+    "one_rank_data_or_device",
+    "one_rank_model_copy",
+    "some_ranks",
+    "all_ranks",
+    "reduction_or_optimizer",
+)
 TARGET_SLOTS = ("input", "output", "input_grad", "output_grad")
 L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_router_logit_hook")
 TENSORBOARD_LAYOUTS = ("msprobe", "by_rank")  # msprobe: the rank in every tag; by_rank: one run per rank
@@ -93,6 +107,33 @@ class AlertRuleConfig:
 
 
 @dataclass
+class ActionConfig:
+    """One entry of `alert.actions` (config/actions.py parses it; runtime/actions/ carries it out)."""
+
+    do: str
+    on: list[str]
+    for_steps: int = 0  # escalate: how many steps the escalated config is in force
+    config: dict[str, Any] = field(default_factory=dict)  # escalate: the keys added to the base config
+    max_per_run: int = 10  # skip_step: skips at most, then the action stands down
+    repeat_limit: int = 2  # stop: the same verdict at the same step this many times in the ledger: 17
+    url: str | None = None  # notify: POST here
+    command: list[str] = field(default_factory=list)  # notify: or run this, the alert in its environment
+    timeout: float = 5.0  # notify: seconds per attempt
+    retries: int = 2  # notify: attempts after the first
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # as written
+
+    @property
+    def rules(self) -> list[str]:
+        """The rule names of `on`."""
+        return [o for o in self.on if not o.startswith(VERDICT_PREFIX)]
+
+    @property
+    def verdicts(self) -> list[str]:
+        """The verdict codes of `on`."""
+        return [o[len(VERDICT_PREFIX) :] for o in self.on if o.startswith(VERDICT_PREFIX)]
+
+
+@dataclass
 class AlertConfig:
     rules: list[AlertRuleConfig] = key(
         doc="AnomalyTurbulence (with a threshold), AnomalyNan and AnomalyRankOutlier", factory=list
@@ -103,6 +144,16 @@ class AlertConfig:
         "continue",
         doc='msmon: "stop" ends the job, on every rank, after the step whose statistics hold a NaN or inf '
         '(output flushed, dump written, exit code 3); "continue" trains on (docs/anomaly.md)',
+    )
+    actions: list[ActionConfig] = key(
+        doc="msmon: what the ranks do together when an alert fires: escalate, skip_step, stop, notify "
+        "(docs/actions.md)",
+        factory=list,
+    )
+    vote_timeout: float = key(
+        600.0,
+        doc="msmon: seconds a rank waits for the others' view of a step (alert.actions, on_nan stop) before it "
+        "gives up with one line; at least the slowest legitimate gap between two ranks' steps",
     )
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.origin import Origin, find_origin
 from ..anomaly.rules import Alert, RuleEngine
+from ..anomaly.seen import Seen, from_alert
 from ..records.rows import RowKey, StepRecord
 from .handoff import StepConsumer
 from .repeats import AlertRepeats
@@ -44,9 +45,15 @@ class AlertConsumer(StepConsumer):
     name = "alerts"
 
     def __init__(
-        self, rank: int, rules: RuleEngine | None, lines_per_step: int = 10, repeats: AlertRepeats | None = None
+        self,
+        rank: int,
+        rules: RuleEngine | None,
+        lines_per_step: int = 10,
+        repeats: AlertRepeats | None = None,
+        seen: Callable[[list[Seen]], None] | None = None,
     ) -> None:
         self.rank = rank
+        self.seen = seen  # alert.actions: the step's alerts, for the ranks' vote (runtime/actions/)
         self.rules = rules
         self.lines_per_step = lines_per_step
         self.dump: AnomalyDumpWriter | None = None
@@ -67,6 +74,8 @@ class AlertConsumer(StepConsumer):
             alerts.insert(0, self._origin_alert(record, origin))
         if alerts:
             self._report(record, alerts)
+            if self.seen is not None:
+                self.seen([from_alert(self.rank, record.step, alert) for alert in alerts])
 
     def output_stopped(self) -> None:
         self.dump = None

@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.rules import RuleEngine, build_rules
+from ..anomaly.seen import Seen
 from ..config import MonitorConfig
 from ..config.resolved import resolved
 from ..records.layout import CONFIG_FILE, SUMMARY_FILE, rank_dir_name
@@ -48,6 +49,9 @@ class RankOutput:
         self.repeats = AlertRepeats(rank)  # every rule's alerts so far: one line per rule and tensor (repeats.py)
         self.api: ApiSink | None = None
         self.stopped: dict | None = None  # the write to disk that failed (output.stopped_output)
+        # alert.actions: who hears of a step's alerts and of the writer having read it (runtime/actions/board.py)
+        self.seen: Callable[[list[Seen]], None] | None = None
+        self.step_done: Callable[[int], None] | None = None
 
     def open(self, config: MonitorConfig) -> None:
         """The rank directory (a new one, or the earlier run's with append_output) and the writer."""
@@ -79,7 +83,7 @@ class RankOutput:
             self.api = ApiSink()
             sinks.append(self.api)
         rules = RuleEngine(build_rules(config.alert.rules))
-        self.alerts = AlertConsumer(self.rank, rules, config.alert.max_lines_per_step, self.repeats)
+        self.alerts = AlertConsumer(self.rank, rules, config.alert.max_lines_per_step, self.repeats, self.seen)
         self.writer = BackgroundWriter(
             sinks,
             self.rank,
@@ -87,6 +91,7 @@ class RankOutput:
             on_output_stopped=self._stopped,
             nice=writer_nice(),
             category_ops=config.category_ops,
+            on_step_done=self.step_done,
         )
 
     def restart_writer(self, config: MonitorConfig) -> None:

@@ -49,8 +49,10 @@ class BackgroundWriter:
         nice: int = 0,
         max_backlog: int = MAX_BACKLOG,
         category_ops: dict[str, list[str]] | None = None,
+        on_step_done: Callable[[int], None] | None = None,
     ) -> None:
         self.sinks = list(sinks)
+        self.on_step_done = on_step_done  # after a step's sinks and consumers, even when one failed
         self.columns = CategoryColumns(category_ops or {})  # the ops each category's rows keep
         self.rank = rank
         self.consumers = list(consumers or [])
@@ -73,14 +75,15 @@ class BackgroundWriter:
         restarts the writer; summary.json counts the whole run)."""
         self.steps_written = previous.steps_written
 
-    def submit(self, step: int, ops: list[str], batch: HostBatch, meta: dict | None = None) -> None:
-        """Queue a step for writing; waits only when `max_backlog` steps are already waiting."""
+    def submit(self, step: int, ops: list[str], batch: HostBatch, meta: dict | None = None) -> bool:
+        """Queue a step for writing; waits only when `max_backlog` steps are already waiting.
+        False when the writer is closed (the step is not written)."""
         if self._closed:
-            return
+            return False
         item = (step, list(ops), batch, meta or {})
         if self._queue.qsize() < self.max_backlog:
             self._queue.put_nowait(item)
-            return
+            return True
         if not self.waited_for:
             logger.warning(
                 "msmon[rank %d]: step %d: the writer is %d steps behind (the machine's cores are busy); "
@@ -91,6 +94,7 @@ class BackgroundWriter:
             )
         self.waited_for += 1
         self._queue.put(item)
+        return True
 
     def drain(self) -> None:
         if not self._closed:
@@ -158,6 +162,8 @@ class BackgroundWriter:
             except Exception as exc:
                 logger.error("msmon[rank %d]: writing step statistics failed: %r", self.rank, exc)
             finally:
+                if item is not _STOP and self.on_step_done is not None:
+                    self.on_step_done(item[0])
                 self._queue.task_done()
 
     def _write(self, step: int, ops: list[str], batch: HostBatch, meta: dict) -> None:

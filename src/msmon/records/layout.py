@@ -27,6 +27,9 @@ MSPROBE_DUMP_FILE = "anomaly.json"  # msprobe's name, read as well
 SUMMARY_FILE = "summary.json"  # per rank directory: what was recorded and what it cost
 CONFIG_FILE = "config.json"  # per rank directory: the config in force
 RUN_FILE = "run.json"  # per rank directory: the runs that wrote in it (records/runs.py)
+INCIDENTS_FILE = "incidents.jsonl"  # <out>/incidents.jsonl: the stops alert.actions decided (records/incidents.py)
+MEGATRON_SKIP_TRACKER = "result_rejected_tracker.txt"  # <out>/: skipped steps, Megatron's tracker lines
+LIGHTNING_SKIP_BATCHES = "skip_batches.json"  # <out>/: skipped batches, Lightning's SpikeDetection list
 # the CSV sink's files, one per category and window of steps: `{category}_{first}-{last}.csv`,
 # and `..._from{start}.csv` when a category's columns changed at step `start` within a window
 CSV_FILE = re.compile(

@@ -121,6 +121,21 @@ class StepBuffer:
         self,
     ) -> tuple[list[RowKey], list[torch.Tensor], list[Histogram], list[RowKey], torch.Tensor | None]:
         """Hand over everything recorded so far and start empty; the flags as one [n] bool tensor."""
+        keys, chunks = self._settled()
+        flag_keys, flags = _without_lost(self.flag_keys, self.flags)
+        taken = keys, chunks, self.histograms, flag_keys, _resolved_flags(flags)
+        self.keys, self._chunks, self._sizes, self.histograms, self.flag_keys, self.flags = [], [], [], [], [], []
+        return taken
+
+    def rows_so_far(self) -> tuple[list[RowKey], list[torch.Tensor]]:
+        """The rows recorded so far, each read and stacked, left in place for `take` (a decision
+        taken before the step ends reads them: alert.actions' skip_step)."""
+        keys, chunks = self._settled()
+        self.keys, self._chunks, self._sizes = keys, list(chunks), [chunk.shape[0] for chunk in chunks]
+        return keys, chunks
+
+    def _settled(self) -> tuple[list[RowKey], list[torch.Tensor]]:
+        """The keys and the row chunks so far, pending rows read, lost rows left out with their keys."""
         self._close_run()
         chunks: list[torch.Tensor] = []
         lost: list[int] = []  # indices of the keys whose rows were lost
@@ -141,10 +156,7 @@ class StepBuffer:
         if lost:
             gone = set(lost)
             keys = [key for i, key in enumerate(keys) if i not in gone]
-        flag_keys, flags = _without_lost(self.flag_keys, self.flags)
-        taken = keys, chunks, self.histograms, flag_keys, _resolved_flags(flags)
-        self.keys, self._chunks, self._sizes, self.histograms, self.flag_keys, self.flags = [], [], [], [], [], []
-        return taken
+        return keys, chunks
 
     def clear(self) -> None:
         """Forget everything recorded so far (nothing is computed)."""

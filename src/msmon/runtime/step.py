@@ -27,9 +27,10 @@ from ..config import MonitorConfig
 from ..seams import grad_rewrites, scaler_steps
 from ..seams.listeners import Listening
 from ..stats import fused_batch
-from ..system.stop import StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
+from ..system.stop import StopRun, stop_after_struct, stop_with_the_others
 from . import selection
-from .nan_stop import NanStop
+from .actions.board import WRITER
+from .actions.step_actions import StepActions
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
 from .step_context import StepContext
@@ -82,8 +83,9 @@ class StepRunner:
         self.skipped = 0  # iterations whose optimizer step a GradScaler skipped
         self._scaler_calls: dict[int, int] = {}  # id(optimizer) -> optimizer_steps when its GradScaler.step began
         self._scaler: Listening | None = None
-        # alert.on_nan "stop", fixed now: every rank must ask the others at every step (nan_stop.py)
-        self.nan_stop = NanStop(ctx.config.module_ranks) if ctx.config.alert.on_nan == "stop" else None
+        # alert.on_nan "stop" and alert.actions, fixed now: every rank must vote at every step (actions/)
+        actions = StepActions(ctx, close)
+        self.actions = actions if actions.enabled else None
 
     # -- hooks on the optimizer -----------------------------------------------------------------
     def hook(self, adapter: Any) -> None:
@@ -92,8 +94,8 @@ class StepRunner:
         self.unhook = adapter.hook_step(self.before_update, self.after_update)
         if self._scaler is None:
             self._scaler = scaler_steps.listen(self._scaler_step_starting, self._scaler_step_ended)
-        if self.nan_stop is not None:
-            self.nan_stop.follow_joins()
+        if self.actions is not None:
+            self.actions.attach(adapter)  # skip_step's hooks, after the monitor's own; join contexts followed
 
     def hook_stop_only(self, adapter: Any) -> None:
         """A rank that records nothing: stop where the recording ranks stop (print_struct,
@@ -112,8 +114,8 @@ class StepRunner:
         if self._scaler is not None:
             self._scaler.stop()
             self._scaler = None
-        if self.nan_stop is not None:
-            self.nan_stop.stop_listening()
+        if self.actions is not None:
+            self.actions.detach()
         self.ctx.recording = False
 
     # -- collectors -----------------------------------------------------------------------------
@@ -151,6 +153,8 @@ class StepRunner:
         self.optimizer_steps += 1
         started = time.perf_counter()
         self._run_callbacks("before_update")
+        if self.actions is not None:
+            self.actions.before_update()  # skip_step: whether every rank holds this step's update back
         self.ctx.cost.seconds += time.perf_counter() - started
 
     def after_update(self) -> None:
@@ -192,18 +196,20 @@ class StepRunner:
         ctx.hook_batch.end_step()
         ctx.losses.clear()
         ctx.grad_hooks.clear()
-        with_nonfinite = self.nan_stop.ranks_with_nonfinite(batch, ctx.step_ops) if self.nan_stop is not None else []
         structure = self.built.structure
         struct_written = structure is not None and structure.enabled and ctx.recording
         trained = ctx.step
         ctx.step += 1  # this step is trained and recorded: a stop's summary.json names the next one
-        if with_nonfinite and self.nan_stop is not None:
-            stop_on_nan(ctx.rank, trained, with_nonfinite, self._close, self.nan_stop.all_closed)
+        if self.actions is not None:  # the ranks' vote: on_nan's stop, the actions of the alerts
+            self.actions.at_step_end(trained, batch)
         if struct_written and structure is not None:
             stop_after_struct(structure, ctx.output_base, ctx.rank, trained, self._close)
         agreed = self.reload.at_step_end(ctx.shards.take_stamped(), self._check_fits)
-        if agreed is not None:
-            self.apply_config(agreed)
+        switched = self.actions.config_switch(ctx.step, agreed) if self.actions is not None else agreed
+        if switched is not None and switched is agreed:
+            self.apply_config(switched)
+        elif switched is not None:  # an escalation starts or ends here, on every rank alike
+            self.apply_config(switched, "the escalation switched the config", lockstep=True)
         was_recording = ctx.recording
         self.decide_recording()
         if self.window.closed_after(was_recording, ctx.config):
@@ -224,7 +230,10 @@ class StepRunner:
         batch = None
         if (keys or hists or flags is not None) and writer is not None:
             batch = stage_to_host(keys, chunks, len(ctx.step_ops), hists, flag_keys, flags)
-            writer.submit(ctx.step, ctx.step_ops, batch, {"heatmap": True} if ctx.config.heatmap_visualize else None)
+            ctx.board.expect(WRITER, ctx.step)  # the writer says when it read the step (actions/board.py)
+            meta = {"heatmap": True} if ctx.config.heatmap_visualize else None
+            if not writer.submit(ctx.step, ctx.step_ops, batch, meta):
+                ctx.board.done(WRITER, ctx.step)
         self.window.recorded_one()
         self.steps_recorded += 1
         return batch
@@ -288,8 +297,10 @@ class StepRunner:
         stop_with_the_others(self.ctx.rank, self.ctx.step, self._close)
 
     # -- config reload --------------------------------------------------------------------------
-    def apply_config(self, new: MonitorConfig) -> None:
-        """Put the agreed edit in force from the next step on."""
+    def apply_config(self, new: MonitorConfig, what: str = "config reloaded", lockstep: bool = False) -> None:
+        """Put the agreed edit (or an escalation's config) in force from the next step on.
+        `lockstep`: every rank switches at this step (an escalation): settings fixed at attach
+        for want of that (replica_check's) may follow it."""
         ctx = self.ctx
         old = ctx.config
         self._check_fits(new)
@@ -302,5 +313,11 @@ class StepRunner:
         self.window.reconfigure(old, new, ctx.step)
         ctx.params = selection.monitored_params(new, ctx.models, ctx.adapter, ctx.rank)
         fused_batch.prepare_for([mp.param for mp in ctx.params], self.ops)  # new ops: their kernels now
-        self.rebuild_collectors()
-        logger.info("msmon[rank %d]: config reloaded at step %d", ctx.rank, ctx.step)
+        ctx.lockstep_edit = lockstep
+        try:
+            self.rebuild_collectors()
+        finally:
+            ctx.lockstep_edit = False
+        logger.log(
+            logging.DEBUG if lockstep else logging.INFO, "msmon[rank %d]: %s at step %d", ctx.rank, what, ctx.step
+        )

@@ -19,6 +19,7 @@ import torch
 
 from ..config import MonitorConfig
 from ..output.repeats import AlertRepeats
+from .actions.board import ActionBoard
 from .buffer import StepBuffer
 from .cost import CostMeter
 from .grad_hooks import GradHooks
@@ -78,6 +79,9 @@ class StepContext:
         self.alert_repeats = AlertRepeats(rank)
         self.stop: Callable[[], None] = lambda: None  # close the monitor (a collector ending the run)
         self.alerts_raised: Callable[[], int] = lambda: 0  # this rank's alerts so far (the rules' and collectors')
+        # alert.actions: what this rank's readers of a step (the writer, the exchange threads) saw
+        self.board = ActionBoard()  # inert until the step's actions make their own (actions/board.py)
+        self.lockstep_edit = False  # the config now applied is switched to by every rank at this step (escalation)
         # what a collector needs done once the monitor is closed and its writer wrote the last step
         self.at_close: list[Callable[[], None]] = []
 

@@ -3,8 +3,8 @@
 
 With uneven inputs, a rank that leaves its loop early waits in `Join.__exit__`, shadowing the
 collectives of the ranks still training (DDP's join hook all-reduces zeros for their gradients)
-until every rank has left. msmon's own per-step collectives (the `alert.on_nan: "stop"` round,
-runtime/nan_stop.py) are shadowed by no join hook: the ranks still training would wait in them
+until every rank has left. msmon's own per-step collectives (the vote of `alert.on_nan: "stop"` and
+`alert.actions`, runtime/actions/vote.py) are shadowed by no join hook: the ranks still training would wait in them
 for a rank that takes no step any more. While at least one listener is registered,
 `Join.__exit__` is wrapped process-wide: each listener is told `leaving()` when the rank starts
 waiting there (the context ends without an exception and is enabled) and `back(done)` once

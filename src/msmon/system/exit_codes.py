@@ -50,13 +50,16 @@ EXIT_CODES: dict[int, ExitCode] = {
         ExitCode(
             RANK_FAULT_STOP,
             "rank_fault_stop",
-            "reserved: one rank's device or model copy is suspected; restart the job elsewhere",
+            "alert.actions stop: one rank's device or model copy is suspected (verdict one_rank_model_copy or "
+            "one_rank_data_or_device, or some_ranks on one host); restart the job elsewhere",
             3,
         ),
         ExitCode(
             JOB_FAULT_STOP,
             "job_fault_stop",
-            "reserved: every rank, or the data, turned; do not restart blindly",
+            "alert.actions stop: every rank, or the data, turned (all_ranks, one_rank_data, reduction_or_optimizer, "
+            "some_ranks on several hosts, no verdict), or the incident ledger met the same fault again; do not "
+            "restart blindly",
             4,
         ),
     )

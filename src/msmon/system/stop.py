@@ -1,6 +1,7 @@
 """Runs that end early on purpose: print_struct stops after the step that wrote the module tree,
 ranks outside module_ranks stop with the recording ranks (rather than hang in a collective), and
-`alert.on_nan: "stop"` ends the job after a step with a NaN or an inf (runtime/nan_stop.py)."""
+`alert.on_nan: "stop"` ends the job after a step with a NaN or an inf, and alert.actions' stop with
+the exit code of the kind of fault (runtime/actions/)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,8 @@ def stop_on_nan(
     if recorded is None:
         print(line.replace("msmon:", f"msmon[rank {rank}]:", 1), flush=True)
     raise StopOnNan(NAN_EXIT_CODE)
+
+
+class StopOnAction(StopRun):
+    """Raised on every monitored rank at the step boundary where the ranks decided a stop action
+    of alert.actions (runtime/actions/stop.py): the exit code says the kind of fault."""

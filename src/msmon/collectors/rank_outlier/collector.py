@@ -32,7 +32,9 @@ import torch.distributed as dist
 from ...anomaly.event import RANK_OUTLIER_RULE
 from ...anomaly.rank_history import RankHistory, TensorHistory
 from ...anomaly.rank_spread import DEFAULT_K
+from ...anomaly.seen import from_record
 from ...output.handoff import StepConsumer
+from ...runtime.actions.board import RANK_OUTLIER, ActionBoard
 from ...runtime.exchange_thread import ExchangeThread
 from ..base import Collector
 from ..registry import register
@@ -117,10 +119,17 @@ class RankOutlierCollector(Collector):
             return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}", error=True)
         state.ranks = list(dist.get_process_group_ranks(state.group))
         state.history, state.tensors = RankHistory(len(state.ranks), state.k), TensorHistory(state.k)
+        board = ctx.board
         state.exchange.start(
-            f"msmon-outlier-rank{ctx.rank}", ctx.rank, state, self._compare, RANK_OUTLIER_RULE, "comparing the ranks"
+            f"msmon-outlier-rank{ctx.rank}",
+            ctx.rank,
+            state,
+            self._compare,
+            RANK_OUTLIER_RULE,
+            "comparing the ranks",
+            failed=lambda: board.retire(RANK_OUTLIER),
         )
-        ctx.watch_steps(StatisticsConsumer(state))
+        ctx.watch_steps(StatisticsConsumer(state, board))
         logger.info(
             "msmon[rank %d]: %s compares data-parallel ranks %s every recorded step (threshold %g; %s)%s",
             ctx.rank,
@@ -141,6 +150,12 @@ class RankOutlierCollector(Collector):
 
     # -- the exchange (this rank's thread: runtime/exchange_thread.py) ------------------------------
     def _compare(self, mine: RankStatistics) -> None:
+        try:
+            self._compare_step(mine)
+        finally:
+            self.ctx.board.done(RANK_OUTLIER, mine.step)  # alert.actions: this rank's comparison of the step is in
+
+    def _compare_step(self, mine: RankStatistics) -> None:
         state, ctx = self.state, self.ctx
         assert state.history is not None and state.tensors is not None  # set with the group, before the thread
         outcome = compare_step(mine, state.group, state.ranks, state.k, state.history)
@@ -153,6 +168,7 @@ class RankOutlierCollector(Collector):
         if record is None:
             return
         state.alarms += 1
+        ctx.board.saw([from_record({**record, "rank": ctx.rank})])
         statistic = f"rank {ctx.rank}'s {record['statistic']}"  # one line per statistic, its repeats counted
         if ctx.alert_repeats.first((RANK_OUTLIER_RULE, record["statistic"]), RANK_OUTLIER_RULE, statistic, mine.step):
             logger.warning(
@@ -172,8 +188,9 @@ class StatisticsConsumer(StepConsumer):
 
     name = "rank outlier"
 
-    def __init__(self, state: OutlierState) -> None:
+    def __init__(self, state: OutlierState, board: ActionBoard) -> None:
         self.state = state
+        self.board = board
 
     @property
     def alerts_raised(self) -> int:  # type: ignore[override]  # a count kept by the exchange thread
@@ -181,6 +198,7 @@ class StatisticsConsumer(StepConsumer):
 
     def consume(self, record: StepRecord, batch: HostBatch) -> None:
         if self.state.off is None:
+            self.board.expect(RANK_OUTLIER, record.step)  # before the writer says it read the step
             self.state.exchange.put(read_statistics(record, mean_loss(batch.keys, batch.values)))
 
     def writer_closed(self) -> None:

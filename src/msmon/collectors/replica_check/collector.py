@@ -45,7 +45,9 @@ import torch
 import torch.distributed as dist
 
 from ...anomaly.event import REPLICA_OP, REPLICA_RULE
+from ...anomaly.seen import from_record
 from ...output.artifacts import write_artifact
+from ...runtime.actions.board import REPLICA_CHECK
 from ...runtime.transfer import copy_to_host
 from ...stats.fingerprint import Fingerprinter
 from ..base import Collector
@@ -155,7 +157,7 @@ class ReplicaCheckCollector(Collector):
             self._exchange,
             "replica check",
             "exchanging fingerprints",
-            failed=self._write_report,
+            failed=self._failed,
         )
         logger.info(
             "msmon[rank %d]: replica check every %d steps over data-parallel ranks %s: %d tensors, %d skipped "
@@ -168,6 +170,10 @@ class ReplicaCheckCollector(Collector):
         )
         self._write_report()
         return True
+
+    def _failed(self) -> None:
+        self.ctx.board.retire(REPLICA_CHECK)  # alert.actions: no more checks to wait for
+        self._write_report()
 
     def _unreplicated(self) -> bool:
         """Whether every parameter is split with no copy of this rank's piece anywhere (FSDP
@@ -210,10 +216,17 @@ class ReplicaCheckCollector(Collector):
         header = torch.tensor([self.ctx.step, int.from_bytes(layout, "little", signed=True)], dtype=torch.int64)
         job = Job(self.ctx.step, entries, header, fps)
         job.fingerprints, job.events = copy_to_host(fps)
+        self.ctx.board.expect(REPLICA_CHECK, job.step)
         self.state.exchange.put(job)
 
     # -- the exchange (this rank's thread: runtime/exchange_thread.py) --------------------------------
     def _exchange(self, job: Job) -> None:
+        try:
+            self._compare_job(job)
+        finally:
+            self.ctx.board.done(REPLICA_CHECK, job.step)  # alert.actions: this rank's check of the step is in
+
+    def _compare_job(self, job: Job) -> None:
         state = self.state
         for event in job.events:
             event.synchronize()
@@ -268,9 +281,10 @@ class ReplicaCheckCollector(Collector):
             }
         )
         del state.mismatches[:-_MAX_MISMATCHES_KEPT]
+        index = {e: j for j, e in enumerate(job.entries)}
+        ctx.board.saw(from_record({**self._record(job.step, m, index[m.entry]), "rank": rank}) for m in mine)
         dump = ctx.anomaly_dump()
         if dump is not None and mine:
-            index = {e: j for j, e in enumerate(job.entries)}
             try:
                 dump.append(self._record(job.step, m, index[m.entry]) for m in mine)
             except OSError as exc:

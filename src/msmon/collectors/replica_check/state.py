@@ -54,11 +54,14 @@ class ReplicaState:
 
 def replica_state(ctx: StepContext) -> ReplicaState:
     """The monitor's replica check state, made with the settings it had when it attached (kept in
-    ctx.kept across collector rebuilds: every rank must keep checking the same steps)."""
+    ctx.kept across collector rebuilds: every rank must keep checking the same steps); an
+    escalation (alert.actions), which every rank applies at the same step, changes them."""
     state: ReplicaState | None = ctx.kept.get(KEY)
     current = ctx.config.replica_check
     if state is None:
         state = ctx.kept[KEY] = ReplicaState(settings=current)
+    elif current != state.settings and ctx.lockstep_edit:  # an escalation: every rank switches at this step
+        state.settings = current
     elif current != state.settings and not state.warned_edit:
         state.warned_edit = True
         logger.warning(

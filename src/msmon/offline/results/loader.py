@@ -21,8 +21,9 @@ from .connection import DatabaseError
 from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, compact_tensors, read_header, tail_of
 from .load_report import LoadReport, progress_bar
 from .scan import ANOMALIES, CONFIG, CSV, PARQUET, SUMMARY, TENSORBOARD, UNFINISHED, FoundFile, scan
-from .schema import CONFIG_COLUMNS, FILE_COLUMNS, HISTOGRAM_COLUMNS, METRIC_COLUMNS, SUMMARY_KEYS, TENSOR_COLUMNS
+from .schema import FILE_COLUMNS, HISTOGRAM_COLUMNS, METRIC_COLUMNS, TENSOR_COLUMNS
 from .sql import one_row
+from .summary_loader import load_json
 from .tb_loader import read_events
 
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
@@ -115,7 +116,7 @@ class Loader:
                 skipped = parquet_catalog.EVERY_CATEGORY if parquet.covers(f) else csv_categories.get(f.rank_dir, set())
                 self._load_tensorboard(f, reload, skip, skipped)
                 bar.update(f.size)
-            self._load_json(others[SUMMARY] + others[CONFIG])
+            load_json(self, others[SUMMARY] + others[CONFIG])
             bar.update(sum(f.size for f, *_ in others[SUMMARY] + others[CONFIG]))
             if others[ANOMALIES]:
                 self._load_anomalies(others[ANOMALIES], on_disk)
@@ -311,56 +312,6 @@ class Loader:
             con.rollback()
             raise
 
-    def _load_json(self, items: list[tuple[FoundFile, bool, int]]) -> None:
-        if not items:
-            return
-        con = self.con
-        summaries, configs, files = [], [], []
-        for f, _reload, _ in items:
-            file_id = self.id_for(f)
-            try:
-                with open(f.path, encoding="utf-8") as fh:
-                    text = fh.read()
-                data = json.loads(text)
-                if not isinstance(data, dict):
-                    raise ValueError("not a JSON object")
-            except FileNotFoundError:  # removed since the scan
-                self.report.vanished(f.rank_dir)
-                continue
-            except (OSError, ValueError) as exc:
-                self.report.problems.append(f"{f.path}: cannot be read ({exc}); skipped")
-                continue
-            rank = data.get("rank") if f.kind == SUMMARY and isinstance(data.get("rank"), int) else f.rank
-            if f.kind == SUMMARY:
-                values = [data.get(k) for k in SUMMARY_KEYS]
-                values[2] = None if values[2] is None else json.dumps(values[2])
-                summaries.append(
-                    (rank, f.rank_dir, *[_number(v) if i != 2 else v for i, v in enumerate(values)], text, file_id)
-                )
-            else:
-                configs.append((rank, f.rank_dir, _joined(data.get("format")), _joined(data.get("ops")), text, file_id))
-            files.append(self.file_row(f, file_id, f.size, 1, rank))
-        con.begin()
-        try:
-            ids = [r[0] for r in files]
-            con.execute("DELETE FROM summaries WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [ids])
-            con.execute("DELETE FROM configs WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [ids])
-            insert_rows(
-                con,
-                "summaries",
-                [("rank", "INTEGER"), ("rank_dir", "VARCHAR")]
-                + [(k, "VARCHAR" if k == "first_nonfinite" else "DOUBLE") for k in SUMMARY_KEYS]
-                + [("summary", "VARCHAR"), ("file_id", "INTEGER")],
-                summaries,
-                self.tmp_dir,
-            )
-            insert_rows(con, "configs", CONFIG_COLUMNS, configs, self.tmp_dir)
-            self.upsert_files(files)
-            con.commit()
-        except BaseException:
-            con.rollback()
-            raise
-
     def _load_anomalies(self, items: list[tuple[FoundFile, bool, int]], on_disk: set[str]) -> None:
         """Every dump is read again (they are small) and the table rebuilt: `seq`, the training
         order, is over all ranks' records together."""
@@ -390,13 +341,3 @@ class Loader:
         except BaseException:
             con.rollback()
             raise
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _joined(value: Any) -> str | None:
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return value if isinstance(value, str) else None

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...anomaly.robust_spread import MAD_SCALE
 from ...records.rows import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
+from .action_spans import action_spans
 from .agreement_chart import AGREEMENT_CATEGORY, agreement_chart
 from .anomaly_queries import anomalies, first_nonfinite
 from .bulk import insert_rows
@@ -383,4 +384,5 @@ def report_data(con: DuckDBPyConnection, limits: Limits | None = None, tmp_dir: 
         "anomalies": anomalies(con, limits),
         "first_nonfinite": first_nonfinite(con)[:50],
         "cost": cost(con, limits),
+        "actions": action_spans(con),
     }

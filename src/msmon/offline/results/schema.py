@@ -86,6 +86,19 @@ SUMMARY_KEYS = (
     "last_step",
 )
 
+# what alert.actions did (summary.json's escalations and skipped steps): one row per escalation or skip
+ACTION_COLUMNS = [
+    ("rank", "INTEGER"),
+    ("rank_dir", "VARCHAR"),
+    ("action", "VARCHAR"),  # escalate | skip_step
+    ("first_step", "BIGINT"),
+    ("last_step", "BIGINT"),
+    ("alert_step", "BIGINT"),  # the step whose alerts called for it
+    ("entry", "INTEGER"),  # its place in alert.actions
+    ("why", "VARCHAR"),
+    ("keys", "VARCHAR"),  # an escalation's config keys, comma-separated
+    ("file_id", "INTEGER"),
+]
 ANOMALY_COLUMNS = [
     ("seq", "INTEGER"),
     *((f.name, f.sql_type) for f in EVENT_FIELDS),
@@ -113,6 +126,7 @@ TABLES = {
         "last_step BIGINT, summary VARCHAR, file_id INTEGER"
     ),
     "configs": _columns(CONFIG_COLUMNS),
+    "actions": _columns(ACTION_COLUMNS),
 }
 
 # `metrics` before any Parquet file is known (parquet_catalog.define_metrics replaces it)

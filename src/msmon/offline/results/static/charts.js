@@ -8,6 +8,13 @@ window.msmonCharts = function (h) {
                       "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"];
   var OUTLIER_COLOURS = ["#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"];
 
+  /* What alert.actions did (h.spans: [{action, first_step, last_step}]), drawn as vertical bands
+     behind the lines of every chart over steps: escalated steps amber, skipped steps grey. */
+  var SPAN_COLOURS = { escalate: "rgba(255, 179, 0, 0.26)", skip_step: "rgba(120, 120, 120, 0.28)" };
+  var SPAN_WORDS = { escalate: "escalated steps (alert.actions)", skip_step: "skipped steps (alert.actions)" };
+  var SPANS = h.spans || [];
+  function spansIn(x0, x1) { return SPANS.filter(function (s) { return s.last_step + 0.5 >= x0 && s.first_step - 0.5 <= x1; }); }
+
   /* A line chart: o.x (numbers), o.lines [{label, colour, values (number, null: a gap, or a
      string: non-finite, marked at the top), width}], o.band {lo, hi} (filled), o.log. */
   function lineChart(o) {
@@ -36,6 +43,14 @@ window.msmonCharts = function (h) {
     var tick = niceStep((x1 - x0) / 10);
     for (var s = Math.ceil(x0 / tick) * tick; s <= x1; s += tick) ctx.fillText(String(Math.round(s * 100) / 100), X(s), H - B + 13);
     ctx.fillText("step", (L + W - R) / 2, H - 4);
+    var spans = spansIn(x0, x1), drawn = [];
+    spans.forEach(function (s) {
+      var a = Math.max(X(s.first_step - 0.5), L), b = Math.max(Math.min(X(s.last_step + 0.5), W - R), a + 2);
+      ctx.fillStyle = SPAN_COLOURS[s.action] || SPAN_COLOURS.escalate; ctx.fillRect(a, T, b - a, H - T - B);
+      drawn.push(Math.round(a) + "-" + Math.round(b));
+    });
+    cv.setAttribute("data-spans", spans.map(function (s) { return s.action + ":" + s.first_step + "-" + s.last_step; }).join(","));
+    cv.setAttribute("data-span-px", drawn.join(","));
     if (o.band) {
       ctx.fillStyle = "rgba(44, 111, 187, 0.16)";
       for (var i = 1; i < o.x.length; i++) {
@@ -82,9 +97,12 @@ window.msmonCharts = function (h) {
     return cv;
   }
 
-  function legend(lines, band) {
+  function legend(lines, band, x) {
+    var kinds = {};
+    if (x && x.length) spansIn(Math.min.apply(null, x), Math.max.apply(null, x)).forEach(function (s) { kinds[s.action] = true; });
     return el("div", { cls: "legend" }, (band ? [el("span", null, [el("span", { cls: "sw", style: "background:rgba(44,111,187,0.25)" }), band])] : [])
       .concat(lines.map(function (l) { return el("span", null, [el("span", { cls: "sw", style: "background:" + l.colour }), l.label]); }))
+      .concat(Object.keys(kinds).map(function (k) { return el("span", { cls: "span-key" }, [el("span", { cls: "sw", style: "background:" + SPAN_COLOURS[k] }), SPAN_WORDS[k]]); }))
       .concat([el("span", { text: "▼ non-finite (in the line's colour)" })]));
   }
 
@@ -122,7 +140,7 @@ window.msmonCharts = function (h) {
       xLabel: function (i) { return width > 1 ? "steps " + x[i] + "–" + (x[i] + width - 1) : "step " + x[i]; } });
     return el("div", { cls: "row-chart", "data-row": String(row), "data-lines": String(lines.length), "data-mode": info.mode }, [
       el("b", { text: map.category + " " + map.op + " · " + map.rows[row] + ": largest |" + map.op + "| per rank over steps (log), " + what }),
-      cv, legend(lines, bandText)]);
+      cv, legend(lines, bandText, x)]);
   }
 
   function lossChart(loss) {
@@ -151,7 +169,7 @@ window.msmonCharts = function (h) {
       : loss.ranks + " ranks: the band of their min and max, their median, and the " + loss.lines.length +
         " ranks whose loss departs most from the median (robust z: |loss − median| / (1.4826 MAD))" + (w ? "; the mean over " + w + " steps per point" : "") + ".");
     return el("div", { id: "loss-chart", "data-lines": String(lines.length), "data-mode": loss.mode }, [
-      el("p", { cls: "muted", text: note }), el("div", { cls: "chart" }, [cv]), legend(lines, bandText)]);
+      el("p", { cls: "muted", text: note }), el("div", { cls: "chart" }, [cv]), legend(lines, bandText, loss.x)]);
   }
 
   function outliers(ro) {

@@ -83,7 +83,7 @@
   }
   var NO_RANK = 65535;
   var charts = window.msmonCharts({ el: el, fmt: fmt, int: int, showTip: showTip, hideTip: hideTip, table: table, niceStep: niceStep,
-    decode: decode, valueOf: valueOf, codes: { EMPTY: EMPTY, ZERO: ZERO, NONFINITE: NONFINITE } });
+    decode: decode, valueOf: valueOf, codes: { EMPTY: EMPTY, ZERO: ZERO, NONFINITE: NONFINITE }, spans: DATA.actions || [] });
 
   /* -- overview ------------------------------------------------------------------------------ */
   function overview() {
@@ -96,6 +96,15 @@
     box.appendChild(el("div", { cls: "cards" }, cards.map(function (c) {
       return el("div", { cls: "card" }, [el("div", { cls: "v", text: c[1] }), el("div", { cls: "k", text: c[0] })]);
     })));
+    if ((DATA.actions || []).length) {  /* what alert.actions did; the charts over steps draw each as a band */
+      box.appendChild(el("div", { cls: "note", id: "actions" }, [el("b", { text: "alert.actions:" }),
+        el("ul", null, DATA.actions.map(function (a) {
+          var steps = a.first_step === a.last_step ? "step " + a.first_step : "steps " + a.first_step + "–" + a.last_step;
+          var what = a.action === "escalate" ? steps + " escalated (recording also " + a.keys.split(",").join(", ") + ") after the alerts of step " + a.alert_step
+            : steps + " skipped (its update not applied on any rank)";
+          return el("li", { "data-action": a.action, "data-steps": a.first_step + "-" + a.last_step, text: what + ": " + a.why });
+        }))]));
+    }
     var notes = [];
     var s = DATA.steps;
     if (s.step_width > 1) notes.push(o.steps + " recorded steps (" + o.first_step + "–" + o.last_step + ") are shown in " + s.columns +
