@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -126,7 +126,7 @@ class TrainerMon:
 
     @property
     def collectors(self) -> list[Collector]:
-        return self.runner.built.collectors
+        return cast("list[Collector]", self.runner.built.collectors)  # the ones _build_collectors built
 
     @property
     def steps_recorded(self) -> int:

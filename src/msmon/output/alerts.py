@@ -15,17 +15,13 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.origin import Origin, find_origin
 from ..anomaly.rules import Alert, RuleEngine
 from ..records.rows import RowKey, StepRecord
-from .handoff import StepConsumer
+from .handoff import HostRows, StepConsumer
 from .sinks.base import naming
-
-if TYPE_CHECKING:
-    from ..runtime.transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 
@@ -84,7 +80,7 @@ class AlertConsumer(StepConsumer):
                     seen.last_step,
                 )
 
-    def consume(self, record: StepRecord, batch: HostBatch) -> None:
+    def consume(self, record: StepRecord, batch: HostRows) -> None:
         alerts = self.rules.scan(record.keys, record.ops, None, record.table) if self.rules is not None else []
         origin = find_origin(batch.flag_keys, batch.finite_flags()) if batch.flag_keys else None
         if origin is not None:

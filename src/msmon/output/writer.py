@@ -15,18 +15,15 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..records.rows import StepRecord
 from ..system.thread_priority import lower_this_threads_priority
 from ..system.torch_threads import torch_on_this_thread_only
 from .directory import stopped_line, stopped_output
-from .handoff import StepConsumer
+from .handoff import HostRows, StepConsumer
 from .sinks.base import Sink
 from .sinks.feature_rows import split_features
-
-if TYPE_CHECKING:  # the host copy's type only: the writer never builds one
-    from ..runtime.transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 _STOP = object()
@@ -70,7 +67,7 @@ class BackgroundWriter:
         restarts the writer; summary.json counts the whole run)."""
         self.steps_written = previous.steps_written
 
-    def submit(self, step: int, ops: list[str], batch: HostBatch, meta: dict | None = None) -> None:
+    def submit(self, step: int, ops: list[str], batch: HostRows, meta: dict | None = None) -> None:
         """Queue a step for writing; waits only when `max_backlog` steps are already waiting."""
         if self._closed:
             return
@@ -157,7 +154,7 @@ class BackgroundWriter:
             finally:
                 self._queue.task_done()
 
-    def _write(self, step: int, ops: list[str], batch: HostBatch, meta: dict) -> None:
+    def _write(self, step: int, ops: list[str], batch: HostRows, meta: dict) -> None:
         batch.wait()
         keys, table, features = split_features(step, self.rank, batch.keys, batch.values, meta)
         record = StepRecord(

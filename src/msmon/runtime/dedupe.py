@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from ..seams.parallel_groups import ParallelGroups
 from ..system.distributed import current_rank, is_initialized
 
 if TYPE_CHECKING:
@@ -33,24 +33,6 @@ if TYPE_CHECKING:
     from .step_context import StepContext
 
 logger = logging.getLogger("msmon")
-
-
-@dataclass
-class ParallelGroups:
-    """The process groups found for one monitor, with where each came from."""
-
-    dp: Any = None
-    tp: Any = None
-    pp: Any = None
-    source: str = "none"
-
-    def describe(self) -> str:
-        sizes = ", ".join(
-            f"{name}={_size(group)}"
-            for name, group in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp))
-            if group is not None
-        )
-        return f"{sizes or 'no parallel groups'} (from {self.source})"
 
 
 def discover(
@@ -150,27 +132,6 @@ def replica_exclusion(
 def _is_dtensor(param: torch.Tensor) -> bool:
     """FSDP2 parameters: each rank holds a different shard, never a replica."""
     return callable(getattr(param, "to_local", None))
-
-
-def _size(group: Any) -> int:
-    try:
-        return dist.get_world_size(group)
-    except Exception:
-        return 1
-
-
-def call_quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs), else fn(*args) (an older signature), else None: a framework's group
-    getter asked before its state is set up."""
-    if fn is None:
-        return None
-    try:
-        return fn(*args, **kwargs)
-    except Exception:  # not initialised, or an older signature
-        try:
-            return fn(*args)
-        except Exception:
-            return None
 
 
 def decide_writers(

@@ -14,26 +14,31 @@ failing callback switches its own collector off (ctx.report_failure), as its own
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
 from ..records.rows import RowKey
 from ..seams.guest_hooks import is_compiling, transform_running
+from .cost import CostMeter
+from .step_collector import StepCollector as Collector
 from .tensor_memo import TensorMemo
 
-if TYPE_CHECKING:
-    from ..collectors.base import Collector
-    from .step_context import StepContext
-
-
 GradCallback = Callable[[RowKey, torch.Tensor], None]
+
+
+class HookOwner(Protocol):
+    """What the hooks need of the step context (step_context.py's StepContext, which holds them)."""
+
+    cost: CostMeter
+
+    def report_failure(self, collector: Collector, exc: BaseException) -> None: ...
 
 
 class GradHooks:
     __slots__ = ("_ctx", "_hooked")
 
-    def __init__(self, ctx: StepContext) -> None:
+    def __init__(self, ctx: HookOwner) -> None:
         self._ctx = ctx
         self._hooked: TensorMemo[list[tuple[Collector, GradCallback, RowKey]]] = TensorMemo()
 

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
 from ..stats.device_path import host_code
 from ..stats.engine import batch_stats
+from .step_collector import StepCollector as Collector
+from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
-    from ..collectors.base import Collector
-    from .step_context import StepContext
+    from ..config import MonitorConfig
 
 BUDGET_ENV = "MSMON_HOOK_BATCH_BYTES"
 DEFAULT_BUDGET = 256 << 20
@@ -91,12 +92,22 @@ class _Note:
         return t._version == self.version and t.data_ptr() == self.data_ptr
 
 
+class BatchOwner(Protocol):
+    """What a batch needs of the step context (step_context.py's StepContext, which holds it)."""
+
+    step_ops: list[str]
+    config: MonitorConfig
+    rows_read: TensorMemo[torch.Tensor | PendingRow]
+
+    def report_failure(self, collector: Collector, exc: BaseException) -> None: ...
+
+
 class HookBatch:
     """The tensors noted since the last batch point (one per monitor: `StepContext.hook_batch`)."""
 
     __slots__ = ("_ctx", "_notes", "_bytes", "budget_bytes", "_task", "batches_read", "track_storage", "_storages")
 
-    def __init__(self, ctx: StepContext, budget_bytes: int | None = None) -> None:
+    def __init__(self, ctx: BatchOwner, budget_bytes: int | None = None) -> None:
         self._ctx = ctx
         self._notes: list[_Note] = []
         self._bytes = 0

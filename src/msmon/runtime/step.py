@@ -15,22 +15,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import MonitorConfig
 from ..stats import fused_batch
-from ..system.stop import StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
+from ..system.stop import ModuleTree, StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
 from . import selection
 from .nan_stop import NanStop
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
+from .step_collector import StepCollector
 from .step_context import StepContext
 from .transfer import HostBatch, stage_to_host
 
-if TYPE_CHECKING:  # types only: the collectors and the rank's output are built above and handed in
-    from ..collectors.base import Collector
-    from ..collectors.structure import StructCollector
+if TYPE_CHECKING:  # a type only: the rank's output is built by the api and handed in
     from ..output.rank_output import RankOutput
 
 logger = logging.getLogger("msmon")
@@ -42,9 +42,9 @@ class Built:
     them the step itself asks: how many backward passes a step had (grad_acc_steps, when not
     given) and the module tree (print_struct stops the run after it is written)."""
 
-    collectors: list[Collector] = field(default_factory=list)
+    collectors: Sequence[StepCollector] = field(default_factory=list)
     micro_steps_seen: Callable[[], int] = lambda: 0
-    structure: StructCollector | None = None
+    structure: ModuleTree | None = None
 
 
 class StepRunner:

@@ -22,13 +22,12 @@ from .buffer import StepBuffer
 from .cost import CostMeter
 from .grad_hooks import GradHooks
 from .hook_batch import HookBatch, PendingRow
-from .selection import Names, names
+from .selection import MonitoredParam, Names, names
+from .step_collector import MicroSteps, StepCollector
 from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
     from ..anomaly.dump import AnomalyDumpWriter
-    from ..collectors.activations import MicroStepTracker
-    from ..collectors.base import Collector, MonitoredParam
     from ..output.handoff import StepConsumer
     from ..seams.spec import Framework
 
@@ -52,7 +51,7 @@ class StepContext:
         self.hook_batch = HookBatch(self)  # tensors noted in hooks on the device path, read in batches
         self.models: list[torch.nn.Module] = []
         self.params: list[MonitoredParam] = []
-        self.adapter: Any = None  # optimizers.base adapter of the monitored optimizer
+        self.adapter: Any = None  # the seams.adapters adapter of the monitored optimizer
         # the ShardCombiner, made at attach (typed Any: collectors hand it Shards their own code types loosely)
         self.shards: Any = None
         self.dp_group: Any = None
@@ -60,7 +59,7 @@ class StepContext:
         self.frameworks: Sequence[Framework] = ()  # the framework packages (hooks.frameworks()), set at attach
         self.grad_acc_steps: int | None = config.grad_acc_steps
         self.use_main_grad = False
-        self.tracker: MicroStepTracker | None = None  # forward/backward micro-steps, when built
+        self.tracker: MicroSteps | None = None  # forward/backward micro-steps, when built
         # the step's losses as the script computed them (unscaled, 0-d, on the device, one per
         # micro-step in order), put here by the loss collector (loss_distribution) for a collector
         # that needs them on the device; cleared at the end of every step (the rank comparison reads
@@ -97,7 +96,7 @@ class StepContext:
         return self.tracker.backward_micro if self.tracker is not None else 0
 
     # -- failures ---------------------------------------------------------------------------------
-    def report_failure(self, collector: Collector, exc: BaseException) -> None:
+    def report_failure(self, collector: StepCollector, exc: BaseException) -> None:
         """Switch `collector` off (logged once per collector); training continues."""
         collector.enabled = False
         try:

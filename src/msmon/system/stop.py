@@ -5,14 +5,22 @@ ranks outside module_ranks stop with the recording ranks (rather than hang in a 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
 from .environment import ENV_BOOTSTRAP_DIR
 
-if TYPE_CHECKING:  # a type only: system/ sits below the collectors
-    from ..collectors.structure import StructCollector
+
+class ModuleTree(Protocol):
+    """The module tree print_struct writes (collectors/structure.py's collector: system/ sits below
+    the collectors, so it names it by this protocol)."""
+
+    enabled: bool
+
+    def write(self, base_dir: str) -> str: ...
+
+    def render_tree(self) -> str: ...
 
 
 class StopRun(SystemExit):
@@ -31,9 +39,7 @@ class StopOnNan(StopRun):
 NAN_EXIT_CODE = 3
 
 
-def stop_after_struct(
-    struct: StructCollector, output_base: str, rank: int, step: int, close: Callable[[], None]
-) -> None:
+def stop_after_struct(struct: ModuleTree, output_base: str, rank: int, step: int, close: Callable[[], None]) -> None:
     """Write and print the module tree, close the monitor, stop the process (exit code 0)."""
     path = struct.write(output_base)
     if rank == 0 or not torch.distributed.is_initialized():

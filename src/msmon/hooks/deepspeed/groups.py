@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ...runtime.dedupe import ParallelGroups, call_quietly
+from ...seams.parallel_groups import ParallelGroups, call_quietly
 from ...system.distributed import position_in
 
 ENGINES = ("DeepSpeedEngine", "PipelineEngine")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ...runtime.dedupe import ParallelGroups, call_quietly
+from ...seams.parallel_groups import ParallelGroups, call_quietly
 from ...system.distributed import position_in
 
 
