@@ -54,7 +54,7 @@ from ...stats.engine import tensor_stats
 from ...stats.sparse import any_layout_stats, is_sparse, sparse_stats
 from ...system.distributed import several_processes
 from ..base import Collector
-from ..registry import register
+from ..registry import COUNTS_BACKWARD, register
 from . import agreement as grad_agreement
 from .agreement_around_reduction import AroundFrameworkReduction
 from .ddp_sync import DdpSync
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("msmon")
 
 
-@register(key="grads", category="param", order=80, enabled=lambda cfg, ctx: cfg.wg_distribution)
+@register(key="grads", category="param", order=80, enabled=lambda c, _: c.wg_distribution, serves=COUNTS_BACKWARD)
 class GradCollector(Collector):
     name = "weight gradients"
 
