@@ -43,13 +43,15 @@ test: $(VENV)/.test
 	$(BIN)/python -m pytest -q -ra
 
 # ruff (lint and format), mypy (types): settings in pyproject.toml; the import contract: the layers
-# and the torch-free modules in .importlinter, no import cycle (tools/import_cycles.py)
+# and the torch-free modules in .importlinter, no import cycle (tools/import_cycles.py), no framework
+# package importing another (tools/framework_packages.py)
 lint: $(VENV)/.lint
 	$(BIN)/ruff check src tests benchmarks examples tools
 	$(BIN)/ruff format --check src tests benchmarks examples tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python tools/import_cycles.py
+	$(BIN)/python tools/framework_packages.py
 
 # mypy alone
 typecheck: $(VENV)/.lint

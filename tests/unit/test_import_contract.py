@@ -15,6 +15,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "src" / "msmon"
 CYCLES = ROOT / "tools" / "import_cycles.py"
+FRAMEWORK_PACKAGES = ROOT / "tools" / "framework_packages.py"
 # the one package whose __init__ is outside every layer: msmon's own (the facade: `msmon.TrainerMon`)
 CONTAINERS = {"msmon"}
 
@@ -52,9 +53,9 @@ def _write_package(root, name: str, files: dict[str, str]) -> None:
         (package / f"{module}.py").write_text(textwrap.dedent(text))
 
 
-def _check(root, name: str) -> subprocess.CompletedProcess:
+def _check(root, name: str, tool: Path = CYCLES) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(CYCLES), name],
+        [sys.executable, str(tool), name],
         capture_output=True,
         text=True,
         timeout=120,
@@ -122,3 +123,27 @@ def test_the_layer_contract_refuses_an_upward_import_made_only_for_type_checking
     )
     assert result.returncode == 1, result.stdout + result.stderr
     assert "stacked.low -> stacked.high" in result.stdout
+
+
+def test_the_framework_check_finds_a_framework_package_that_imports_a_sibling_even_for_types(tmp_path):
+    """tools/framework_packages.py: every sub-package of the hooks folder is a framework; one
+    may import what they share beside them (handover), never another framework package."""
+    hooks = tmp_path / "host" / "hooks"
+    for package, text in {
+        "host": "",
+        "host/hooks": "",
+        "host/hooks/alpha": "from .. import handover\n",
+        "host/hooks/beta": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..alpha import parts\n",
+    }.items():
+        (tmp_path / package).mkdir(exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text(text)
+    (hooks / "handover.py").write_text("")
+    (hooks / "alpha" / "parts.py").write_text("")
+    result = _check(tmp_path, "host.hooks", FRAMEWORK_PACKAGES)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "framework package imports a sibling: host.hooks.beta -> host.hooks.alpha.parts"
+    ]
+    (hooks / "beta" / "__init__.py").write_text("from .. import handover\n")
+    result = _check(tmp_path, "host.hooks", FRAMEWORK_PACKAGES)
+    assert result.returncode == 0, result.stdout + result.stderr

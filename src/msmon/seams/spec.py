@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 Position = tuple[int, list[int]]  # (pipeline stage, global ranks of the pipeline group)
 ReplicaRule = Callable[[Any], "str | None"]  # why a parameter is not a replica, None when it is
+# the reason every framework with expert parallelism gives (DeepSpeed and Megatron mark them alike)
+EXPERT_PARAMETER = "an expert parameter (allreduce=False): replicated over its expert-data-parallel group only"
 # (models, optimizer, before, after) -> the undo, or None (Framework.whole_gradient_reduction)
 WholeReduction = Callable[
     [list[Any], Any, Callable[["list[Any] | None"], None], Callable[[], None]], "Callable[[], None] | None"

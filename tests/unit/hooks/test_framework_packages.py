@@ -65,6 +65,17 @@ def test_importing_the_packages_imports_no_framework():
     assert out.strip() == "[]"
 
 
+def test_loading_the_registry_and_every_framework_spec_imports_no_torch():
+    """The framework packages' `__init__.py` files are light, their parent's too: the registry
+    answers in a process that never imported torch (the launcher, the bootstrap before torch)."""
+    code = (
+        "import sys; from msmon.seams import registry; names = [s.name for s in registry.frameworks()]; "
+        "print(len(names) == len(registry.package_names()), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True False"
+
+
 def test_opt_ty_is_the_union_of_the_packages_and_megatron_is_asked_first():
     declared = [name for spec in registry.frameworks() for name in spec.opt_ty]
     optimizers = adapter_choice
@@ -165,10 +176,11 @@ def test_a_new_framework_folder_exporting_only_its_spec_is_found_and_asked_in_it
 
 def _enable_in_a_new_process(folder: Path, config: str, then: str = "") -> subprocess.CompletedProcess:
     """hooks.enable in a fresh process (it switches the real instrumentors on for good) with
-    `folder` on msmon.hooks.__path__; prints the session's events and the packages switched on,
-    before and after running `then`."""
+    `folder` on msmon.hooks.__path__, torch already imported (as by a script); prints the
+    session's events and the packages switched on, before and after running `then`."""
     code = textwrap.dedent(
         f"""
+        import torch
         from msmon import hooks
         hooks.__path__.append({str(folder)!r})
         events = []
