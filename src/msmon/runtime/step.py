@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import MonitorConfig
 from ..stats import fused_batch
+from ..stats.ops import with_dependencies, written
 from ..system.stop import ModuleTree, StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
 from . import selection
 from .nan_stop import NanStop
@@ -124,7 +125,7 @@ class StepRunner:
     def decide_recording(self) -> None:
         """Whether the step now starting is recorded, and with which statistics."""
         self.ctx.recording = self.window.records(self.ctx.step, self.ctx.config)
-        self.ctx.step_ops = list(self.ops)
+        self.ctx.step_ops = with_dependencies(self.ops)
 
     def before_update(self) -> None:
         started = time.perf_counter()
@@ -200,8 +201,11 @@ class StepRunner:
         writer = self.output.writer
         batch = None
         if (keys or hists or flags is not None) and writer is not None:
-            batch = stage_to_host(keys, chunks, len(ctx.step_ops), hists, flag_keys, flags)
-            writer.submit(ctx.step, ctx.step_ops, batch, {"heatmap": True} if ctx.config.heatmap_visualize else None)
+            ops = written(ctx.step_ops)  # the ops asked for, not the bases carried for a derived one
+            if len(ops) < len(ctx.step_ops):
+                chunks = [chunk[:, : len(ops)].contiguous() for chunk in chunks]
+            batch = stage_to_host(keys, chunks, len(ops), hists, flag_keys, flags)
+            writer.submit(ctx.step, ops, batch, {"heatmap": True} if ctx.config.heatmap_visualize else None)
         self.window.recorded_one()
         self.steps_recorded += 1
         return batch

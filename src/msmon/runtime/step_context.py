@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..config import MonitorConfig
+from ..stats.ops import with_dependencies
 from .buffer import StepBuffer
 from .cost import CostMeter
 from .grad_hooks import GradHooks
@@ -44,7 +45,9 @@ class StepContext:
         self.log_dir: str | None = None  # this rank's output directory
         self.step = 0
         self.recording = False
-        self.step_ops: list[str] = list(config.ops)  # the statistics of this step's rows
+        # the statistics of this step's rows: the config's ops, then those its derived ops (std)
+        # are derived from, which pieces combine by (left out of what is written)
+        self.step_ops: list[str] = with_dependencies(config.ops)
         self.buffer = StepBuffer()
         self.rows_read: TensorMemo[torch.Tensor | PendingRow] = TensorMemo()  # rows of the tensors read this step
         self.grad_hooks = GradHooks(self)  # one gradient hook per activation tensor and step

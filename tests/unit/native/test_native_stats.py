@@ -238,8 +238,8 @@ def test_an_integer_tensor_is_read_by_the_kernel_as_exact_floats_and_no_torch_re
 
     tokens = torch.randint(-3, 1000, (8, 64))  # a model's input ids
     tokens[0, :5] = 0
-    with Ops() as ops:
-        row = tensor_stats(tokens, ALL_OPS, 1e-8)
+    with Ops() as ops:  # the ops the kernel reads for (a derived one, std, is arithmetic on its row)
+        row = tensor_stats(tokens, ["norm", "min", "max", "mean", "zeros", "nans", "infs"], 1e-8)
     # the exact float64 copy, read by the kernel; the row is a slice of a block of rows
     assert {name.split(".")[0] for name in ops.names} <= {"_to_copy", "empty", "slice"}
     assert "_to_copy" in {name.split(".")[0] for name in ops.names}
