@@ -28,7 +28,7 @@ import torch
 
 from . import fused_rows, multi_tensor, native, threads
 from .device_path import host_code
-from .inputs import RESULT_DTYPE, _accumulate_dtype, _as_stat_input, _to_device, zero_threshold
+from .inputs import RESULT_DTYPE, _as_stat_input, _to_device, zero_threshold
 from .plan import _Plan, _plan
 from .reductions import _EXACT_F32_COUNT, _columns, _count_columns, _own_columns, _row_values
 from .threads import _cpu_threads
@@ -54,6 +54,7 @@ def _native_rows(
         flat,
         threads.current().native or torch.get_num_threads(),
         native.share_elements(),
+        bool(plan.derived),
     )
 
 
@@ -105,7 +106,7 @@ def _accelerator_rows(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> 
 
 def _torch_rows(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torch.Tensor:
     """Unscaled [n, ops] rows by the per-tensor torch reductions (msmon.stats.reductions)."""
-    acc = _accumulate_dtype(ts[0].dtype)
+    acc = plan.accumulate(ts[0].dtype)
     with _cpu_threads(ts[0].device):
         columns, positions = _columns(ts, plan, threshold, acc)
         if plan.flags:

@@ -21,7 +21,7 @@ carries the ops it is derived from (`with_dependencies`: appended after the ops 
 left out of what is written), pieces combine those by their own rules, exactly, and the derived
 value is computed again from the combined ones. So it is as exact across pieces and ranks as
 they are, and computed wherever they are: by the native kernel, the torch reductions and the
-accelerator path alike.
+accelerator path alike (each summing a row's bases in float64 where it holds a derived op).
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def summed(r: Any, col: Any, counts: Any, keep: Any, total: Any) -> Any:
 def sample_std(columns: Mapping[str, Any], counts: Any) -> Any:
     """The sample standard deviation, as torch.std gives it (Bessel's correction: divided by
     n - 1; NaN for one element): sqrt((sum of squares - n * mean^2) / (n - 1)), from the norm's
-    and the mean's columns and the element counts. As precise as they are (float32 sums for a
-    float32 tensor, within blocks on the kernel path): relative to the std, about 1e-7 times
-    (mean / std)^2, which only a near-constant tensor makes large."""
+    and the mean's columns and the element counts. A row holding it has them summed in float64
+    on every path (msmon.stats.plan: `accumulate`), so the cancellation costs about 1e-16 times
+    (mean / std)^2 of it: a constant tensor's std is 0 or within 1e-8 of its mean's size."""
     squares = columns["norm"].square() - counts * columns["mean"].square()
     return (squares.clamp(min=0.0) / (counts - 1.0)).sqrt()
 

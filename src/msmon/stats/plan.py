@@ -10,6 +10,8 @@ import functools
 from typing import Any, Callable
 
 from . import ops as op_table
+from .inputs import RESULT_DTYPE as _FLOAT64
+from .inputs import _accumulate_dtype
 from .ops import BY_NAME, FIELDS, unknown, with_dependencies
 
 
@@ -63,6 +65,12 @@ class _Plan:
             [FIELDS.index(field) for field in self.op_fields] if all(entry.native for entry in entries) else None
         )
         self.unscaled = [False] * len(self.computed)
+
+    def accumulate(self, dtype: Any) -> Any:
+        """The dtype the torch paths sum in: the input's accumulation dtype (float32 for 16- and
+        32-bit floats), float64 where a derived op is derived from the sums (std from the sum
+        of squares and the sum: in float32 a near-constant tensor's spread would be lost)."""
+        return _FLOAT64 if self.derived else _accumulate_dtype(dtype)
 
     def finish(self, rows: Any, counts: Any) -> Any:
         """Scaled [n, computed] rows to the [n, ops] result: each derived op's column filled from
