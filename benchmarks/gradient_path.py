@@ -118,7 +118,8 @@ def measure(src: Path) -> dict:
 def source_of(rev: str, scratch: Path) -> Path:
     """`src/` of `rev`, checked out into a temporary git worktree."""
     work = scratch / "rev"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(work), rev], check=True, capture_output=True)
+    add = ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(work), rev]
+    subprocess.run(add, check=True, capture_output=True)
     return work / "src"
 
 
