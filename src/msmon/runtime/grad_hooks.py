@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 import torch
 
 from ..records.rows import RowKey
-from ..seams.guest_hooks import is_compiling, transform_running
+from ..seams.guest_hooks import interpreter_stack, is_compiling, tracing_state
 from .cost import CostMeter
 from .step_collector import StepCollector as Collector
 from .tensor_memo import TensorMemo
@@ -64,7 +64,7 @@ class GradHooks:
         def msmon_grad_hook(grad: torch.Tensor) -> None:
             # inside a torch.compile trace the hook is a no-op the tracer folds away; inside
             # torch.jit.trace or a torch.func transform it steps aside (guest_hooks.transform_running)
-            if is_compiling() or transform_running() is not None:
+            if is_compiling() or tracing_state() is not None or interpreter_stack() is not None:
                 return None
             started = clock()
             try:

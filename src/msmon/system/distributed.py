@@ -17,8 +17,10 @@ def is_initialized() -> bool:
 
 
 def several_processes() -> bool:
-    """Whether torch.distributed runs with more than one process."""
-    return is_initialized() and sys.modules["torch.distributed"].get_world_size() > 1
+    """Whether torch.distributed runs with more than one process (asked in gradient hooks: no
+    call of is_initialized)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 # where launchers put a process's rank before torch.distributed starts: torch's launchers

@@ -51,7 +51,7 @@ from ...records.rows import row_key
 from ...runtime.step_context import StepContext
 from ...seams import grad_rewrites
 from ...stats.engine import tensor_stats
-from ...stats.sparse import any_layout_stats, is_sparse, sparse_stats
+from ...stats.sparse import any_layout_stats, sparse_stats
 from ...system.distributed import several_processes
 from ..base import Collector
 from ..registry import COUNTS_BACKWARD, register
@@ -210,7 +210,7 @@ class GradCollector(Collector):
             if self._can_wait(param):
                 self._note(index, grad, count)
                 return
-            stats = sparse_stats if is_sparse(grad) else tensor_stats
+            stats = tensor_stats if grad.layout is torch.strided else sparse_stats  # is_sparse, inline
             self._record(index, grad, count, stats(grad, ctx.step_ops, ctx.config.eps))
 
         return on_grad_accumulated

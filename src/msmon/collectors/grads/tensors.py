@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from ...stats.sparse import is_sparse
 from ..base import READS_NOTHING
 
 
 def identity(t: torch.Tensor) -> tuple[int, int, int]:
-    return id(t), 0 if is_sparse(t) else t.data_ptr(), t._version  # a sparse tensor has no one data pointer
+    # a sparse tensor has no one data pointer (stats.sparse.is_sparse, inline: a call per hook)
+    return id(t), t.data_ptr() if t.layout is torch.strided else 0, t._version
 
 
 def counter_of(grad: torch.Tensor) -> int:
@@ -23,7 +23,10 @@ def hooks_that_may_write(param: torch.Tensor) -> int:
     """The post-accumulate-grad hooks on `param` (this collector's own among them), but those of
     msmon's that read nothing (collectors.base.READS_NOTHING)."""
     hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
-    return sum(1 for hook in hooks.values() if not getattr(hook, READS_NOTHING, False))
+    count = 0
+    for hook in hooks.values():  # a loop, not a generator: one call per gradient hook, not one per hook
+        count += not getattr(hook, READS_NOTHING, False)
+    return count
 
 
 def unserializable(hook):

@@ -107,10 +107,11 @@ class CsvSink(Sink):
         flat = self._rounded(record)
         width = len(record.ops)
         counts = [j for j, op in enumerate(record.ops) if op in COUNT_OPS]
-        if counts:  # nans, infs: integers in the cell
+        if counts:  # nans, infs: integers in the cell (most are 0: no call for those)
             for start in range(0, len(flat), width):
                 for j in counts:
-                    flat[start + j] = count_value(flat[start + j])
+                    value = flat[start + j]
+                    flat[start + j] = 0 if value == 0.0 else count_value(value)
         for row, key in enumerate(record.keys):
             if key.category not in handles:
                 micro = key.micro_step is not None or key.category in MICRO_STEP_CATEGORIES
