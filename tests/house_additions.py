@@ -117,7 +117,7 @@ def write_additions(root: Path) -> Path:
     shutil.copytree(here / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     for folder in ("tools", "examples", "docs", "benchmarks"):
         shutil.copytree(here / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in (".importlinter", "pyproject.toml", "Makefile"):
+    for name in (".importlinter", "pyproject.toml", "Makefile", "README.md"):
         shutil.copy(here / name, root / name)
     package = root / "src" / "msmon"
     with open(package / "stats" / "ops.py", "a") as ops:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +23,9 @@ from msmon.output.sinks.base import Sink
 from msmon.output.sinks.csv_sink import CsvSink
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
 
+# every format, as the registry knows them: the sink files' names (a new one adds itself)
+FORMATS = sorted(p.name[: -len("_sink.py")] for p in Path(sinks.__file__).parent.glob("*_sink.py"))
+
 
 def test_the_format_names_are_the_sink_files_names_read_without_importing_them_or_torch():
     code = (
@@ -29,12 +33,18 @@ def test_the_format_names_are_the_sink_files_names_read_without_importing_them_o
         "print(sinks.format_names(), sorted(m for m in sys.modules if m.endswith('_sink')), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['api', 'csv', 'tensorboard'] [] False"
+    assert out.strip() == f"{FORMATS} [] False"
     assert sorted(sinks.registered_formats()) == sinks.format_names()
 
 
 def test_each_sink_class_is_registered_under_the_name_its_log_lines_use():
-    assert sinks.registered_formats() == {"csv": CsvSink, "tensorboard": TensorBoardSink, "api": ApiSink}
+    registered = sinks.registered_formats()
+    assert sorted(registered) == FORMATS and all(cls.name == name for name, cls in registered.items())
+    assert {name: registered[name] for name in ("csv", "tensorboard", "api")} == {
+        "csv": CsvSink,
+        "tensorboard": TensorBoardSink,
+        "api": ApiSink,
+    }
     assert (CsvSink.name, TensorBoardSink.name, ApiSink.name) == ("csv", "tensorboard", "api")
 
 
@@ -136,7 +146,7 @@ def test_a_new_sink_file_is_a_format_the_config_accepts_and_gets_every_recorded_
     write_config, output_dir, new_sink_file
 ):
     new_sink_file(LINES_SINK)
-    assert sinks.format_names() == ["api", "csv", "lines", "tensorboard"]
+    assert sinks.format_names() == sorted([*FORMATS, "lines"])
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -169,8 +179,7 @@ def test_the_config_takes_any_format_name_and_the_sink_registry_refuses_an_unkno
     with pytest.raises(ConfigError) as err:
         sinks.check_formats(config, "/jobs/monitor.json")
     assert str(err.value) == (
-        "/jobs/monitor.json: format: unknown format 'tensorbord'; "
-        "expected ['api', 'csv', 'tensorboard'] (did you mean 'tensorboard'?)"
+        f"/jobs/monitor.json: format: unknown format 'tensorbord'; expected {FORMATS} (did you mean 'tensorboard'?)"
     )
     sinks.check_formats(parse_config({"format": ["api", "csv", "tensorboard"]}))
 
@@ -179,4 +188,4 @@ def test_trainermon_refuses_an_unknown_format_before_training_with_the_file_and_
     path = write_config({"wg_distribution": True, "format": ["csv", "parquet"]})
     with pytest.raises(ConfigError) as err:
         TrainerMon(path)
-    assert str(err.value) == f"{path}: format: unknown format 'parquet'; expected ['api', 'csv', 'tensorboard']"
+    assert str(err.value) == f"{path}: format: unknown format 'parquet'; expected {FORMATS}"
