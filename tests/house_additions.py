@@ -29,6 +29,7 @@ FILES = {
 
         import json
         import os
+        from typing import Any
 
         from ...records.rows import StepRecord
         from . import sink_format
@@ -43,7 +44,7 @@ FILES = {
                 self.file = open(path, "a")
 
             @classmethod
-            def for_rank(cls, log_dir, config):
+            def for_rank(cls, log_dir: str, config: Any) -> JsonlSink:
                 return cls(os.path.join(log_dir, "steps.jsonl"))
 
             def write(self, record: StepRecord) -> None:
