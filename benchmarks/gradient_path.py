@@ -2,14 +2,17 @@
 and the file-to-file hops on the way, traced (sys.setprofile, on the training and the writer
 thread) in one SGD step of nn.Linear(4, 4) with `wg_distribution` and CSV output.
 
-The path is the union of the msmon call stacks, each from its thread's outermost msmon frame, at
-every msmon call that is handed the gradient or its row (the tensor, the row's key
-`grad_reduced`, or a list, a host batch or a step record holding one: where its statistics are
-read, recorded, taken, copied and handed over): on the training thread from the step hook up to
-the hand-over to the writer thread (`submit`), on the writer thread up to the CSV sink's `write`.
+The path is the union of the msmon call stacks, each from its thread's outermost msmon frame, on
+the training thread from the step hook up to the hand-over to the writer thread (`submit`), on
+the writer thread up to the CSV sink's `write`, at
+- every msmon call ("calls": what a reader follows from the hook to the row; issue 41 measured
+  13 files and 19 hops this way at 27a2ae3), or
+- the calls handed the gradient or its row ("row": the tensor, the row's key `grad_reduced`, or
+  a list, a host batch or a step record holding one: where its statistics are read, recorded,
+  taken, copied and handed over).
 Files: the distinct msmon source files on those stacks. Hops: the distinct caller -> callee
-edges on them whose two frames are in different files. Deterministic: a measure of the code's
-shape, not of time, so it runs on a loaded machine too.
+edges on them whose two frames are in different files (and how many distinct file pairs they
+join). Deterministic: a measure of the code's shape, not of time; it runs on a loaded machine.
 
     python benchmarks/gradient_path.py                    # this checkout
     python benchmarks/gradient_path.py --rev 27a2ae3      # a revision, from a temporary git worktree
@@ -62,6 +65,7 @@ def carries(value):
 
 
 arrived = set()  # the threads that reached their end of the path: the hand-over, the CSV row
+ALL = sys.argv[1] == "calls"
 
 
 def trace(frame, event, arg):
@@ -72,7 +76,7 @@ def trace(frame, event, arg):
     end = (code.co_name == "write" and code.co_filename.endswith("csv_sink.py")) or (
         code.co_name == "submit" and code.co_filename.endswith("writer.py")
     )
-    if end or os.environ.get("PATH_ALL") or any(carries(value) for value in list(frame.f_locals.values())):
+    if end or ALL or any(carries(value) for value in list(frame.f_locals.values())):
         stacks.append(msmon_stack(frame))
     if end:
         arrived.add(thread)
@@ -100,10 +104,11 @@ print(json.dumps(stacks))
 """
 
 
-def measure(src: Path) -> dict:
+def measure(src: Path, mode: str) -> dict:
     """Files and hops of the gradient path with msmon imported from `src` (a checkout's src/)."""
     env = dict(os.environ, PYTHONPATH=str(src), MSMON_NATIVE_STATS="0", OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", TRACE], env=env, capture_output=True, text=True, timeout=600)
+    args = [sys.executable, "-c", TRACE, mode]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise SystemExit(f"the traced step failed with msmon from {src}:\n{done.stderr[-3000:]}")
     stacks = [[tuple(frame) for frame in stack] for stack in json.loads(done.stdout.strip().splitlines()[-1])]
@@ -112,7 +117,13 @@ def measure(src: Path) -> dict:
     edges = {(a, b) for stack in stacks for a, b in zip(stack, stack[1:])}
     files = sorted({file for stack in stacks for file, _ in stack})
     hops = sorted({(a[0], b[0], f"{a[1]} -> {b[1]}") for a, b in edges if a[0] != b[0]})
-    return {"files": files, "hops": hops}
+    return {"files": files, "hops": hops, "file_pairs": sorted({(a, b) for a, b, _ in hops})}
+
+
+MODES = {
+    "calls": "every msmon call from the step hook to the CSV row",
+    "row": "the calls handed the gradient or its row",
+}
 
 
 def source_of(rev: str, scratch: Path) -> Path:
@@ -133,17 +144,21 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         src = args.src or (source_of(args.rev, Path(scratch)) if args.rev else ROOT / "src")
         try:
-            found = measure(src.resolve())
+            found = {mode: measure(src.resolve(), mode) for mode in MODES}
         finally:
             if args.rev:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(Path(scratch) / "rev")])
     label = args.rev or str(args.src or "this checkout")
-    print(f"{label}: {len(found['files'])} files, {len(found['hops'])} hops")
-    if args.verbose:
-        for file in found["files"]:
-            print(f"  {file}")
-        for caller, callee, calls in found["hops"]:
-            print(f"  {caller} -> {callee}  ({calls})")
+    for mode, what in MODES.items():
+        got = found[mode]
+        print(
+            f"{label}, {what}: {len(got['files'])} files, {len(got['hops'])} hops ({len(got['file_pairs'])} file pairs)"
+        )
+        if args.verbose:
+            for file in got["files"]:
+                print(f"  {file}")
+            for caller, callee, calls in got["hops"]:
+                print(f"  {caller} -> {callee}  ({calls})")
     return 0
 
 

@@ -34,7 +34,6 @@ from .seams.adapters import hold_weakly
 from .seams.pipeline import pipeline_position
 from .seams.registry import frameworks
 from .stats import fused_batch, native, threads
-from .stats.ops import with_dependencies
 from .system import lifecycle
 from .system.distributed import current_rank
 from .system.stop import StopAfterStruct
@@ -165,7 +164,7 @@ class TrainerMon:
         if self.attached:
             fused_batch.prepare_for([mp.param for mp in self.ctx.params], self.runner.ops)
         if len(self.ctx.buffer) == 0:
-            self.ctx.step_ops = with_dependencies(self.runner.ops)
+            self.ctx.record_ops(self.runner.ops)
 
     def set_wrapped_optimizer(self, optimizer: Any) -> None:
         self._wrapped_optimizer = optimizer

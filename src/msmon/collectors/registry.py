@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from ..runtime.selection import ModuleCheck
 from ..runtime.step import Built
+from .base import Collector
 
 if TYPE_CHECKING:
     from ..config import MonitorConfig
     from ..runtime.step_context import StepContext
-    from .base import Collector
 
 Enabled = Callable[["MonitorConfig", "StepContext"], bool]
 C = TypeVar("C", bound="type[Collector]")
@@ -102,7 +102,12 @@ def build(ctx: StepContext, hook_modules: bool) -> Built:
     ctx.tracker = serving.get(TRACKS_MICRO_STEPS)
     counter = serving.get(COUNTS_BACKWARD)
     seen = counter.micro_steps_seen if counter is not None else lambda: 0
-    return Built(built, seen, serving.get(WRITES_MODULE_TREE))
+    # the step calls only the collectors that do something around the update (no no-op call each)
+    phases = {
+        phase: [c for c in built if getattr(type(c), phase) is not getattr(Collector, phase)]
+        for phase in ("before_update", "after_update")
+    }
+    return Built(built, seen, serving.get(WRITES_MODULE_TREE), phases)
 
 
 def target_checks() -> tuple[ModuleCheck, ...]:

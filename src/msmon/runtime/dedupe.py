@@ -59,9 +59,9 @@ def discover(
     return found
 
 
-def write_rule(groups: ParallelGroups, adapter: Any) -> Callable[[torch.Tensor], bool]:
-    """param -> whether this rank writes its weight, reduced gradient and optimizer state.
-    Evaluated here, for every parameter of the optimizer, and frozen into a lookup."""
+def written_elsewhere(groups: ParallelGroups, adapter: Any) -> frozenset[int]:
+    """id() of the parameters whose weight, reduced gradient and optimizer state another rank
+    writes. Evaluated here, for every parameter of the optimizer, and frozen into a set."""
     first_tp = _is_first(groups.tp)
     first_dp = _is_first(groups.dp)
     decided: dict[int, bool] = {}
@@ -71,7 +71,7 @@ def write_rule(groups: ParallelGroups, adapter: Any) -> Callable[[torch.Tensor],
         if split is not None:  # HSDP: split across one group, copied across another
             first = first and _is_first(adapter.replica_group(p))
         decided[id(p)] = first and (first_tp or bool(getattr(p, "tensor_model_parallel", False)))
-    return lambda param: decided.get(id(param), True)
+    return frozenset(key for key, writes in decided.items() if not writes)
 
 
 def shards_complete(adapter: Any, module_ranks: list[int]) -> bool:
@@ -141,8 +141,8 @@ def decide_writers(
     the pieces of split tensors can be combined (the monitor's ShardCombiner is enabled)."""
     adapter = ctx.adapter
     groups = discover(ctx.models, adapter, frameworks, dp_group, tp_group)
-    adapter.writer = write_rule(groups, adapter)
-    written = sum(adapter.writer(p) for p in adapter.params())
+    adapter.written_elsewhere = written_elsewhere(groups, adapter)
+    written = sum(id(p) not in adapter.written_elsewhere for p in adapter.params())
     logger.debug(
         "msmon[rank %d]: %s optimizer, %s; this rank writes %d of %d parameters' weights, gradients and moments",
         current_rank(),

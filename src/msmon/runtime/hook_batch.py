@@ -105,11 +105,11 @@ class BatchOwner(Protocol):
 class HookBatch:
     """The tensors noted since the last batch point (one per monitor: `StepContext.hook_batch`)."""
 
-    __slots__ = ("_ctx", "_notes", "_bytes", "budget_bytes", "_task", "batches_read", "track_storage", "_storages")
+    __slots__ = ("_ctx", "noted", "_bytes", "budget_bytes", "_task", "batches_read", "track_storage", "_storages")
 
     def __init__(self, ctx: BatchOwner, budget_bytes: int | None = None) -> None:
         self._ctx = ctx
-        self._notes: list[_Note] = []
+        self.noted: list[_Note] = []  # since the last batch point (none on the CPU's own path)
         self._bytes = 0
         self.budget_bytes = budget_from_environment() if budget_bytes is None else budget_bytes
         self._task: int | None = None  # the backward pass whose end reads the notes
@@ -119,13 +119,13 @@ class HookBatch:
         self._storages: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # weak: the step keeps nothing alive
 
     def __len__(self) -> int:
-        return len(self._notes)
+        return len(self.noted)
 
     def note(self, t: torch.Tensor, owner: Collector, on_lost: LostCallback, tag: Any) -> PendingRow:
         """Note `t` (detached: the note never joins the graph) for the next batch; its row
         comes in the returned PendingRow. `on_lost(tag)` is called if `t` changes before then."""
         pending = PendingRow()
-        self._notes.append(_Note(t.detach(), pending, owner, on_lost, tag))
+        self.noted.append(_Note(t.detach(), pending, owner, on_lost, tag))
         if self.track_storage:
             self._storages.setdefault(t.untyped_storage().data_ptr(), []).append(weakref.ref(t))
         task = torch._C._current_graph_task_id()
@@ -139,7 +139,7 @@ class HookBatch:
 
     def flush(self) -> None:
         """Read every noted tensor that is unchanged, in one batch; mark the others lost."""
-        notes, self._notes, self._bytes, self._task = self._notes, [], 0, None
+        notes, self.noted, self._bytes, self._task = self.noted, [], 0, None
         if not notes:
             return
         ctx = self._ctx
@@ -174,7 +174,7 @@ class HookBatch:
         written = [noted for noted in hit if noted]
         if not written:
             return
-        if self._notes:
+        if self.noted:
             self.flush()
         rows_read = self._ctx.rows_read
         for noted in written:
@@ -191,7 +191,7 @@ class HookBatch:
 
     def clear(self) -> None:
         """Forget the notes without reading them (a step that is not recorded)."""
-        for n in self._notes:
+        for n in self.noted:
             n.pending.lost = True
-        self._notes, self._bytes, self._task = [], 0, None
+        self.noted, self._bytes, self._task = [], 0, None
         self._storages.clear()

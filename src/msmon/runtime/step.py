@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import MonitorConfig
 from ..stats import fused_batch
-from ..stats.ops import with_dependencies, written
 from ..system.stop import ModuleTree, StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
 from . import selection
 from .nan_stop import NanStop
@@ -46,6 +45,9 @@ class Built:
     collectors: Sequence[StepCollector] = field(default_factory=list)
     micro_steps_seen: Callable[[], int] = lambda: 0
     structure: ModuleTree | None = None
+    # {"before_update" / "after_update": the collectors that do something then}, in order; a
+    # phase not here runs every collector's (the registry leaves out the base class's no-ops)
+    phases: Mapping[str, Sequence[StepCollector]] = field(default_factory=dict)
 
 
 class StepRunner:
@@ -114,7 +116,7 @@ class StepRunner:
         self.build_collectors()
 
     def _run_callbacks(self, phase: str) -> None:
-        for collector in list(self.built.collectors):
+        for collector in list(self.built.phases.get(phase, self.built.collectors)):
             if collector.enabled:
                 try:
                     getattr(collector, phase)()
@@ -125,7 +127,7 @@ class StepRunner:
     def decide_recording(self) -> None:
         """Whether the step now starting is recorded, and with which statistics."""
         self.ctx.recording = self.window.records(self.ctx.step, self.ctx.config)
-        self.ctx.step_ops = with_dependencies(self.ops)
+        self.ctx.record_ops(self.ops)
 
     def before_update(self) -> None:
         started = time.perf_counter()
@@ -195,13 +197,15 @@ class StepRunner:
         """The recorded step's rows: sharded ones combined, all copied to the host once, and
         handed to the writer thread (returned too: alert.on_nan reads it)."""
         ctx = self.ctx
-        ctx.hook_batch.flush()  # tensors noted in hooks since the last batch point (device path)
-        ctx.shards.flush()  # sharded tensors: every rank's piece statistics, combined
+        if ctx.hook_batch.noted:  # tensors noted in hooks since the last batch point (device path)
+            ctx.hook_batch.flush()
+        if ctx.shards.pending:  # sharded tensors: every rank's piece statistics, combined
+            ctx.shards.flush()
         keys, chunks, hists, flag_keys, flags = ctx.buffer.take()
         writer = self.output.writer
         batch = None
         if (keys or hists or flags is not None) and writer is not None:
-            ops = written(ctx.step_ops)  # the ops asked for, not the bases carried for a derived one
+            ops = ctx.ops_written  # the ops asked for, not the bases carried for a derived one
             if len(ops) < len(ctx.step_ops):
                 chunks = [chunk[:, : len(ops)].contiguous() for chunk in chunks]
             batch = stage_to_host(keys, chunks, len(ops), hists, flag_keys, flags)

@@ -11,6 +11,7 @@ only shows some of it read-only. A collector reads it through `self.ctx`, puts i
 from __future__ import annotations
 
 import logging
+import operator
 import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable
@@ -34,6 +35,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("msmon")
 
+_GRAD = operator.attrgetter("grad")
+
+
+def _main_grad(param: torch.Tensor) -> torch.Tensor | None:
+    return getattr(param, "main_grad", None)
+
 
 class StepContext:
     """The state of the monitored step that collectors share (one per monitor)."""
@@ -45,9 +52,10 @@ class StepContext:
         self.log_dir: str | None = None  # this rank's output directory
         self.step = 0
         self.recording = False
-        # the statistics of this step's rows: the config's ops, then those its derived ops (std)
-        # are derived from, which pieces combine by (left out of what is written)
+        # the statistics of this step's rows: the config's ops (ops_written), then those its derived
+        # ops (std) are derived from, which pieces combine by and the writer is not handed
         self.step_ops: list[str] = with_dependencies(config.ops)
+        self.ops_written: list[str] = list(config.ops)
         self.buffer = StepBuffer()
         self.rows_read: TensorMemo[torch.Tensor | PendingRow] = TensorMemo()  # rows of the tensors read this step
         self.grad_hooks = GradHooks(self)  # one gradient hook per activation tensor and step
@@ -61,7 +69,10 @@ class StepContext:
         self.tp_group: Any = None
         self.frameworks: Sequence[Framework] = ()  # the framework packages (hooks.frameworks()), set at attach
         self.grad_acc_steps: int | None = config.grad_acc_steps
-        self.use_main_grad = False
+        self._use_main_grad = False
+        # param -> the gradient the optimizer consumes: `.grad`, read by operator.attrgetter (no
+        # Python frame per parameter and step), or Megatron's `main_grad` (use_main_grad)
+        self.grad_of: Callable[[torch.Tensor], torch.Tensor | None] = _GRAD
         self.tracker: MicroSteps | None = None  # forward/backward micro-steps, when built
         # the step's losses as the script computed them (unscaled, 0-d, on the device, one per
         # micro-step in order), put here by the loss collector (loss_distribution) for a collector
@@ -76,15 +87,26 @@ class StepContext:
         self.watch_steps: Callable[[StepConsumer], None] = lambda consumer: None
         self.stop: Callable[[], None] = lambda: None  # close the monitor (a collector ending the run)
 
+    def record_ops(self, ops: Sequence[str]) -> None:
+        """The statistics of the rows from now on: `ops`, written, and the ops its derived ones
+        are derived from (msmon.stats.ops.with_dependencies), carried after them."""
+        self.step_ops = with_dependencies(ops)
+        self.ops_written = list(ops)
+
     # -- reading the model ------------------------------------------------------------------------
     def names(self) -> Names:
         """Per chunk: {display name: module}, {display name: parameter}."""
         return names(self.models, self.config.squash_name)
 
-    def grad_of(self, param: torch.Tensor) -> torch.Tensor | None:
-        if self.use_main_grad:
-            return getattr(param, "main_grad", None)
-        return param.grad
+    @property
+    def use_main_grad(self) -> bool:
+        """Whether gradients are read from `main_grad` (Megatron's buffer) rather than `.grad`."""
+        return self._use_main_grad
+
+    @use_main_grad.setter
+    def use_main_grad(self, value: bool) -> None:
+        self._use_main_grad = value
+        self.grad_of = _main_grad if value else _GRAD
 
     # -- micro-steps ------------------------------------------------------------------------------
     def forward_micro_step(self, chunk: int) -> int:

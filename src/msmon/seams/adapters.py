@@ -209,7 +209,9 @@ class OptimizerAdapter:
 
     def __init__(self, optimizer: Any) -> None:
         self.optimizer = optimizer
-        self.writer: Callable[[torch.Tensor], bool] = lambda _param: True
+        # id() of the parameters whose replicated tensors another rank writes (decided once, at
+        # attach: runtime/dedupe.py); a set, read per parameter and step without a call
+        self.written_elsewhere: frozenset[int] = frozenset()
 
     @property
     def optimizer(self) -> Any:
@@ -344,7 +346,7 @@ class OptimizerAdapter:
             value = values.get(id(p))
             if value is None:
                 continue
-            writes = self.writer(p)
+            writes = id(p) not in self.written_elsewhere
             if _has_shard(value):
                 _mark_written(value, writes)
                 out[id(p)] = value

@@ -184,17 +184,7 @@ def with_dependencies(ops: Sequence[str]) -> list[str]:
     return list(_with_dependencies(tuple(ops)))
 
 
-@functools.lru_cache(maxsize=64)
-def _written(row_ops: tuple[str, ...]) -> int:
-    return next((n for n in range(len(row_ops)) if _with_dependencies(row_ops[:n]) == row_ops), len(row_ops))
-
-
-def written(row_ops: Sequence[str]) -> list[str]:
-    """The ops asked for, of a row's columns (`with_dependencies`): those that are written."""
-    return list(row_ops[: _written(tuple(row_ops))])
-
-
-_caches.extend((_with_dependencies.cache_clear, _written.cache_clear))
+_caches.append(_with_dependencies.cache_clear)
 
 
 def on_change(listener: Callable[[], None]) -> None:

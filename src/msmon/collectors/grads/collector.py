@@ -58,8 +58,8 @@ from ..registry import COUNTS_BACKWARD, register
 from . import agreement as grad_agreement
 from .agreement_around_reduction import AroundFrameworkReduction
 from .ddp_sync import DdpSync
-from .reduced_rows import record_reduced
-from .tensors import counter_of, hooks_that_may_write, identity, unserializable
+from .reduced_rows import identity, record_reduced, record_unreduced
+from .tensors import counter_of, hooks_that_may_write, unserializable
 
 if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
@@ -368,9 +368,7 @@ class GradCollector(Collector):
             )
             grad_agreement.say_unavailable(ctx.rank, why)
         if not ctx.config.monitor_mbs_grad and self.last_rows:
-            indices = list(self.last_rows)
-            keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
-            ctx.buffer.add_many(keys, torch.stack([self.last_rows[i] for i in indices]))
+            record_unreduced(ctx, self.last_rows)
         if not self.at_inner_step:
             self._record_reduced(ctx.adapter.grads([mp.param for mp in ctx.params], ctx.grad_of))
 

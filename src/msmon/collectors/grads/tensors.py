@@ -1,16 +1,12 @@
-"""What the weight-gradient collector checks about a gradient tensor and the hooks on it: its
-identity as a row describes it, the version counter it shares, which other hooks may write it."""
+"""What the weight-gradient collector checks about a gradient tensor and the hooks on it: the
+version counter it shares, which other hooks may write it (its identity as a row describes it:
+reduced_rows.identity, beside the rows that reuse it)."""
 
 from __future__ import annotations
 
 import torch
 
 from ..base import READS_NOTHING
-
-
-def identity(t: torch.Tensor) -> tuple[int, int, int]:
-    # a sparse tensor has no one data pointer (stats.sparse.is_sparse, inline: a call per hook)
-    return id(t), t.data_ptr() if t.layout is torch.strided else 0, t._version
 
 
 def counter_of(grad: torch.Tensor) -> int:
