@@ -57,8 +57,9 @@ lint: $(VENV)/.lint
 typecheck: $(VENV)/.lint
 	$(BIN)/mypy
 
+# `make bench REV=27a2ae3`: this checkout and REV taking turns in the same run (overhead.py --against)
 bench: $(VENV)/.base
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/overhead.py $(if $(REV),--against $(REV) --configs all_xy "wg+mv+param",)
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

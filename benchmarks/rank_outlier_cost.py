@@ -6,11 +6,12 @@
 Each rank trains the benchmark's model (workloads.py) under DistributedDataParallel with AdamW,
 monitored with the wg configuration (`wg_distribution`) and `loss_distribution` (the rows the
 rule reads its loss from), with and without the rule, the two settings alternating repeat after
-repeat. The rule needs three ranks at least (with two it is off). Per step it records the step's
+repeat. The rule needs two ranks at least (with two, only its own-history test runs;
+from three, the median test too). Per step it records the step's
 wall and training-thread CPU time, the monitor's own clock on the training thread, the writer
 thread's CPU time, and the rule's own CPU time on each thread it uses (training: its setup
 check; writer: reading the rank's statistics and loss from the step's rows; exchange: the
-gather and the test), which other processes on a shared machine cannot inflate. The 5-number all_gather
+gather and the two tests), which other processes on a shared machine cannot inflate. The 5-number all_gather
 on msmon's gloo group is also timed alone.
 The table gives the median of the repeats' medians and their range.
 """

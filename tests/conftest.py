@@ -271,7 +271,8 @@ def reference_stats(t: torch.Tensor, ops=ALL_OPS, eps: float = 1e-8) -> dict[str
         elif op == "infs":
             out[op] = float(torch.isinf(x).sum())
         elif op == "std":
-            out[op] = float(x.std())  # torch's sample standard deviation (Bessel's correction)
+            # torch's sample standard deviation (Bessel's correction); 0 for one element (msmon.stats.ops)
+            out[op] = float(x.std()) if x.numel() > 1 else 0.0 * float(x.sum())
     return out
 
 

@@ -36,6 +36,7 @@ from .seams.registry import frameworks
 from .stats import fused_batch, native, threads
 from .system import lifecycle
 from .system.distributed import current_rank
+from .system.environment import ENV_BOOTSTRAP_DIR
 from .system.stop import StopAfterStruct
 
 logger = logging.getLogger("msmon")
@@ -59,6 +60,9 @@ class TrainerMon:
         check_formats(config, self.config_file_path)
         self.ctx = StepContext(current_rank(), config, output_base_dir())
         rank = self.ctx.rank
+        if config.translation and rank == 0 and not os.environ.get(ENV_BOOTSTRAP_DIR):  # msmon run prints it
+            for line in config.translation:
+                logger.info("msmon: %s", line)
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
         self.opt_ty = opt_ty
@@ -67,6 +71,8 @@ class TrainerMon:
         self.output = RankOutput(rank, self.ctx.output_base, lambda: self.ctx.step)
         self.ctx.anomaly_dump = self.output.anomaly_dump
         self.ctx.watch_steps = self.output.watch_steps
+        self.ctx.alert_repeats = self.output.repeats
+        self.ctx.alerts_raised = lambda: self.output.alerts_raised
         self.ctx.stop = self.close
         reload = ConfigReload(self.config_file_path, rank)
         self.runner = StepRunner(self.ctx, self.output, reload, self._build_collectors, self._check_fits, self.close)
@@ -280,6 +286,12 @@ class TrainerMon:
         if self.writer is not None and not self._closed:
             self._closed = True
             self.writer.close()
+            for finish in self.ctx.at_close:  # after the last step was written and consumed
+                try:
+                    finish()
+                except Exception as exc:  # never raised at the end of a run
+                    logger.warning("msmon[rank %d]: closing failed: %r", self.rank, exc)
+            self.output.repeats.log_summary()  # one line per rule and tensor that alerted again
             self.output.write_summary(self.summary())
             if self.steps_recorded or self.ctx.cost.steps:
                 report_cost(

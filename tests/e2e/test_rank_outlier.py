@@ -68,6 +68,12 @@ def test_the_rank_fed_corrupted_batches_is_named_first_at_that_step_as_one_ranks
     assert tensor["median"] == pytest.approx(statistics.median(norms), rel=1e-5)
     assert first["group_ranks"] == [0, 1, 2, 3] and first["score"] > first["threshold"] == 5
     assert [a["statistic"] for a in first["also"]] == ["gradient norm"]  # its gradient departs too
+    # named at every step from 7: one line at the first, and at the close one count (not a line a step)
+    assert proc.stderr.count("msmon alert [rank 2] step ") == 1
+    assert (
+        f"msmon alert [rank 2] AnomalyRankOutlier on rank 2's activation norm: alerted in {STEPS - BAD_STEP} steps, "
+        f"{BAD_STEP} to {STEPS - 1} (the first one logged; all in the anomaly dump)"
+    ) in proc.stderr
     for rank in range(RANKS):  # summary.json counts the rule's alerts with the others'
         (summary,) = (tmp_path / "out").glob(f"*-rank{rank}-*/summary.json")
         assert json.loads(summary.read_text())["alerts"] == (STEPS - BAD_STEP if rank == BAD_RANK else 0)
@@ -80,9 +86,10 @@ def test_the_rank_fed_corrupted_batches_is_named_first_at_that_step_as_one_ranks
     )
     assert analysed.returncode == 0, analysed.stderr
     assert "First anomaly: rank 2, step 7, forward input of fc1" in analysed.stdout
-    assert "Kind: one rank's data: rank 2's rank-local statistics left the other ranks' spread at step 7" in (
-        analysed.stdout
-    )
+    assert (
+        "Kind: one rank's data: rank 2's rank-local statistics left the other ranks' at step 7, first at the forward "
+        "input of fc1"
+    ) in analysed.stdout
     report = json.loads((tmp_path / "out" / "anomaly_detected" / "msmon_analyse.json").read_text())
     assert (report["first_anomaly"]["rank"], report["first_anomaly"]["step"]) == (BAD_RANK, BAD_STEP)
     assert (report["kind"]["code"], report["kind"]["kind"], report["kind"]["rank"], report["kind"]["step"]) == (

@@ -314,18 +314,22 @@ def test_three_replicas_name_exactly_the_rank_whose_weight_had_a_bit_flipped(tmp
     assert analysed.returncode == 0, analysed.stderr
     assert "First anomaly: rank 2, step 8, weight fc1.weight after the update" in analysed.stdout
     assert "the copies on rank 2 are suspect" in analysed.stdout
+    assert "Kind: one rank's copy of the model: the replica check found rank 2's replicated weights differing" in (
+        analysed.stdout
+    )
 
 
 @pytest.mark.e2e
-def test_two_replicas_name_both_ranks_at_the_first_check_after_the_flip(tmp_path):
-    """Rank 1 flips the sign bit of fc2.bias[1] at the start of step 7; checks every 5 steps: step 10."""
-    msmon_run(
+def test_two_replicas_name_both_ranks_at_the_first_check_after_the_flip_and_log_the_repeat_once(tmp_path):
+    """Rank 1 flips the sign bit of fc2.bias[1] at the start of step 7; checks every 5 steps: steps
+    10 and 15 find it, which each rank logs once, then counts."""
+    proc = msmon_run(
         tmp_path,
         2,
         {**CHECK, "replica_check": {"enable": True, "every": 5}},
         "replica_flip.py",
         "--steps",
-        "11",
+        "16",
         "--flip-step",
         "7",
         "--flip-rank",
@@ -340,25 +344,43 @@ def test_two_replicas_name_both_ranks_at_the_first_check_after_the_flip(tmp_path
         str(tmp_path),
     )
     assert differing_tensors(tmp_path, 2) == {"fc2.bias": {1}}
-    for report in reports(tmp_path, 2):
-        assert report["checks"] == 3  # steps 0, 5, 10
-        assert report["mismatches"] == [
+    mismatch = {
+        "tensors": [
             {
-                "step": 10,
-                "tensors": [
-                    {
-                        "name": "fc2.bias",
-                        "vpp_stage": 0,
-                        "category": WEIGHT,
-                        "differing_ranks": [0, 1],
-                        "majority_ranks": [],
-                    }
-                ],
+                "name": "fc2.bias",
+                "vpp_stage": 0,
+                "category": WEIGHT,
+                "differing_ranks": [0, 1],
+                "majority_ranks": [],
             }
-        ]
+        ],
+    }
+    for report in reports(tmp_path, 2):
+        assert report["checks"] == 4  # steps 0, 5, 10, 15
+        assert report["mismatches"] == [{"step": 10, **mismatch}, {"step": 15, **mismatch}]
     records = dump_records(tmp_path)
     assert sorted(records) == [0, 1]
-    assert all([(r["step"], r["name"]) for r in recs] == [(10, "fc2.bias")] for recs in records.values())
+    assert all(
+        [(r["step"], r["name"]) for r in recs] == [(10, "fc2.bias"), (15, "fc2.bias")] for recs in records.values()
+    )
+    for rank in (0, 1):  # one line at the first check that found it, and one count at the close
+        assert proc.stderr.count(f"msmon[rank {rank}]: replica check at step ") == 1
+        assert f"msmon[rank {rank}]: replica check at step 10: 1 of 4 tensors differ" in proc.stderr
+        assert (
+            f"msmon alert [rank {rank}] ReplicaMismatch on the replicas of fc2.bias: alerted in 2 checks, steps 10 "
+            "to 15 (the first one logged; replica_check.json lists every one; the anomaly dump too)"
+        ) in proc.stderr
+    analysed = subprocess.run(
+        [sys.executable, "-m", "msmon.launcher", "analyse", "-d", str(tmp_path / "out" / "anomaly_detected")],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
+    assert analysed.returncode == 0, analysed.stderr
+    # two replicas: no majority tells whose copy is wrong, so the kind names no one rank
+    assert "Kind: one rank's copy of the model: the replica check found the copies of ranks 0, 1 differing at " in (
+        analysed.stdout
+    )
 
 
 @pytest.mark.e2e

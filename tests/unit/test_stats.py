@@ -270,10 +270,10 @@ def test_thread_settings_are_read_from_the_environment_when_configured(monkeypat
 
 
 def test_the_op_table_names_a_field_and_a_combine_rule_or_the_ops_it_is_derived_from_for_every_op():
-    from msmon.config import parsing
+    from msmon.config import ops as config_ops
     from msmon.stats import ops
 
-    assert parsing.OPS is ops.OPS and ops.OPS == [op.name for op in ops.TABLE]
+    assert config_ops.OPS is ops.OPS and ops.OPS == [op.name for op in ops.TABLE]
     for op in ops.TABLE:
         assert op.column == op.name
         if op.derive is None:

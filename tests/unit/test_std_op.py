@@ -122,10 +122,13 @@ def test_pieces_std_combine_exactly_into_the_whole_tensors_std_through_its_bases
         combine_rows(rows[:, :2], counts, ["std", "min"])
 
 
-def test_the_std_of_a_scalar_is_nan_as_torchs_std_of_one_element():
-    rows = scalar_rows(torch.tensor([0.25, -1.0]), with_dependencies(["std"]), 1e-8)
-    assert torch.isnan(rows[:, 0]).all() and torch.isnan(torch.tensor([0.25]).std())
-    assert rows[:, 1:].tolist() == [[0.25, 0.25], [1.0, -1.0]]
+def test_the_std_of_one_element_is_0_and_of_a_nan_is_nan():
+    """torch leaves one element's sample std undefined (NaN); in a row a NaN says the tensor held
+    one, so msmon writes 0: an alert, the non-finite origin or on_nan's stop see a sound tensor."""
+    rows = scalar_rows(torch.tensor([0.25, -1.0, math.nan]), with_dependencies(["std"]), 1e-8)
+    assert rows[:2, 0].tolist() == [0.0, 0.0] and math.isnan(rows[2, 0])
+    assert rows[:2, 1:].tolist() == [[0.25, 0.25], [1.0, -1.0]]
+    assert tensor_stats(torch.tensor([3.0]), ["std"], 1e-8).tolist() == [0.0]
 
 
 @pytest.mark.parametrize("ops", [["std"], ["mean", "std", "norm"]])

@@ -15,7 +15,8 @@ fraction of their size, so s is never below FLOOR (15 %) of |m|. With k = 5 a ra
 when its value is more than 0.75 |m| away from the median: above 1.75 times it, or below a
 quarter of it (a rank fed zeros or a constant). Where the ranks' healthy spread is wider than
 that (a few samples per rank: the loss of 8 samples can be twice that of 8 others), raise k. The
-test needs MIN_RANKS (3) values: with two, neither is the odd one out.
+test needs MIN_RANKS (3) values: with two, neither is the odd one out (two ranks are told apart
+by their own histories: rank_history.py).
 """
 
 from __future__ import annotations

@@ -5,7 +5,11 @@ copy, so a rule can look at every value without a sync.
 
 AnomalyNan(threshold=None)
     A row alerts when any statistic is NaN or +-inf, its `nans`/`infs` count is positive, or,
-    with a threshold, |norm|, |min| or |max| exceeds it.
+    with a threshold, |norm|, |min| or |max| exceeds it. A norm or mean that overflowed to inf
+    while min and max (or the counts) prove the tensor finite is not a non-finite tensor (a
+    GradScaler's scaled gradient): only the threshold can alert on it. Rows of derived values
+    (the gradient agreement's cos, the L2 features) never reach the rules: an undefined 0/0 is
+    NaN there (records.DERIVED_CATEGORIES).
 
 AnomalyTurbulence(threshold)
     Watches two magnitudes of every recorded tensor: its `norm` and its peak |x|, that is
@@ -51,6 +55,7 @@ import torch
 
 from ..config import AlertRuleConfig
 from ..records.rows import RowKey
+from ..stats.finiteness import row_is_finite
 from ..stats.ops import COUNT_OPS, MAGNITUDE_OPS
 from .event import RANK_OUTLIER_RULE
 
@@ -90,7 +95,10 @@ class AnomalyNan:
         self.threshold = threshold
 
     def check_row(self, ops: Sequence[str], row: Sequence[float]) -> _Symptom | None:
-        """The row's most telling non-finite symptom, or the first value over the threshold."""
+        """The row's most telling non-finite symptom, or the first value over the threshold. A
+        norm or mean that overflowed to inf on a tensor its min and max (or NaN and inf counts)
+        prove finite is no non-finite symptom (stats/finiteness.py); its magnitude may still be
+        over the threshold."""
         first_bad: _Symptom | None = None
         for op, value in zip(ops, row):
             if op in COUNT_OPS:
@@ -99,7 +107,7 @@ class AnomalyNan:
                     return _Symptom(self.name, op, value, None, f"{int(value)} {kind} value{'s' if value != 1 else ''}")
             elif not math.isfinite(value) and first_bad is None:
                 first_bad = _Symptom(self.name, op, value, None, f"{op}={_fmt(value)}")
-        if first_bad is not None:
+        if first_bad is not None and row_is_finite(ops, row) is not True:
             return first_bad
         if self.threshold is not None:
             for op, value in zip(ops, row):

@@ -1,5 +1,5 @@
 """One collector per feature: a file, or a folder where a feature has several jobs
-(replica_check/, l2_features/, nan_origin/). Collectors record rows into the step buffer and
+(replica_check/, l2_features/, nan_origin/, trackers/). Collectors record rows into the step buffer and
 write a side file only through output.artifacts; they know nothing about TrainerMon (they see
 its StepContext only).
 
@@ -19,6 +19,7 @@ from .params import ParamCollector
 from .rank_outlier import collector as rank_outlier_collector  # noqa: F401  (registration)
 from .replica_check import collector as replica_check_collector  # noqa: F401  (registration)
 from .structure import StructCollector
+from .trackers import collector as trackers_collector  # noqa: F401  (registration)
 
 __all__ = [
     "Collector",

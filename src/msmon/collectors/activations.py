@@ -91,6 +91,12 @@ class ActivationCollector(Collector):
     def __init__(self, ctx: StepContext) -> None:
         super().__init__(ctx)
         self.targets = [_Target(*t) for t in xy_targets(ctx.config, ctx.names()[0])]
+        if ctx.config.xy_name_contains and ctx.rank == 0:  # msprobe V2's substring targets, expanded
+            logger.info(
+                "msmon: xy_name_contains %s selects the modules %s",
+                ctx.config.xy_name_contains,
+                ", ".join(dict.fromkeys(t.name for t in self.targets)),
+            )
         self._calls = CallCounter()
         self._recompute_calls = CallCounter()
         self._warned: set[str] = set()

@@ -51,6 +51,11 @@ class Collector:
     def end_step(self) -> None:
         """Reset per-step state (called for recorded and unrecorded steps alike)."""
 
+    def step_skipped(self) -> None:
+        """The iteration ended with no optimizer step (a GradScaler skipped it): forget it as a
+        step's end forgets the step; nothing of it is recorded."""
+        self.end_step()
+
     def guard(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Wrap a hook so a failure disables this collector instead of breaking training."""
 

@@ -218,10 +218,15 @@ class CommCollector(Collector):
         device = rows[0].device
         self.ctx.buffer.add_many(keys, torch.stack([r.to(device, non_blocking=True) for r in rows]))
 
-    def end_step(self) -> None:
+    def step_skipped(self) -> None:
+        """No step ended (a GradScaler skipped it): its collectives are forgotten, and cc_log_only
+        stops after a real step."""
         self._series.clear()
         self._in_update = False
         self._pass = FORWARD
+
+    def end_step(self) -> None:
+        self.step_skipped()
         if self.log_only and self.enabled:
             ctx = self.ctx
             logger.info(

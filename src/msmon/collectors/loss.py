@@ -5,9 +5,10 @@ backward calls are watched (seams/backward_calls.py) and each one that starts fr
 single floating-point element is one micro-step's loss, numbered in call order within the
 step: a row of category `loss` (column `value`, `loss_*.csv`, the TensorBoard scalar
 `0:loss:{micro}/rank{r}/loss_value`, the rows AnomalyRankOutlier reads its loss from) and an
-entry of `ctx.losses` (the step's losses on the device). The value is the script's own tensor,
-detached, as it is on the device: no host read, nothing computed, so the training is unchanged
-and the row holds the loss bit for bit.
+entry of `ctx.losses` (the step's losses on the device). The value is the script's own loss,
+copied on the device as backward starts (a one-element clone: no host read), so the training is
+unchanged, the row holds the loss bit for bit, and a write into the loss tensor after backward
+(an in-place all-reduce for logging) is not recorded.
 
 Where a loss scaler scaled the tensor backward runs on, the unscaled loss the scaler was given
 is recorded instead (torch's GradScaler, Megatron's grad_scale_func, DeepSpeed's
@@ -66,7 +67,7 @@ class LossCollector(Collector):
             if mp.param.requires_grad:
                 self.handles.append(mp.param.register_post_accumulate_grad_hook(reached))
         self._listening = backward_calls.listen(
-            self.guard(self._on_loss), self.guard(self._on_skipped), loss_scaling_in_use(self.ctx)
+            self.guard(self._on_loss), self.guard(self._on_skipped), loss_scaling_in_use(self.ctx), self._on_start
         )
 
     def detach(self) -> None:
@@ -74,6 +75,11 @@ class LossCollector(Collector):
             self._listening.stop()
             self._listening = None
         super().detach()
+
+    def _on_start(self) -> None:
+        """A backward call starts: whether it reaches this model is told by its own hooks (a
+        call with no loss, on a tensor of several elements, must not leave its flag set)."""
+        self._reached = False
 
     def _on_loss(self, loss: torch.Tensor, _scale: torch.Tensor | None) -> None:
         reached, self._reached = self._reached, False

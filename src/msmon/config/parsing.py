@@ -17,9 +17,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..stats.ops import OPS
 from ..system.short_repr import short_repr
+from . import v2
 from .errors import ConfigError, did_you_mean
+from .ops import check_category_ops, parse_category_ops, parse_ops
 from .schema import (
     ALERT_RULES,
     BOOL_KEYS,
@@ -40,6 +41,7 @@ from .schema import (
     keys_of,
 )
 from .time_range import parse_time_range
+from .tracker import parse_tracker
 
 logger = logging.getLogger("msmon")
 
@@ -78,27 +80,6 @@ def _expect_positive(key: str, value: Any) -> float:
     if value <= 0:
         raise ConfigError(f"{key}: expected a positive number, got {short_repr(value)}")
     return float(value)
-
-
-def _parse_ops(value: Any) -> list[str]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"ops: expected a list of names from {list(OPS)}, got {short_repr(value)}")
-    ops: list[str] = []
-    for op in value:
-        if op not in OPS:
-            raise ConfigError(f"ops: unknown op {short_repr(op)}; valid ops are {list(OPS)}{did_you_mean(op, OPS)}")
-        if op not in ops:
-            ops.append(op)
-    if not ops:
-        raise ConfigError(f"ops: expected at least one op from {list(OPS)}, got an empty list")
-    return ops
-
-
-def parse_ops(value: Any) -> list[str]:
-    """Validate an ops list given at run time (`monitor.ops = [...]`)."""
-    return _parse_ops(value)
 
 
 def _parse_format(value: Any) -> list[str]:
@@ -272,6 +253,9 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"config: expected an object at the top level, got {_type_name(data)}")
     cfg = MonitorConfig(raw=copy.deepcopy(dict(data)))
+    if v2.is_v2(data):  # msprobe's TrainerMonitorV2 config: read as the msmon keys it means
+        translation = v2.translate(data, _expect_int)
+        data, cfg.translation = translation.config, translation.lines
     for key, value in data.items():
         if key in MSPROBE_ONLY_KEYS:
             logger.warning(
@@ -303,7 +287,9 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
         elif key == "tensorboard_layout":
             cfg.tensorboard_layout = _parse_tensorboard_layout(value)
         elif key == "ops":
-            cfg.ops = _parse_ops(value)
+            cfg.ops = parse_ops(value)
+        elif key == "category_ops":
+            cfg.category_ops = parse_category_ops(value)
         elif key == "eps":
             cfg.eps = _expect_positive(key, value)
         elif key == "grad_acc_steps":
@@ -322,11 +308,20 @@ def parse_config(data: Mapping[str, Any]) -> MonitorConfig:
             setattr(cfg, key, _parse_l2_targets(value) if key == "l2_targets" else _parse_sa_order(value))
         elif key == "replica_check":
             cfg.replica_check = _parse_replica_check(value)
+        elif key == "tracker":
+            cfg.tracker = parse_tracker(value, _expect_int)
+        elif key == "xy_name_contains":
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise ConfigError(f"xy_name_contains: expected a list of non-empty strings, got {short_repr(value)}")
+            cfg.xy_name_contains = list(dict.fromkeys(value))
         else:
             raise ConfigError(
                 f"unknown config key {short_repr(key)}{did_you_mean(key, VALID_KEYS)}; "
                 f"valid keys are {', '.join(VALID_KEYS)}"
             )
+    check_category_ops(cfg.category_ops, cfg.ops)
     if cfg.recording_l2_features != bool(cfg.l2_targets):
         why = (
             "recording_l2_features is true but l2_targets names no hook"

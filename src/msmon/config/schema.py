@@ -23,6 +23,21 @@ L2_HOOKS = ("attention_hook", "linear_hook", "moe_router_weight_hook", "moe_rout
 TENSORBOARD_LAYOUTS = ("msprobe", "by_rank")  # msprobe: the rank in every tag; by_rank: one run per rank
 SA_ORDERS = ("s,b,h,d", "b,s,h,d", "b,h,s,d")  # "b,h,s,d" (F.scaled_dot_product_attention's): msmon
 MSPROBE_ONLY_KEYS: dict[str, str] = {}  # msprobe key -> what msmon does instead; accepted with a warning
+# the categories of statistic rows (records/rows.py's TENSOR_CATEGORIES and "other": the config sits
+# below the records; tests/unit/test_config_category_ops.py keeps the two lists equal)
+STATISTIC_CATEGORIES = (
+    "actv",
+    "actv_grad",
+    "grad_unreduced",
+    "grad_reduced",
+    "param_origin",
+    "param_updated",
+    "exp_avg",
+    "exp_avg_sq",
+    "update",
+    "ratio",
+    "other",
+)
 
 
 def key(
@@ -102,6 +117,19 @@ class ReplicaCheckConfig:
 
 
 @dataclass
+class TrackerConfig:
+    """What the `wandb` and `mlflow` formats send (output/sinks/wandb_sink.py, mlflow_sink.py):
+    lanes across ranks, logged by one rank, and explicit tensors only when named."""
+
+    project: str | None = key(None, doc='the W&B project / MLflow experiment of a run msmon makes; None: "msmon"')
+    run_name: str | None = key(None, doc="the name of a run msmon makes; None: the msmon run id")
+    max_keys: int = key(1000, doc="keys sent at most per tracker run; the rest is not sent (said once)", minimum=1)
+    tensors: list[str] = key(
+        doc='explicit tensors, as "category/name" patterns (fnmatch): the logging rank\'s values', factory=list
+    )
+
+
+@dataclass
 class MonitorConfig:
     """The validated config. Field names are the msprobe keys."""
 
@@ -114,6 +142,11 @@ class MonitorConfig:
     heatmap_visualize: bool = key(False, doc="TensorBoard images of the update/ratio histograms over steps")
     xy_distribution: bool = key(False, doc="module inputs/outputs and their gradients of `targets`")
     all_xy: bool = key(False, doc="module inputs/outputs and their gradients of every module")
+    xy_name_contains: list[str] = key(
+        doc="msmon: the activations of every module whose name contains one of these strings (msprobe V2's "
+        "monitors.module.targets); [] leaves it to targets",
+        factory=list,
+    )
     xy_each_call: bool = key(False, doc="msmon: one row per call of a module run several times per micro-step")
     forward_only: bool = key(False, doc="of the activations, only the forward ones (actv)")
     backward_only: bool = key(False, doc="of the activations, only their gradients (actv_grad)")
@@ -138,6 +171,11 @@ class MonitorConfig:
     ops: list[str] = key(
         doc="the statistics of each tensor (msmon.stats.ops)", factory=lambda: ["norm", "min", "max", "mean"]
     )
+    category_ops: dict[str, list[str]] = key(
+        doc="msmon: the ops a category's rows keep in the output, each a subset of `ops` (msprobe V2's per-monitor "
+        "ops); a category not named keeps every op",
+        factory=dict,
+    )
     eps: float = key(1e-8, doc="the threshold of `zeros` (|x| < eps)")
     ndigits: int = key(6, doc="CSV digits: decimals from 1 up, significant digits below 1", minimum=0)
     step_count_per_record: int = key(1, doc="steps per CSV file", minimum=1)
@@ -157,8 +195,14 @@ class MonitorConfig:
     replica_check: ReplicaCheckConfig = key(
         doc="compare replicated weights across data-parallel ranks", factory=ReplicaCheckConfig
     )
-    # Not a config key: the raw mapping, kept for printing and for the bootstrap.
+    tracker: TrackerConfig = key(
+        doc="the wandb and mlflow formats: project, run name, key budget, explicit tensors (docs/trackers.md)",
+        factory=TrackerConfig,
+    )
+    # Not config keys: the raw mapping, kept for printing and for the bootstrap; and, for an msprobe
+    # V2 config (config/v2.py), its translation, one line per key.
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    translation: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def nan_origin_enabled(self) -> bool:

@@ -51,7 +51,10 @@ class Session:
     the monitors attached so far, and who wants to hear about attachments (the launcher's
     worker record). Created in every process of a job that imports torch; whether the process
     is a training rank is decided when it builds an optimizer (or a framework hands one over):
-    hooks ask `may_attach()` first. Forked children inherit it in memory and never attach."""
+    hooks ask `may_attach()` first. Forked children inherit it in memory: the child of a rank
+    (a DataLoader or compile worker) never attaches; the child of a process that is no rank
+    may be one (ranks forked by torch.multiprocessing), and takes the session over
+    (`continue_in_fork`, launcher/bootstrap/worker.py decides)."""
 
     config_path: str
     config: MonitorConfig
@@ -62,6 +65,7 @@ class Session:
     error: str | None = None  # why the process was stopped before training, if it was
     stood_down: bool = False  # the script built its own TrainerMon: it monitors itself (hooks/explicit.py)
     stop_said_by_launcher: bool = False  # under `msmon run`: its end-of-job line gives a stop's reason, once
+    forked: bool = False  # a forked child that took the session over (`continue_in_fork`)
 
     @classmethod
     def from_file(cls, config_path: str, build_monitor: MonitorFactory) -> Session:
@@ -69,6 +73,14 @@ class Session:
 
     def in_owner_process(self) -> bool:
         return os.getpid() == self.pid
+
+    def continue_in_fork(self) -> None:
+        """This forked child of the session's process is the session's process from now on,
+        with no monitor of its own yet."""
+        self.pid = os.getpid()
+        self.monitors = []
+        self.error = None
+        self.forked = True
 
     def may_attach(self) -> bool:
         """Whether an optimizer built (or handed over) here may get a monitor: this is a

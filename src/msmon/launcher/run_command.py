@@ -58,6 +58,8 @@ def _load(config_path: str) -> dict[str, Any]:
     try:
         config = load_config(config_path)
         check_formats(config, config_path)  # reads the sink files' names: no torch
+        for line in config.translation:  # an msprobe V2 config: what each of its keys became
+            click.echo(f"msmon: {line}", err=True)
         return config.raw
     except ConfigError as exc:
         raise click.ClickException(f"invalid config: {exc}")

@@ -10,6 +10,7 @@ import json
 import os
 from typing import Any
 
+from ..offline.analyse.run_kind import run_fault_kind
 from ..output.directory import describe_stopped
 from ..records.layout import DUMP_DIR, SUMMARY_FILE
 from ..runtime.cost import describe
@@ -154,6 +155,7 @@ def _next_steps(records: list[dict[str, Any]], run_id: str | None) -> list[str]:
     origin = _first_origin(records)
     if origin is not None:
         lines.append(f"msmon: {describe_origin(origin)}")
+    lines += _kind_line(os.path.join(bases[0], DUMP_DIR), run_id)
     out = _shown(bases[0])
     run = f" --run {run_id}" if run_id else ""
     analyse = (
@@ -165,6 +167,14 @@ def _next_steps(records: list[dict[str, Any]], run_id: str | None) -> list[str]:
         f"msmon: run {run_id or '(no id)'}; next: {analyse}msmon report -d {out}{run} -o report.html (one HTML page)"
     )
     return lines
+
+
+def _kind_line(dump_dir: str, run_id: str | None) -> list[str]:
+    """The kind of fault `msmon analyse` tells for this run's first anomaly (run_kind.py), in one line."""
+    kind = run_fault_kind(dump_dir, run_id) if os.path.isdir(dump_dir) else None
+    if kind is None:
+        return []
+    return [f"msmon: kind of fault: {kind.headline()} [{kind.code}]; {kind.why}"]
 
 
 def _monitor_line(monitor: dict[str, Any], mode: str, several: bool, output_base: str | None = None) -> str:

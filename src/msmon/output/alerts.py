@@ -6,34 +6,25 @@ nothing. The counts (alerts raised, the first non-finite origin) go to summary.j
 
 After a NaN, every later step alerts again on the same tensors; a line per step and tensor would
 bury the first one. So a rule alerting on a tensor is logged once, the first time; its repeats are
-counted, and at the end of the run one line per rule and tensor gives the count and the steps.
-The dump keeps every alert.
+counted (repeats.py, shared with the rank-outlier rule and the replica check), and when the
+monitor closes one line per rule and tensor gives the count and the steps. The dump keeps every
+alert.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.origin import Origin, find_origin
 from ..anomaly.rules import Alert, RuleEngine
 from ..records.rows import RowKey, StepRecord
 from .handoff import HostRows, StepConsumer
+from .repeats import AlertRepeats
 from .sinks.base import naming
 
 logger = logging.getLogger("msmon")
-
-
-@dataclass
-class Repeats:
-    """In how many steps one rule alerted on one tensor: the first alert is logged, the rest counted."""
-
-    tag: str
-    count: int
-    first_step: int
-    last_step: int
 
 
 def _tensor(alert: Alert) -> tuple:
@@ -48,37 +39,22 @@ class AlertConsumer(StepConsumer):
 
     name = "alerts"
 
-    def __init__(self, rank: int, rules: RuleEngine | None, lines_per_step: int = 10) -> None:
+    def __init__(
+        self, rank: int, rules: RuleEngine | None, lines_per_step: int = 10, repeats: AlertRepeats | None = None
+    ) -> None:
         self.rank = rank
         self.rules = rules
         self.lines_per_step = lines_per_step
         self.dump: AnomalyDumpWriter | None = None
         self.alerts_raised = 0
         self.first_origin: dict | None = None
-        self.repeats: dict[tuple, Repeats] = {}  # (rule, tensor) -> its alerts so far
+        # (rule, tensor) -> its alerts so far: the monitor's, kept across writer restarts, said at its close
+        self.repeats = repeats if repeats is not None else AlertRepeats(rank)
 
     def continue_from(self, previous: AlertConsumer) -> None:
         """Carry on the counts of the pipeline this one replaces (an edit of the output settings
         restarts the writer; summary.json counts the whole run)."""
         self.alerts_raised, self.first_origin = previous.alerts_raised, previous.first_origin
-        self.repeats = previous.repeats
-        previous.repeats = {}  # its close says nothing: this one says it at the end
-
-    def writer_closed(self) -> None:
-        """The run is over, every step consumed: one line per rule and tensor that alerted more
-        than once, with the count and the steps."""
-        for (rule, *_), seen in self.repeats.items():
-            if seen.count > 1:
-                logger.warning(
-                    "msmon alert [rank %d] %s on %s: alerted in %d steps, %d to %d (the first one logged; all in "
-                    "the anomaly dump)",
-                    self.rank,
-                    rule,
-                    seen.tag,
-                    seen.count,
-                    seen.first_step,
-                    seen.last_step,
-                )
 
     def consume(self, record: StepRecord, batch: HostRows) -> None:
         alerts = self.rules.scan(record.keys, record.ops, None, record.table) if self.rules is not None else []
@@ -111,16 +87,7 @@ class AlertConsumer(StepConsumer):
 
     def _new(self, step: int, alerts: list[Alert]) -> list[Alert]:
         """The alerts of a rule on a tensor not alerted before (the others are counted)."""
-        new = []
-        for alert in alerts:
-            seen = self.repeats.get(_tensor(alert))
-            if seen is None:
-                self.repeats[_tensor(alert)] = Repeats(alert.key.tag(self.rank), 1, step, step)
-                new.append(alert)
-            elif seen.last_step != step:
-                seen.count += 1
-                seen.last_step = step
-        return new
+        return [a for a in alerts if self.repeats.first(_tensor(a), a.rule, a.key.tag(self.rank), step)]
 
     def _report(self, record: StepRecord, alerts: list[Alert]) -> None:
         self.alerts_raised += len(alerts)

@@ -24,6 +24,7 @@ from . import resume
 from .alerts import AlertConsumer
 from .directory import stopped_line, stopped_output
 from .handoff import StepConsumer
+from .repeats import AlertRepeats
 from .sinks import build_sinks
 from .sinks.api_sink import ApiSink
 from .writer import BackgroundWriter
@@ -44,6 +45,7 @@ class RankOutput:
         self.writer: BackgroundWriter | None = None
         self.alerts: AlertConsumer | None = None  # the anomaly pipeline the writer hands each step to
         self.watchers: list[StepConsumer] = []  # consumers collectors subscribed (kept across writer restarts)
+        self.repeats = AlertRepeats(rank)  # every rule's alerts so far: one line per rule and tensor (repeats.py)
         self.api: ApiSink | None = None
         self.stopped: dict | None = None  # the write to disk that failed (output.stopped_output)
 
@@ -77,13 +79,14 @@ class RankOutput:
             self.api = ApiSink()
             sinks.append(self.api)
         rules = RuleEngine(build_rules(config.alert.rules))
-        self.alerts = AlertConsumer(self.rank, rules, config.alert.max_lines_per_step)
+        self.alerts = AlertConsumer(self.rank, rules, config.alert.max_lines_per_step, self.repeats)
         self.writer = BackgroundWriter(
             sinks,
             self.rank,
             [self.alerts, *self.watchers],
             on_output_stopped=self._stopped,
             nice=writer_nice(),
+            category_ops=config.category_ops,
         )
 
     def restart_writer(self, config: MonitorConfig) -> None:

@@ -20,6 +20,7 @@ from typing import Callable
 from ..records.rows import StepRecord
 from ..system.thread_priority import lower_this_threads_priority
 from ..system.torch_threads import torch_on_this_thread_only
+from .category_ops import CategoryColumns
 from .directory import stopped_line, stopped_output
 from .handoff import HostRows, StepConsumer
 from .sinks.base import Sink
@@ -44,8 +45,10 @@ class BackgroundWriter:
         on_output_stopped: Callable[[dict], None] | None = None,
         nice: int = 0,
         max_backlog: int = MAX_BACKLOG,
+        category_ops: dict[str, list[str]] | None = None,
     ) -> None:
         self.sinks = list(sinks)
+        self.columns = CategoryColumns(category_ops or {})  # the ops each category's rows keep
         self.rank = rank
         self.consumers = list(consumers or [])
         self.on_output_stopped = on_output_stopped
@@ -167,13 +170,13 @@ class BackgroundWriter:
             table=table,
         )
         self._last_step = step
+        written = self.columns.split(record) + features  # L2 features: their own columns, no alert rules
         for sink in list(self.sinks):
             if sink not in self.sinks:
                 continue  # a file sink, and the output stopped at this step
             try:
-                sink.write(record)
-                for feature_record in features:  # L2 features: their own columns, no alert rules
-                    sink.write(feature_record)
+                for part in written:
+                    sink.write(part)
             except Exception as exc:
                 if isinstance(exc, OSError) and sink.writes_files:  # the disk failed: all output stops
                     self.stop_output(step, exc)

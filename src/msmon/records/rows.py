@@ -55,6 +55,12 @@ COLUMN_CATEGORIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "loss": ("loss", ("value",)),
     "grad_agreement": ("grad_agreement", ("cos", "norm_ratio")),
 }
+# values derived from statistics, not statistics of one tensor: the gradient agreement's cos and
+# norm ratio (quotients), the L2 features (entropies, ratios of norms). A quotient of zeros is
+# undefined and recorded as NaN (a rank whose local gradient is exactly zero has no cos): such a
+# NaN says nothing about whether a tensor was finite, so `alert.on_nan: "stop"` and the alert
+# rules never count it as non-finite. The loss is a tensor's own value, not derived.
+DERIVED_CATEGORIES = frozenset({*FEATURE_CATEGORIES, "grad_agreement"})
 OTHER = "other"  # mg_direction's and the collectives' rows (`other_*.csv`)
 COLLECTIVE_PHASES = ("pre", "post")  # a collective's row is `{op}@{site}/{phase}` (collectors/comm.py)
 # the categories of one tensor's statistics, in training order (how the report lists them)

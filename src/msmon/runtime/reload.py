@@ -23,7 +23,7 @@ from . import agreement
 logger = logging.getLogger("msmon")
 
 # settings whose change needs a new writer (the sinks are made from them)
-OUTPUT_KEYS = ("format", "tensorboard_layout", "ndigits", "step_count_per_record", "alert")
+OUTPUT_KEYS = ("format", "tensorboard_layout", "ndigits", "step_count_per_record", "alert", "category_ops")
 
 
 def identity(path: str) -> tuple[int, ...] | None:

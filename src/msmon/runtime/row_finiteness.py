@@ -2,10 +2,9 @@
 
 The non-finite origin needs one flag per module input and output and per gradient of them.
 Where the activation collector has read that very tensor in the same step (all_xy), reading it
-once more for the flag would double the cost of both; the row answers instead. min and max
-propagate NaN and are ±inf when an Inf is present (torch.aminmax and the native kernel alike),
-so finite min and max prove the tensor finite; so do NaN and Inf counts of zero. The test runs
-once per step on all such rows together (StepBuffer.take), never in a hook.
+once more for the flag would double the cost of both; the row answers instead (the columns
+that can: stats/finiteness.py). The test runs once per step on all such rows together
+(StepBuffer.take), never in a hook.
 """
 
 from __future__ import annotations
@@ -13,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from ..stats.finiteness import finiteness_columns
 
 
 class RowFiniteness:
@@ -27,13 +28,10 @@ class RowFiniteness:
 
     @classmethod
     def for_ops(cls, ops: Sequence[str]) -> RowFiniteness | None:
-        """None when the ops cannot tell (a norm or a sum can overflow to inf on finite data)."""
-        ops = tuple(ops)
-        if "min" in ops and "max" in ops:
-            return cls(ops, [ops.index("min"), ops.index("max")], [])
-        if "nans" in ops and "infs" in ops:
-            return cls(ops, [], [ops.index("nans"), ops.index("infs")])
-        return None
+        """None when the ops cannot tell (a norm or a sum can overflow to inf on finite data:
+        stats/finiteness.py)."""
+        columns = finiteness_columns(ops)
+        return None if columns is None else cls(tuple(ops), *columns)
 
     def flags(self, rows: torch.Tensor) -> torch.Tensor:
         """[n] bool: is each row's tensor finite (rows: [n, len(ops)])."""

@@ -83,6 +83,13 @@ def check_targets(
     l2_targets naming no module is a ConfigError too) accepts the config."""
     modules, params = names(models, config.squash_name)
     check_names(config.targets, [set(m) for m in modules], [set(p) for p in params])
+    everything = sorted({name for chunk in modules for name in recorded_modules(chunk)} - {""})
+    for part in config.xy_name_contains:
+        if not any(part in name for name in everything):
+            close = difflib.get_close_matches(part, everything, n=5, cutoff=0.4) or everything[:5]
+            raise ConfigError(
+                f"xy_name_contains: no module name contains {short_repr(part)}; module names: {', '.join(close)}"
+            )
     for check in module_checks:
         check(config, modules)
 
@@ -159,8 +166,8 @@ def xy_targets(
         targets = {
             name: cfg.targets.get(t, {}) for t in cfg.targets for v, name in [split_vpp(t)] if v is None or v == chunk
         }
-        select_all = cfg.all_xy or "" in targets or not cfg.targets
+        select_all = cfg.all_xy or "" in targets or not (cfg.targets or cfg.xy_name_contains)
         for name, module in recorded_modules(named).items():
-            if select_all or name in targets:
+            if select_all or name in targets or any(part in name for part in cfg.xy_name_contains):
                 out.append((module, name, chunk, chunk, targets.get(name, {})))
     return out

@@ -6,6 +6,11 @@ concatenated, copied to the host once, and handed to the writer thread. Between 
 config file's identity is checked, so edits take effect at the next step (with sharded
 statistics, at the first step every rank has read them: agreement.py).
 
+An iteration whose optimizer step a GradScaler skipped (inf/NaN in the scaled gradients: the
+first iterations of fp16 training) is no step: its rows are dropped, every collector forgets it
+(`Collector.step_skipped`) and the step number stays, so its backward passes are not counted as
+micro-batches of the next step (seams/scaler_steps.py tells such an iteration).
+
 The collectors are built by the caller (the api, which knows the collectors' registry: runtime
 sits below the collectors), as a `Built`; the step runs their callbacks, switches off one that
 fails, and rebuilds them when the config changes.
@@ -20,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import MonitorConfig
+from ..seams import grad_rewrites, scaler_steps
+from ..seams.listeners import Listening
 from ..stats import fused_batch
 from ..system.stop import ModuleTree, StopRun, stop_after_struct, stop_on_nan, stop_with_the_others
 from . import selection
@@ -74,13 +81,22 @@ class StepRunner:
         self.built = Built()
         self.steps_recorded = 0
         self.unhook: Callable[[], None] | None = None
+        self.optimizer_steps = 0  # optimizer steps begun: a GradScaler.step call that began none skipped it
+        self.skipped = 0  # iterations whose optimizer step a GradScaler skipped
+        self._scaler_calls: dict[int, int] = {}  # id(optimizer) -> optimizer_steps when its GradScaler.step began
+        self._scaler: Listening | None = None
         # alert.on_nan "stop", fixed now: every rank must ask the others at every step (nan_stop.py)
         self.nan_stop = NanStop(ctx.config.module_ranks) if ctx.config.alert.on_nan == "stop" else None
 
     # -- hooks on the optimizer -----------------------------------------------------------------
     def hook(self, adapter: Any) -> None:
-        """Run the collectors around every step of the adapter's optimizer."""
+        """Run the collectors around every step of the adapter's optimizer, and see the steps a
+        GradScaler skips."""
         self.unhook = adapter.hook_step(self.before_update, self.after_update)
+        if self._scaler is None:
+            self._scaler = scaler_steps.listen(self._scaler_step_starting, self._scaler_step_ended)
+        if self.nan_stop is not None:
+            self.nan_stop.follow_joins()
 
     def hook_stop_only(self, adapter: Any) -> None:
         """A rank that records nothing: stop where the recording ranks stop (print_struct,
@@ -96,6 +112,11 @@ class StepRunner:
         if self.unhook is not None:
             self.unhook()
             self.unhook = None
+        if self._scaler is not None:
+            self._scaler.stop()
+            self._scaler = None
+        if self.nan_stop is not None:
+            self.nan_stop.stop_listening()
         self.ctx.recording = False
 
     # -- collectors -----------------------------------------------------------------------------
@@ -130,6 +151,7 @@ class StepRunner:
         self.ctx.record_ops(self.ops)
 
     def before_update(self) -> None:
+        self.optimizer_steps += 1
         started = time.perf_counter()
         self._run_callbacks("before_update")
         self.ctx.cost.seconds += time.perf_counter() - started
@@ -174,7 +196,7 @@ class StepRunner:
         ctx.losses.clear()
         ctx.grad_hooks.clear()
         if self.nan_stop is not None:
-            with_nonfinite = self.nan_stop.ranks_with_nonfinite(batch)
+            with_nonfinite = self.nan_stop.ranks_with_nonfinite(batch, ctx.ops_written)
             if with_nonfinite:
                 stop_on_nan(ctx.rank, ctx.step, with_nonfinite, self._close, self.nan_stop.all_closed)
         structure = self.built.structure
@@ -213,6 +235,61 @@ class StepRunner:
         self.window.recorded_one()
         self.steps_recorded += 1
         return batch
+
+    # -- a step a GradScaler skipped ----------------------------------------------------------
+    def _steps_this(self, optimizer: Any) -> bool:
+        """Whether `optimizer` (or a wrapper that shares its param_groups) is the monitored one."""
+        adapter = self.ctx.adapter
+        if optimizer is getattr(adapter, "optimizer", None):
+            return True
+        return bool({id(mp.param) for mp in self.ctx.params} & grad_rewrites.params_of(optimizer))
+
+    def _scaler_step_starting(self, optimizer: Any) -> None:
+        try:
+            if self._steps_this(optimizer):
+                self._scaler_calls[id(optimizer)] = self.optimizer_steps
+        except Exception as exc:  # the scaler's call goes on whatever happens here
+            self._scaler_failed(exc)
+
+    def _scaler_step_ended(self, optimizer: Any) -> None:
+        began = self._scaler_calls.pop(id(optimizer), None)
+        if began is None or began != self.optimizer_steps:
+            return
+        try:
+            self.skip_iteration()
+        except Exception as exc:
+            self._scaler_failed(exc)
+
+    def _scaler_failed(self, exc: Exception) -> None:
+        logger.error(
+            "msmon[rank %d]: following a GradScaler's step failed: %r; monitoring stops, training continues",
+            self.ctx.rank,
+            exc,
+        )
+        self.detach()
+
+    def skip_iteration(self) -> None:
+        """The iteration since the last step ended without an optimizer step (a GradScaler found
+        inf/NaN in the scaled gradients): its rows are dropped, the collectors forget it, and the
+        next iteration starts the same step afresh. Every rank of a DDP job skips alike (the
+        reduced gradients hold the same inf), so msmon's per-step collectives stay in step."""
+        ctx = self.ctx
+        ctx.hook_batch.clear()
+        ctx.buffer.clear()
+        self._run_callbacks("step_skipped")
+        ctx.rows_read.clear()
+        ctx.hook_batch.end_step()
+        ctx.losses.clear()
+        ctx.grad_hooks.clear()
+        self.skipped += 1
+        if self.skipped == 1:
+            logger.info(
+                "msmon[rank %d]: a GradScaler skipped the optimizer step before step %d (inf/NaN in the scaled "
+                "gradients); an iteration without an optimizer step is no step: its rows are not recorded "
+                "(said once)",
+                ctx.rank,
+                ctx.step,
+            )
 
     def _stop_with_the_others(self) -> None:
         stop_with_the_others(self.ctx.rank, self.ctx.step, self._close)

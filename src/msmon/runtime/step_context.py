@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from ..config import MonitorConfig
+from ..output.repeats import AlertRepeats
 from ..stats.ops import with_dependencies
 from .buffer import StepBuffer
 from .cost import CostMeter
@@ -85,7 +86,12 @@ class StepContext:
         self.anomaly_dump: Callable[[], AnomalyDumpWriter | None] = lambda: None
         # hand a consumer every written step on the writer thread, for the rest of the run
         self.watch_steps: Callable[[StepConsumer], None] = lambda consumer: None
+        # the monitor's alerts so far, to log a rule's alert once per tensor (output/repeats.py)
+        self.alert_repeats = AlertRepeats(rank)
         self.stop: Callable[[], None] = lambda: None  # close the monitor (a collector ending the run)
+        self.alerts_raised: Callable[[], int] = lambda: 0  # this rank's alerts so far (the rules' and collectors')
+        # what a collector needs done once the monitor is closed and its writer wrote the last step
+        self.at_close: list[Callable[[], None]] = []
 
     def record_ops(self, ops: Sequence[str]) -> None:
         """The statistics of the rows from now on: `ops`, written, and the ops its derived ones

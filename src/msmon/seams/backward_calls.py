@@ -4,9 +4,14 @@ While at least one listener is registered (the loss collector, the gradient agre
 `torch.Tensor.backward` and `torch.autograd.backward` are wrapped process-wide: the outermost
 call (Tensor.backward calls autograd.backward; one call is seen once) hands its tensor to the
 listeners, once the pass has run, when it is one floating-point element, and says why not
-otherwise (a listener tells from its own gradient hooks whether the pass reached its model). The wrappers
-only read what they are given; the call itself goes on unchanged. When the last listener
-leaves, every replaced attribute is put back.
+otherwise (a listener tells from its own gradient hooks whether the pass reached its model: each
+outermost call is announced to every listener before it runs, whatever its tensor, so a pass
+that gives no loss leaves nothing behind for the next one). The value handed over is a copy
+taken on the device at the call's entry (a one-element clone, no host read): the script may
+write into its loss tensor after backward (an in-place all-reduce to log the average over
+ranks), and the loss is what backward started from. The wrappers only read what they are
+given; the call itself goes on unchanged. When the last listener leaves, every replaced
+attribute is put back.
 
 Loss scalers make the tensor backward runs on a scaled copy of the loss. The frameworks
 declare theirs (`Framework.loss_scaling`, seams/spec.py):
@@ -44,6 +49,8 @@ from .patching import Replacements
 OnLoss = Callable[[torch.Tensor, "torch.Tensor | None"], None]
 #: on_skipped(why): a backward pass that starts from no loss msmon can record
 OnSkipped = Callable[[str], None]
+#: on_start(): an outermost backward call (or entry point) is about to run
+OnStart = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,7 @@ class LossScaling:
 class _Listener:
     on_loss: OnLoss
     on_skipped: OnSkipped
+    on_start: OnStart
 
 
 class _State(threading.local):
@@ -101,9 +109,15 @@ _failure_said = False
 logger = logging.getLogger("msmon")
 
 
-def listen(on_loss: OnLoss, on_skipped: OnSkipped, scaling: Sequence[LossScaling] = ()) -> Listening:
-    """Report every backward pass's loss to `on_loss` from now until `stop()`; `scaling`: the
-    loss scalers of the frameworks in use (wrapped as well, once per process)."""
+def listen(
+    on_loss: OnLoss,
+    on_skipped: OnSkipped,
+    scaling: Sequence[LossScaling] = (),
+    on_start: OnStart = lambda: None,
+) -> Listening:
+    """Report every backward pass's loss to `on_loss` from now until `stop()`, and the start of
+    every outermost call to `on_start`; `scaling`: the loss scalers of the frameworks in use
+    (wrapped as well, once per process)."""
 
     def install(replaced: Replacements) -> None:
         replaced.replace(torch.Tensor, "backward", _wrap_tensor_backward)
@@ -114,7 +128,7 @@ def listen(on_loss: OnLoss, on_skipped: OnSkipped, scaling: Sequence[LossScaling
             for entry in declared.entry_points:
                 _replace_method(replaced, entry, _wrap_entry_point)
 
-    return _registry.add(_Listener(on_loss, on_skipped), install)
+    return _registry.add(_Listener(on_loss, on_skipped, on_start), install)
 
 
 def _replace_method(replaced: Replacements, what: Scaler | EntryPoint, wrap: Callable[[Any, Any], Any]) -> None:
@@ -145,7 +159,7 @@ def _loss_of(tensors: Any) -> tuple[torch.Tensor, Any] | None:
         _, loss, scale = remembered
     else:
         loss = tensor.detach()
-    return loss.reshape(()), scale
+    return loss.reshape(()).clone(), scale  # the value now: the script may write into its tensor later
 
 
 def _skipped(why: str) -> None:
@@ -155,9 +169,12 @@ def _skipped(why: str) -> None:
 
 def _seen(tensors: Any) -> tuple[torch.Tensor, Any] | None:
     """The loss of the outermost call, read before it runs (a scaled tensor is looked up while
-    it is alive); a failure here must not stop the backward pass."""
+    it is alive), after every listener was told a call starts; a failure here must not stop
+    the backward pass."""
     if _state.depth == 0 and _listeners:
         try:
+            for listener in list(_listeners):
+                listener.on_start()
             return _loss_of(tensors)
         except Exception as exc:  # contained: monitoring must never break training
             _failed(exc)

@@ -65,12 +65,15 @@ def summed(r: Any, col: Any, counts: Any, keep: Any, total: Any) -> Any:
 
 def sample_std(columns: Mapping[str, Any], counts: Any) -> Any:
     """The sample standard deviation, as torch.std gives it (Bessel's correction: divided by
-    n - 1; NaN for one element): sqrt((sum of squares - n * mean^2) / (n - 1)), from the norm's
-    and the mean's columns and the element counts. A row holding it has them summed in float64
-    on every path (msmon.stats.plan: `accumulate`), so the cancellation costs about 1e-16 times
-    (mean / std)^2 of it: a constant tensor's std is 0 or within 1e-8 of its mean's size."""
+    n - 1): sqrt((sum of squares - n * mean^2) / (n - 1)), from the norm's and the mean's columns
+    and the element counts. One element has a spread of 0 (torch leaves it undefined, NaN: in a
+    monitor's row a NaN says the tensor held one, and the alerts, the non-finite origin and
+    `alert.on_nan: "stop"` would take a one-element tensor for a broken one). A row holding it
+    has its bases summed in float64 on every path (msmon.stats.plan: `accumulate`), so the
+    cancellation costs about 1e-16 times (mean / std)^2 of it: a constant tensor's std is 0 or
+    within 1e-8 of its mean's size."""
     squares = columns["norm"].square() - counts * columns["mean"].square()
-    return (squares.clamp(min=0.0) / (counts - 1.0)).sqrt()
+    return (squares.clamp(min=0.0) / (counts - 1.0).clamp(min=1.0)).sqrt()
 
 
 @dataclass(frozen=True)

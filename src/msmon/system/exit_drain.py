@@ -30,7 +30,6 @@ exit code: every failure is swallowed.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import functools
 import logging
@@ -39,6 +38,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from . import process_end
 
 logger = logging.getLogger("msmon")
 
@@ -73,15 +74,22 @@ _held: dict[int, list[Any]] = {}  # id(work) -> [work, seen finished at an earli
 _releases: list[Callable[[], None]] = []  # msmon's own clean-ups after the waits (its groups)
 _installed_pid: int | None = None
 _tracked: dict[str, Any] = {}  # ProcessGroup method name -> the original
+_inherited: list[Any] = []  # a forked child's copies of its parent's held Works: never waited for nor released
 
 
 def install() -> None:
-    """Register the exit drain once per process (a forked child registers its own)."""
+    """Register the exit drain once per process. A forked child registers its own, and keeps
+    what it inherited of its parent's (their Works are the parent's) out of its waits."""
     global _installed_pid
     if _installed_pid == os.getpid():
         return
+    if _installed_pid is not None:
+        with _lock:
+            _inherited.extend(_held.values())
+            _held.clear()
+            _releases.clear()
     _installed_pid = os.getpid()
-    atexit.register(_drain_at_exit, os.getpid())
+    process_end.at_end(functools.partial(_drain_at_exit, os.getpid()))
 
 
 def hold(work: Any) -> Any:

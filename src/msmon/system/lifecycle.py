@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import signal
@@ -11,10 +10,10 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from . import exit_drain
+from . import exit_drain, process_end
 
 _monitors: weakref.WeakSet[Any] = weakref.WeakSet()
-_installed = False
+_installed_pid: int | None = None  # the process whose monitors are closed at its end
 _on_register: list[Callable[[Any], None]] = []  # told of every new TrainerMon (hooks/explicit.py)
 
 
@@ -36,18 +35,22 @@ def on_register(callback: Callable[[Any], None]) -> None:
 
 
 def register(monitor: Any) -> None:
-    global _installed
+    """Close `monitor` at the end of this process (process_end.py: a forked multiprocessing child
+    too). A forked child's first monitor forgets the parent's: they are the parent's to close."""
+    global _installed_pid
+    if _installed_pid is not None and _installed_pid != os.getpid():
+        _monitors.clear()
     _monitors.add(monitor)
     for callback in list(_on_register):
         try:
             callback(monitor)
         except Exception:  # never the script's TrainerMon's failure
             pass
-    if _installed:
+    if _installed_pid == os.getpid():
         return
-    _installed = True
+    _installed_pid = os.getpid()
     exit_drain.install()  # registered first, so it runs after close_all: its waits see the monitors' last work
-    atexit.register(close_all)
+    process_end.at_end(close_all)
     if threading.current_thread() is threading.main_thread():
         try:
             if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):

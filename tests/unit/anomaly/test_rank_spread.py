@@ -1,5 +1,6 @@
 """AnomalyRankOutlier's parts that need no other rank: the robust spread test, what a rank
-contributes (read from its step's rows), the config, and the kind `msmon analyse` tells.
+contributes (read from its step's rows), and the config (the kind
+`msmon analyse` tells: test_fault_kind.py).
 The exchange across ranks is tested end to end (tests/e2e/test_rank_outlier.py)."""
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from msmon.anomaly.rules import AnomalyNan, build_rules
 from msmon.collectors.rank_outlier.collector import rule_threshold
 from msmon.collectors.rank_outlier.statistics import read_statistics
 from msmon.config import ConfigError, parse_config
-from msmon.offline.analyse.events import AnomalyEvent
-from msmon.offline.analyse.kind import fault_kind
-from msmon.offline.analyse.verdict import order_events, verdict
 from msmon.records.rows import RowKey, StepRecord
 
 
@@ -96,39 +94,3 @@ def test_a_ranks_statistics_are_the_global_norms_of_its_activations_and_gradient
     assert [c for _, _, c in mine.tensors["grad"].names] == [3, 4]  # their rows' call_ids
     without = read_statistics(StepRecord(4, 0, ["max"], keys, table=torch.tensor(rows).double()), None)
     assert all(math.isnan(v) for v in without.values.values())  # no norm recorded, no loss: all absent
-
-
-# -- the kind --------------------------------------------------------------------------------------
-def _event(rank: int, step: int, rule: str, stage: str = "forward", name: str = "fc1.input", category: str = "actv"):
-    return AnomalyEvent(rank, step, None, 0, 0, stage, 0, name, category, op="actv_norm", value=9.0, rule=rule)
-
-
-def test_an_outlier_whose_weights_agree_is_one_ranks_data():
-    ordered = order_events([_event(2, 7, "AnomalyRankOutlier"), _event(2, 8, "AnomalyRankOutlier")])
-    kind = fault_kind(ordered, {0, 1, 2, 3})
-    assert kind is not None and (kind.kind, kind.code, kind.rank, kind.step) == (
-        "one rank's data",
-        "one_rank_data",
-        2,
-        7,
-    )
-    assert "Kind: one rank's data: rank 2's rank-local statistics left the other ranks' spread at step 7" in verdict(
-        ordered, {0, 1, 2, 3}
-    )
-
-
-def test_a_replica_divergence_or_an_outlier_the_replica_check_names_is_one_ranks_copy_of_the_model():
-    replica = _event(1, 8, "ReplicaMismatch", "optimizer", "fc1.weight", "param_updated")
-    kind = fault_kind(order_events([replica]), {0, 1, 2})
-    assert kind is not None and (kind.code, kind.rank, kind.step) == ("one_rank_model_copy", 1, 8)
-    kind = fault_kind(order_events([_event(1, 6, "AnomalyRankOutlier"), replica]), {0, 1, 2})
-    assert kind is not None and (kind.code, kind.rank, kind.step) == ("one_rank_model_copy", 1, 6)
-    assert "found its replicated weights differing at step 8" in kind.why
-
-
-def test_every_rank_turning_at_one_step_is_all_ranks_together_and_one_rank_alone_is_not_told():
-    together = order_events([_event(r, 5, "AnomalyTurbulence") for r in range(4)])
-    kind = fault_kind(together, {0, 1, 2, 3})
-    assert kind is not None and (kind.code, kind.rank, kind.step) == ("all_ranks", None, 5)
-    assert fault_kind(order_events([_event(r, 5, "AnomalyTurbulence") for r in range(3)]), {0, 1, 2, 3}) is None
-    assert fault_kind(order_events([_event(0, 5, "AnomalyNan")]), {0}) is None

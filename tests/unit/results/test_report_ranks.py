@@ -272,13 +272,21 @@ def test_top_movers_name_the_rank_and_list_a_turn_to_non_finite_first(six):
     assert spike["after_rank"] == 3 and spike["before_nonfinite"] is None and spike["factor"] > 5
 
 
-def test_the_verdict_is_analyse_and_its_kind_in_words_is_rank_1s_data(six):
+def test_the_verdict_is_analyse_and_its_kind_in_words_is_rank_1s_data_or_device(six):
     out, _, data = six
     ordered = order_events(read_dumps(str(out / "anomaly_detected")).events)
-    # generator: rank 1 is fed bad batches from step 8, and its AnomalyRankOutlier record is the first anomaly
+    # generator: rank 1 is fed bad batches from step 8, and its AnomalyRankOutlier record is the first
+    # anomaly; the first tensor where it departs is a module's output (the generator records no input),
+    # so that one step cannot tell its data from its device
     assert data["anomalies"]["verdict"] == verdict(ordered, set(range(6)))
     kind = data["anomalies"]["kind"]
-    assert (kind["kind"], kind["rank"], kind["step"]) == ("one rank's data", 1, 8)
+    assert (kind["kind"], kind["code"], kind["rank"], kind["step"], kind["module"]) == (
+        "one rank: its data or its device",
+        "one_rank_data_or_device",
+        1,
+        8,
+        "layers.0.attn.qkv",
+    )
 
 
 def test_a_512_rank_page_is_bounded_and_its_rank_charts_do_not_grow_with_ranks(tmp_path):
@@ -374,7 +382,11 @@ def test_the_page_draws_every_section_and_a_clicked_row_over_steps_in_headless_c
     overview = dom.stdout[dom.stdout.index('<section id="overview">') :]
     assert overview.index('id="verdict"') < overview.index('class="cards"'), "the verdict first"
     assert 'id="loss-chart" data-lines="6" data-mode="lines"' in dom.stdout
-    assert "Kind of fault: one rank's data" in overview[: overview.index('class="cards"')]
+    banner = overview[: overview.index('class="cards"')]
+    assert 'data-code="one_rank_data_or_device" data-rank="1"' in banner
+    assert (
+        "Kind of fault: one rank: its data or its device</b> (step 8, rank 1, first module layers.0.attn.qkv)" in banner
+    )
     assert dom.stdout.count("<tr>") > 16 + 8, "the outlier table's and the movers' rows"
     assert "(rank 3)" in dom.stdout and "turned non-finite" in dom.stdout
     # a click on a heatmap row draws that tensor over steps, a line per rank

@@ -21,7 +21,9 @@ from msmon.output import sinks
 from msmon.output.sinks.api_sink import ApiSink
 from msmon.output.sinks.base import Sink
 from msmon.output.sinks.csv_sink import CsvSink
+from msmon.output.sinks.mlflow_sink import MlflowSink
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
+from msmon.output.sinks.wandb_sink import WandbSink
 
 # every format, as the registry knows them: the sink files' names (a new one adds itself)
 FORMATS = sorted(p.name[: -len("_sink.py")] for p in Path(sinks.__file__).parent.glob("*_sink.py"))
@@ -40,10 +42,12 @@ def test_the_format_names_are_the_sink_files_names_read_without_importing_them_o
 def test_each_sink_class_is_registered_under_the_name_its_log_lines_use():
     registered = sinks.registered_formats()
     assert sorted(registered) == FORMATS and all(cls.name == name for name, cls in registered.items())
-    assert {name: registered[name] for name in ("csv", "tensorboard", "api")} == {
+    assert {name: registered[name] for name in ("csv", "tensorboard", "api", "wandb", "mlflow")} == {
         "csv": CsvSink,
         "tensorboard": TensorBoardSink,
         "api": ApiSink,
+        "wandb": WandbSink,
+        "mlflow": MlflowSink,
     }
     assert (CsvSink.name, TensorBoardSink.name, ApiSink.name) == ("csv", "tensorboard", "api")
 

@@ -6,8 +6,10 @@ Per rank and step, over every monitored parameter the data-parallel reduction av
     norm_ratio = |local| / |reduced|
 `local` is the rank-local gradient of the step (grad_unreduced's tensor), `reduced` the whole
 average the reduction leaves on this rank. Ranks fed similar data have cos near 1 and a ratio
-near 1 (more when their batches are noisy: the average cancels noise); a rank whose data
-departs has its cos drop. No collective is added: both tensors are on this rank.
+near 1 (more when their batches are noisy: the average cancels noise). Read the two together: a
+rank whose gradient outweighs the others' makes the average its own, so its cos stays high while
+the others' fall; its norm_ratio points at it (anomaly/agreement.py, docs/loss.md). No collective
+is added: both tensors are on this rank.
 
 Where a rank holds both (docs/loss.md has the table): under torch DDP (grads.py copies the local
 gradient in the post-accumulate hook of the backward pass DDP reduces, and takes the sums once
@@ -139,17 +141,26 @@ class LocalCopies:
                 offset += numel
             self._flats.append((flat, indices))
 
-    def copy(self, index: int, grad: torch.Tensor) -> torch.Tensor:
-        """`grad` copied into this parameter's place: the rank-local gradient kept apart."""
+    def _place(self, index: int, like: torch.Tensor) -> torch.Tensor:
+        """This parameter's place for a tensor shaped like `like`: its view, or a buffer of its own."""
         if not self._flats:
             self._lay_out()
         view = self._views.get(index)
-        if not _fits(view, grad):
+        if not _fits(view, like):
             view = self._own.get(index)
-            if not _fits(view, grad):
-                view = self._own[index] = torch.empty(grad.shape, dtype=_copy_dtype(grad.dtype), device=grad.device)
+            if not _fits(view, like):
+                view = self._own[index] = torch.empty(like.shape, dtype=_copy_dtype(like.dtype), device=like.device)
         # the ignore: _fits is False for None, so a view is always there by now
-        return view.copy_(grad.detach())  # type: ignore[union-attr]
+        return view  # type: ignore[return-value]
+
+    def copy(self, index: int, grad: torch.Tensor) -> torch.Tensor:
+        """`grad` copied into this parameter's place: the rank-local gradient kept apart."""
+        return self._place(index, grad).copy_(grad.detach())
+
+    def zeros(self, index: int, like: torch.Tensor) -> torch.Tensor:
+        """This parameter's place set to zero: the local gradient of a parameter this rank did
+        not use (collectors/grads/unused_params.py), shaped like its gradient `like`."""
+        return self._place(index, like).zero_()
 
     def sums(self, pairs: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(<local, reduced>, |reduced|^2) over `pairs` (index -> (local, reduced)), 0-d float64

@@ -43,7 +43,7 @@ says so once, and the hooks read gradients themselves from then on.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
@@ -56,13 +56,12 @@ from ...system.distributed import several_processes
 from ..base import Collector
 from ..registry import COUNTS_BACKWARD, register
 from . import agreement as grad_agreement
+from . import unused_params
 from .agreement_around_reduction import AroundFrameworkReduction
 from .ddp_sync import DdpSync
+from .local_sums import LocalSums
 from .reduced_rows import identity, record_reduced, record_unreduced
-from .tensors import counter_of, hooks_that_may_write, unserializable
-
-if TYPE_CHECKING:
-    from torch.utils.hooks import RemovableHandle
+from .tensors import counter_of, hooks_that_may_write
 
 logger = logging.getLogger("msmon")
 
@@ -80,8 +79,7 @@ class GradCollector(Collector):
         self._noted: dict[int, tuple[torch.Tensor, tuple[int, int, int], int]] = {}
         self._flush_task: int | None = None  # the backward pass whose end reads the noted gradients
         self._sync: DdpSync | None = None  # under data parallelism: which backward passes DDP reduces
-        self.local: dict[int, torch.Tensor] = {}  # rank-local sums kept apart from a reduced `.grad`
-        self._adding: dict[int, RemovableHandle] = {}  # the tensor hooks that add to them
+        self._sums = LocalSums(self.guard)  # rank-local sums kept apart from a reduced `.grad`
         self._reduced: set[int] = set()  # params whose `.grad` DDP reduced in an earlier micro-batch
         # version counter owner (`_counter_of`) -> (backward pass, version) as its last accumulation left it
         self._versions: dict[int, tuple[int, int]] = {}
@@ -92,6 +90,7 @@ class GradCollector(Collector):
         self.agreeing = False
         self._agree_task: int | None = None
         self._agreed: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._agreed_is_lost = False  # a rank-local gradient of the step is gone (unused_params.py)
         self._copies: grad_agreement.LocalCopies | None = None  # the agreement's copies, kept across steps
         self._row_pass: dict[int, int] = {}  # the backward pass whose hook last recorded each row
         # a framework that reduces whole gradients itself (Framework.whole_gradient_reduction)
@@ -141,7 +140,7 @@ class GradCollector(Collector):
         if self._rewrites is not None:
             self._rewrites.stop()
             self._rewrites = None
-        self._drop_local()
+        self._sums.drop()
         if self._framework is not None:
             framework, self._framework = self._framework, None
             framework.undo()
@@ -162,30 +161,13 @@ class GradCollector(Collector):
         """The norms grad_unreduced's rows hold for these gradients as they are now."""
         return self._norms_read(grads, lambda i, grad: self.last_identity.get(i) == identity(grad))
 
-    def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, more: bool = True) -> torch.Tensor:
-        """Copy `.grad` before DDP reduces it, and (when `more` micro-batches may follow) add each
-        later micro-batch's gradient to the copy in a tensor hook (it sees the gradient before it
-        is accumulated); the hook exists only while the copy does. For the gradient agreement the
-        copy goes into its place in flat buffers kept across steps (grad_agreement.LocalCopies)."""
-        copies = self._copies
-        local = copies.copy(index, grad) if self.agreeing and copies is not None else grad.detach().clone()
-        if not more:
-            self.local[index] = local
-            return local
+    @property
+    def local(self) -> dict[int, torch.Tensor]:
+        """The rank-local sums kept apart from a reduced `.grad`, by parameter index (local_sums.py)."""
+        return self._sums.local
 
-        def on_incoming_grad(incoming: torch.Tensor) -> None:
-            local.add_(incoming)  # our own copy; the gradient itself is only read
-            return None
-
-        self.local[index] = local
-        self._adding[index] = param.register_hook(unserializable(self.guard(on_incoming_grad)))
-        return local
-
-    def _drop_local(self) -> None:
-        for handle in self._adding.values():
-            handle.remove()
-        self._adding.clear()
-        self.local.clear()
+    def _keep_local(self, index: int, param: torch.Tensor, grad: torch.Tensor, more: bool, zero: bool = False) -> None:
+        self._sums.keep(index, param, grad, self._copies if self.agreeing else None, more, zero)
 
     def _make_hook(self, index: int):
         def on_grad_accumulated(param: torch.Tensor) -> None:
@@ -278,14 +260,22 @@ class GradCollector(Collector):
         task, self._agree_task = self._agree_task, None
         acc = ctx.grad_acc_steps
         last = acc is not None and self.micro_steps_seen() >= acc
+        unused = unused_params.unused_here(ctx, self.local, self.counts, self._sync)
+        self._agreed_is_lost = self._agreed_is_lost or unused is None
+        for index in unused or ():  # a zero local sum, that later micro-batches add to
+            self._reduced.add(index)
+            param = ctx.params[index].param
+            self._keep_local(index, param, ctx.grad_of(param), more=not last, zero=True)  # type: ignore[arg-type]
         if acc is not None and not last:  # a later pass of this step is reduced too and decides
             return
-        pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()}
-        norms = self._norms_read(self.local, lambda i, _grad: self._row_pass.get(i) == task)  # this pass's rows
-        agreed = grad_agreement.of_pairs(pairs, norms, self._copies if last else None)
-        self._agreed = agreed or self._agreed
+        if self._agreed_is_lost:
+            self._agreed = None
+        else:
+            pairs = {index: (kept, ctx.grad_of(ctx.params[index].param)) for index, kept in self.local.items()}
+            norms = self._norms_read(self.local, lambda i, _grad: self._row_pass.get(i) == task)  # this pass's
+            self._agreed = grad_agreement.of_pairs(pairs, norms, self._copies if last else None) or self._agreed
         if last:  # the step's last: the copies go back now
-            self._drop_local()
+            self._sums.drop()
 
     def _left_out(self, index: int, why: str) -> None:
         self.last_rows.pop(index, None)
@@ -353,7 +343,7 @@ class GradCollector(Collector):
 
     def before_update(self) -> None:
         self._consumed = True
-        self._drop_local()  # their rows are taken: the copies' memory goes back now, not at the step's end
+        self._sums.drop()  # their rows are taken: the copies' memory goes back now, not at the step's end
         ctx = self.ctx
         if not ctx.recording:
             return
@@ -361,7 +351,11 @@ class GradCollector(Collector):
         agreed = self._agreed if framework is None else framework.agreed or self._agreed
         if agreed is not None:
             grad_agreement.add_rows(ctx.buffer, ctx.step_ops, *agreed)
-        elif self.agreeing and not (framework is not None and framework.lost) and "grad_agreement" not in ctx.kept:
+        elif (
+            self.agreeing
+            and not (framework is not None and framework.lost or self._agreed_is_lost)
+            and ("grad_agreement" not in ctx.kept)
+        ):
             ctx.kept["grad_agreement"] = why = (
                 "nothing msmon follows reduced the monitored gradients in this step (no torch DDP "
                 "module, DeepSpeed stage-0 engine, Megatron DDP or FSDP NO_SHARD unit: a manual all-reduce?)"
@@ -383,7 +377,7 @@ class GradCollector(Collector):
 
     def end_step(self) -> None:
         self._consumed = False
-        self._drop_local()
+        self._sums.drop()
         self._reduced.clear()
         self._versions.clear()
         self.counts.clear()
@@ -393,6 +387,7 @@ class GradCollector(Collector):
         self._flush_task = None
         self._agree_task = None
         self._agreed = None
+        self._agreed_is_lost = False
         self._row_pass.clear()
         if self._framework is not None:
             self._framework.end_step()

@@ -13,9 +13,11 @@ it departs (compare.py). The training thread does nothing for the rule but its s
 The group is the replica check's data-parallel group (replica_check/group.py's
 `replica_group`: set_monitor's dp_group, a framework's, DDP's), found at the first recorded
 step, when the model is wrapped; the exchange has its own gloo group over the recording ranks
-of it, and its thread is runtime/exchange_thread.py's. Fewer than three recording ranks (one
-rank, no data parallelism, two replicas: neither is the odd one out) switch the rule off with
-one line. The rule's settings are read when the monitor attaches; edits while training runs are
+of it, and its thread is runtime/exchange_thread.py's. From three ranks a rank is named when it
+leaves the ranks' robust spread (rank_spread.py) or its own history relative to the others
+(rank_history.py: a fault on several ranks at once); with two, by its own history alone (which of
+two is the odd one out only their pasts tell). One recording rank (no data parallelism) switches
+the rule off with one line. The rule's settings are read when the monitor attaches; edits while training runs are
 ignored (every rank must keep comparing the same steps).
 """
 
@@ -28,13 +30,14 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from ...anomaly.event import RANK_OUTLIER_RULE
-from ...anomaly.rank_spread import DEFAULT_K, MIN_RANKS
+from ...anomaly.rank_history import RankHistory, TensorHistory
+from ...anomaly.rank_spread import DEFAULT_K
 from ...output.handoff import StepConsumer
 from ...runtime.exchange_thread import ExchangeThread
 from ..base import Collector
 from ..registry import register
 from ..replica_check.group import EXCHANGES, own_group, replica_group
-from .compare import compare_step, dump_record
+from .compare import compare_step, dump_record, enter_tensors
 from .statistics import RankStatistics, mean_loss, read_statistics
 
 if TYPE_CHECKING:
@@ -44,6 +47,8 @@ if TYPE_CHECKING:
     from ...runtime.step_context import StepContext
 
 logger = logging.getLogger("msmon")
+
+MIN_RANKS = 2  # two ranks are compared through their own histories (anomaly/rank_history.py)
 
 KEY = "rank_outlier"
 FLUSH_SECONDS = 60.0  # when the writer closes, how long to wait for the last comparisons
@@ -68,6 +73,8 @@ class OutlierState:
     ranks: list[int] = field(default_factory=list)
     exchange: ExchangeThread[RankStatistics] = field(default_factory=ExchangeThread)
     alarms: int = 0  # steps at which this rank was named
+    history: RankHistory | None = None  # every rank's own history of the three statistics
+    tensors: TensorHistory | None = None  # this rank's own history of each of its tensors
 
 
 @register(key=KEY, category="check", order=125, enabled=lambda cfg, ctx: rule_threshold(cfg) is not None)
@@ -109,16 +116,20 @@ class RankOutlierCollector(Collector):
         except Exception as exc:  # gloo cannot connect, say: the rule is off, training goes on
             return self._off(f"creating msmon's gloo group over ranks {ranks} failed: {exc!r}", error=True)
         state.ranks = list(dist.get_process_group_ranks(state.group))
+        state.history, state.tensors = RankHistory(len(state.ranks), state.k), TensorHistory(state.k)
         state.exchange.start(
             f"msmon-outlier-rank{ctx.rank}", ctx.rank, state, self._compare, RANK_OUTLIER_RULE, "comparing the ranks"
         )
         ctx.watch_steps(StatisticsConsumer(state))
         logger.info(
-            "msmon[rank %d]: %s compares data-parallel ranks %s every recorded step (threshold %g)%s",
+            "msmon[rank %d]: %s compares data-parallel ranks %s every recorded step (threshold %g; %s)%s",
             ctx.rank,
             RANK_OUTLIER_RULE,
             state.ranks,
             state.k,
+            "each rank against its own history and the other's"
+            if len(state.ranks) == 2
+            else "the ranks' median and MAD, and each rank against its own history",
             "" if ctx.config.loss_distribution else "; no loss compared: it is read from loss_distribution's rows",
         )
         return True
@@ -131,16 +142,22 @@ class RankOutlierCollector(Collector):
     # -- the exchange (this rank's thread: runtime/exchange_thread.py) ------------------------------
     def _compare(self, mine: RankStatistics) -> None:
         state, ctx = self.state, self.ctx
-        outcome = compare_step(mine, state.group, state.ranks, state.k)
+        assert state.history is not None and state.tensors is not None  # set with the group, before the thread
+        outcome = compare_step(mine, state.group, state.ranks, state.k, state.history)
         position = state.ranks.index(ctx.rank)
-        hits = outcome.departures.get(position)
-        if not hits:
+        hits = outcome.departures.get(position) or []
+        record = (
+            dump_record(mine, hits, outcome.tensors, position, state.ranks, state.k, state.tensors) if hits else None
+        )
+        enter_tensors(mine, state.tensors, hits)
+        if record is None:
             return
         state.alarms += 1
-        record = dump_record(mine, hits, outcome.tensors, position, state.ranks, state.k)
-        logger.warning(
-            "msmon alert [rank %d] step %d (%s): %s", ctx.rank, mine.step, RANK_OUTLIER_RULE, record["message"]
-        )
+        statistic = f"rank {ctx.rank}'s {record['statistic']}"  # one line per statistic, its repeats counted
+        if ctx.alert_repeats.first((RANK_OUTLIER_RULE, record["statistic"]), RANK_OUTLIER_RULE, statistic, mine.step):
+            logger.warning(
+                "msmon alert [rank %d] step %d (%s): %s", ctx.rank, mine.step, RANK_OUTLIER_RULE, record["message"]
+            )
         dump = ctx.anomaly_dump()
         if dump is not None:
             try:

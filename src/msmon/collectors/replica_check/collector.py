@@ -236,16 +236,21 @@ class ReplicaCheckCollector(Collector):
         mine = [m for m in found if rank in m.differing]
         listed = "; ".join(m.describe() for m in found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
         verdict = "this rank's copy differs" if mine else "this rank holds the majority copy"
-        logger.error(
-            "msmon[rank %d]: replica check at step %d: %d of %d tensors differ across data-parallel %s: %s; %s",
-            rank,
-            job.step,
-            len(found),
-            len(job.entries),
-            ranks_text(state.ranks),
-            listed,
-            verdict,
-        )
+        # a divergence persists: the first check that finds these tensors differing is logged, later ones counted
+        names = ", ".join(m.entry.name for m in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        key = (RULE, tuple((m.entry.name, m.entry.category, tuple(m.differing)) for m in found))
+        kept = "replica_check.json lists every one" + ("; the anomaly dump too" if mine else "")
+        if ctx.alert_repeats.first(key, RULE, f"the replicas of {names}", job.step, "checks", kept):
+            logger.error(
+                "msmon[rank %d]: replica check at step %d: %d of %d tensors differ across data-parallel %s: %s; %s",
+                rank,
+                job.step,
+                len(found),
+                len(job.entries),
+                ranks_text(state.ranks),
+                listed,
+                verdict,
+            )
         state.mismatches.append(
             {
                 "step": job.step,

@@ -9,11 +9,19 @@ builds an optimizer (or a framework hands one over): from then on its worker rec
 bootstrap directory tells the launcher where each monitor wrote. A process that never does is
 a launcher or a helper and says nothing, unless something else shows it was a rank
 (`unmonitored_rank`).
+
+A forked child inherits the session in memory. The child of a rank (marked in the environment
+by then: a DataLoader or compile worker) is the rank's helper and never attaches. The child of
+a process that is no rank yet may be a rank itself: `torch.multiprocessing.start_processes(...,
+start_method="fork")` starts ranks this way from a parent that only imported torch. Such a
+child takes the session over as its own, with a record of its own (`_after_fork_in_child`);
+a DataLoader worker among them is still refused when it would attach (Session.may_attach).
+multiprocessing ends a forked child with os._exit, past atexit: its end-of-process work is
+registered with multiprocessing too (system/process_end.py).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -26,7 +34,7 @@ from ...hooks import explicit
 from ...output.directory import ENV_OUTPUT_DIR, output_base_dir
 from ...records.layout import rank_dir_name
 from ...records.runs import ENV_RUN_ID
-from ...system import exit_drain, lifecycle
+from ...system import exit_drain, lifecycle, process_end
 from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
 from . import boot
 from .job_directory import DEFAULT_CONFIG
@@ -39,6 +47,8 @@ logger = logging.getLogger("msmon")
 ENV_CONFIG = "MSMON_CONFIG"
 
 _session: hooks.Session | None = None
+_record: WorkerRecord | None = None
+_unmonitored: Unmonitored | None = None
 
 
 def start(bootstrap_dir: str) -> hooks.Session:
@@ -101,15 +111,43 @@ RANK_EVENTS = ("attached", "skipped", "deferred", "stopped")
 
 
 def _begin(session: hooks.Session, record: WorkerRecord | None) -> hooks.Session:
-    global _session
-    _session = session
-    unmonitored = Unmonitored()
+    global _session, _record, _unmonitored
+    _session, _record = session, record
+    unmonitored = _unmonitored = Unmonitored()
     session.listeners.insert(0, _mark_rank)
     session.listeners.append(unmonitored.on_event)
-    atexit.register(_report_at_exit, session, record, unmonitored)  # runs after the monitors closed (LIFO)
+    # runs after the monitors closed (last in, first out), in a multiprocessing child too
+    process_end.at_end(lambda: _report_at_exit(session, record, unmonitored))
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    process_end.in_forked_children(session, _report_in_forked_child)
     explicit.watch(session)
     hooks.enable(session)
     return session
+
+
+def _after_fork_in_child() -> None:
+    """A forked child: the child of a rank stays its helper; the child of a process that is no
+    rank (yet) takes the session over, as a rank may (module docstring). The report at exit
+    it inherited then speaks for it (a multiprocessing child registers its own:
+    `_report_in_forked_child`)."""
+    session = _session
+    if session is None or session.in_owner_process() or boot.is_child_here():
+        return
+    if session.monitors or session.stood_down:  # the parent attached: a rank, marked by then
+        return
+    session.continue_in_fork()
+    if _record is not None:
+        _record.continue_in_fork(session)
+    if _unmonitored is not None:
+        _unmonitored.forget()
+
+
+def _report_in_forked_child() -> None:
+    """At the start of a multiprocessing child forked from this process: its report at the end
+    of the process, which os._exit would skip."""
+    session = _session
+    if session is not None and session.in_owner_process() and _unmonitored is not None:
+        process_end.at_end(lambda: _report_at_exit(session, _record, _unmonitored))
 
 
 def _mark_rank(event: str, _info: dict) -> None:
@@ -125,9 +163,9 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
     if record is not None:
         record.finish(session.monitors)
     attached = record.data["monitors"] if record is not None else session.monitors
-    if attached or session.error is not None or session.stood_down:  # said why already, or the script's own monitor
-        return
-    if not unmonitored.built_any() and not unmonitored_rank(record):
+    if attached or unmonitored.attached or session.error is not None or session.stood_down:
+        return  # monitored (a monitor closed with its dropped optimizer counts), said why already, or the script's own
+    if not unmonitored.built_any() and not unmonitored_rank(record, session.forked):
         return  # a launcher's process (accelerate's, deepspeed's, the mp.spawn parent) or a helper
     reason = unmonitored.reason()
     log_dir = unmonitored.write_summary(session, reason)
@@ -144,15 +182,19 @@ def _report_at_exit(session: hooks.Session, record: WorkerRecord | None, unmonit
         record.confirm()
 
 
-def unmonitored_rank(record: WorkerRecord | None) -> bool:
+def unmonitored_rank(record: WorkerRecord | None, forked: bool = False) -> bool:
     """Whether a process that built no optimizer was a training rank all the same (its
     directory then says that nothing was monitored, and why): torch.distributed ran in it, or
     a torch elastic agent started it as a rank, or it is the job's first process and no other
-    process of the job was a rank (a plain `python train.py`). Never a DataLoader worker."""
+    process of the job was a rank (a plain `python train.py`). Never a DataLoader worker, nor
+    another forked helper (`forked`: a child that took the session over) that started no
+    torch.distributed."""
     if hooks.in_dataloader_worker():
         return False
     if is_initialized() or boot.rank_by_environment(os.environ):
         return True
+    if forked:
+        return False
     if record is None:  # `import msmon.auto` without `msmon run`: the script asked for this process
         return True
     return boot.is_first_process(os.environ) and not record.others()
@@ -165,14 +207,23 @@ class Unmonitored:
     def __init__(self) -> None:
         self.skipped: list[str] = []
         self.deferred: list[str] = []
+        self.attached = 0  # monitors attached here (a monitor closed early, its optimizer dropped, counts too)
 
     def on_event(self, event: str, info: dict) -> None:
-        if event == "skipped":
+        if event == "attached":
+            self.attached += 1
+        elif event == "skipped":
             self.skipped.append(f"{info['optimizer']}: {info['reason']}")
         elif event == "deferred":
             self.deferred.append(
                 f"{info['optimizer']} was built but never stepped; {info['reason']}, so msmon waited for its first step"
             )
+
+    def forget(self) -> None:
+        """A forked child that took the session over: what its parent built is not its own."""
+        self.skipped.clear()
+        self.deferred.clear()
+        self.attached = 0
 
     def built_any(self) -> bool:
         """An optimizer was built here (skipped or left for a step that never came)."""
@@ -219,9 +270,15 @@ class WorkerRecord:
 
     def __init__(self, directory: str, session: hooks.Session) -> None:
         self.directory = directory
-        self.path = os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}.json")
+        self.path = ""
         self.confirmed = False
-        self.data: dict[str, Any] = {
+        self.data: dict[str, Any] = {}
+        self._of_this_process(session)
+
+    def _of_this_process(self, session: hooks.Session) -> None:
+        self.path = os.path.join(self.directory, f"{socket.gethostname()}-{os.getpid()}.json")
+        self.confirmed = False
+        self.data = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "rank": current_rank(),
@@ -230,6 +287,11 @@ class WorkerRecord:
             "monitors": [],
             "skipped": [],
         }
+
+    def continue_in_fork(self, session: hooks.Session) -> None:
+        """A forked child that took the session over: a record of its own, written once it shows
+        it is a rank."""
+        self._of_this_process(session)
 
     def confirm(self) -> None:
         """This process is a rank: its record is written from now on."""

@@ -4,14 +4,15 @@ msprobe's dumps, with its place in training time and its description in words.""
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...anomaly.event import NAN_ORIGIN_RULE, RANK_OUTLIER_RULE, REPLICA_RULE, STAGES, json_number
-from ...records.rows import BACKWARD, CATEGORY_STAGE, CATEGORY_TEXT, LOSS, MSPROBE_GRAD_STAGE
+from ...anomaly.data_path import PathEvent, describe_tensor, split_slot
+from ...anomaly.event import NAN_ORIGIN_RULE, RANK_OUTLIER_RULE, REPLICA_RULE, json_number
+from ...records.rows import CATEGORY_STAGE, MSPROBE_GRAD_STAGE
 
-STAGE_ORDER = {stage: i for i, stage in enumerate(STAGES)}
+__all__ = ["STAGE_OF_CATEGORY", "AnomalyEvent", "split_slot"]
+
 # msprobe's task names too, mapped to the training stage they happen in (msprobe ranked unknown
 # tasks such as parameters first of all; here every task has its real place)
 STAGE_OF_CATEGORY = {**CATEGORY_STAGE, **MSPROBE_GRAD_STAGE}
@@ -40,12 +41,27 @@ class AnomalyEvent:
     file: str = ""
     run_id: str | None = None  # the run that wrote it (records/runs.py); None: a dump without run ids
 
+    def path_event(self) -> PathEvent:
+        """Its place on the step's data path (anomaly/data_path.py)."""
+        return PathEvent(
+            self.rank,
+            self.step,
+            self.category,
+            self.name,
+            self.rule,
+            self.micro_step,
+            self.call_id,
+            self.stage,
+            self.pp_stage,
+            self.vpp_stage,
+        )
+
     def order_key(self) -> tuple:
-        micro = self.micro_step if self.micro_step is not None else math.inf
-        stage = STAGE_ORDER.get(self.stage, len(STAGE_ORDER))
-        position = (-self.vpp_stage, -self.pp_stage) if self.stage == BACKWARD else (self.vpp_stage, self.pp_stage)
-        origin_first = 0 if self.rule == NAN_ORIGIN_RULE else 1
-        return (self.step, micro, stage, *position, self.call_id, origin_first, self.rank)
+        """Training order: the step, then where it arose on the data path (micro-step, forward
+        activations, the loss, activation gradients, rank-local gradients, the reduction, the
+        optimizer state, the weights; the pipeline position; the call), a NanOrigin before the
+        alert on its tensor, and the rank."""
+        return (self.step, *self.path_event().position())
 
     def where(self) -> str:
         micro = f", micro-step {self.micro_step}" if self.micro_step is not None else ""
@@ -53,18 +69,7 @@ class AnomalyEvent:
 
     def what(self) -> str:
         """In words, e.g. "forward output of layers.1.fc2" or "reduced gradient of fc1.weight"."""
-        module, slot = split_slot(self.name)
-        if self.category == "actv_grad" and self.name == LOSS:
-            return "gradient of the loss"
-        if self.category == "actv" and slot:
-            return f"forward {slot} of {module}"
-        if self.category == "actv_grad" and slot:
-            return f"backward {slot.replace('_grad', '')} gradient of {module}"
-        if self.category == "loss" and self.name == "loss":
-            return "loss"
-        if self.category in CATEGORY_TEXT:
-            return CATEGORY_TEXT[self.category].format(self.name)
-        return f"{self.stage} {self.category} {self.name}"
+        return describe_tensor(self.category, self.name, self.stage)
 
     def symptom(self) -> str:
         if self.rule == NAN_ORIGIN_RULE:  # which value, where the record says (older dumps: op "nonfinite")
@@ -76,6 +81,8 @@ class AnomalyEvent:
             return "nans"
         if self.op == "infs" or (self.value is not None and math.isinf(self.value)):
             return "inf"
+        if self.rule == RANK_OUTLIER_RULE and self.message.startswith("rank "):
+            return self.message.split(" (", 1)[0]  # "rank 2's activation norm 813 is 268 robust deviations ..."
         if self.rule == RANK_OUTLIER_RULE and self.value is not None and self.history is not None:
             return f"the rank's {self.op} {self.value:.6g}, the ranks' median {self.history:.6g}"
         if self.rule == "AnomalyTurbulence" and self.value is not None and self.history:
@@ -90,11 +97,3 @@ class AnomalyEvent:
         out["history"] = json_number(self.history)
         out["description"] = f"{self.where()}, {self.stage}: {self.what()} ({self.symptom()})"
         return out
-
-
-def split_slot(name: str) -> tuple[str, str | None]:
-    """("layers.1.fc2", "output") from "layers.1.fc2.output" (also .input_0, .output_grad)."""
-    match = re.fullmatch(r"(?P<module>.+)\.(?P<slot>input|output)(?P<grad>_grad)?(?:_\d+)?", name)
-    if not match:
-        return name, None
-    return match["module"], match["slot"] + (match["grad"] or "")

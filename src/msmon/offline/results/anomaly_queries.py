@@ -42,8 +42,8 @@ def job_ranks(con: DuckDBPyConnection) -> set[int]:
 
 
 def _kind_json(ordered: list[AnomalyEvent], ranks: set[int]) -> dict[str, Any] | None:
-    """The kind of fault `msmon analyse` tells for the first anomaly ("one rank's data", "one
-    rank's copy of the model", "all ranks together": its `kind` in msmon_analyse.json), or None
+    """The kind of fault `msmon analyse` tells for the first anomaly (anomaly/fault_kind.py: "one
+    rank: its data or its device", "all ranks together", ...: its `kind` in msmon_analyse.json), or None
     when it tells none. The page shows it in words at the top (static/charts.js, verdictBox)."""
     kind = fault_kind(ordered, ranks)
     return None if kind is None else dict(kind.to_json())

@@ -5,9 +5,10 @@ The long table is scanned once: `per_step` (a temp table) holds, for each tensor
 micro-step, the largest finite |value| over ranks, whether any rank had a non-finite one, and
 the finite min and max with the ranks that hold them, the rank that holds the largest |value|,
 the lowest rank with a non-finite one and which non-finite value it was (`nf`: DuckDB orders
-NaN above inf, so the max of the non-finite values is NaN if any was, else inf, else -inf). The loss has a chart of
-its own (loss_chart.py), not a heatmap. Heatmaps, top movers and the rank spread
-are read from it, so their cost follows tensors x steps, not ranks. Whatever the size of the
+NaN above inf, so the max of the non-finite values is NaN if any was, else inf, else -inf). The
+loss and the gradient agreement have charts of their own (loss_chart.py, agreement_chart.py), not
+heatmaps. Heatmaps, top movers and the rank spread are read from it, so their cost follows
+tensors x steps, not ranks. Whatever the size of the
 run, a heatmap has at most `max_rows` x `max_steps` cells: neighbouring steps (and tensors, in
 the order the monitor wrote them) are merged, keeping the largest value, and the page says so.
 """
@@ -20,6 +21,7 @@ import statistics
 from typing import TYPE_CHECKING, Any
 
 from ...records.rows import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
+from .agreement_chart import AGREEMENT_CATEGORY, agreement_chart
 from .anomaly_queries import anomalies, first_nonfinite
 from .bulk import insert_rows
 from .cells import encode_cells, encode_ranks
@@ -33,7 +35,8 @@ from .sql import one_row
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection
 
-OWN_CHARTS = f"'{LOSS_CATEGORY}'"  # categories drawn by a chart of their own, not as heatmaps
+# categories drawn by a chart of their own, not as heatmaps (the agreement's signed cos is no |value|)
+OWN_CHARTS = f"'{LOSS_CATEGORY}', '{AGREEMENT_CATEGORY}'"
 
 
 def _categories(con: DuckDBPyConnection) -> list[str]:
@@ -347,6 +350,7 @@ def report_data(con: DuckDBPyConnection, limits: Limits | None = None, tmp_dir: 
         "limits": limits.__dict__,
         "heatmaps": maps,
         "loss": loss_chart(con, limits),
+        "agreement": agreement_chart(con, limits),
         "rank_outliers": rank_outliers(con, limits),
         "movers": movers(con, limits),
         "spread": rank_spread(con, limits, steps["first_step"], steps["step_width"]),

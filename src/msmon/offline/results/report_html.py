@@ -1,7 +1,7 @@
 """`msmon report`: one self-contained HTML page built from the database.
 
-Everything the page needs is inside it: the CSS, the scripts (static/charts.js and report.js, no
-library) and
+Everything the page needs is inside it: the CSS, the scripts (static/charts.js, agreement.js and
+report.js, no library) and
 the data as one JSON block. Nothing is fetched when it is viewed, so it can be mailed, attached
 to an issue or opened on a machine without network. Its size is bounded by limits.Limits,
 not by the size of the run.
@@ -68,6 +68,7 @@ def render(data: dict[str, Any], title: str) -> str:
 <div id="notes"></div>
 <section id="loss-section"><h2>Loss per rank</h2><div id="loss"></div></section>
 <section id="anomalies-section"><h2>Anomalies</h2><div id="anomalies"></div></section>
+<section id="agreement-section"><h2>Gradient agreement per rank</h2><div id="agreement"></div></section>
 <section id="heatmaps-section"><h2>Statistics: tensors × steps</h2>
 <p class="muted">One heatmap per category and op: a row per tensor in the order the monitor wrote them, a column per step;
 the colour is the largest |value| over all ranks (and micro-steps), on a log scale of the heatmap's own range.
@@ -82,6 +83,7 @@ self-contained: no network is used to view this page.</footer>
 <div id="tip"></div>
 <script type="application/json" id="msmon-data">{_script_json(data)}</script>
 <script>{_static("charts.js")}</script>
+<script>{_static("agreement.js")}</script>
 <script>{_static("report.js")}</script>
 </body>
 </html>

@@ -8,12 +8,17 @@ names are checked here, by `check_formats`, where a config is loaded for use (Tr
 reload, the launcher). A sink file declares its Sink class with `@sink_format("name")`, which
 holds it to its file's name; the rank output builds its sinks from this registry, so a new format
 is one file in this folder. The sink files load when sinks are first built: importing this
-package loads none of them (nor torch).
+package loads none of them (nor torch). A sink that needs a package users install apart (a
+tracker's client) names it at the top of its file, `CLIENT = "wandb"` and `EXTRA = "wandb"` (the
+pip extra that brings it), read from the file's text by `check_formats`, so that a missing client
+is refused before the job starts, never in the middle of it.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import os
 import pkgutil
 from typing import TYPE_CHECKING, Callable, TypeVar
@@ -25,7 +30,15 @@ from .base import Sink
 if TYPE_CHECKING:
     from ...config import MonitorConfig
 
-__all__ = ["Sink", "sink_format", "format_names", "check_formats", "registered_formats", "build_sinks"]
+__all__ = [
+    "Sink",
+    "sink_format",
+    "format_names",
+    "format_client",
+    "check_formats",
+    "registered_formats",
+    "build_sinks",
+]
 
 SINK_FILE_SUFFIX = "_sink"  # `csv_sink.py` writes `format: csv`
 _S = TypeVar("_S", bound=type[Sink])
@@ -65,9 +78,34 @@ def check_formats(config: MonitorConfig, path: str | os.PathLike | None = None) 
     the config's own errors do."""
     known = format_names()
     for name in config.format:
+        message = None
         if name not in known:
             message = f"format: unknown format {short_repr(name)}; expected {known}{did_you_mean(name, known)}"
+        else:
+            client = format_client(name)
+            if client is not None and importlib.util.find_spec(client[0]) is None:
+                message = (
+                    f"format: {name!r} needs the {client[0]} package, which is not installed here: "
+                    f"pip install 'msmon[{client[1]}]'"
+                )
+        if message is not None:
             raise ConfigError(f"{path}: {message}" if path is not None else message)
+
+
+def format_client(name: str) -> tuple[str, str] | None:
+    """(package, pip extra) a format's sink file names as `CLIENT` and `EXTRA`, read from its text
+    without importing it; None when it needs none."""
+    spec = importlib.util.find_spec(f"{__name__}.{name}{SINK_FILE_SUFFIX}")
+    if spec is None or spec.origin is None:
+        return None
+    with open(spec.origin, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), spec.origin)
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if node.targets[0].id in ("CLIENT", "EXTRA") and isinstance(node.value, ast.Constant):
+                found[node.targets[0].id] = str(node.value.value)
+    return (found["CLIENT"], found.get("EXTRA", found["CLIENT"])) if "CLIENT" in found else None
 
 
 def registered_formats() -> dict[str, type[Sink]]:

@@ -6,6 +6,8 @@ category's tensors is a scalar `summary/{category}/{op}_max`, and one text table
 (`summary/max_holders`) names the tensor holding each. A NaN is the largest value (torch.max
 propagates it), so a lane turns NaN at the step a tensor of its category does, and the table
 names the first such tensor. Computed on the writer thread from the host table the sink writes.
+The grouping by category and the maxima (`CategoryRows`, `category_maxima`) are the trackers'
+lanes too (collectors/trackers/lanes.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,32 @@ import torch
 from ...records.layout import SUMMARY_HOLDERS_TAG, summary_tag
 from ...records.rows import RowKey
 from . import summary_wire
+
+
+class CategoryRows:
+    """The step's rows grouped by category: (category, its rows, the same as an index tensor),
+    in the order categories first appear; kept while the keys stay the same, as they do from
+    step to step (the comparison of the same RowKey objects is one C loop, grouping them again a
+    Python loop per row)."""
+
+    def __init__(self) -> None:
+        self._keys: list[RowKey] = []
+        self._groups: list[tuple[str, list[int], torch.Tensor]] = []
+
+    def groups(self, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
+        if keys != self._keys:
+            rows: dict[str, list[int]] = {}
+            for i, key in enumerate(keys):
+                rows.setdefault(key.category, []).append(i)
+            self._keys = list(keys)
+            self._groups = [(category, index, torch.tensor(index)) for category, index in rows.items()]
+        return self._groups
+
+
+def category_maxima(table: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per column of `table`, the largest value over `rows` (a NaN is the largest) and the position
+    in `rows` of the first row holding it."""
+    return table.index_select(0, rows).max(dim=0)
 
 
 class SummaryLanes:
@@ -32,28 +60,15 @@ class SummaryLanes:
         self._text_metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
         self._tensor, self._shape, self._string = TensorProto, TensorShapeProto, types_pb2.DT_STRING
         self._prefixes: dict[tuple[str, str], bytes] = {}
-        self._keys: list[RowKey] = []
-        self._groups: list[tuple[str, list[int], torch.Tensor]] = []
-
-    def _grouped(self, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
-        """(category, its rows, the same as an index tensor) of the step's keys; kept while the
-        keys stay the same, as they do from step to step (the comparison of the same RowKey
-        objects is one C loop, grouping them again a Python loop per row)."""
-        if keys != self._keys:
-            rows: dict[str, list[int]] = {}
-            for i, key in enumerate(keys):
-                rows.setdefault(key.category, []).append(i)
-            self._keys = list(keys)
-            self._groups = [(category, index, torch.tensor(index)) for category, index in rows.items()]
-        return self._groups
+        self._rows = CategoryRows()
 
     def entries(self, keys: list[RowKey], ops: list[str], table: torch.Tensor) -> list[bytes]:
         """The lanes' scalar entries and the holders' text entry of a step's [rows, ops] table."""
         prefixes: list[bytes] = []
         maxima: list[torch.Tensor] = []
         lines = ["| category | op | max | tensor |", "|---|---|---|---|"]
-        for category, index, rows in self._grouped(keys):
-            values, where = table.index_select(0, rows).max(dim=0)
+        for category, index, rows in self._rows.groups(keys):
+            values, where = category_maxima(table, rows)
             maxima.append(values)
             holders = where.tolist()
             for j, (op, value) in enumerate(zip(ops, values.tolist())):

@@ -175,8 +175,12 @@ window.msmonCharts = function (h) {
   function verdictBox(a) {
     var parts = [];
     if (a.kind) {
-      parts.push(el("div", { cls: "kind", id: "fault-kind" }, [el("b", { text: "Kind of fault: " + a.kind.kind }),
-        " (step " + a.kind.step + (a.kind.rank === null || a.kind.rank === undefined ? "" : ", rank " + a.kind.rank) + ")"]));
+      var k = a.kind, where = ["step " + k.step];
+      if (k.rank !== null && k.rank !== undefined) where.push("rank " + k.rank);
+      else if (k.code === "some_ranks" && k.ranks && k.ranks.length) where.push("ranks " + k.ranks.join(", "));
+      if (k.module) where.push("first module " + k.module);
+      parts.push(el("div", { cls: "kind", id: "fault-kind", "data-code": k.code, "data-rank": k.rank === null || k.rank === undefined ? "" : String(k.rank) },
+        [el("b", { text: "Kind of fault: " + k.kind }), " (" + where.join(", ") + ")" + (k.action ? ". What to do: " + k.action + "." : "")]));
     }
     parts.push(el("div", null, [el("b", { text: "msmon analyse: " }), a.verdict]));
     return el("div", { cls: "verdict" + (a.total ? "" : " ok"), id: "verdict" }, parts);

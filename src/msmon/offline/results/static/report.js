@@ -377,6 +377,7 @@
   run("overview", overview);
   run("loss", function () { document.getElementById("loss").appendChild(charts.lossChart(DATA.loss)); });
   run("anomalies", anomalies);
+  run("agreement", function () { window.msmonAgreement({ el: el, fmt: fmt, showTip: showTip, hideTip: hideTip, colour: colour }, DATA.agreement); });
   run("heatmaps", heatmaps);
   run("outliers", function () { document.getElementById("outliers").appendChild(charts.outliers(DATA.rank_outliers)); });
   run("spread", spread);

@@ -1,0 +1,80 @@
+"""`format: [..., "wandb"]`: the lanes to Weights & Biases (output/sinks/tracker.py says what is sent).
+
+The run is the script's `wandb.run` when it made one, else one msmon makes with
+`reinit="create_new"` (so that it never becomes, nor finishes, the script's `wandb.run`), in the
+project `tracker.project` (default "msmon"), named after the msmon run. msmon's keys are drawn
+against their own step axis, `msmon/step` (`define_metric`), never W&B's `_step`: in the script's
+run they join the row the script is logging (`commit=False`), so the script's step counter is
+left alone; W&B keeps one value per key and row, so where the script logs fewer rows than msmon
+records steps, a row holds the last of them (the other formats keep every step). In msmon's own
+run every recorded step is a row. Names keep to W&B's rules for a metric name that sorts and
+filters: `/`-separated parts of letters, digits and underscores, none starting with a digit. A
+verdict that rises (the first alert, the first non-finite statistic) is a W&B alert.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import TYPE_CHECKING, Any
+
+from . import sink_format
+from .tracker import STEP_KEY, RunEnded, TrackerRun, TrackerSink, Value
+
+if TYPE_CHECKING:
+    from ...config import MonitorConfig
+
+CLIENT = "wandb"  # the package this format needs (checked by name when the config is loaded)
+EXTRA = "wandb"  # pip install 'msmon[wandb]'
+_NOT_A_NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_]")
+
+
+@sink_format("wandb")
+class WandbSink(TrackerSink):
+    @classmethod
+    def script_run(cls) -> Any:
+        wandb = sys.modules.get("wandb")
+        return getattr(wandb, "run", None) if wandb is not None else None
+
+    @classmethod
+    def connect(cls, config: MonitorConfig, run_name: str, script_run: Any) -> TrackerRun:
+        import wandb
+
+        if script_run is not None:
+            return WandbRun(script_run, own=False, max_keys=config.tracker.max_keys)
+        run = wandb.init(
+            project=config.tracker.project or "msmon",
+            name=run_name,
+            reinit="create_new",
+        )
+        return WandbRun(run, own=True, max_keys=config.tracker.max_keys)
+
+
+class WandbRun(TrackerRun):
+    tracker = "W&B"
+    case_blind = True  # W&B's metric names are case-insensitive
+
+    def __init__(self, run: Any, own: bool, max_keys: int) -> None:
+        super().__init__(own, max_keys)
+        self.run = run
+        self.step_name = self.name_of(STEP_KEY) or STEP_KEY
+        run.define_metric(self.step_name)
+        run.define_metric(self.valid("msmon") + "/*", step_metric=self.step_name)
+
+    def valid(self, key: str) -> str:
+        parts = [_NOT_A_NAME_CHARACTER.sub("_", part) or "_" for part in key.split("/")]
+        return "/".join("_" + part if part[0].isdigit() else part for part in parts)
+
+    def _log(self, step: int, values: dict[str, Value]) -> None:
+        if not self.own and getattr(self.run, "_is_finished", False):
+            raise RunEnded(f"the script finished its W&B run before msmon logged step {step}")
+        self.run.log({self.step_name: step, **values}, commit=self.own)
+
+    def _escalate(self, step: int, verdict: str, text: str) -> None:
+        import wandb
+
+        level = wandb.AlertLevel.ERROR if verdict == "nonfinite" else wandb.AlertLevel.WARN  # type: ignore[attr-defined]
+        self.run.alert(title=f"msmon: {verdict} at step {step}", text=text, level=level)
+
+    def _finish(self) -> None:
+        self.run.finish()
