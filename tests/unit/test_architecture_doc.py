@@ -38,6 +38,11 @@ def test_every_file_and_folder_the_architecture_page_names_exists():
     assert missing == []
 
 
+def _module(name: str) -> str:
+    """`runtime/` -> msmon.runtime, `auto.py` -> msmon.auto."""
+    return "msmon." + name.strip().removesuffix("/").removesuffix(".py")
+
+
 def _doc_layers() -> list[list[set[str]]]:
     """The page's layer list: per line, its independent parts (│), each a set of modules (·)."""
     block = _prose().split("## The layers", 1)[1].split("```", 2)[1]
@@ -45,10 +50,7 @@ def _doc_layers() -> list[list[set[str]]]:
     for line in block.strip().splitlines():
         first_column = re.split(r"\s{3,}", line.strip())[0]
         parts = [part.strip() for part in first_column.split("│")]
-        modules = [
-            {"msmon." + name.strip().removesuffix("/").removesuffix(".py") for name in part.split("·")} for part in parts
-        ]
-        layers.append(modules)
+        layers.append([{_module(name) for name in part.split("·")} for part in parts])
     return layers
 
 
