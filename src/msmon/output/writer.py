@@ -170,7 +170,9 @@ class BackgroundWriter:
             table=table,
         )
         self._last_step = step
-        written = self.columns.split(record) + features  # L2 features: their own columns, no alert rules
+        # every category keeps every op unless category_ops says otherwise; L2 features: their own
+        # columns, no alert rules
+        written = (self.columns.split(record) if self.columns.category_ops else [record]) + features
         for sink in list(self.sinks):
             if sink not in self.sinks:
                 continue  # a file sink, and the output stopped at this step

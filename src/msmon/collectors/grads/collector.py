@@ -343,7 +343,8 @@ class GradCollector(Collector):
 
     def before_update(self) -> None:
         self._consumed = True
-        self._sums.drop()  # their rows are taken: the copies' memory goes back now, not at the step's end
+        if self._sums.local:  # their rows are taken: the copies' memory goes back now, not at the step's end
+            self._sums.drop()
         ctx = self.ctx
         if not ctx.recording:
             return
