@@ -80,6 +80,7 @@ class Plan:
         self.ranks, self.steps = args.ranks, args.steps
         self.per_category = max(1, args.tensors // len(CATEGORIES))
         self.window = args.window
+        self.format, self.roll = args.format, args.roll
         self.spike_step, self.spike_rank, self.spike_tensor = (
             int(self.steps * 0.6),
             self.ranks // 2,
@@ -143,38 +144,24 @@ def _cells(values: list[float]) -> str:
 
 
 def write_rank(job: tuple[Plan, str, int]) -> tuple[int, int]:
-    """One rank's directory; returns the number of CSV rows and of values written."""
+    """One rank's directory (and Parquet files); returns the number of rows and of values written."""
     plan, out, rank = job
     rank_dir = os.path.join(out, f"Dec03_16-40-51-rank{rank}-{int((noise(rank, 7) + 1.0) * 2**31):08x}")
     os.makedirs(rank_dir, exist_ok=True)
-    rows = 0
-    for category in CATEGORIES:
-        micro = category == "actv"
-        header = ",".join(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(OPS))
-        for first in range(0, plan.steps, plan.window):
-            last = first + plan.window - 1
-            lines = [header]
-            for step in range(first, min(last + 1, plan.steps)):
-                for i, name in enumerate(plan.names[category]):
-                    lines.append(
-                        f"0,{name},{step}," + ("0," if micro else "") + _cells(_row(plan, category, rank, i, step))
-                    )
-                    rows += 1
-            with open(os.path.join(rank_dir, f"{category}_{first}-{last}.csv"), "w", encoding="utf-8") as fh:
-                fh.write("\n".join(lines) + "\n")
-    values = rows * len(OPS)
-    if plan.loss:
-        loss_rows = write_loss(plan, rank_dir, rank)
-        rows, values = rows + loss_rows, values + loss_rows
+    if plan.format == "parquet":
+        rows, values = write_parquet(plan, out, rank)
+    else:
+        rows, values = write_csv(plan, rank_dir, rank)
     config = {
         "targets": {},
         "loss_distribution": plan.loss,
         "wg_distribution": True,
         "mv_distribution": True,
         "xy_distribution": True,
-        "format": ["csv"],
+        "format": [plan.format],
         "ops": list(OPS),
         "step_count_per_record": plan.window,
+        "parquet_roll_steps": plan.roll,
         "alert": {
             "rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 3.0}}, {"rule_name": "AnomalyNan"}],
             "dump": True,
@@ -202,6 +189,58 @@ def write_rank(job: tuple[Plan, str, int]) -> tuple[int, int]:
     }
     with open(os.path.join(rank_dir, "summary.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=2)
+    return rows, values
+
+
+def write_csv(plan: Plan, rank_dir: str, rank: int) -> tuple[int, int]:
+    """The rank's CSV files, as the CSV sink lays them out."""
+    rows = 0
+    for category in CATEGORIES:
+        micro = category == "actv"
+        header = ",".join(["vpp_stage", "name", "step"] + (["micro_step"] if micro else []) + list(OPS))
+        for first in range(0, plan.steps, plan.window):
+            last = first + plan.window - 1
+            lines = [header]
+            for step in range(first, min(last + 1, plan.steps)):
+                for i, name in enumerate(plan.names[category]):
+                    lines.append(
+                        f"0,{name},{step}," + ("0," if micro else "") + _cells(_row(plan, category, rank, i, step))
+                    )
+                    rows += 1
+            with open(os.path.join(rank_dir, f"{category}_{first}-{last}.csv"), "w", encoding="utf-8") as fh:
+                fh.write("\n".join(lines) + "\n")
+    values = rows * len(OPS)
+    if plan.loss:
+        loss_rows = write_loss(plan, rank_dir, rank)
+        rows, values = rows + loss_rows, values + loss_rows
+    return rows, values
+
+
+def write_parquet(plan: Plan, out: str, rank: int) -> tuple[int, int]:
+    """The rank's rows through the Parquet sink, step after step as a monitor hands them over."""
+    import torch
+
+    from msmon.output.sinks.parquet_sink import ParquetSink
+    from msmon.records.rows import RowKey, StepRecord
+    from msmon.records.runs import NO_RUN
+
+    sink = ParquetSink(os.path.abspath(out), NO_RUN, 6, plan.roll, 128 << 20)
+    keys = [
+        RowKey(category, name, 0, 0 if category == "actv" else None)
+        for category in CATEGORIES
+        for name in plan.names[category]
+    ]
+    loss_keys = [RowKey(LOSS, LOSS, 0, micro) for micro in range(plan.micro_steps)]
+    rows = values = 0
+    for step in range(plan.steps):
+        table = [_row(plan, key.category, rank, i % plan.per_category, step) for i, key in enumerate(keys)]
+        sink.write(StepRecord(step, rank, list(OPS), keys, table=torch.tensor(table, dtype=torch.float64)))
+        rows, values = rows + len(keys), values + len(keys) * len(OPS)
+        if plan.loss:
+            loss = [[plan.loss_value(rank, step, micro)] for micro in range(plan.micro_steps)]
+            sink.write(StepRecord(step, rank, ["value"], loss_keys, table=torch.tensor(loss, dtype=torch.float64)))
+            rows, values = rows + len(loss_keys), values + len(loss_keys)
+    sink.close()
     return rows, values
 
 
@@ -315,6 +354,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--tensors", type=int, default=200, help="rows per rank and step, over five categories")
     parser.add_argument("--window", type=int, default=1, help="steps per CSV file (step_count_per_record)")
+    parser.add_argument(
+        "--format", choices=("csv", "parquet"), default="csv", help="the CSV layout, or the Parquet sink's"
+    )
+    parser.add_argument("--roll", type=int, default=50, help="steps per Parquet file (parquet_roll_steps)")
     parser.add_argument("--loss", action="store_true", help="also the loss files (loss_distribution)")
     parser.add_argument("--micro-steps", type=int, default=1, help="loss rows per step (with --loss)")
     parser.add_argument("--bad-data", action="store_true", help="one rank fed bad batches from 40 %% of the run")
@@ -335,7 +378,12 @@ def main() -> None:
                 "rows_per_step": plan.per_category * len(CATEGORIES),
                 "csv_rows": rows,
                 "values": values,
-                "files": args.ranks * (len(CATEGORIES) + plan.loss) * math.ceil(args.steps / args.window),
+                "files": args.ranks
+                * (
+                    math.ceil(args.steps / args.roll)
+                    if args.format == "parquet"
+                    else (len(CATEGORIES) + plan.loss) * math.ceil(args.steps / args.window)
+                ),
                 "seconds": round(time.perf_counter() - started, 1),
             }
         )

@@ -51,6 +51,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "wg+loss": {"wg_distribution": True, "loss_distribution": True},
     "wg+agreement": {"wg_distribution": True, "grad_agreement": True},
     "wg+mv+param": {"wg_distribution": True, "mv_distribution": True, "param_distribution": True},
+    # an alert rule switches the non-finite origin on (a finiteness flag per module input and
+    # output and per gradient of them); benchmarks/nan_origin_cost.py compares the two
+    "wg+alerts": {"wg_distribution": True, "alert": {"rules": [{"rule_name": "AnomalyNan"}]}},
+    "wg+alerts-origin": {
+        "wg_distribution": True,
+        "alert": {"rules": [{"rule_name": "AnomalyNan"}]},
+        "nan_origin": False,
+    },
     "all_xy": {"xy_distribution": True, "all_xy": True},
     "xy 10 of N": {"xy_distribution": True},  # targets filled in per model by xy_targets()
 }

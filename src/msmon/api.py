@@ -24,6 +24,7 @@ from .output.rank_output import RankOutput, report_cost
 from .output.sinks import check_formats
 from .runtime import dedupe, selection
 from .runtime.cost import describe
+from .runtime.job_facts import job_facts
 from .runtime.naming import model_chunks
 from .runtime.reload import ConfigReload
 from .runtime.shards import ShardCombiner
@@ -84,6 +85,7 @@ class TrainerMon:
         self.records_modules = True
         self.pp_stage, self.group_mates = 0, [rank]
         self.attached = False
+        self._job: dict[str, Any] | None = None  # summary.json's "job", read at attach
         self._closed = False
         if self.active:
             self.output.open(config)
@@ -232,6 +234,7 @@ class TrainerMon:
         if self.output.resume is not None:  # append_output: where the earlier run's series continues
             ctx.step = self.output.resume.begin(ctx.step, self.writer.sinks if self.writer else ())
         self.attached = True
+        self._job = job_facts(ctx, self.pp_stage)
         if not self.active:
             logger.info(
                 "msmon[rank %d]: not in module_ranks %s; this rank records nothing", ctx.rank, ctx.config.module_ranks
@@ -311,6 +314,7 @@ class TrainerMon:
             "last_step": self.step - 1 if self.step > 0 else None,  # the last step trained
             "next_step": self.step,
             "output_stopped": self.output_stopped,
+            **({"job": {**self._job, "grad_acc_steps": self.ctx.grad_acc_steps}} if self._job is not None else {}),
             **({"note": note} if (note := self._nothing_recorded_because()) else {}),
         }
 

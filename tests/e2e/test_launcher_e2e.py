@@ -256,6 +256,10 @@ def test_struct_prints_the_module_tree_and_stops_at_the_first_step(tmp_path):
         struct = json.loads((tmp_path / "module_struct" / f"rank{rank}" / "module_struct.json").read_text())
         assert struct["layers.0.attn.qkv"]["input"]["0"] == "size=(4, 8, 16), dtype=torch.float32"
         assert f"msmon: rank {rank}: module structure written to" in proc.stderr
+    # the ranks' scratch output is the launcher's business, and print_struct is not the user's setting
+    assert "msmon-struct_output" not in proc.stdout + proc.stderr
+    assert "print_struct" not in proc.stdout + proc.stderr
+    assert "msmon[rank 0]: reading the module structure of DistributedDataParallel" in proc.stderr
 
 
 def test_accelerates_own_test_script_gets_one_monitor_per_optimizer(tmp_path):

@@ -1,7 +1,8 @@
 """Under `msmon run` (real torchrun, 2 gloo ranks), three jobs into one output directory:
 
 1. `alert.on_nan: "stop"` with an inf injected on rank 1 at step 3 (tests/scripts/nan_stop_train.py):
-   both ranks stop after step 3, the job fails, the output and the dump are complete;
+   both ranks stop after step 3, the job ends with msmon's exit code 3 and one line saying so (no
+   torchrun report), the output, the dump and summary.json (last step 3) are complete;
 2. the same script with the default `"continue"`: it trains on, and each repeated alert is logged
    once, then counted in one line per rule and tensor at the end;
 3. `msmon struct`: it leaves its module trees and no rank directory.
@@ -86,16 +87,19 @@ def test_three_jobs_in_one_directory_stop_on_nan_quiet_alerts_struct_and_runs_re
 
     # 1. on_nan "stop": both ranks stop after the injection step, the job fails
     stop = job(tmp_path, out, "stop", steps=8)
-    assert stop.returncode != 0, stop.stderr[-3000:]
+    # a decision, not a crash: msmon's exit code (system/exit_codes.py), not torchrun's 1, and one line
+    assert stop.returncode == 3, stop.stderr[-3000:]
     for rank in (0, 1):
         finished = [int(s) for s in re.findall(rf"rank {rank} finished step (\d+)", stop.stdout)]
         assert finished == list(range(INJECT_STEP)), stop.stdout  # step 3's optimizer.step() never returned
-        assert (
-            f"msmon[rank {rank}]: non-finite statistics at step {INJECT_STEP} on ranks 0, 1; the job stops after "
-            "this step as alert.on_nan asks (exit code 3)"
-        ) in stop.stdout
-    # torchrun's report: the first rank out exits 3 (it may end the other, done too, with SIGTERM)
-    assert "exitcode  : 3" in stop.stderr, stop.stderr[-3000:]
+    decided = (
+        f"msmon: the job stopped after step {INJECT_STEP} as alert.on_nan asks: non-finite statistics on ranks 0, 1 "
+        "(exit code 3); the output and the anomaly dump are complete"
+    )
+    assert stop.stderr.splitlines().count(decided) == 1, stop.stderr[-3000:]
+    assert "non-finite statistics" not in stop.stdout  # said once, by the launcher, not by each rank
+    for torchrun_noise in ("ChildFailedError", "Traceback", "exitcode", "SIGTERM", "failed (exitcode"):
+        assert torchrun_noise not in stop.stderr, stop.stderr[-3000:]
     first_dirs = rank_dirs(out)
     assert len(first_dirs) == 2
     first_run = run_of(first_dirs[0])
@@ -103,6 +107,8 @@ def test_three_jobs_in_one_directory_stop_on_nan_quiet_alerts_struct_and_runs_re
     for rank, rank_dir in enumerate(first_dirs):
         summary = json.loads((rank_dir / "summary.json").read_text())  # closed before the exit
         assert summary["steps_recorded"] == INJECT_STEP + 1
+        # step 3 was trained and recorded: a resume starts at step 4, never numbers step 3 twice
+        assert (summary["last_step"], summary["next_step"]) == (INJECT_STEP, INJECT_STEP + 1)
         records = dump_records(out, rank)
         assert records and {r["step"] for r in records} == {INJECT_STEP}
         assert {r["run_id"] for r in records} == {first_run}

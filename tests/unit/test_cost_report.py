@@ -100,7 +100,8 @@ def test_a_script_without_logging_set_up_sees_the_cost_on_stderr_at_exit(write_c
     )
 
 
-def test_the_launcher_line_carries_each_rank_cost(tmp_path):
+def test_the_launcher_line_carries_each_rank_cost(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))  # msmon found
     log_dir = tmp_path / "out" / "Dec02-rank0-x"
     log_dir.mkdir(parents=True)
     (log_dir / "summary.json").write_text(

@@ -26,7 +26,7 @@ BAD_VERSIONS = {
     ),
     "nan": ("monitor.json", b'{"wg_distribution": true, "format": "csv", "ops": ["norm"], "eps": NaN}'),
     "syntax-error": ("monitor.json", b'{"wg_distribution": true, "format": "csv" "ops": ["norm"]}'),
-    "unknown-format": ("monitor.json", b'{"wg_distribution": true, "format": ["csv", "parquet"], "ops": ["norm"]}'),
+    "unknown-format": ("monitor.json", b'{"wg_distribution": true, "format": ["csv", "hdf5"], "ops": ["norm"]}'),
     "unknown-key": ("monitor.json", b'{"wg_distribution": true, "format": "csv", "opps": ["norm"]}'),
     "truncated": ("monitor.json", b'{"wg_distribution": true, "format": "csv", "ops": ["no'),
     "empty-json": ("monitor.json", b""),
@@ -97,12 +97,12 @@ def test_an_edit_naming_an_unknown_format_is_refused_with_the_message_trainermon
     mon = TrainerMon(str(path))
     mon.set_monitor(model, optimizer, grad_acc_steps=1)
     train_steps(model, optimizer, 1)  # step 0
-    write_version(path, json.dumps({**GOOD, "format": ["csv", "parquet"]}).encode(), 2_000_000_000)
+    write_version(path, json.dumps({**GOOD, "format": ["csv", "hdf5"]}).encode(), 2_000_000_000)
     train_steps(model, optimizer, 2)  # step 1 reads the edit and keeps csv; 2 keeps on
     mon.close()
     assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "grad_reduced")} == {0, 1, 2}
     (logged,) = errors()
-    assert logged.endswith(f"{path}: format: unknown format 'parquet'; expected {format_names()}")
+    assert logged.endswith(f"{path}: format: unknown format 'hdf5'; expected {format_names()}")
 
 
 def test_two_versions_in_one_mtime_tick_the_second_is_read(tmp_path, output_dir, errors):

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 
 import pytest
@@ -148,7 +149,10 @@ def test_analyse_says_no_anomaly_and_exits_0_on_an_empty_dump_but_1_without_a_du
     assert CliRunner().invoke(main, ["analyse", "-d", str(tmp_path / "empty")]).exit_code == 1
 
 
-def test_the_end_of_job_lines_name_the_first_non_finite_value_in_training_order_and_the_next_commands(tmp_path):
+def test_the_end_of_job_lines_name_the_first_non_finite_value_in_training_order_and_the_next_commands(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))  # msmon found
     out = tmp_path / "out"
     (out / "anomaly_detected").mkdir(parents=True)
     origins = {  # rank 0 meets it in the optimizer, after rank 1's forward made it, in the same step
@@ -167,6 +171,9 @@ def test_the_end_of_job_lines_name_the_first_non_finite_value_in_training_order_
         f"msmon: run 20261206-031500-abcdef; next: msmon analyse -d {out / 'anomaly_detected'} (the first anomaly "
         f"across ranks), msmon report -d {out} --run 20261206-031500-abcdef -o report.html (one HTML page)"
     )
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # a fresh shell without the venv: this msmon by its path
+    shown = summary_lines(records, "run", str(out), "r")[-1].split("; next: ")[1].split(" analyse -d ")[0]
+    assert os.sep in shown and os.path.samefile(shown, os.path.join(os.path.dirname(sys.executable), "msmon"))
 
 
 def test_analyse_reads_the_newest_run_of_a_dump_copied_without_its_rank_directories(tmp_path):
@@ -208,5 +215,6 @@ def test_on_nan_stop_in_one_process_ends_it_after_the_step_with_its_output_writt
     (rank_dir,) = output_dir.glob("*-rank0-*")
     summary = json.loads((rank_dir / "summary.json").read_text())  # the monitor closed first
     assert summary["steps_recorded"] == 3
+    assert (summary["last_step"], summary["next_step"]) == (2, 3)  # step 2 was trained and recorded
     records = [json.loads(line) for line in (output_dir / "anomaly_detected" / "rank0" / "anomaly.jsonl").open()]
     assert {r["step"] for r in records} == {2}  # the step's alerts written before the exit

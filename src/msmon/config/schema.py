@@ -179,6 +179,15 @@ class MonitorConfig:
     eps: float = key(1e-8, doc="the threshold of `zeros` (|x| < eps)")
     ndigits: int = key(6, doc="CSV digits: decimals from 1 up, significant digits below 1", minimum=0)
     step_count_per_record: int = key(1, doc="steps per CSV file", minimum=1)
+    parquet_roll_steps: int = key(
+        100,
+        doc="msmon: steps per Parquet file (format parquet); a rank killed mid-run loses at most these "
+        "(docs/results.md)",
+        minimum=1,
+    )
+    parquet_roll_mb: int = key(
+        128, doc="msmon: a Parquet file closes past this size in MiB, even mid-window", minimum=1
+    )
     start_step: int = key(0, doc="the first step recorded", minimum=0)
     step_interval: int = key(1, doc="record every step_interval-th step", minimum=1)
     collect_times: int = key(100_000_000, doc="steps recorded, after which the hooks are removed", minimum=0)

@@ -30,6 +30,7 @@ from ..seams import registry
 from ..seams.spec import Framework
 from ..seams.versions import warn_if_unsupported
 from ..system.distributed import current_rank
+from ..system.exit_codes import CONFIG_ERROR
 from .monitor_factory import AttachedMonitor, MonitorFactory
 
 logger = logging.getLogger("msmon")
@@ -101,7 +102,7 @@ class Session:
             reason,
         )
         self.emit("stopped", reason=reason)
-        raise StopBeforeTraining(2)
+        raise StopBeforeTraining(CONFIG_ERROR)
 
     def emit(self, event: str, **info: Any) -> None:
         """Tell listeners: "attached" (monitor, optimizer, when), "skipped" (optimizer,

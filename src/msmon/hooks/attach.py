@@ -8,6 +8,7 @@ it for the optimizers a script builds; hooks/handover.py for the optimizer a fra
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from typing import Any
@@ -18,6 +19,7 @@ from ..config import ConfigError
 from ..runtime.naming import display
 from ..runtime.selection import check_names as check_targets
 from ..system.distributed import current_rank
+from ..system.environment import ENV_JOB_MODE
 from . import Session, automatic
 from .monitor_factory import AttachedMonitor
 
@@ -49,15 +51,23 @@ def start_monitor(
             f"{shares_modules_with.adapter.optimizer_name} ({shares_modules_with.log_dir})"
         )
     )
-    logger.info(
-        "msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s%s",
-        current_rank(),
-        type(optimizer).__name__,
-        " + ".join(names),
-        when,
-        monitor.log_dir or "no output on this rank",
-        shared,
-    )
+    if os.environ.get(ENV_JOB_MODE) == "struct":  # its output is a scratch the launcher moves the tree out of
+        logger.info(
+            "msmon[rank %d]: reading the module structure of %s (attached at %s)",
+            current_rank(),
+            " + ".join(names),
+            when,
+        )
+    else:
+        logger.info(
+            "msmon[rank %d]: monitoring %s of %s (attached at %s) -> %s%s",
+            current_rank(),
+            type(optimizer).__name__,
+            " + ".join(names),
+            when,
+            monitor.log_dir or "no output on this rank",
+            shared,
+        )
     session.emit("attached", monitor=monitor, optimizer=type(optimizer).__name__, models=names, when=when)
     return monitor
 

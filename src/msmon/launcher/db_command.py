@@ -37,7 +37,8 @@ from ..offline.results.schema import SchemaError
 @click.option("--progress/--no-progress", default=None, help="Show a progress bar (default: on a terminal).")
 def db(directories: tuple[str, ...], output: str, run: str | None, progress: bool | None) -> None:
     """Load every rank's CSV and TensorBoard output, anomaly dumps, summaries and configs into
-    one DuckDB database. Run it again as the job writes more: unchanged files are skipped and a
+    one DuckDB database, and catalog its Parquet files (read in place by the `metrics` view,
+    never copied). Run it again as the job writes more: unchanged files are skipped and a
     grown CSV file adds only its new rows. A database holds one run (`msmon run` gives each job
     a run id): the newest, unless --run names another.
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 from typing import Any
 
@@ -15,9 +14,11 @@ import click
 from ..config import ConfigError
 from ..output.directory import ensure_writable, output_base_dir
 from ..records.runs import new_run_id
+from ..system.decision import choose, read_decisions
 from . import run_summary
 from .bootstrap import job_directory
 from .job_command_line import JobCommand, UsageError, parse, sitecustomize_disabled_by
+from .signal_forwarding import SignalForwarding
 
 ENV_KEEP_BOOTSTRAP = "MSMON_KEEP_BOOTSTRAP"
 STRUCT_SCRATCH = "struct_output"  # `msmon struct`: where its ranks write, inside the bootstrap directory
@@ -90,8 +91,11 @@ def launch(
         code = run_child(command.argv(), env, () if lock is None else (lock,))
         if scratch is not None:
             keep_structure(scratch, base)
+        decision = choose(read_decisions(directory))
+        if decision is not None:  # a stop msmon decided: its code, not the launcher's (torchrun's 1)
+            code = decision.code
         lines = run_summary.summary_lines(
-            run_summary.worker_records(directory), mode, base, run_id, config_source=config_source
+            run_summary.worker_records(directory), mode, base, run_id, config_source=config_source, decision=decision
         )
         for line in lines:
             click.echo(line, err=True)
@@ -123,18 +127,11 @@ def keep_structure(scratch: str, base: str) -> None:
 
 
 def run_child(argv: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> int:
-    """Run the job and return its exit code. Ctrl-C reaches the job from the terminal (the
-    launcher outlives it to print the summary); SIGTERM and SIGHUP are passed on. `pass_fds`:
-    the bootstrap directory's lock, held by the job's first process too."""
+    """Run the job and return its exit code. SIGTERM and SIGHUP are passed on to it, and SIGINT
+    unless the job got it from the terminal too (signal_forwarding.py); the launcher outlives
+    the job to print the summary. `pass_fds`: the bootstrap directory's lock, held by the job's
+    first process too."""
     proc = subprocess.Popen(argv, env=env, pass_fds=pass_fds)
-    forwarded = (signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, *forwarded)}
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for sig in forwarded:
-        signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
-    try:
+    with SignalForwarding(proc):
         code = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     return 128 - code if code < 0 else code

@@ -11,6 +11,7 @@ import click
 from ..offline.results.connection import DatabaseError, connect
 from ..offline.results.db import load
 from ..offline.results.limits import Limits
+from ..offline.results.parquet_catalog import check_sources
 from ..offline.results.report_html import build
 from ..offline.results.schema import SchemaError, require_msmon
 
@@ -96,6 +97,7 @@ def report(
         con = connect(path, read_only=True)
         try:
             require_msmon(con, database or path)
+            check_sources(con)
             data = build(
                 con, output, database or ", ".join(directories), Limits(max_steps=max_steps, max_rows=max_rows), title
             )

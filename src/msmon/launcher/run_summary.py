@@ -8,12 +8,15 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
+import sys
 from typing import Any
 
 from ..offline.analyse.run_kind import run_fault_kind
 from ..output.directory import describe_stopped
 from ..records.layout import DUMP_DIR, SUMMARY_FILE
 from ..runtime.cost import describe
+from ..system.decision import Decision
 from .bootstrap.boot import WORKERS_DIR
 
 
@@ -78,10 +81,12 @@ def summary_lines(
     run_id: str | None = None,
     *,
     config_source: str | None = None,
+    decision: Decision | None = None,
 ) -> list[str]:
     """What the launcher prints when the job ends: a line per monitor, then (`msmon run`) the
-    first non-finite value and where to look next. output_base: where `msmon struct` keeps the
-    module trees; config_source: the config file, named in a config error's line."""
+    first non-finite value, the stop msmon decided (`decision`: system/decision.py) and where
+    to look next. output_base: where `msmon struct` keeps the module trees; config_source: the
+    config file, named in a config error's line."""
     if not records:
         return [
             "msmon: no training process loaded msmon, so nothing was monitored. Python started with -E, -I "
@@ -109,7 +114,9 @@ def summary_lines(
         for monitor in monitors:
             lines.append(_monitor_line(monitor, mode, len(monitors) > 1, output_base))
     if mode == "run":
-        lines += _next_steps(records, run_id)
+        lines += _next_steps(records, run_id, decision)
+    elif decision is not None:
+        lines.append(decision.line)
     return lines
 
 
@@ -146,25 +153,28 @@ def describe_origin(origin: dict[str, Any]) -> str:
     return f"first non-finite value: rank {origin.get('rank', '?')} step {origin['step']}{micro}, {what}"
 
 
-def _next_steps(records: list[dict[str, Any]], run_id: str | None) -> list[str]:
-    """The first non-finite value, and the commands that read the run."""
+def _next_steps(records: list[dict[str, Any]], run_id: str | None, decision: Decision | None = None) -> list[str]:
+    """The first non-finite value, the decided stop, and the commands that read the run."""
     bases = sorted({m["output_base"] for r in records for m in r.get("monitors", []) if m.get("log_dir")})
     if not bases:
-        return []
+        return [decision.line] if decision is not None else []
     lines = []
     origin = _first_origin(records)
     if origin is not None:
         lines.append(f"msmon: {describe_origin(origin)}")
     lines += _kind_line(os.path.join(bases[0], DUMP_DIR), run_id)
+    if decision is not None:
+        lines.append(decision.line)
     out = _shown(bases[0])
     run = f" --run {run_id}" if run_id else ""
+    msmon = msmon_program()
     analyse = (
-        f"msmon analyse -d {os.path.join(out, DUMP_DIR)} (the first anomaly across ranks), "
+        f"{msmon} analyse -d {os.path.join(out, DUMP_DIR)} (the first anomaly across ranks), "
         if os.path.isdir(os.path.join(bases[0], DUMP_DIR))
         else ""
     )
     lines.append(
-        f"msmon: run {run_id or '(no id)'}; next: {analyse}msmon report -d {out}{run} -o report.html (one HTML page)"
+        f"msmon: run {run_id or '(no id)'}; next: {analyse}{msmon} report -d {out}{run} -o report.html (one HTML page)"
     )
     return lines
 
@@ -175,6 +185,20 @@ def _kind_line(dump_dir: str, run_id: str | None) -> list[str]:
     if kind is None:
         return []
     return [f"msmon: kind of fault: {kind.headline()} [{kind.code}]; {kind.why}"]
+
+
+def msmon_program() -> str:
+    """How to call this msmon from a fresh shell: `msmon` where PATH finds this very program,
+    else its path (`.venv/bin/msmon`: `make demo` runs it without activating the venv), else
+    this python with `-m msmon.launcher`."""
+    beside = os.path.join(os.path.dirname(sys.executable), "msmon")
+    if not os.path.isfile(beside):
+        return f"{_shown(sys.executable)} -m msmon.launcher"
+    found = shutil.which("msmon")
+    if found and os.path.realpath(found) == os.path.realpath(beside):
+        return "msmon"
+    shown = _shown(beside)
+    return shown if os.sep in shown else os.path.join(os.curdir, shown)  # `msmon` alone would be PATH's
 
 
 def _monitor_line(monitor: dict[str, Any], mode: str, several: bool, output_base: str | None = None) -> str:

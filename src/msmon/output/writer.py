@@ -177,8 +177,7 @@ class BackgroundWriter:
             if sink not in self.sinks:
                 continue  # a file sink, and the output stopped at this step
             try:
-                for part in written:
-                    sink.write(part)
+                sink.write_step(written)  # one step's records: a sink may write them as one unit
             except Exception as exc:
                 if isinstance(exc, OSError) and sink.writes_files:  # the disk failed: all output stops
                     self.stop_output(step, exc)

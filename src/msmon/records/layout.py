@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
 from datetime import datetime
 
 from ..config.time_range import TIME_FORMAT
@@ -48,8 +49,30 @@ def format_tag(display: str, rank: int | None, what: str) -> str:
 
 def without_rank(tag: str, rank: int) -> str:
     """A tag made with `format_tag(display, rank, what)` in the by_rank layout: its `/rank{r}/`
-    component removed (histogram and image tags, which collectors build with the rank)."""
-    return tag.replace(f"/rank{rank}/", "/", 1)
+    component removed (histogram and image tags, which collectors build with the rank). The last
+    one: a module's own name may hold `/rank{r}/` too."""
+    head, sep, tail = tag.rpartition(f"/rank{rank}/")
+    return f"{head}/{tail}" if sep else tag
+
+
+RANK_PART = re.compile(r"rank\d+")  # the rank component of a tag, `.../rank{r}/{what}`
+
+
+def has_rank_part(tag: str) -> bool:
+    """Whether `tag` reads as `{display}/rank{r}/{what}` (the default layout); a by_rank tag whose
+    module name ends in `/rank{n}` reads so too, which is why readers ask `tags_by_rank`."""
+    parts = tag.rsplit("/", 2)
+    return len(parts) == 3 and bool(RANK_PART.fullmatch(parts[1]))
+
+
+def tags_by_rank(tags: Iterable[str]) -> bool:
+    """Whether the tags of one events file (or of one of its steps) are in the by_rank layout: a
+    module name may hold `/`, even `/rank{n}`, so one tag cannot tell. The by_rank sink writes
+    the summary lanes with every step's statistics; and in the default layout every tag has its
+    rank component, so a file where none has is by_rank too (`msmon convert csv2tb --tags
+    by_rank`, which writes no lanes)."""
+    tags = list(tags)
+    return any(t.startswith(SUMMARY_ROOT) for t in tags) or (bool(tags) and not any(map(has_rank_part, tags)))
 
 
 # by_rank's summary lanes (tensorboard_sink): per category and op, the largest value over the
@@ -66,8 +89,7 @@ def summary_tag(category: str, op: str) -> str:
 
 def tag_with_rank(tag: str, rank: int) -> str:
     """A by_rank tag `{display}/{what}` with the rank its run stands for put back,
-    `{display}/rank{r}/{what}`, the form the tag parsers read; a tag that has one is kept."""
+    `{display}/rank{r}/{what}`, the form the tag parsers read. The caller knows the layout
+    (`tags_by_rank`): a module name may end in `/rank{n}` itself."""
     head, sep, last = tag.rpartition("/")
-    if not sep or re.fullmatch(r"rank\d+", head.rpartition("/")[2]):
-        return tag
-    return f"{head}/rank{rank}/{last}"
+    return f"{head}/rank{rank}/{last}" if sep else tag

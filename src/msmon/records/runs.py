@@ -43,7 +43,7 @@ def write_run_file(rank_dir: str, run_id: str, rank: int) -> None:
     """Add `run_id` to the runs that wrote in `rank_dir` (its run.json); the first is the one that
     created it. An OSError is the caller's (the rank's output stops, as for any write)."""
     path = os.path.join(rank_dir, RUN_FILE)
-    data = _read(path) or {"rank": rank, "runs": []}
+    data = _read(path)[0] or {"rank": rank, "runs": []}
     if any(r.get("run_id") == run_id for r in data["runs"]):
         return
     data["runs"].append({"run_id": run_id, "started": datetime.now().isoformat(timespec="seconds")})
@@ -54,22 +54,35 @@ def write_run_file(rank_dir: str, run_id: str, rank: int) -> None:
     os.replace(tmp, path)
 
 
-def _read(path: str) -> dict | None:
+def _read(path: str) -> tuple[dict | None, str | None]:
+    """(run.json's content, None) or (None, why it cannot be read: None when there is none)."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = json.load(fh)
-    except (OSError, ValueError):
-        return None
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:
+        return None, f"not valid JSON ({exc})"
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-        return None
+        return None, 'no list of "runs"'
     data["runs"] = [r for r in data["runs"] if isinstance(r, dict) and isinstance(r.get("run_id"), str)]
-    return data
+    if not data["runs"]:
+        return None, "names no run"
+    return data, None
 
 
 def runs_of(rank_dir: str) -> list[tuple[str, str]]:
     """[(run id, start time)] of the runs that wrote in `rank_dir`; [] without run.json."""
-    data = _read(os.path.join(rank_dir, RUN_FILE))
+    data = _read(os.path.join(rank_dir, RUN_FILE))[0]
     return [(r["run_id"], str(r.get("started", ""))) for r in data["runs"]] if data else []
+
+
+def run_file_problem(rank_dir: str) -> str | None:
+    """Why `rank_dir`'s run.json, which exists, names no run (a torn write, a hand edit); None
+    when it is fine or absent."""
+    return _read(os.path.join(rank_dir, RUN_FILE))[1]
 
 
 @dataclass
@@ -80,6 +93,7 @@ class Run:
     started: str  # ISO time; for NO_RUN the newest directory's modification time
     dirs: list[str] = field(default_factory=list)
     ranks: set[int] = field(default_factory=set)
+    damaged: dict[str, str] = field(default_factory=dict)  # NO_RUN's directories whose run.json is damaged: why
 
     def line(self) -> str:
         """One line of the run list: id, start, ranks, where."""
@@ -93,6 +107,7 @@ def group_runs(rank_dirs: Mapping[str, int | None]) -> list[Run]:
     runs: dict[str, Run] = {}
     for directory, rank in rank_dirs.items():
         ids = runs_of(directory)
+        problem = None if ids else run_file_problem(directory)
         if not ids:
             try:
                 mtime = datetime.fromtimestamp(os.path.getmtime(directory)).isoformat(timespec="seconds")
@@ -101,6 +116,8 @@ def group_runs(rank_dirs: Mapping[str, int | None]) -> list[Run]:
             ids = [(NO_RUN, mtime)]
         for run_id, started in ids:
             run = runs.setdefault(run_id, Run(run_id, started))
+            if problem is not None:
+                run.damaged[directory] = problem
             run.started = max(run.started, started) if run_id == NO_RUN else min(run.started, started) or started
             run.dirs.append(directory)
             if rank is not None:
@@ -139,11 +156,28 @@ def of_run(run_id: str | None, chosen: Run | None) -> bool:
 
 
 def choice_lines(chosen: Run | None, others: list[Run], verb: str) -> list[str]:
-    """What a reader says about the run it read: the run, then the others, one line each."""
-    if chosen is None or (chosen.run_id == NO_RUN and not others):  # no run ids at all: nothing to say
-        return []
-    lines = [f"msmon {verb}: run {chosen.line()}"]
+    """What a reader says about the run it read: the run, then the others, one line each, then
+    the rank directories whose damaged run.json left them out of their run."""
+    lines = damaged_lines([r for r in [chosen, *others] if r is not None], chosen, verb)
+    if chosen is None or (chosen.run_id == NO_RUN and not others):  # no run ids at all: nothing more to say
+        return lines
+    head = [f"msmon {verb}: run {chosen.line()}"]
     if others:
-        lines.append(f"msmon {verb}: {len(others)} other run(s) here (choose one with --run ID, or --run all):")
-        lines += ["  " + r.line() for r in reversed(others)]
+        head.append(f"msmon {verb}: {len(others)} other run(s) here (choose one with --run ID, or --run all):")
+        head += ["  " + r.line() for r in reversed(others)]
+    return head + lines
+
+
+def damaged_lines(runs: list[Run], chosen: Run | None, verb: str) -> list[str]:
+    """One line per rank directory whose run.json is damaged: read as of no run, it is left out
+    of the run that wrote it (which may be the newest), so the reader says so."""
+    damaged = {d: why for r in runs for d, why in r.damaged.items()}
+    if not damaged:
+        return []
+    choose = "" if chosen is not None and chosen.run_id == NO_RUN else f" (read them with --run {NO_RUN})"
+    lines = [
+        f"msmon {verb}: {len(damaged)} rank director{'ies' if len(damaged) > 1 else 'y'} with a damaged "
+        f"{RUN_FILE}, so of no run{choose}:"
+    ]
+    lines += [f"  {d}: {RUN_FILE} {why}" for d, why in sorted(damaged.items())]
     return lines

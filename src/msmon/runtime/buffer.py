@@ -106,7 +106,9 @@ class StepBuffer:
             self._sizes.append(len(keys))
 
     def add_flag(self, key: RowKey, finite: torch.Tensor) -> None:
-        """A 0-d bool: is this tensor free of NaN/Inf (for the non-finite origin)."""
+        """For the non-finite origin: a 0-d floating witness, finite exactly when the tensor is
+        free of NaN/Inf (its sum, its largest magnitude), tested with the step's other flags when
+        they are taken; or a 0-d bool, the answer itself."""
         self.flag_keys.append(key)
         self.flags.append(finite)
 
@@ -185,9 +187,13 @@ def _resolved_flags(entries: list[torch.Tensor | tuple[torch.Tensor, RowFinitene
             pairs = [entry for entry in run if isinstance(entry, tuple)]
             test = pairs[0][1]  # one step, one set of ops
             parts.append(test.flags(_stack_on_one_device([row for row, _ in pairs])))
-        else:
-            flags = [entry for entry in run if isinstance(entry, torch.Tensor)]
-            parts.append(_stack_on_one_device(flags).to(torch.bool))
+        else:  # witnesses (a bool answer as a witness: 0 for True, -inf for False), tested at once
+            flags = [
+                entry if entry.is_floating_point() else entry.double().log()
+                for entry in run
+                if isinstance(entry, torch.Tensor)
+            ]
+            parts.append(torch.isfinite(_stack_on_one_device(flags)))
         start = end
     if len(parts) == 1:
         return parts[0]

@@ -141,6 +141,7 @@ def decide_writers(
     the pieces of split tensors can be combined (the monitor's ShardCombiner is enabled)."""
     adapter = ctx.adapter
     groups = discover(ctx.models, adapter, frameworks, dp_group, tp_group)
+    ctx.parallel = groups.sizes()
     adapter.written_elsewhere = written_elsewhere(groups, adapter)
     written = sum(id(p) not in adapter.written_elsewhere for p in adapter.params())
     logger.debug(

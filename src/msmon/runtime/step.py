@@ -195,14 +195,15 @@ class StepRunner:
         ctx.hook_batch.end_step()
         ctx.losses.clear()
         ctx.grad_hooks.clear()
-        if self.nan_stop is not None:
-            with_nonfinite = self.nan_stop.ranks_with_nonfinite(batch, ctx.ops_written)
-            if with_nonfinite:
-                stop_on_nan(ctx.rank, ctx.step, with_nonfinite, self._close, self.nan_stop.all_closed)
+        with_nonfinite = self.nan_stop.ranks_with_nonfinite(batch, ctx.ops_written) if self.nan_stop is not None else []
         structure = self.built.structure
-        if structure is not None and structure.enabled and ctx.recording:
-            stop_after_struct(structure, ctx.output_base, ctx.rank, ctx.step, self._close)
-        ctx.step += 1
+        struct_written = structure is not None and structure.enabled and ctx.recording
+        trained = ctx.step
+        ctx.step += 1  # this step is trained and recorded: a stop's summary.json names the next one
+        if with_nonfinite and self.nan_stop is not None:
+            stop_on_nan(ctx.rank, trained, with_nonfinite, self._close, self.nan_stop.all_closed)
+        if struct_written and structure is not None:
+            stop_after_struct(structure, ctx.output_base, ctx.rank, trained, self._close)
         agreed = self.reload.at_step_end(ctx.shards.take_stamped(), self._check_fits)
         if agreed is not None:
             self.apply_config(agreed)

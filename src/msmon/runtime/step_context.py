@@ -68,6 +68,7 @@ class StepContext:
         self.shards: Any = None
         self.dp_group: Any = None
         self.tp_group: Any = None
+        self.parallel: dict[str, Any] = {}  # the parallel groups' sizes and where they came from (dedupe)
         self.frameworks: Sequence[Framework] = ()  # the framework packages (hooks.frameworks()), set at attach
         self.grad_acc_steps: int | None = config.grad_acc_steps
         self._use_main_grad = False

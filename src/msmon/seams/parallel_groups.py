@@ -25,6 +25,15 @@ class ParallelGroups:
         )
         return f"{sizes or 'no parallel groups'} (from {self.source})"
 
+    def sizes(self) -> dict[str, Any]:
+        """{"dp": 2, "tp": 1, ..., "from": where they came from}: the groups found, for summary.json."""
+        found: dict[str, Any] = {
+            name: _size(group)
+            for name, group in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp))
+            if group is not None
+        }
+        return {**found, "from": self.source}
+
 
 def _size(group: Any) -> int:
     try:

@@ -7,3 +7,4 @@ runs there before msmon's package can be imported (tests check the two agree).
 
 ENV_BOOTSTRAP_DIR = "MSMON_BOOTSTRAP_DIR"  # set under `msmon run`: the launcher prints the cost lines
 ENV_DYNAMIC_MONITOR = "DYNAMIC_MONITOR"  # msprobe's dynamic mode: record nothing until dynamic_on
+ENV_JOB_MODE = "MSMON_JOB_MODE"  # under the launcher: "run" or "struct" (`msmon struct` sets print_struct itself)

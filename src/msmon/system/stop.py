@@ -9,7 +9,9 @@ from typing import Callable, Protocol
 
 import torch
 
-from .environment import ENV_BOOTSTRAP_DIR
+from .decision import Decision, record
+from .environment import ENV_BOOTSTRAP_DIR, ENV_JOB_MODE
+from .exit_codes import NONFINITE_STOP
 
 
 class ModuleTree(Protocol):
@@ -36,7 +38,7 @@ class StopOnNan(StopRun):
     under `alert.on_nan: "stop"`: the job fails (exit code NAN_EXIT_CODE)."""
 
 
-NAN_EXIT_CODE = 3
+NAN_EXIT_CODE = NONFINITE_STOP
 
 
 def stop_after_struct(struct: ModuleTree, output_base: str, rank: int, step: int, close: Callable[[], None]) -> None:
@@ -45,13 +47,12 @@ def stop_after_struct(struct: ModuleTree, output_base: str, rank: int, step: int
     if rank == 0 or not torch.distributed.is_initialized():
         print(struct.render_tree(), flush=True)
     close()
-    # under `msmon struct` the ranks write into a scratch the launcher moves the tree out of: the
-    # launcher names where it lands
-    where = "" if os.environ.get(ENV_BOOTSTRAP_DIR) else f" to {path}"
-    print(
-        f"msmon: module structure of rank {rank} written{where}; stopping after step {step} as print_struct asks",
-        flush=True,
-    )
+    if os.environ.get(ENV_JOB_MODE) != "struct":  # `msmon struct`'s launcher says where each tree lands
+        where = "" if os.environ.get(ENV_BOOTSTRAP_DIR) else f" to {path}"
+        print(
+            f"msmon: module structure of rank {rank} written{where}; stopping after step {step} as print_struct asks",
+            flush=True,
+        )
     raise StopAfterStruct(0)
 
 
@@ -65,14 +66,18 @@ def stop_with_the_others(rank: int, step: int, close: Callable[[], None]) -> Non
 def stop_on_nan(
     rank: int, step: int, ranks: list[int], close: Callable[[], None], all_closed: Callable[[], None]
 ) -> None:
-    """Close the monitor (pending steps, the anomaly dump, summary.json written), wait for the
-    other ranks to have closed theirs (`all_closed`), say why, stop the process with NAN_EXIT_CODE."""
+    """Close the monitor (pending steps, the anomaly dump, summary.json written), record the
+    decision for the launcher (system/decision.py), wait for the other ranks to have closed
+    theirs and recorded it too (`all_closed`), stop the process with NAN_EXIT_CODE. Under `msmon
+    run` the launcher prints the decision's line once for the job; without it each rank says it."""
     close()
-    all_closed()
-    print(
-        f"msmon[rank {rank}]: non-finite statistics at step {step} on rank{'s' if len(ranks) > 1 else ''} "
-        f"{', '.join(map(str, ranks))}; the job stops after this step as alert.on_nan asks "
-        f"(exit code {NAN_EXIT_CODE}); the output and the anomaly dump are complete",
-        flush=True,
+    line = (
+        f"msmon: the job stopped after step {step} as alert.on_nan asks: non-finite statistics on "
+        f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} (exit code {NAN_EXIT_CODE}); "
+        "the output and the anomaly dump are complete"
     )
+    recorded = record(Decision(NAN_EXIT_CODE, line, step, rank, sorted(ranks)))
+    all_closed()
+    if recorded is None:
+        print(line.replace("msmon:", f"msmon[rank {rank}]:", 1), flush=True)
     raise StopOnNan(NAN_EXIT_CODE)

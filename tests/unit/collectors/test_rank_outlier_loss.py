@@ -52,3 +52,24 @@ def test_the_writer_hands_the_rule_each_steps_mean_loss_as_the_script_computed_i
     assert [job.step for job in jobs] == [0, 1, 2]
     assert [job.values["loss"] for job in jobs] == means  # float32 losses, their mean in float64: exact
     assert all(job.values["grad"] > 0 for job in jobs)
+
+
+def test_a_loss_departure_is_said_as_the_loss_passed_to_backward():
+    """The loss rows hold what backward ran on (a loss the script divided by its accumulation
+    steps reads divided), so the rule's message says so rather than 'loss'."""
+    from msmon.anomaly.rank_history import TensorHistory
+    from msmon.anomaly.rank_spread import spread
+    from msmon.collectors.rank_outlier.compare import Departure, dump_record
+    from msmon.collectors.rank_outlier.statistics import GRADIENT, LOSS, Tensors
+
+    column = [0.5, 0.52, 2.6, 0.49]
+    ranks_spread = spread(column)
+    assert ranks_spread is not None
+    hits = [
+        Departure(LOSS, 2.6, ranks_spread.score(2.6), column, ranks_spread.median, ranks_spread.scale),
+        Departure(GRADIENT, 9.0, 7.0, column, ranks_spread.median, ranks_spread.scale),
+    ]
+    mine = RankStatistics(4, {"actv": 1.0, "loss": 2.6, "grad": 9.0}, {"grad": Tensors(), "actv": Tensors()}, 0)
+    record = dump_record(mine, hits, {}, 2, [0, 1, 2, 3], 5.0, TensorHistory(5.0))
+    assert record["message"].startswith("rank 2's loss (as passed to backward) 2.6 is ")
+    assert record["statistic"] == "loss"  # the statistic's name in the record stays as it was

@@ -84,7 +84,7 @@ def no_torch_msmon(*args: str) -> subprocess.CompletedProcess:
 
 def test_msmon_run_refuses_an_unknown_format_before_torchrun_starts_without_importing_torch(tmp_path):
     config = tmp_path / "monitor.json"
-    config.write_text(json.dumps({"wg_distribution": True, "format": ["csv", "parquet"]}))
+    config.write_text(json.dumps({"wg_distribution": True, "format": ["csv", "hdf5"]}))
     marker = tmp_path / "ran"
     script = tmp_path / "train.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
@@ -92,7 +92,7 @@ def test_msmon_run_refuses_an_unknown_format_before_torchrun_starts_without_impo
     proc = no_torch_msmon(*args)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"Error: invalid config: {config}: format: unknown format 'parquet'; expected {format_names()}"
+        f"Error: invalid config: {config}: format: unknown format 'hdf5'; expected {format_names()}"
     ]
     assert not marker.exists()  # torchrun never started
 
@@ -179,7 +179,10 @@ def test_analyse_takes_several_steps_after_one_option(tmp_path):
 @pytest.mark.e2e
 def test_no_torchrun_runs_one_process_with_the_default_config(tmp_path):
     out = tmp_path / "out"
-    proc = msmon("run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"))
+    on_path = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    proc = msmon(
+        "run", "--output-dir", str(out), "--no-torchrun", "--", str(SCRIPTS / "launcher_single.py"), env=on_path
+    )
     assert proc.returncode == 0, proc.stderr
     assert "no --config given; using the built-in default config" in proc.stderr
     assert '"wg_distribution": true' in proc.stderr  # the default, printed

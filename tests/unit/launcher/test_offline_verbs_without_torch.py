@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -131,3 +132,24 @@ def test_msmon_db_and_report_run_without_torch_and_hold_the_anomalies(run_output
     proc = msmon_without_torch("report", "--db", database, "-o", page)
     assert page.is_file() and "anomaly records" in proc.stderr
     assert "First anomaly: rank 0, step 2" in page.read_text()
+
+
+def test_msmon_export_to_parquet_runs_without_torch_and_msmon_db_reads_it_in_place(run_output, tmp_path):
+    pytest.importorskip("pyarrow", reason="pyarrow comes with msmon[test]")
+    copy = tmp_path / "monitor_output"
+    shutil.copytree(run_output, copy)
+    proc = msmon_without_torch("export", "-d", copy, "--to", "parquet")
+    assert "of 1 rank directories" in proc.stdout and "written as 1 Parquet files" in proc.stdout
+    proc = msmon_without_torch("db", "-d", copy, "-o", tmp_path / "run.duckdb", "--no-progress")
+    assert "1 Parquet files" in proc.stderr and "CSV files left out" in proc.stderr
+
+
+def test_msmon_diff_runs_without_torch_on_directories_golden_files_and_its_outputs(run_output, tmp_path):
+    proc = msmon_without_torch(
+        "diff", run_output, run_output, "--json", tmp_path / "d.json", "--html", tmp_path / "d.html"
+    )
+    assert "result: identical over 3 steps" in proc.stdout and (tmp_path / "d.html").is_file()
+    golden = tmp_path / "golden.json"
+    msmon_without_torch("diff", "--calibrate", run_output, run_output, "-o", golden)
+    proc = msmon_without_torch("diff", golden, run_output)
+    assert "tolerance: calibrated from" in proc.stdout and "identical over 3 steps" in proc.stdout

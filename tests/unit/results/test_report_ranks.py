@@ -388,7 +388,7 @@ def test_the_page_draws_every_section_and_a_clicked_row_over_steps_in_headless_c
         "Kind of fault: one rank: its data or its device</b> (step 8, rank 1, first module layers.0.attn.qkv)" in banner
     )
     assert dom.stdout.count("<tr>") > 16 + 8, "the outlier table's and the movers' rows"
-    assert "(rank 3)" in dom.stdout and "turned non-finite" in dom.stdout
+    assert "(rank&nbsp;3)" in dom.stdout and "turned non-finite" in dom.stdout  # the movers keep "(rank 3)" on one line
     # a click on a heatmap row draws that tensor over steps, a line per rank
     clicked = browse(browser, profile, with_script(page, click_row("grad_unreduced", 2), "clicked.html"), "--dump-dom")
     assert not console(clicked), "\n".join(console(clicked))

@@ -22,6 +22,7 @@ from msmon.output.sinks.api_sink import ApiSink
 from msmon.output.sinks.base import Sink
 from msmon.output.sinks.csv_sink import CsvSink
 from msmon.output.sinks.mlflow_sink import MlflowSink
+from msmon.output.sinks.parquet_sink import ParquetSink
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
 from msmon.output.sinks.wandb_sink import WandbSink
 
@@ -42,14 +43,20 @@ def test_the_format_names_are_the_sink_files_names_read_without_importing_them_o
 def test_each_sink_class_is_registered_under_the_name_its_log_lines_use():
     registered = sinks.registered_formats()
     assert sorted(registered) == FORMATS and all(cls.name == name for name, cls in registered.items())
-    assert {name: registered[name] for name in ("csv", "tensorboard", "api", "wandb", "mlflow")} == {
+    assert {name: registered[name] for name in ("csv", "tensorboard", "api", "wandb", "mlflow", "parquet")} == {
         "csv": CsvSink,
         "tensorboard": TensorBoardSink,
         "api": ApiSink,
         "wandb": WandbSink,
         "mlflow": MlflowSink,
+        "parquet": ParquetSink,
     }
-    assert (CsvSink.name, TensorBoardSink.name, ApiSink.name) == ("csv", "tensorboard", "api")
+    assert (CsvSink.name, TensorBoardSink.name, ApiSink.name, ParquetSink.name) == (
+        "csv",
+        "tensorboard",
+        "api",
+        "parquet",
+    )
 
 
 def test_the_sinks_are_built_in_the_order_the_format_names_them(tmp_path):
@@ -189,7 +196,24 @@ def test_the_config_takes_any_format_name_and_the_sink_registry_refuses_an_unkno
 
 
 def test_trainermon_refuses_an_unknown_format_before_training_with_the_file_and_the_known_ones(write_config):
-    path = write_config({"wg_distribution": True, "format": ["csv", "parquet"]})
+    path = write_config({"wg_distribution": True, "format": ["csv", "hdf5"]})
     with pytest.raises(ConfigError) as err:
         TrainerMon(path)
-    assert str(err.value) == f"{path}: format: unknown format 'parquet'; expected {FORMATS}"
+    assert str(err.value) == f"{path}: format: unknown format 'hdf5'; expected {FORMATS}"
+
+
+def test_a_format_whose_client_package_is_missing_is_refused_before_training_naming_the_extra(
+    write_config, new_sink_file
+):
+    """A sink file names the package it needs (`REQUIRES`); the check reads it from the file's text,
+    without importing the file, so a missing tracker client never surfaces in the middle of a run."""
+    new_sink_file('REQUIRES = {"msmon_no_such_client": "msmon[lines]"}\n' + LINES_SINK)
+    path = write_config({"format": ["csv", "lines"]})
+    with pytest.raises(ConfigError) as err:
+        TrainerMon(path)
+    assert str(err.value) == (
+        f"{path}: format: 'lines' needs msmon_no_such_client, which is not installed: pip install 'msmon[lines]'"
+    )
+    assert "msmon.output.sinks.lines_sink" not in sys.modules
+    assert sinks.required_modules("wandb") == {"wandb": "msmon[wandb]"} and sinks.required_modules("csv") == {}
+    sinks.check_formats(parse_config({"format": ["csv", "wandb", "mlflow"]}))  # installed here: accepted

@@ -15,7 +15,7 @@ from conftest import MLP, rank_dir, read_csv_rows, reference_stats
 from msmon import TrainerMon
 from msmon.output.sinks.api_sink import ApiSink
 from msmon.output.sinks.csv_sink import CsvSink
-from msmon.output.sinks.numbers import csv_values
+from msmon.output.sinks.numbers import csv_table, csv_values
 from msmon.records.csv_cell import csv_value
 from msmon.records.rows import RowKey, StepRecord
 from msmon.runtime.buffer import StepBuffer
@@ -188,8 +188,9 @@ def test_vectorised_formatting_equals_csv_value_near_ties_and_at_every_scale(rou
     table = table.view(-1, 1)
     assert (native.csv_rounding() is not None) == (rounding_path == "kernel")
     for ndigits in (0, 1, 2, 6, 9, 15, 17, 25):
-        got = [repr(row[0]) for row in csv_values(table, ndigits)]
-        assert got == [repr(csv_value(v, ndigits)) for v in table.flatten().tolist()]  # repr: NaN equals itself
+        expected = [repr(csv_value(v, ndigits)) for v in table.flatten().tolist()]  # repr: NaN equals itself
+        assert [repr(row[0]) for row in csv_values(table, ndigits)] == expected
+        assert [repr(v) for v in csv_table(table, ndigits).view(-1).tolist()] == expected  # the Parquet sink's
 
 
 def test_adams_small_exp_avg_sq_never_reads_zero_in_csv_or_tensorboard(write_config, output_dir):

@@ -71,3 +71,39 @@ def test_the_default_layout_writes_no_lane_and_keeps_the_rank_in_the_tag(tmp_pat
     sink.close()
     acc = read_back(tmp_path)
     assert acc.Tags()["scalars"] == ["0:a.weight/rank3/grad_reduced_norm"] and acc.Tags()["tensors"] == []
+
+
+def test_a_step_with_loss_and_agreement_rows_gets_one_holders_table_naming_every_category(tmp_path):
+    """The writer thread hands a step's statistics and its column categories (loss, grad_agreement)
+    to the sinks as separate records; TensorBoard keeps one text per tag and step, so the by_rank
+    sink makes them one table."""
+    import torch
+
+    from msmon.output.writer import BackgroundWriter
+    from msmon.runtime.transfer import HostBatch
+
+    keys = [
+        RowKey("grad_reduced", "a.weight"),
+        RowKey("loss", "loss", micro_step=0, op="value"),
+        RowKey("grad_agreement", "a.weight", op="cos"),
+        RowKey("grad_agreement", "a.weight", op="norm_ratio"),
+    ]
+    writer = BackgroundWriter([TensorBoardSink(str(tmp_path), by_rank=True)], rank=0)
+    try:
+        for step in range(3):
+            values = torch.tensor([[4.0 + step], [2.5], [0.25], [1.5]], dtype=torch.float64)
+            writer.submit(step, ["norm"], HostBatch(keys=keys, values=values))
+        writer.drain()
+    finally:
+        writer.close()
+    acc = read_back(tmp_path)
+    assert [e.step for e in acc.Tensors("summary/max_holders")] == [0, 1, 2]  # one table a step
+    for step in range(3):
+        assert holders(acc, step) == {
+            ("grad_reduced", "norm"): (f"{4.0 + step:g}", "0:a.weight"),
+            ("loss", "value"): ("2.5", "0:loss:0"),
+            ("grad_agreement", "cos"): ("0.25", "0:a.weight"),
+            ("grad_agreement", "norm_ratio"): ("1.5", "0:a.weight"),
+        }
+    assert [e.value for e in acc.Scalars("0:a.weight/grad_agreement_norm_ratio")] == [1.5, 1.5, 1.5]
+    assert [e.value for e in acc.Scalars("summary/loss/value_max")] == [2.5, 2.5, 2.5]

@@ -14,6 +14,7 @@ module may still change (a tensor hook on a weight, a write into `.grad`).
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -22,18 +23,24 @@ from ...records.rows import LOSS, RowKey, row_key
 from ...runtime.row_finiteness import row_finiteness
 from ...runtime.selection import recorded_modules
 from ...runtime.step_context import StepContext
+from ...runtime.tensor_memo import TensorMemo
 from ...seams import guest_hooks
 from ...stats.inputs import local_tensor
 from ..base import Collector
 from ..module_io import CallCounter, call_name, in_backward, iter_tensors
 from ..registry import register
+from .first_step import OriginWork
+
+logger = logging.getLogger("msmon")
 
 
 def finite_flag(t: torch.Tensor) -> torch.Tensor:
-    """True when `t` has no NaN/Inf: the sum of finite values is finite (accumulated in
-    float32 or wider, so overflow needs values near 1e38)."""
+    """A 0-d witness of `t`'s finiteness, one reduction: its sum is finite exactly when `t` has
+    no NaN/Inf (accumulated in float32 or wider, so overflow needs values near 1e38). The test
+    itself, isfinite, runs once per step on all the witnesses stacked (StepBuffer.take), not
+    in the hook: one kernel per tensor instead of five."""
     acc = torch.float64 if t.dtype == torch.float64 else torch.float32
-    return torch.isfinite(t.detach().sum(dtype=acc))
+    return t.detach().sum(dtype=acc)
 
 
 @register(
@@ -56,6 +63,10 @@ class NanOriginCollector(Collector):
         self._calls = CallCounter()
         self._open: dict[int, list[tuple[int, str]]] = {}
         self._grad_callback = self._on_grad  # one bound method, not a new one per tensor and step
+        self._witnesses: TensorMemo[torch.Tensor] = TensorMemo()  # this step's tensors reduced already
+        self.work = OriginWork()  # this step's, said once at start when the alert rules switched it on
+        self.last_work = OriginWork()  # the last step's (benchmarks/nan_origin_cost.py reads it)
+        self._said = ctx.config.nan_origin is not None  # asked for by name: nothing to say
 
     def attach(self) -> None:
         for module, name, vpp, chunk in self.modules:
@@ -82,14 +93,21 @@ class NanOriginCollector(Collector):
                     by_device.setdefault((grad.device, grad.dtype), []).append((key, grad))
         for items in by_device.values():
             # the largest magnitude of each: NaN or Inf exactly when the gradient holds one (a
-            # sum could overflow), in a few fused kernels for all the weights
-            flags = torch.isfinite(torch.stack(torch._foreach_norm([g for _, g in items], math.inf)))
-            for i, (key, _) in enumerate(items):
-                ctx.buffer.add_flag(key, flags[i])
+            # sum could overflow), in a few fused kernels for all the weights; the witnesses
+            # are tested with the step's other flags
+            witnesses = torch._foreach_norm([g for _, g in items], math.inf)
+            for (key, _), witness in zip(items, witnesses):
+                ctx.buffer.add_flag(key, witness)
 
     def end_step(self) -> None:
         self._calls.clear()
         self._open.clear()
+        self._witnesses.clear()
+        if not self._said and self.ctx.recording:
+            self._said = True
+            if self.ctx.rank == 0:
+                logger.info(self.work.line(self.ctx.rank, self.ctx.step))
+        self.last_work, self.work = self.work, OriginWork()
 
     def _flag(self, category: str, name: str, vpp: int, micro: int, tensors) -> None:
         for t in tensors:
@@ -102,8 +120,14 @@ class NanOriginCollector(Collector):
         row = ctx.rows_read.get(t) if test is not None else None
         if row is not None:
             ctx.buffer.add_flag_of_row(key, row, test)  # type: ignore[arg-type]
-        else:
-            ctx.buffer.add_flag(key, finite_flag(t))
+            self.work.from_rows += 1
+            return
+        witness = self._witnesses.get(t)  # one module's output is the next one's input: reduced once
+        if witness is None:
+            witness = finite_flag(t)
+            self._witnesses.put(t, witness)
+            self.work.reductions += 1
+        ctx.buffer.add_flag(key, witness)
 
     def _grad_hooks(self, name: str, vpp: int, micro: int, tensors) -> None:
         if not torch.is_grad_enabled():
@@ -115,6 +139,7 @@ class NanOriginCollector(Collector):
 
     def _on_grad(self, key: RowKey, grad: torch.Tensor) -> None:
         if grad is not None and grad.numel() and self.ctx.recording:
+            self.work.gradients += 1
             self._add(key, grad)
 
     def _pre(self, name: str, vpp: int, chunk: int):
@@ -123,6 +148,7 @@ class NanOriginCollector(Collector):
         def pre_hook(module, args, kwargs):
             if not ctx.recording or not module.training or in_backward() or ctx.in_gradless_forward(chunk):
                 return None
+            self.work.module_hooks += 2  # this one and its post-hook
             micro = ctx.forward_micro_step(chunk)
             base = call_name(name, self._calls.next(module, micro))
             self._open.setdefault(id(module), []).append((micro, base))

@@ -154,11 +154,11 @@ def dump_record(
             )
     elif stat.key != "loss":
         name, call_id = f"all {stat.category} tensors", 0
-    also = "".join(f"; its {h.stat.words} departs too ({h.score:.3g} deviations)" for h in hits[1:])
+    also = "".join(f"; its {h.stat.said} departs too ({h.score:.3g} deviations)" for h in hits[1:])
     values = ", ".join(f"{v:.4g}" for v in first.column)
     if first.basis == RANKS:
         message = (
-            f"rank {rank}'s {stat.words} {first.value:.6g} is {first.score:.3g} robust deviations from the ranks' "
+            f"rank {rank}'s {stat.said} {first.value:.6g} is {first.score:.3g} robust deviations from the ranks' "
             f"median {first.reference:.6g} (threshold {k:g}; ranks {ranks}: {values}){tensor_text}{also}"
         )
     else:
@@ -170,7 +170,7 @@ def dump_record(
             else ("the others", "the other ranks' median")
         )
         message = (
-            f"rank {rank}'s {stat.words} {first.value:.6g} is {first.value / d.recent:.3g} times its own recent "
+            f"rank {rank}'s {stat.said} {first.value:.6g} is {first.value / d.recent:.3g} times its own recent "
             f"{d.recent:.6g} ({first.score:.3g} deviations of its history) while {who} did not move with it: its "
             f"ratio to {theirs} went from {d.usual_ratio:.3g} to {d.ratio:.3g} ({abs(d.relative_score):.3g} "
             f"deviations; threshold {k:g}; ranks {ranks}: {values}){tensor_text}{also}"

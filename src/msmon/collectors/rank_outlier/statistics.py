@@ -29,13 +29,20 @@ from ...records.rows import BACKWARD, FORWARD, RowKey, StepRecord
 @dataclass(frozen=True)
 class Statistic:
     key: str  # its column in the exchange
-    words: str  # as a message says it
+    words: str  # its name (the dump record's `statistic`)
     category: str  # the rows it is read from (the dump record's category)
     stage: str
+    phrase: str = ""  # as a message says it, when its name alone would mislead
+
+    @property
+    def said(self) -> str:
+        return self.phrase or self.words
 
 
 ACTIVATION = Statistic("actv", "activation norm", "actv", FORWARD)
-LOSS = Statistic("loss", "loss", "loss", FORWARD)
+# the value backward ran on: the script's own scaling included (a loss divided by the
+# gradient-accumulation steps reads divided), a loss scaler's not (docs/loss.md)
+LOSS = Statistic("loss", "loss", "loss", FORWARD, "loss (as passed to backward)")
 GRADIENT = Statistic("grad", "gradient norm", "grad_unreduced", BACKWARD)
 STATISTICS = (ACTIVATION, LOSS, GRADIENT)  # training order
 PER_TENSOR = (ACTIVATION, GRADIENT)  # the ones made of tensors

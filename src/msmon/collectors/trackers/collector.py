@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from ...output.category_ops import CategoryColumns
 from ...output.handoff import HostRows, StepConsumer
-from ...output.sinks import registered_formats
+from ...output.sinks import format_names, sink_class
 from ...output.sinks.tracker import RunEnded, TrackerRun, TrackerSink
 from ...records.runs import current_run_id, new_run_id
 from ...runtime.exchange_thread import ExchangeThread
@@ -53,8 +53,10 @@ FLUSH_SECONDS = 60.0  # when the writer closes, how long to wait for the last ga
 
 def tracker_formats(cfg: MonitorConfig) -> list[type[TrackerSink]]:
     """The config's tracker formats' sink classes, in its order."""
-    known = registered_formats()
-    return [sink for sink in (known.get(name) for name in cfg.format) if sink and issubclass(sink, TrackerSink)]
+    known = format_names()
+    return [
+        sink for sink in (sink_class(name) for name in cfg.format if name in known) if issubclass(sink, TrackerSink)
+    ]
 
 
 @dataclass

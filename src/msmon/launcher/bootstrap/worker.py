@@ -36,6 +36,7 @@ from ...records.layout import rank_dir_name
 from ...records.runs import ENV_RUN_ID
 from ...system import exit_drain, lifecycle, process_end
 from ...system.distributed import LOCAL_RANK_VARIABLES, current_rank, environment_rank, is_initialized
+from ...system.environment import ENV_JOB_MODE
 from . import boot
 from .job_directory import DEFAULT_CONFIG
 
@@ -62,6 +63,7 @@ def start(bootstrap_dir: str) -> hooks.Session:
         os.environ[ENV_OUTPUT_DIR] = settings["output_dir"]  # launchers that filter the environment
     if settings.get("run_id") and not os.environ.get(ENV_RUN_ID):
         os.environ[ENV_RUN_ID] = settings["run_id"]
+    os.environ[ENV_JOB_MODE] = settings.get("mode") or "run"  # `msmon struct`: the ranks' lines say less
     session = hooks.Session.from_file(worker_config_path(bootstrap_dir, settings), build_monitor)
     session.stop_said_by_launcher = True  # the worker record carries the reason to the launcher's one line
     record = WorkerRecord(os.path.join(bootstrap_dir, boot.WORKERS_DIR), session)

@@ -118,22 +118,21 @@ def run_analyse(
             f"msmon analyse: skipped {dumps.skipped_records} malformed record{'s' if dumps.skipped_records > 1 else ''}",  # noqa: E501
             file=err,
         )
-    if not dumps.files and _dump_folders(directory):
-        return _clean(directory, output, _dump_folders(directory))
-    if not dumps.files:
+    folders = _dump_folders(directory)
+    if not dumps.files and not folders:
         print(
             f"msmon analyse: no anomaly dump under {directory}: no rank*/{DUMP_FILE} (nor msprobe's "
             f"{MSPROBE_DUMP_FILE}). Was alert.dump true and did any alert fire?",
             file=err,
         )
         return 1
-    if not dumps.events:
+    if dumps.files and not dumps.events:
         print(
             f"msmon analyse: {len(dumps.files)} dump file(s) under {directory}, but no readable anomaly record",
             file=err,
         )
         return 1
-    try:
+    try:  # which run, first: a --run that names none is an error even where the dump holds no record
         events, run_id, lines = of_chosen_run(dumps.events, directory, run)
     except RunChoiceError as exc:
         print(f"msmon analyse: {exc}", file=err)
@@ -141,7 +140,7 @@ def run_analyse(
     for line in lines:
         print(line, file=err)
     if not events:
-        return _clean(directory, output, _dump_folders(directory), f"run {run_id}")
+        return _clean(directory, output, folders, f"run {run_id}" if run_id else None)
     ordered = order_events(events)
     wanted = set(steps or ())
     selected = [e for e in ordered if e.step in wanted] if steps else ordered

@@ -99,7 +99,7 @@ def _align_origins(events: list[AnomalyEvent]) -> None:
 def _read_jsonl(path: str, result: DumpSet) -> Iterable[AnomalyEvent]:
     problems = result.problems
     bad_lines = 0
-    last_step: int | None = None
+    last_step: dict[str | None, int] = {}  # per run: the records of several runs interleave in one file
     try:
         fh = open(path, encoding="utf-8", errors="replace")
     except OSError as exc:
@@ -124,12 +124,17 @@ def _read_jsonl(path: str, result: DumpSet) -> Iterable[AnomalyEvent]:
                     problems.append(f"{path} line {number}: {reason}; line skipped")
                 continue
             if event.rule != NAN_ORIGIN_RULE:
-                if last_step is not None and event.step < last_step:
+                previous = last_step.get(event.run_id)
+                if previous is not None and event.step < previous:
                     problems.append(
-                        f"{path} line {number}: the step goes back from {last_step} to {event.step}: "
-                        "the file holds more than one run (all are analysed together)"
+                        f"{path} line {number}: the step goes back from {previous} to {event.step}: "
+                        + (
+                            "the file holds records of more than one run without a run id (they are read as one run)"
+                            if event.run_id is None
+                            else f"run {event.run_id} started again from an earlier step (resumed, same id?)"
+                        )
                     )
-                last_step = event.step
+                last_step[event.run_id] = event.step
             yield event
     if bad_lines > MAX_LINE_REPORTS:
         problems.append(f"{path}: {bad_lines - MAX_LINE_REPORTS} more malformed lines skipped")

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from ...records.csv_cell import count_value, csv_value
-from ...records.layout import csv_file_name
+from ...records.layout import csv_file_name, tags_by_rank
 from ...records.rows import MICRO_STEP_CATEGORIES
 from ...stats.ops import COUNT_OPS
 from ..event_reader import tolerant_accumulator
@@ -78,9 +78,12 @@ def collect_rows(
     from tensorboard.util import tensor_util
 
     out: dict[str, dict[int, dict[Row, dict[str, float]]]] = {}
+    layout = rank_config(source.path).get("tensorboard_layout")
     for directory, category in _event_dirs(source):
         acc, scalar_tags, tensor_tags = read_tensorboard(directory)
         tensor_tags = [t for t in tensor_tags if _tensor_scalar(acc, t)]
+        # the layout the rank wrote (its config.json), else what its tags show: a tag alone cannot tell
+        by_rank = layout == "by_rank" if layout else tags_by_rank(scalar_tags + tensor_tags)
         bar = (progress or no_progress)(
             total=len(scalar_tags) + len(tensor_tags), desc=f"rank {source.rank} tb->csv", unit="tag"
         )
@@ -88,7 +91,7 @@ def collect_rows(
             bar.update(1)
             parsed = _origin(acc, tag)
             if parsed is None:
-                parsed = parse_msprobe_tag(tag, category) if category else parse_msmon_tag(tag)
+                parsed = parse_msprobe_tag(tag, category) if category else parse_msmon_tag(tag, by_rank)
             if parsed is None:
                 continue
             row, op = parsed

@@ -42,6 +42,7 @@ class CsvWork:
     lines: int = 0  # data lines read
     tail: str | None = None  # hex of the last TAIL_CHECK bytes before `end`
     problem: str | None = None
+    gone: bool = False  # the file (its rank directory) disappeared since the scan: nothing read
 
 
 def read_header(path: str) -> str | None:
@@ -108,8 +109,12 @@ class CsvBatch:
 
     def add(self, work: CsvWork) -> None:
         """Read the work's lines into the batch (a grown file's work carries its header)."""
+        try:
+            body = _body(work)
+        except FileNotFoundError:  # removed since the scan (its rank directory, say): left out
+            work.gone = True
+            return
         self.works.append(work)
-        body = _body(work)
         if not work.header:
             return
         if layout(work.header) is None:
@@ -132,7 +137,7 @@ class CsvBatch:
         )
         reloads = [w.file_id for w in self.works if w.reload]
         if reloads:
-            con.execute("DELETE FROM metrics WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [reloads])
+            con.execute("DELETE FROM loaded_metrics WHERE file_id IN (SELECT unnest(?::INTEGER[]))", [reloads])
         expected: dict[str, int] = {}
         for w in self.works:
             expected[w.header] = expected.get(w.header, 0) + w.lines
@@ -178,7 +183,7 @@ def _insert_layout(con: DuckDBPyConnection, header: str, parts: list[bytes], tmp
     micro = "w.micro_step" if "micro_step" in columns else "NULL::INTEGER"
     added = one_row(
         con.execute(f"""
-        INSERT INTO metrics (rank, vpp_stage, category, name, step, micro_step, op, value, file_id)
+        INSERT INTO loaded_metrics (rank, vpp_stage, category, name, step, micro_step, op, value, file_id)
         SELECT b.rank, w.vpp_stage, b.category, w.name, w.step, {micro}, w.op, w.value, w.file_id
         FROM (UNPIVOT batch_wide ON {", ".join(f'"{op}"' for op in ops)} INTO NAME op VALUE value) w
         JOIN batch_files b ON b.id = w.file_id""")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -15,12 +15,12 @@ from ...anomaly.event import FIELDS
 from ...records.runs import ALL_RUNS, Run, RunChoiceError, choice_lines, choose_run, group_runs, of_run
 from ..analyse.reading import read_dump_files
 from ..analyse.verdict import order_events
-from . import schema
+from . import parquet_catalog, schema
 from .bulk import insert_rows
 from .connection import DatabaseError
 from .csv_loader import BATCH_BYTES, CsvBatch, CsvWork, compact_tensors, read_header, tail_of
 from .load_report import LoadReport, progress_bar
-from .scan import ANOMALIES, CONFIG, CSV, SUMMARY, TENSORBOARD, FoundFile, scan
+from .scan import ANOMALIES, CONFIG, CSV, PARQUET, SUMMARY, TENSORBOARD, UNFINISHED, FoundFile, scan
 from .schema import CONFIG_COLUMNS, FILE_COLUMNS, HISTOGRAM_COLUMNS, METRIC_COLUMNS, SUMMARY_KEYS, TENSOR_COLUMNS
 from .sql import one_row
 from .tb_loader import read_events
@@ -62,7 +62,7 @@ class Loader:
         self.loaded_at = datetime.now()
         self.run: Run | None = None  # the run loaded (None: every run, or rank directories of no run)
 
-    def _id_for(self, f: FoundFile) -> int:
+    def id_for(self, f: FoundFile) -> int:
         old = self.known.get(f.path)
         if old is not None:
             return old.id
@@ -84,17 +84,18 @@ class Loader:
                 )
             found += scan(directory)
         unique = {f.path: f for f in found}  # -d given twice, or a directory inside another
-        found = self._of_run(list(unique.values()), run)
+        found, parquet = parquet_catalog.split(self._of_run(list(unique.values()), run))
         on_disk = set(unique)
         self.report.missing = sum(1 for p in self.known if p not in on_disk and not os.path.exists(p))
         csv_work: list[tuple[FoundFile, CsvWork]] = []
         others: dict[str, list[tuple[FoundFile, bool, int]]] = {TENSORBOARD: [], SUMMARY: [], CONFIG: [], ANOMALIES: []}
         for f in found:
             old = self.known.get(f.path)
-            if old is not None and old.size == f.size and old.mtime_ns == f.mtime_ns:
+            if f.kind == CSV and parquet.covers(f):  # its rank's statistics are read from Parquet
+                self.report.csv_in_parquet += 1
+            elif old is not None and old.size == f.size and old.mtime_ns == f.mtime_ns:
                 self.report.unchanged += 1
-                continue
-            if f.kind == CSV:
+            elif f.kind == CSV:
                 csv_work.append((f, self._csv_work(f, old)))
             elif f.kind == TENSORBOARD:
                 append = old is not None and f.size >= old.size
@@ -111,13 +112,15 @@ class Loader:
             self._load_csv(csv_work, bar)
             csv_categories = self._csv_categories(found)
             for f, reload, skip in others[TENSORBOARD]:
-                self._load_tensorboard(f, reload, skip, csv_categories.get(f.rank_dir, set()))
+                skipped = parquet_catalog.EVERY_CATEGORY if parquet.covers(f) else csv_categories.get(f.rank_dir, set())
+                self._load_tensorboard(f, reload, skip, skipped)
                 bar.update(f.size)
             self._load_json(others[SUMMARY] + others[CONFIG])
             bar.update(sum(f.size for f, *_ in others[SUMMARY] + others[CONFIG]))
             if others[ANOMALIES]:
                 self._load_anomalies(others[ANOMALIES], on_disk)
                 bar.update(sum(f.size for f, *_ in others[ANOMALIES]))
+            parquet_catalog.register(self, parquet)
         finally:
             bar.close()
         roots = json.dumps(sorted({os.path.abspath(d) for d in directories} | set(self._roots())))
@@ -129,7 +132,7 @@ class Loader:
     def _of_run(self, found: list[FoundFile], wanted: str | None) -> list[FoundFile]:
         """The files of the chosen run (the anomaly dumps whole: their records are chosen as they
         are read); the run is remembered, and a database holds one run."""
-        rank_dirs = {f.rank_dir: f.rank for f in found if f.kind != ANOMALIES}
+        rank_dirs = {f.rank_dir: f.rank for f in found if f.kind not in (ANOMALIES, PARQUET, UNFINISHED)}
         try:
             self.run, others = choose_run(group_runs(rank_dirs), wanted)
         except RunChoiceError as exc:
@@ -146,10 +149,16 @@ class Loader:
             )
         if row is None:
             self.con.execute("INSERT INTO meta VALUES ('run', ?)", [chosen])
-        if self.run is None:
-            return found
-        kept = set(self.run.dirs)
-        return [f for f in found if f.kind == ANOMALIES or f.rank_dir in kept]
+        runs = None if self.run is None else {self.run.run_id}
+        kept = set(self.run.dirs) if self.run is not None else set()
+        return [
+            f
+            for f in found
+            if (f.kind in (PARQUET, UNFINISHED) and parquet_catalog.of_run(f, runs))
+            or f.kind == ANOMALIES
+            or runs is None
+            or f.rank_dir in kept
+        ]
 
     def _roots(self) -> list[str]:
         row = self.con.execute("SELECT value FROM meta WHERE key = 'roots'").fetchone()
@@ -175,7 +184,7 @@ class Loader:
             self._count(old, True)
             return CsvWork(old.id, f.path, f.rank, f.category or "", old.loaded_bytes, False, old.header or "")
         self._count(old, False)
-        return CsvWork(self._id_for(f), f.path, f.rank, f.category or "", 0, old is not None)
+        return CsvWork(self.id_for(f), f.path, f.rank, f.category or "", 0, old is not None)
 
     def _csv_categories(self, found: list[FoundFile]) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
@@ -211,18 +220,21 @@ class Loader:
             self.report.skipped_lines += skipped
             rows = []
             for f, w in pending:
+                if w.gone:
+                    self.report.vanished(f.rank_dir)
+                    continue
                 if w.problem:
                     self.report.problems.append(w.problem)
                 old = self.known.get(f.path)
                 records = (old.records if old is not None and w.start > 0 else 0) + w.lines
-                rows.append(self._file_row(f, w.file_id, w.end, records, header=w.header, tail=w.tail))
-            self._upsert_files(rows)
+                rows.append(self.file_row(f, w.file_id, w.end, records, header=w.header, tail=w.tail))
+            self.upsert_files(rows)
             con.commit()
         except BaseException:
             con.rollback()
             raise
 
-    def _file_row(
+    def file_row(
         self,
         f: FoundFile,
         file_id: int,
@@ -249,16 +261,19 @@ class Loader:
             self.loaded_at,
         )
 
-    def _upsert_files(self, rows: list[tuple]) -> None:
+    def upsert_files(self, rows: list[tuple]) -> None:
         if not rows:
             return
         self.con.execute("DELETE FROM files WHERE id IN (SELECT unnest(?::INTEGER[]))", [[r[0] for r in rows]])
         insert_rows(self.con, "files", FILE_COLUMNS, rows, self.tmp_dir)
 
-    def _load_tensorboard(self, f: FoundFile, reload: bool, skip: int, csv_categories: set[str]) -> None:
-        file_id = self._id_for(f)
+    def _load_tensorboard(self, f: FoundFile, reload: bool, skip: int, csv_categories: Container[str]) -> None:
+        file_id = self.id_for(f)
         try:
             rows = read_events(f.path, skip, csv_categories, f.rank)
+        except FileNotFoundError:  # removed since the scan
+            self.report.vanished(f.rank_dir)
+            return
         except Exception as exc:  # a corrupt event file is reported, the rest is loaded
             self.report.problems.append(f"{f.path}: cannot be read as TensorBoard events ({exc}); skipped")
             return
@@ -272,10 +287,10 @@ class Loader:
         con.begin()
         try:
             if reload:
-                con.execute("DELETE FROM metrics WHERE file_id = ?", [file_id])
+                con.execute("DELETE FROM loaded_metrics WHERE file_id = ?", [file_id])
                 con.execute("DELETE FROM histograms WHERE file_id = ?", [file_id])
             self.report.values += insert_rows(
-                con, "metrics", METRIC_COLUMNS, (r + (file_id,) for r in rows.scalars), self.tmp_dir
+                con, "loaded_metrics", METRIC_COLUMNS, (r + (file_id,) for r in rows.scalars), self.tmp_dir
             )
             self.report.histograms += insert_rows(
                 con, "histograms", HISTOGRAM_COLUMNS, (r + (file_id,) for r in rows.histograms), self.tmp_dir
@@ -290,7 +305,7 @@ class Loader:
                 )
                 compact_tensors(con)
             rank = f.rank if f.rank is not None else next((r[0] for r in rows.scalars or rows.histograms), None)
-            self._upsert_files([self._file_row(f, file_id, f.size, rows.events, rank)])
+            self.upsert_files([self.file_row(f, file_id, f.size, rows.events, rank)])
             con.commit()
         except BaseException:
             con.rollback()
@@ -302,13 +317,16 @@ class Loader:
         con = self.con
         summaries, configs, files = [], [], []
         for f, _reload, _ in items:
-            file_id = self._id_for(f)
+            file_id = self.id_for(f)
             try:
                 with open(f.path, encoding="utf-8") as fh:
                     text = fh.read()
                 data = json.loads(text)
                 if not isinstance(data, dict):
                     raise ValueError("not a JSON object")
+            except FileNotFoundError:  # removed since the scan
+                self.report.vanished(f.rank_dir)
+                continue
             except (OSError, ValueError) as exc:
                 self.report.problems.append(f"{f.path}: cannot be read ({exc}); skipped")
                 continue
@@ -321,7 +339,7 @@ class Loader:
                 )
             else:
                 configs.append((rank, f.rank_dir, _joined(data.get("format")), _joined(data.get("ops")), text, file_id))
-            files.append(self._file_row(f, file_id, f.size, 1, rank))
+            files.append(self.file_row(f, file_id, f.size, 1, rank))
         con.begin()
         try:
             ids = [r[0] for r in files]
@@ -336,14 +354,8 @@ class Loader:
                 summaries,
                 self.tmp_dir,
             )
-            insert_rows(
-                con,
-                "configs",
-                CONFIG_COLUMNS,
-                configs,
-                self.tmp_dir,
-            )
-            self._upsert_files(files)
+            insert_rows(con, "configs", CONFIG_COLUMNS, configs, self.tmp_dir)
+            self.upsert_files(files)
             con.commit()
         except BaseException:
             con.rollback()
@@ -371,8 +383,8 @@ class Loader:
         try:
             con.execute("DELETE FROM anomalies")
             self.report.anomalies = insert_rows(con, "anomalies", schema.ANOMALY_COLUMNS, rows, self.tmp_dir)
-            self._upsert_files(
-                [self._file_row(f, self._id_for(f), f.size, counts.get(f.path, 0)) for f, _reload, _ in items]
+            self.upsert_files(
+                [self.file_row(f, self.id_for(f), f.size, counts.get(f.path, 0)) for f, _reload, _ in items]
             )
             con.commit()
         except BaseException:

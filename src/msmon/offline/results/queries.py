@@ -20,6 +20,7 @@ import math
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from ...anomaly.robust_spread import MAD_SCALE
 from ...records.rows import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
 from .agreement_chart import AGREEMENT_CATEGORY, agreement_chart
 from .anomaly_queries import anomalies, first_nonfinite
@@ -78,12 +79,16 @@ def build_per_step(con: DuckDBPyConnection) -> None:
 
 def overview(con: DuckDBPyConnection) -> dict[str, Any]:
     steps = one_row(con.execute("SELECT min(step), max(step), count(DISTINCT step) FROM per_step"))
-    ranks = one_row(con.execute("SELECT count(DISTINCT rank) FROM files WHERE kind IN ('csv', 'tensorboard')"))[0]
-    dirs = one_row(con.execute("SELECT count(DISTINCT rank_dir) FROM files WHERE kind IN ('csv', 'tensorboard')"))[0]
+    ranks = one_row(
+        con.execute("SELECT count(DISTINCT rank) FROM files WHERE kind IN ('csv', 'tensorboard', 'parquet')")
+    )[0]
+    dirs = one_row(
+        con.execute("SELECT count(DISTINCT rank_dir) FROM files WHERE kind IN ('csv', 'tensorboard', 'parquet')")
+    )[0]
     doubled = [
         r[0]
         for r in con.execute(
-            "SELECT rank FROM files WHERE kind IN ('csv', 'tensorboard') GROUP BY rank "
+            "SELECT rank FROM files WHERE kind IN ('csv', 'tensorboard', 'parquet') GROUP BY rank "
             "HAVING count(DISTINCT rank_dir) > 1 ORDER BY rank"
         ).fetchall()
     ]
@@ -195,10 +200,18 @@ def heatmaps(
     return out, {"first_step": first, "step_width": width, "columns": columns}
 
 
+ONSET_K = 5.0  # a change this many robust deviations above the category's usual ones is unusual
+ONSET_FLOOR = math.log10(4.0)  # and at least a factor of 4: a healthy bias gradient can double from step to step
+
+
 def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[dict[str, Any]]]]:
     """The largest step-to-step changes of max |value| over ranks, per category and op, with the
     rank that holds the value on each side; a step where a value turned non-finite (or finite
-    again) is a change too, flagged, and listed first, earliest first."""
+    again) is a change too, flagged, and listed first, earliest first. The first unusual change
+    is always listed (`first_unusual`): the earliest step whose change of some tensor is more
+    than ONSET_K robust deviations (1.4826 MAD of log10 |factor|) above the category's median
+    change and at least ONSET_FLOOR, so that a fault's beginning is shown even when larger
+    changes follow it (a run that diverges after the fault fills the list with those)."""
     rows = con.execute(f"""
         WITH s AS (
           SELECT category, op, vpp_stage, name, step, max(v) AS v, arg_max(v_rank, v) AS v_rank,
@@ -211,17 +224,29 @@ def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[
         scored AS (
           SELECT *, CASE WHEN bad <> pbad THEN 1 ELSE 0 END AS flagged,
             CASE WHEN bad = pbad THEN abs(log10(v) - log10(pv)) END AS score FROM l
-          WHERE ps IS NOT NULL AND (bad <> pbad OR (NOT bad AND v > 0 AND pv > 0)))
+          WHERE ps IS NOT NULL AND (bad <> pbad OR (NOT bad AND v > 0 AND pv > 0))),
+        usual AS (
+          SELECT category, op, greatest(median(score) + {ONSET_K} * {MAD_SCALE} * mad(score), {ONSET_FLOOR}) AS t
+          FROM scored WHERE flagged = 0 GROUP BY ALL),
+        onset AS (  -- the earliest unusual change of each category and op: its largest at that step
+          SELECT c.category, c.op, arg_min(c.step, (c.step, -c.score)) AS step,
+            arg_min(c.name, (c.step, -c.score)) AS name, arg_min(c.vpp_stage, (c.step, -c.score)) AS vpp_stage
+          FROM scored c JOIN usual u USING (category, op) WHERE c.flagged = 0 AND c.score > u.t GROUP BY ALL),
+        ranked AS (
+          SELECT c.*, row_number() OVER (PARTITION BY c.category, c.op, c.flagged
+              ORDER BY CASE WHEN c.flagged = 1 THEN c.step END, c.score DESC, c.step, c.name) AS place,
+            o.step IS NOT NULL AS first_unusual
+          FROM scored c LEFT JOIN onset o
+            ON (c.category, c.op, c.step, c.name, c.vpp_stage) = (o.category, o.op, o.step, o.name, o.vpp_stage)
+            AND c.flagged = 0)
         SELECT category, op, vpp_stage, name, ps, step, pv, v, score, flagged,
           CASE WHEN pbad THEN pbad_rank ELSE pv_rank END, CASE WHEN bad THEN bad_rank ELSE v_rank END,
-          CASE WHEN pbad THEN pnf END, CASE WHEN bad THEN nf END
-        FROM scored
-        QUALIFY row_number() OVER (PARTITION BY category, op, flagged
-          ORDER BY CASE WHEN flagged = 1 THEN step END, score DESC, step, name) <= {limits.movers}
+          CASE WHEN pbad THEN pnf END, CASE WHEN bad THEN nf END, first_unusual
+        FROM ranked WHERE place <= {limits.movers} OR first_unusual
         ORDER BY category, op, flagged DESC, CASE WHEN flagged = 1 THEN step END, score DESC, step, name
         """).fetchall()
     out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for category, op, vpp, name, ps, step, pv, v, score, flagged, p_rank, rank, p_bad, bad in rows:
+    for category, op, vpp, name, ps, step, pv, v, score, flagged, p_rank, rank, p_bad, bad, onset in rows:
         p_nf, nf = _nonfinite_name(p_bad), _nonfinite_name(bad)
         out.setdefault(category, {}).setdefault(op, []).append(
             {
@@ -236,6 +261,7 @@ def movers(con: DuckDBPyConnection, limits: Limits) -> dict[str, dict[str, list[
                 "before_nonfinite": p_nf,
                 "after_nonfinite": nf,
                 "factor": None if flagged else (10**score if v >= pv else -(10**score)),
+                "first_unusual": bool(onset),
             }
         )
     return out

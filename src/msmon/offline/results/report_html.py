@@ -66,7 +66,7 @@ def render(data: dict[str, Any], title: str) -> str:
 <main>
 <section id="overview"></section>
 <div id="notes"></div>
-<section id="loss-section"><h2>Loss per rank</h2><div id="loss"></div></section>
+<section id="loss-section"><h2>Loss per rank, as passed to backward</h2><div id="loss"></div></section>
 <section id="anomalies-section"><h2>Anomalies</h2><div id="anomalies"></div></section>
 <section id="agreement-section"><h2>Gradient agreement per rank</h2><div id="agreement"></div></section>
 <section id="heatmaps-section"><h2>Statistics: tensors × steps</h2>

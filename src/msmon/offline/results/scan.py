@@ -6,6 +6,8 @@ The layout (csv_sink, tensorboard_sink, anomaly/dump, monitor._write_summary):
     <out>/<time>-rank<r>-<uid>/events.out.tfevents.*
     <out>/<time>-rank<r>-<uid>/summary.json, config.json
     <out>/anomaly_detected/rank<r>/anomaly.jsonl     (msprobe: anomaly.json)
+    <out>/parquet/run=<id>/rank_block=<b>/part-<rank>-<seq>.parquet   (records/parquet_layout.py;
+                                          `.part-*.parquet.tmp` while written: found, never read)
 
 Directories are walked however deep (several nodes' outputs may be copied side by side). A
 rank directory's rank is read from its name; a CSV or summary found elsewhere takes the rank
@@ -20,8 +22,10 @@ import re
 from dataclasses import dataclass
 
 from ...records.layout import CONFIG_FILE, CSV_FILE, DUMP_FILE, MSPROBE_DUMP_FILE, SUMMARY_FILE
+from ...records.parquet_layout import PARQUET_FILE, UNFINISHED_FILE, rank_of_file
 
 CSV, TENSORBOARD, SUMMARY, CONFIG, ANOMALIES = "csv", "tensorboard", "summary", "config", "anomalies"
+PARQUET, UNFINISHED = "parquet", "parquet_unfinished"  # a closed Parquet file; one still written (or left by a kill)
 # a rank's number in a directory name: msmon's (records/layout.py's RANK_DIR) and any other tool's
 # `rank<r>` folder (msprobe's anomaly dumps, a hand-made layout), which msmon db also reads
 RANK_IN_DIR = re.compile(r"(?:^|[-_])rank(\d+)(?:[-_]|$)")
@@ -33,11 +37,11 @@ class FoundFile:
     """One file worth loading, as seen on disk now."""
 
     path: str  # absolute
-    kind: str  # csv | tensorboard | summary | config | anomalies
+    kind: str  # csv | tensorboard | summary | config | anomalies | parquet | parquet_unfinished
     size: int
     mtime_ns: int
     rank_dir: str  # the directory holding it
-    rank: int | None
+    rank: int | None  # a Parquet file's from its name, the others' from their directory
     category: str | None = None
 
 
@@ -54,6 +58,10 @@ def classify(name: str) -> tuple[str, str | None] | None:
         return CONFIG, None
     if name in (DUMP_FILE, MSPROBE_DUMP_FILE):
         return ANOMALIES, None
+    if PARQUET_FILE.match(name):
+        return PARQUET, None
+    if UNFINISHED_FILE.match(name):
+        return UNFINISHED, None
     return None
 
 
@@ -98,12 +106,16 @@ def scan(root: str) -> list[FoundFile]:
             kind = classify(entry.name)
             if kind is None or not entry.is_file():
                 continue
-            if not rank_known:
-                rank, rank_known = rank_of_dir(directory), True
+            if kind[0] in (PARQUET, UNFINISHED):  # its folder is a block of ranks: the rank is in its name
+                file_rank = rank_of_file(entry.name)
+            else:
+                if not rank_known:
+                    rank, rank_known = rank_of_dir(directory), True
+                file_rank = rank
             try:
                 st = entry.stat()
             except OSError:
                 continue
-            found.append(FoundFile(entry.path, kind[0], st.st_size, st.st_mtime_ns, directory, rank, kind[1]))
+            found.append(FoundFile(entry.path, kind[0], st.st_size, st.st_mtime_ns, directory, file_rank, kind[1]))
         stack.extend(reversed(subdirs))
     return found

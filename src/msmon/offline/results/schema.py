@@ -1,10 +1,14 @@
 """The database's tables and views, in one place (docs/results.md describes them for users).
 
-One long table holds every statistic of every rank: `metrics(rank, vpp_stage, category, name,
-step, micro_step, op, value, file_id)`, a row per value, whether it came from a CSV file or a
-TensorBoard scalar (the file says which: `files.kind`). The other tables keep what is not a
-statistic row: histograms, anomaly records in training order, each monitor's summary and
-config, and the files loaded (what makes a re-run incremental).
+One long view holds every statistic of every rank: `metrics(rank, vpp_stage, category, name,
+step, micro_step, op, value, file_id)`, a row per value: the rows copied from CSV files and
+TensorBoard scalars (the table `loaded_metrics`; `files.kind` says which file) and the run's
+Parquet files, read where they are (parquet_catalog.py: the view is a catalog, not a copy). The
+other tables keep what is not a statistic row: histograms, anomaly records in training order,
+each monitor's summary and config, and the files loaded (what makes a re-run incremental).
+
+Version 2 renamed version 1's `metrics` table to `loaded_metrics` (a version 1 database is
+brought up to date when `msmon db` adds to it, and read as it is by `msmon report`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from .sql import one_row
 if TYPE_CHECKING:
     from duckdb import DuckDBPyConnection
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+READABLE_VERSIONS = ("1", SCHEMA_VERSION)  # what `msmon report` reads: both have `metrics`
 
 FILE_COLUMNS = [
     ("id", "INTEGER"),
@@ -96,7 +101,7 @@ def _columns(columns: list[tuple[str, str]]) -> str:
 TABLES = {
     "meta": "key VARCHAR, value VARCHAR",
     "files": _columns(FILE_COLUMNS),
-    "metrics": _columns(METRIC_COLUMNS),
+    "loaded_metrics": _columns(METRIC_COLUMNS),  # the rows copied from CSV and TensorBoard
     "tensors": _columns(TENSOR_COLUMNS),
     "histograms": _columns(HISTOGRAM_COLUMNS),
     # an anomaly record's fields (anomaly/event.py), in training order (`seq`, msmon analyse's)
@@ -110,6 +115,8 @@ TABLES = {
     "configs": _columns(CONFIG_COLUMNS),
 }
 
+# `metrics` before any Parquet file is known (parquet_catalog.define_metrics replaces it)
+LOADED_ONLY = f"SELECT {', '.join(name for name, _ in METRIC_COLUMNS)} FROM loaded_metrics"
 _WIDE_OPS = ",\n  ".join(f"max(value) FILTER (WHERE op = '{op.column}') AS {op.column}" for op in TABLE)
 
 VIEWS = {
@@ -143,8 +150,10 @@ FROM summaries ORDER BY rank""",
     "ranks": """
 SELECT rank, rank_dir, count(*) FILTER (WHERE kind = 'csv') AS csv_files,
   count(*) FILTER (WHERE kind = 'tensorboard') AS tensorboard_files,
+  count(*) FILTER (WHERE kind = 'parquet') AS parquet_files,
   sum(size) AS bytes, max(loaded_at) AS last_loaded
-FROM files WHERE kind IN ('csv', 'tensorboard', 'summary', 'config') GROUP BY rank, rank_dir ORDER BY rank, rank_dir""",
+FROM files WHERE kind IN ('csv', 'tensorboard', 'parquet', 'summary', 'config')
+GROUP BY rank, rank_dir ORDER BY rank, rank_dir""",
 }
 
 
@@ -168,8 +177,8 @@ def _version(con: DuckDBPyConnection, tables: set[str]) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _refuse_other(version: str | None) -> None:
-    if version is not None and version != SCHEMA_VERSION:
+def _refuse_other(version: str | None, readable: tuple[str, ...] = (SCHEMA_VERSION,)) -> None:
+    if version is not None and version not in readable:
         raise SchemaError(
             f"the database has schema version {version}, this msmon writes {SCHEMA_VERSION}: write a new database file"
         )
@@ -183,7 +192,7 @@ def require_msmon(con: DuckDBPyConnection, path: str) -> None:
             f"{path} is a DuckDB database, but not one msmon db wrote (it has no msmon schema_version); "
             f"make one with: msmon db -d <monitor output> -o <new file>"
         )
-    _refuse_other(version)
+    _refuse_other(version, READABLE_VERSIONS)
 
 
 def create(con: DuckDBPyConnection) -> None:
@@ -191,7 +200,7 @@ def create(con: DuckDBPyConnection) -> None:
     so is one with tables that msmon did not write (its views could replace the owner's)."""
     existing = _tables(con)
     version = _version(con, existing)
-    others = existing - set(TABLES) - set(VIEWS)
+    others = existing - set(TABLES) - set(VIEWS) - {"metrics", "parquet_metrics"}
     # msmon's names, `meta` among them, and no version yet: msmon's own creation, cut short
     if version is None and existing and (others or "meta" not in existing):
         shown = sorted(others or existing)
@@ -199,9 +208,14 @@ def create(con: DuckDBPyConnection) -> None:
             f"the database holds tables msmon did not write ({', '.join(shown[:3])}"
             f"{' ...' if len(shown) > 3 else ''}); give msmon db a new file"
         )
+    if version == "1":  # its `metrics` table is version 2's loaded_metrics; the view takes the name
+        con.execute("ALTER TABLE metrics RENAME TO loaded_metrics")
+        con.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", [SCHEMA_VERSION])
+        version = SCHEMA_VERSION
     _refuse_other(version)
     for name, columns in TABLES.items():
         con.execute(f"CREATE TABLE IF NOT EXISTS {name} ({columns})")
+    con.execute(f"CREATE VIEW IF NOT EXISTS metrics AS {LOADED_ONLY}")
     for name, query in VIEWS.items():
         con.execute(f"CREATE OR REPLACE VIEW {name} AS {query}")
     if one_row(con.execute("SELECT count(*) FROM meta WHERE key = 'schema_version'"))[0] == 0:

@@ -12,10 +12,11 @@ scalars of that category are left out, so no value is counted twice.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...records.layout import SUMMARY_ROOT, tag_with_rank
+from ...records.layout import SUMMARY_ROOT, tag_with_rank, tags_by_rank
 from ...records.rows import COLUMN_CATEGORIES
 from ..analyse.reading import parse_tag
 from ..event_reader import EventReader
@@ -42,7 +43,7 @@ class EventRows:
 
 def _parse(tag: str, rank: int | None = None) -> tuple[int, int, str, int | None, str, str] | None:
     """(rank, vpp, name, micro, category, op-or-'hist') of an msmon tag, or None; `rank`: the
-    directory's, for a by_rank tag, which has none."""
+    directory's, given for a by_rank tag, which has none (the file's layout: `tags_by_rank`)."""
     if rank is not None:
         tag = tag_with_rank(tag, rank)
     try:
@@ -61,15 +62,20 @@ def _parse(tag: str, rank: int | None = None) -> tuple[int, int, str, int | None
     return rank, vpp, name, micro, category, op
 
 
-def read_events(path: str, skip: int, csv_categories: set[str], rank: int | None = None) -> EventRows:
+def read_events(path: str, skip: int, csv_categories: Container[str], rank: int | None = None) -> EventRows:
     """Rows of the events after the first `skip` ones; scalars of `csv_categories` left out.
     `rank`: the rank directory's, the rank of by_rank tags."""
     out = EventRows()
     tags: dict[str, Any] = {}
     reader = EventReader(path)
+    by_rank: bool | None = None  # the file's layout, told by its first step's tags (tags_by_rank)
     for index, event in enumerate(reader.events()):
         out.events = index + 1
-        if index < skip or not event.HasField("summary"):
+        if not event.HasField("summary"):
+            continue
+        if by_rank is None:
+            by_rank = tags_by_rank(value.tag for value in event.summary.value)
+        if index < skip:
             continue
         step = event.step
         rows: dict[tuple, int] = {}  # this event's rows (category, vpp, name, micro): their index
@@ -77,14 +83,16 @@ def read_events(path: str, skip: int, csv_categories: set[str], rank: int | None
         for value in event.summary.value:
             parsed = tags.get(value.tag, False)
             if parsed is False:
-                parsed = tags[value.tag] = None if value.tag.startswith(SUMMARY_ROOT) else _parse(value.tag, rank)
+                parsed = tags[value.tag] = (
+                    None if value.tag.startswith(SUMMARY_ROOT) else _parse(value.tag, rank if by_rank else None)
+                )
             if parsed is None and value.tag.startswith(SUMMARY_ROOT):
                 out.lanes += 1
                 continue
             if parsed is None:
                 out.foreign += 1
                 continue
-            rank, vpp, name, micro, category, op = parsed
+            tag_rank, vpp, name, micro, category, op = parsed
             row = (category, vpp, name, micro)
             if row not in rows:
                 rows[row] = counts.get(category, 0)
@@ -96,11 +104,11 @@ def read_events(path: str, skip: int, csv_categories: set[str], rank: int | None
                 if category in csv_categories:
                     out.duplicates += 1
                 else:
-                    out.scalars.append((rank, vpp, category, name, step, micro, op, float(value.simple_value)))
+                    out.scalars.append((tag_rank, vpp, category, name, step, micro, op, float(value.simple_value)))
             elif kind == "histo":
                 histo = value.histo
                 out.histograms.append(
-                    (rank, vpp, category, name, step, [histo.min, *histo.bucket_limit], list(histo.bucket))
+                    (tag_rank, vpp, category, name, step, [histo.min, *histo.bucket_limit], list(histo.bucket))
                 )
             else:
                 out.foreign += 1

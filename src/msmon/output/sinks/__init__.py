@@ -8,10 +8,9 @@ names are checked here, by `check_formats`, where a config is loaded for use (Tr
 reload, the launcher). A sink file declares its Sink class with `@sink_format("name")`, which
 holds it to its file's name; the rank output builds its sinks from this registry, so a new format
 is one file in this folder. The sink files load when sinks are first built: importing this
-package loads none of them (nor torch). A sink that needs a package users install apart (a
-tracker's client) names it at the top of its file, `CLIENT = "wandb"` and `EXTRA = "wandb"` (the
-pip extra that brings it), read from the file's text by `check_formats`, so that a missing client
-is refused before the job starts, never in the middle of it.
+package loads none of them (nor torch). A format that needs an optional package says so in its
+file, `REQUIRES = {"pyarrow": "msmon[parquet]"}`, read from the text (`required_modules`), so
+that `check_formats` refuses it before training when the package is missing, never mid-run.
 """
 
 from __future__ import annotations
@@ -34,9 +33,10 @@ __all__ = [
     "Sink",
     "sink_format",
     "format_names",
-    "format_client",
     "check_formats",
+    "required_modules",
     "registered_formats",
+    "sink_class",
     "build_sinks",
 ]
 
@@ -73,51 +73,62 @@ def format_names() -> list[str]:
 
 
 def check_formats(config: MonitorConfig, path: str | os.PathLike | None = None) -> None:
-    """Refuse a config whose `format` names no sink file, before training (or before a hot
-    reload takes it), with the closest name; `path`, the config file's, prefixes the message as
-    the config's own errors do."""
+    """Refuse a config whose `format` names no sink file, or a format whose optional package is
+    not installed, before training (or before a hot reload takes it), with the closest name or
+    what to install; `path`, the config file's, prefixes the message as the config's own errors do."""
     known = format_names()
     for name in config.format:
         message = None
         if name not in known:
             message = f"format: unknown format {short_repr(name)}; expected {known}{did_you_mean(name, known)}"
         else:
-            client = format_client(name)
-            if client is not None and importlib.util.find_spec(client[0]) is None:
-                message = (
-                    f"format: {name!r} needs the {client[0]} package, which is not installed here: "
-                    f"pip install 'msmon[{client[1]}]'"
-                )
+            missing = [(m, extra) for m, extra in required_modules(name).items() if not _installed(m)]
+            if missing:
+                module, extra = missing[0]
+                message = f"format: {name!r} needs {module}, which is not installed: pip install '{extra}'"
         if message is not None:
             raise ConfigError(f"{path}: {message}" if path is not None else message)
 
 
-def format_client(name: str) -> tuple[str, str] | None:
-    """(package, pip extra) a format's sink file names as `CLIENT` and `EXTRA`, read from its text
-    without importing it; None when it needs none."""
-    spec = importlib.util.find_spec(f"{__name__}.{name}{SINK_FILE_SUFFIX}")
-    if spec is None or spec.origin is None:
-        return None
-    with open(spec.origin, encoding="utf-8") as fh:
-        tree = ast.parse(fh.read(), spec.origin)
-    found: dict[str, str] = {}
+def required_modules(name: str) -> dict[str, str]:
+    """{module: what to pip install} that format `name` needs beyond msmon's own dependencies: the
+    literal `REQUIRES = {...}` of its sink file, read from the file's text without importing it
+    (no torch, no optional package), so that a missing one is a config error before training."""
+    paths = [os.path.join(folder, f"{name}{SINK_FILE_SUFFIX}.py") for folder in __path__]
+    path = next((p for p in paths if os.path.isfile(p)), paths[0])
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (OSError, SyntaxError):
+        return {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            if node.targets[0].id in ("CLIENT", "EXTRA") and isinstance(node.value, ast.Constant):
-                found[node.targets[0].id] = str(node.value.value)
-    return (found["CLIENT"], found.get("EXTRA", found["CLIENT"])) if "CLIENT" in found else None
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "REQUIRES" for t in node.targets):
+            return dict(ast.literal_eval(node.value))
+    return {}
+
+
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def sink_class(name: str) -> type[Sink]:
+    """The Sink class of format `name`, its file imported now (and only its file: a format the
+    config does not name never loads its packages, pyarrow's threads say)."""
+    importlib.import_module(f"{__name__}.{name}{SINK_FILE_SUFFIX}")
+    if name not in _REGISTRY:
+        raise ValueError(f"output/sinks/{name}{SINK_FILE_SUFFIX}.py declares no Sink with @sink_format({name!r})")
+    return _REGISTRY[name]
 
 
 def registered_formats() -> dict[str, type[Sink]]:
-    """{format name: Sink class} of every sink file in this folder."""
-    for name in format_names():
-        importlib.import_module(f"{__name__}.{name}{SINK_FILE_SUFFIX}")
-        if name not in _REGISTRY:
-            raise ValueError(f"output/sinks/{name}{SINK_FILE_SUFFIX}.py declares no Sink with @sink_format({name!r})")
-    return dict(_REGISTRY)
+    """{format name: Sink class} of every sink file in this folder (each imported)."""
+    return {name: sink_class(name) for name in format_names()}
 
 
 def build_sinks(formats: list[str], log_dir: str, config: MonitorConfig) -> list[Sink]:
     """The sinks of the config's `format` (its names checked by `check_formats`), in its order."""
-    known = registered_formats()
-    return [known[name].for_rank(log_dir, config) for name in formats]
+    return [sink_class(name).for_rank(log_dir, config) for name in formats]

@@ -24,6 +24,13 @@ class Sink:
     def write(self, record: StepRecord) -> None:
         raise NotImplementedError
 
+    def write_step(self, records: list[StepRecord]) -> None:
+        """One step's records: its statistics, then one per category with its own columns (the
+        loss, the gradient agreement, the L2 features). A sink that writes a step as one unit
+        (TensorBoard's event) takes them together."""
+        for record in records:
+            self.write(record)
+
     def flush(self) -> None:
         """Make everything written so far durable (called after every step)."""
 

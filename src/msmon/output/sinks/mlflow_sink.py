@@ -26,8 +26,9 @@ from .tracker import TrackerRun, TrackerSink, Value
 if TYPE_CHECKING:
     from ...config import MonitorConfig
 
-CLIENT = "mlflow"  # the package this format needs (checked by name when the config is loaded); mlflow-skinny will do
-EXTRA = "mlflow"  # pip install 'msmon[mlflow]'
+REQUIRES = {
+    "mlflow": "msmon[mlflow]"
+}  # {module: what to install}, read by sinks.check_formats before training; mlflow-skinny will do
 MAX_METRICS, MAX_TAGS, MAX_ENTITIES, MAX_BYTES = 1000, 100, 1000, 1_000_000  # one log_batch's limits
 MAX_NAME = 250  # MLflow's longest key
 _OTHER_CHARACTER = re.compile(r"[^A-Za-z0-9_\-. /]")

@@ -56,6 +56,28 @@ def csv_flat(table: torch.Tensor, ndigits: int) -> list[float]:
     return _rounded_by_torch(table, ndigits)
 
 
+def csv_table(table: torch.Tensor, ndigits: int) -> torch.Tensor:
+    """csv_flat's values as a new float64 tensor of the table's shape, for a columnar sink
+    (parquet) that keeps the CSV's values without a Python float per value."""
+    table = table.to(torch.float64).contiguous()
+    rounding = native.csv_rounding()
+    if rounding is not None and table.is_cpu:
+        out = torch.empty_like(table)
+        n = table.numel()
+        left = (ctypes.c_int64 * n)()
+        count = rounding(table.data_ptr(), out.data_ptr(), n, ndigits, _DECADES.data_ptr(), ctypes.addressof(left))
+        flat = out.view(-1)
+        for i in left[:count]:  # the kernel left these values as they were
+            flat[i] = csv_value(float(flat[i]), ndigits)
+        return out
+    rounded, doubtful = _rounded_tensor(table, ndigits)
+    if doubtful.any():
+        flat, values = rounded.view(-1), table.reshape(-1)
+        for i in doubtful.view(-1).nonzero().view(-1).tolist():
+            flat[i] = csv_value(float(values[i]), ndigits)
+    return rounded
+
+
 def _rounded_by_kernel(rounding: Callable[..., int], table: torch.Tensor, ndigits: int) -> list[float]:
     n = table.numel()
     out = (ctypes.c_double * n)()
@@ -70,6 +92,17 @@ def _rounded_by_kernel(rounding: Callable[..., int], table: torch.Tensor, ndigit
 
 
 def _rounded_by_torch(table: torch.Tensor, ndigits: int) -> list[float]:
+    rounded, doubtful = _rounded_tensor(table, ndigits)
+    flat = rounded.view(-1).tolist()
+    if doubtful.any():
+        values = table.reshape(-1)
+        for i in doubtful.view(-1).nonzero().view(-1).tolist():
+            flat[i] = csv_value(float(values[i]), ndigits)
+    return flat
+
+
+def _rounded_tensor(table: torch.Tensor, ndigits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(round(v·10ᵏ) / 10ᵏ of every value, where that may differ from csv_value's double)."""
     digits = max(ndigits, 1)
     magnitude = table.abs()
     small = (magnitude < 1.0) & (magnitude > 0.0)
@@ -79,15 +112,10 @@ def _rounded_by_torch(table: torch.Tensor, ndigits: int) -> list[float]:
     scale = _POW10[decimals.clamp(0, _EXACT_POWERS).long()]
     scaled = table * scale
     kept = torch.round(scaled)
-    flat = (kept / scale).view(-1).tolist()
     size = scaled.abs()
     doubtful = (
         ((scaled - torch.floor(scaled) - 0.5).abs() <= size * 2.0**-48) | ~(size < 2.0**52) | (decimals > _EXACT_POWERS)
     )
     first_digit_wrong = (kept.abs() < float(10 ** (digits - 1))) | (kept.abs() > float(10**digits))
     doubtful |= small & first_digit_wrong
-    if doubtful.any():
-        values = table.reshape(-1)
-        for i in doubtful.view(-1).nonzero().view(-1).tolist():
-            flat[i] = csv_value(float(values[i]), ndigits)
-    return flat
+    return kept / scale, doubtful

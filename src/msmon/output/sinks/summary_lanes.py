@@ -5,7 +5,8 @@ For each category of the step (grad_reduced, actv, ...) and each op, the largest
 category's tensors is a scalar `summary/{category}/{op}_max`, and one text table per step
 (`summary/max_holders`) names the tensor holding each. A NaN is the largest value (torch.max
 propagates it), so a lane turns NaN at the step a tensor of its category does, and the table
-names the first such tensor. Computed on the writer thread from the host table the sink writes.
+names the first such tensor. Computed on the writer thread from the host tables the sink writes:
+one step's statistics and its column categories' rows (loss, grad_agreement, ...) give one table.
 The grouping by category and the maxima (`CategoryRows`, `category_maxima`) are the trackers'
 lanes too (collectors/trackers/lanes.py).
 """
@@ -60,20 +61,31 @@ class SummaryLanes:
         self._text_metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="text"))
         self._tensor, self._shape, self._string = TensorProto, TensorShapeProto, types_pb2.DT_STRING
         self._prefixes: dict[tuple[str, str], bytes] = {}
-        self._rows = CategoryRows()
+        self._rows: list[CategoryRows] = []  # one per table of the step, in the order they come
 
-    def entries(self, keys: list[RowKey], ops: list[str], table: torch.Tensor) -> list[bytes]:
-        """The lanes' scalar entries and the holders' text entry of a step's [rows, ops] table."""
+    def _grouped(self, position: int, keys: list[RowKey]) -> list[tuple[str, list[int], torch.Tensor]]:
+        """The categories of the keys of the step's table at `position` (the statistics, then each
+        category with ops or columns of its own), each table's grouping kept from step to step."""
+        while len(self._rows) <= position:
+            self._rows.append(CategoryRows())
+        return self._rows[position].groups(keys)
+
+    def entries(self, tables: list[tuple[list[RowKey], list[str], torch.Tensor]]) -> list[bytes]:
+        """The lanes' scalar entries and the holders' one text entry of a step, from each of the
+        step's [rows, ops] tables with its keys and ops: the statistics and the categories with
+        their own columns (the loss, the gradient agreement, the L2 features) are written as
+        separate tables of one step, and TensorBoard keeps one text per tag and step."""
         prefixes: list[bytes] = []
         maxima: list[torch.Tensor] = []
         lines = ["| category | op | max | tensor |", "|---|---|---|---|"]
-        for category, index, rows in self._rows.groups(keys):
-            values, where = category_maxima(table, rows)
-            maxima.append(values)
-            holders = where.tolist()
-            for j, (op, value) in enumerate(zip(ops, values.tolist())):
-                prefixes.append(self._prefix(category, op))
-                lines.append(f"| {category} | {op} | {value:.6g} | {keys[index[holders[j]]].display_name()} |")
+        for position, (keys, ops, table) in enumerate(tables):
+            for category, index, rows in self._grouped(position, keys):
+                values, where = category_maxima(table, rows)
+                maxima.append(values)
+                holders = where.tolist()
+                for j, (op, value) in enumerate(zip(ops, values.tolist())):
+                    prefixes.append(self._prefix(category, op))
+                    lines.append(f"| {category} | {op} | {value:.6g} | {keys[index[holders[j]]].display_name()} |")
         if not prefixes:
             return []
         scalars = summary_wire.scalars(prefixes, summary_wire.float32_bytes(torch.cat(maxima)))

@@ -95,11 +95,29 @@ class TensorBoardSink(Sink):
         return prefixes
 
     def write(self, record: StepRecord) -> None:
-        prefixes = [p for key in record.keys for p in self._prefixes(key, record.rank, record.ops)]
-        table = self._table_of(record) if prefixes else None
-        parts = [summary_wire.scalars(prefixes, summary_wire.float32_bytes(table))] if table is not None else []
-        if self._lanes is not None and table is not None:
-            parts.extend(self._lanes.entries(record.keys, record.ops, table))
+        self.write_step([record])
+
+    def write_step(self, records: list[StepRecord]) -> None:
+        """One event for the step: every record's scalars and histograms, and the summary lanes
+        over all of them with one holders table (two text events of one tag and step would show
+        TensorBoard only one)."""
+        parts: list[bytes] = []
+        tables: list[tuple[list[RowKey], list[str], torch.Tensor]] = []
+        for record in records:
+            prefixes = [p for key in record.keys for p in self._prefixes(key, record.rank, record.ops)]
+            table = self._table_of(record) if prefixes else None
+            if table is not None:
+                parts.append(summary_wire.scalars(prefixes, summary_wire.float32_bytes(table)))
+                tables.append((record.keys, record.ops, table))
+            parts.extend(self._histogram_parts(record))
+        if self._lanes is not None and tables:
+            parts.extend(self._lanes.entries(tables))
+        if parts:
+            self._write_bytes(summary_wire.event(time.time(), records[0].step, b"".join(parts)))
+        self.flush()
+
+    def _histogram_parts(self, record: StepRecord) -> list[bytes]:
+        parts = []
         value = self._summary.Value
         heatmap = record.meta.get("heatmap", False)
         for tag, edges, counts in record.histograms:
@@ -113,9 +131,7 @@ class TensorBoardSink(Sink):
                 image_tag, height, width, png = image
                 picture = self._summary.Image(height=height, width=width, colorspace=3, encoded_image_string=png)
                 parts.append(summary_wire.entry(value(tag=image_tag, image=picture).SerializeToString()))
-        if parts:
-            self._write_bytes(summary_wire.event(time.time(), record.step, b"".join(parts)))
-        self.flush()
+        return parts
 
     @staticmethod
     def _table_of(record: StepRecord) -> torch.Tensor:

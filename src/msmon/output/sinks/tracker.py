@@ -10,7 +10,7 @@ rank as min/median/max, the alert counts and the verdict, and the explicit tenso
 names. A run is the script's when it made one (never finished by msmon), else one msmon makes,
 named after the msmon run, and finishes at the end. Keys follow the tracker's naming rules
 (`valid`, collisions kept apart) and stop at `tracker.max_keys`, said once. The client package
-(`CLIENT` in the sink file) is imported only on the logging rank, off the training thread.
+(`REQUIRES` in the sink file) is imported only on the logging rank, off the training thread.
 """
 
 from __future__ import annotations

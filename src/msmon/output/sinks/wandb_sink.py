@@ -24,8 +24,7 @@ from .tracker import STEP_KEY, RunEnded, TrackerRun, TrackerSink, Value
 if TYPE_CHECKING:
     from ...config import MonitorConfig
 
-CLIENT = "wandb"  # the package this format needs (checked by name when the config is loaded)
-EXTRA = "wandb"  # pip install 'msmon[wandb]'
+REQUIRES = {"wandb": "msmon[wandb]"}  # {module: what to install}, read by sinks.check_formats before training
 _NOT_A_NAME_CHARACTER = re.compile(r"[^A-Za-z0-9_]")
 
 

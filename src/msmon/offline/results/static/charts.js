@@ -145,9 +145,11 @@ window.msmonCharts = function (h) {
         var step = Math.floor(loss.x[i] + 1e-9);
         return "step " + step + (loss.micro_steps > 1 ? ", micro-step " + Math.round((loss.x[i] - step) * loss.micro_steps) : "");
       } });
-    var note = loss.mode === "lines" ? "One line per rank, a point per micro-step" + (w ? " (here the mean over " + w + " steps)" : "") + "."
+    var what = "The value each backward pass ran on: the script's own scaling included (a loss divided by the " +
+      "gradient-accumulation steps reads divided), a loss scaler's (GradScaler, DeepSpeed, Megatron) not. ";
+    var note = what + (loss.mode === "lines" ? "One line per rank, a point per micro-step" + (w ? " (here the mean over " + w + " steps)" : "") + "."
       : loss.ranks + " ranks: the band of their min and max, their median, and the " + loss.lines.length +
-        " ranks whose loss departs most from the median (robust z: |loss − median| / (1.4826 MAD))" + (w ? "; the mean over " + w + " steps per point" : "") + ".";
+        " ranks whose loss departs most from the median (robust z: |loss − median| / (1.4826 MAD))" + (w ? "; the mean over " + w + " steps per point" : "") + ".");
     return el("div", { id: "loss-chart", "data-lines": String(lines.length), "data-mode": loss.mode }, [
       el("p", { cls: "muted", text: note }), el("div", { cls: "chart" }, [cv]), legend(lines, bandText)]);
   }

@@ -248,18 +248,22 @@
     moversBox.textContent = "";
     var list = ((DATA.movers[map.category] || {})[map.op]) || [];
     moversBox.appendChild(el("b", { text: "Top movers (" + map.op + "): the largest step-to-step changes of the largest |" + map.op +
-      "| over ranks, with the rank that holds it; a turn to or from non-finite first" }));
+      "| over ranks, with the rank that holds it; a turn to or from non-finite first; ▶ marks the first unusual change" +
+      " (where a fault began, even when larger changes follow it)" }));
     if (!list.length) moversBox.appendChild(el("p", { cls: "muted", text: "No change between recorded steps (or fewer than two steps)." }));
     else {
-      var side = function (value, nonfinite, rank) {
-        return (nonfinite ? nonfinite : fmt(value)) + (rank === null || rank === undefined ? "" : " (rank " + rank + ")");
+      var side = function (value, nonfinite, rank) {  /* wraps before the rank, never inside it */
+        return (nonfinite ? nonfinite : fmt(value)) + (rank === null || rank === undefined ? "" : " (rank\u00a0" + rank + ")");
       };
       var t = table(["tensor", "steps", "before (rank)", "after (rank)", "change"], list.map(function (m) {
-        return [(m.vpp_stage ? m.vpp_stage + ":" : "") + m.name, m.from_step + " → " + m.step,
+        var name = ((m.vpp_stage ? m.vpp_stage + ":" : "") + m.name).replace(/\./g, ".\u200b");  /* wraps at its dots */
+        return [(m.first_unusual ? "▶ " : "") + name, m.from_step + "\u00a0→\u00a0" + m.step,
                 side(m.before, m.before_nonfinite, m.before_rank), side(m.after, m.after_nonfinite, m.after_rank),
                 m.factor === null ? (m.after_nonfinite ? "turned non-finite" : "finite again") : (m.factor >= 0 ? "×" + fmt(m.factor) : "÷" + fmt(-m.factor))];
       }), [0, 1, 1, 1, 1]);
-      Array.prototype.forEach.call(t.tBodies[0].rows, function (tr, i) { if (list[i].factor === null) tr.className = "nonfinite"; });
+      Array.prototype.forEach.call(t.tBodies[0].rows, function (tr, i) {
+        tr.className = (list[i].factor === null ? "nonfinite" : "") + (list[i].first_unusual ? " first-unusual" : "");
+      });
       moversBox.appendChild(t);
     }
   }
