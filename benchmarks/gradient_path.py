@@ -4,9 +4,9 @@ thread) in one SGD step of nn.Linear(4, 4) with `wg_distribution` and CSV output
 
 The path is the union of the msmon call stacks, each from its thread's outermost msmon frame, on
 the training thread from the step hook up to the hand-over to the writer thread (`submit`), on
-the writer thread up to the CSV sink's `write`, at
+the writer thread up to the CSV sink's `write` (or `write_step`), at
 - every msmon call ("calls": what a reader follows from the hook to the row; issue 41 measured
-  13 files and 19 hops this way at 27a2ae3), or
+  13 files and 19 hops at 27a2ae3 in a like way, this script 14 and 20), or
 - the calls handed the gradient or its row ("row": the tensor, the row's key `grad_reduced`, or
   a list, a host batch or a step record holding one: where its statistics are read, recorded,
   taken, copied and handed over).
@@ -73,7 +73,7 @@ def trace(frame, event, arg):
     if event != "call" or thread in arrived or not frame.f_code.co_filename.startswith(PACKAGE):
         return
     code = frame.f_code
-    end = (code.co_name == "write" and code.co_filename.endswith("csv_sink.py")) or (
+    end = (code.co_name in ("write", "write_step") and code.co_filename.endswith("csv_sink.py")) or (
         code.co_name == "submit" and code.co_filename.endswith("writer.py")
     )
     if end or ALL or any(carries(value) for value in list(frame.f_locals.values())):
@@ -112,7 +112,7 @@ def measure(src: Path, mode: str) -> dict:
     if done.returncode != 0:
         raise SystemExit(f"the traced step failed with msmon from {src}:\n{done.stderr[-3000:]}")
     stacks = [[tuple(frame) for frame in stack] for stack in json.loads(done.stdout.strip().splitlines()[-1])]
-    if not any(stack and stack[-1][1] == "write" for stack in stacks):
+    if not any(stack and stack[-1][1] in ("write", "write_step") for stack in stacks):
         raise SystemExit("the CSV sink's write was not traced")
     edges = {(a, b) for stack in stacks for a, b in zip(stack, stack[1:])}
     files = sorted({file for stack in stacks for file, _ in stack})

@@ -101,6 +101,15 @@ class CsvSink(Sink):
         return [csv_value(v, self.ndigits) for row in record.values for v in row]
 
     def write(self, record: StepRecord) -> None:
+        self.write_step([record])
+
+    def write_step(self, records: list[StepRecord]) -> None:
+        """A step's records (its statistics, then each category's own columns), flushed once."""
+        for record in records:
+            self._write_rows(record)
+        self.flush()
+
+    def _write_rows(self, record: StepRecord) -> None:
         lines: dict[str, list[str]] = {}
         handles: dict[str, tuple[IO[str], bool]] = {}
         step = f"{record.step},"
@@ -124,7 +133,6 @@ class CsvSink(Sink):
             lines[key.category].append(self._prefix(key, micro) + step + cells)
         for category, rows in lines.items():
             self._write(category, "\n".join(rows) + "\n")
-        self.flush()
 
     def _write(self, category: str, text: str) -> None:
         _, path, fh, _, _ = self._files[category]
