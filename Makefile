@@ -43,20 +43,23 @@ test: $(VENV)/.test
 	$(BIN)/python -m pytest -q -ra
 
 # ruff (lint and format), mypy (types): settings in pyproject.toml; the import contract: the layers
-# and the torch-free modules in .importlinter, no import cycle (tools/import_cycles.py)
+# and the torch-free modules in .importlinter, no import cycle (tools/import_cycles.py), no framework
+# package importing another (tools/framework_packages.py)
 lint: $(VENV)/.lint
 	$(BIN)/ruff check src tests benchmarks examples tools
 	$(BIN)/ruff format --check src tests benchmarks examples tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python tools/import_cycles.py
+	$(BIN)/python tools/framework_packages.py
 
 # mypy alone
 typecheck: $(VENV)/.lint
 	$(BIN)/mypy
 
+# `make bench REV=27a2ae3`: this checkout and REV taking turns in the same run (overhead.py --against)
 bench: $(VENV)/.base
-	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/overhead.py $(if $(REV),--against $(REV) --configs all_xy "wg+mv+param",)
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -131,6 +131,7 @@ def run_pairs(args: argparse.Namespace, workdir: str) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "pairs": args.pairs,
         "ops": config["ops"],
+        "ratios": ratios,  # every pair's (overhead.py --against pools them across turns)
         "ratio_median": statistics.median(ratios),
         "ratio_p10": deciles[0],
         "ratio_p90": deciles[-1],
@@ -153,9 +154,15 @@ def native_isa(tool: str) -> str | None:
     for torch reductions."""
     if tool != "msmon":
         return None
-    from msmon.stats import native
+    import importlib
 
-    return native.isa() if native._loaded is not None else None
+    for name in ("msmon.stats.native", "msmon.native"):  # the latter before the stats/ folder (27a2ae3)
+        try:
+            native = importlib.import_module(name)
+        except ImportError:
+            continue
+        return native.isa() if native._loaded is not None else None
+    return None
 
 
 def run_memory(args: argparse.Namespace, workdir: str) -> dict[str, Any]:

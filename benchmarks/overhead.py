@@ -2,6 +2,7 @@
 
     python benchmarks/overhead.py                        # reference model, all configurations
     python benchmarks/overhead.py --models gpt-3.7M gpt-58M --compare-msprobe --json out.json
+    python benchmarks/overhead.py --against 27a2ae3 --configs all_xy "wg+mv+param"   # make bench REV=27a2ae3
 
 Each (tool, model, configuration) runs in its own process (bench_worker.py): two copies of
 the model with the same weights, one monitored, stepped alternately on the same batches;
@@ -9,7 +10,11 @@ the overhead is the median of the per-pair step-time ratios, with the 10th-90th 
 spread. Peak RSS comes from separate single-model processes (plain, and monitored per
 configuration), taking turns round after round; each figure is the median of its rounds.
 `--compare-msprobe` runs msprobe's TrainerMon the same way with the interpreter of a venv
-where mindstudio-probe is installed (default /tmp/refvenv).
+where mindstudio-probe is installed (default /tmp/refvenv). `--against REV` times msmon at another
+revision (checked out into a temporary git worktree, imported from there; the model, data and
+config are this checkout's) beside this checkout's: per model and configuration, `--rounds` turns
+each, alternating which goes first, `--pairs` / `--rounds` pairs a turn, each revision's ratios
+pooled over its turns, so a regression shows in the same run, on the same machine state.
 Machines shared with other work give noisy ratios: the table records the load average.
 """
 
@@ -22,6 +27,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -30,13 +36,18 @@ sys.path.insert(0, HERE)
 from workloads import CONFIGS, MODELS  # noqa: E402
 
 WORKER = os.path.join(HERE, "bench_worker.py")
+ROOT = os.path.dirname(HERE)
 DEFAULT_MSPROBE_PYTHON = "/tmp/refvenv/bin/python"
 
 
-def run_worker(python: str, args: list[str], timeout: float) -> dict[str, Any] | None:
-    """Run one measurement; its last stdout line is the JSON result."""
+def run_worker(
+    python: str, args: list[str], timeout: float, env: dict[str, str] | None = None
+) -> dict[str, Any] | None:
+    """Run one measurement; its last stdout line is the JSON result. `env`: variables set for it
+    (PYTHONPATH: msmon imported from another checkout)."""
     try:
-        proc = subprocess.run([python, WORKER, *args], capture_output=True, text=True, timeout=timeout)
+        environment = {**os.environ, **env} if env else None
+        proc = subprocess.run([python, WORKER, *args], capture_output=True, text=True, timeout=timeout, env=environment)
     except subprocess.TimeoutExpired:
         print(f"  timed out: {' '.join(args)}", file=sys.stderr)
         return None
@@ -146,6 +157,44 @@ def table(results: dict[str, Any], models: list[str], configs: list[str], compar
     return "\n".join(lines)
 
 
+def spread(ratios: list[float]) -> str:
+    deciles = statistics.quantiles(ratios, n=10)
+    return f"×{statistics.median(ratios):.3f} ({deciles[0]:.2f}–{deciles[-1]:.2f})"
+
+
+def run_against(rev: str, args: argparse.Namespace, common: list[str]) -> dict[str, Any]:
+    """This checkout and `rev` taking turns, per model and configuration (module docstring)."""
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        work = os.path.join(scratch, "rev")
+        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", work, rev], check=True, capture_output=True)
+        sides = [("this checkout", None), (rev, {"PYTHONPATH": os.path.join(work, "src")})]
+        pairs = max(2, args.pairs // args.rounds)
+        try:
+            for model in args.models:
+                for config in args.configs:
+                    pooled: dict[str, list[float]] = {label: [] for label, _ in sides}
+                    for turn in range(args.rounds):
+                        for label, env in sides if turn % 2 == 0 else sides[::-1]:
+                            print(f"{label:>14} {model} {config} turn {turn + 1}/{args.rounds} ...", file=sys.stderr)
+                            base = ["--model", model, "--config", config, *common, "--pairs", str(pairs)]
+                            result = run_worker(
+                                sys.executable, [*base, "--warmup", str(args.warmup)], args.timeout, env
+                            )
+                            if result is not None:
+                                pooled[label] += result["ratios"]
+                    results[f"against/{model}/{config}"] = pooled
+        finally:
+            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", work], capture_output=True)
+    lines = [f"| model | configuration | this checkout | {rev} |", "|---|---|---|---|"]
+    for key, pooled in results.items():
+        _, model, config = key.split("/", 2)
+        cells = [spread(pooled[label]) if len(pooled[label]) > 1 else "n/a" for label, _ in sides]
+        lines.append(f"| {model} | {config} | {cells[0]} | {cells[1]} |")
+    print("\n".join(lines))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["gpt-3.7M"])
@@ -162,7 +211,20 @@ def main() -> None:
     parser.add_argument("--memory-runs", type=int, default=5, help="rounds of peak-RSS processes (median)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement")
     parser.add_argument("--json", help="write every result to this file")
+    parser.add_argument("--against", metavar="REV", help="time msmon at REV too, taking turns with this checkout")
+    parser.add_argument("--rounds", type=int, default=6, help="with --against: turns per revision")
     args = parser.parse_args()
+    if args.against:
+        common = ["--device", args.device] + (["--threads", str(args.threads)] if args.threads else [])
+        load = os.getloadavg()[0]
+        results = run_against(args.against, args, common)
+        m = machine()
+        where = f"{m['cpu']}, {m['cores']} cores, torch {m['torch']}"
+        print(f"\n{where}; load average {load:.2f} before; {args.pairs} pairs each")
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump({"machine": m, **results}, fh, indent=2)
+        return
 
     tools = [("msmon", sys.executable)]
     if args.compare_msprobe:

@@ -1,7 +1,8 @@
 """What a msmon source file imports, read from its text: the layering tests' one reader.
 
-Function-level imports count (they run when the function does); imports inside an
-`if TYPE_CHECKING:` block do not (they never run). `from a import b` gives `a.b` (the module
+Every import counts: function-level ones (they run when the function does) and those inside an
+`if TYPE_CHECKING:` block (they never run, but a circle that only annotations close is still a
+circle to a reader: .importlinter counts them too). `from a import b` gives `a.b` (the module
 `a.b` where it is one, else the name `b` of `a`: `module_of` tells which)."""
 
 from __future__ import annotations
@@ -25,16 +26,8 @@ def msmon_imports(path: Path) -> set[str]:
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text())
-    skipped = {
-        id(child)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for child in ast.walk(node)
-    }
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.split(".")[0] == "msmon"}
         elif isinstance(node, ast.ImportFrom):

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from .collectors import registry
-from .collectors.activations import TRACKER
 from .collectors.base import Collector, MonitoredParam
-from .collectors.grads.collector import GradCollector
-from .collectors.l2_features.targets import resolve_targets
-from .collectors.structure import STRUCT, StructCollector
 from .config import ConfigError, MonitorConfig, load_config, parse_ops
 from .output.directory import ensure_writable, output_base_dir
 from .output.rank_output import RankOutput, report_cost
@@ -48,12 +44,6 @@ from .system.stop import StopAfterStruct
 logger = logging.getLogger("msmon")
 
 __all__ = ["TrainerMon", "StopAfterStruct"]
-
-
-def _l2_targets_fit(config: MonitorConfig, modules: list[dict[str, torch.nn.Module]]) -> None:
-    """ConfigError when l2_targets names no module of the model (the L2 features collector's check)."""
-    if config.recording_l2_features:
-        resolve_targets(config, modules)
 
 
 class TrainerMon:
@@ -91,7 +81,7 @@ class TrainerMon:
         board = self.ctx.board  # alert.actions: the writer tells the vote what it saw and read
         self.output.seen, self.output.step_done = board.saw, lambda step: board.done(WRITER, step)
 
-        self._optimizer: Any = lambda: None  # held weakly (optimizers.base.hold_weakly)
+        self._optimizer: Any = lambda: None  # held weakly (seams.adapters.hold_weakly)
         self._wrapped_optimizer: Any = None
         # module-level collection (activations, NaN origin, structure); the launcher turns it off for a
         # second optimizer over a model another monitor already hooks, so its modules are recorded once
@@ -128,7 +118,7 @@ class TrainerMon:
 
     @property
     def adapter(self) -> Any:
-        """The optimizers.base adapter of the monitored optimizer (None before set_monitor)."""
+        """The seams.adapters adapter of the monitored optimizer (None before set_monitor)."""
         return self.ctx.adapter
 
     @property
@@ -137,7 +127,7 @@ class TrainerMon:
 
     @property
     def collectors(self) -> list[Collector]:
-        return self.runner.built.collectors
+        return cast("list[Collector]", self.runner.built.collectors)  # the ones _build_collectors built
 
     @property
     def steps_recorded(self) -> int:
@@ -185,7 +175,7 @@ class TrainerMon:
         if self.attached:
             fused_batch.prepare_for([mp.param for mp in self.ctx.params], self.runner.ops)
         if len(self.ctx.buffer) == 0:
-            self.ctx.step_ops = list(self.runner.ops)
+            self.ctx.record_ops(self.runner.ops)
 
     def set_wrapped_optimizer(self, optimizer: Any) -> None:
         self._wrapped_optimizer = optimizer
@@ -354,13 +344,8 @@ class TrainerMon:
         ctx = self.ctx
         ctx.log_dir = self.log_dir
         self.output.enable_dump(ctx.config, self.pp_stage, self.group_mates)
-        ctx.tracker = None
-        collectors = registry.build(ctx, hook_modules=self.records_modules)
-        ctx.tracker = registry.find(collectors, TRACKER)  # type: ignore[assignment]
-        structure: StructCollector | None = registry.find(collectors, STRUCT)  # type: ignore[assignment]
-        grads = next((c for c in collectors if isinstance(c, GradCollector)), None)
-        return Built(collectors, grads.micro_steps_seen if grads is not None else lambda: 0, structure)
+        return registry.build(ctx, hook_modules=self.records_modules)
 
     def _check_fits(self, new: MonitorConfig) -> None:
         """ConfigError unless every target of `new` names a module or parameter of the model."""
-        selection.check_targets(new, self.ctx.models, (_l2_targets_fit,))
+        selection.check_targets(new, self.ctx.models, registry.target_checks())

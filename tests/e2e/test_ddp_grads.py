@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
+from conftest import ALL_OPS, ROOT, assert_row_matches, rank_dir, read_csv_rows, reference_stats
 from msmon.offline.analyse.reading import read_dumps
 from msmon.offline.analyse.verdict import first_per_rank, order_events, verdict
 
@@ -19,11 +19,7 @@ from msmon.offline.analyse.verdict import first_per_rank, order_events, verdict
 @pytest.mark.e2e
 def test_unreduced_is_rank_local_and_reduced_is_the_all_reduced_mean(tmp_path):
     config = tmp_path / "monitor.json"
-    config.write_text(
-        json.dumps(
-            {"wg_distribution": True, "format": "csv", "ops": ["norm", "min", "max", "mean", "zeros", "nans", "infs"]}
-        )
-    )
+    config.write_text(json.dumps({"wg_distribution": True, "format": "csv", "ops": ALL_OPS}))  # every op of the table
     out = tmp_path / "out"
     env = dict(os.environ, MONITOR_OUTPUT_DIR=str(out), OMP_NUM_THREADS="1")
     cmd = [

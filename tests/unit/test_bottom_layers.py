@@ -16,7 +16,7 @@ def _layer_imports(folder: str) -> dict[str, set[str]]:
     return {path.name: _msmon_imports(path) for path in sorted((PACKAGE / folder).glob("*.py"))}
 
 
-def test_system_imports_nothing_else_of_msmon_outside_type_checking():
+def test_system_imports_nothing_else_of_msmon_not_even_for_type_checking():
     outside = {
         name: sorted(m for m in imports if not m.startswith("msmon.system"))
         for name, imports in _layer_imports("system").items()

@@ -1,6 +1,6 @@
 """The collectors' place in msmon's layers (issue 32): no import cycle runs through a collector,
 and no collector imports what sits above the collectors (the api, the launcher, the hooks'
-instrumentors), function-level imports included, TYPE_CHECKING blocks not."""
+instrumentors), function-level imports and TYPE_CHECKING blocks included."""
 
 from __future__ import annotations
 

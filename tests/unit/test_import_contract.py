@@ -9,11 +9,13 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from conftest import ROOT
 
 PACKAGE = ROOT / "src" / "msmon"
 CYCLES = ROOT / "tools" / "import_cycles.py"
+FRAMEWORK_PACKAGES = ROOT / "tools" / "framework_packages.py"
 # the one package whose __init__ is outside every layer: msmon's own (the facade: `msmon.TrainerMon`)
 CONTAINERS = {"msmon"}
 
@@ -51,9 +53,9 @@ def _write_package(root, name: str, files: dict[str, str]) -> None:
         (package / f"{module}.py").write_text(textwrap.dedent(text))
 
 
-def _check(root, name: str) -> subprocess.CompletedProcess:
+def _check(root, name: str, tool: Path = CYCLES) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(CYCLES), name],
+        [sys.executable, str(tool), name],
         capture_output=True,
         text=True,
         timeout=120,
@@ -76,7 +78,7 @@ def test_the_cycle_check_finds_a_cycle_closed_by_a_function_level_import_and_nam
     assert "import cycle among 3 modules: cyclic.a -> cyclic.b -> cyclic.c -> cyclic.a" in result.stdout
 
 
-def test_the_cycle_check_ignores_imports_made_only_for_type_checking(tmp_path):
+def test_the_cycle_check_finds_a_cycle_that_only_a_type_checking_import_closes(tmp_path):
     _write_package(
         tmp_path,
         "typed",
@@ -86,5 +88,62 @@ def test_the_cycle_check_ignores_imports_made_only_for_type_checking(tmp_path):
         },
     )
     result = _check(tmp_path, "typed")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "import cycle among 2 modules: typed.a -> typed.b -> typed.a" in result.stdout
+
+
+def test_the_layer_contract_refuses_an_upward_import_made_only_for_type_checking(tmp_path):
+    """lint-imports with .importlinter's own settings, over a two-layer package whose lower
+    layer names the higher one's type under `if TYPE_CHECKING:`: the contract is broken."""
+    _write_package(
+        tmp_path,
+        "stacked",
+        {
+            "high": "from . import low\n",
+            "low": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .high import __name__ as _\n",
+        },
+    )
+    ours = configparser.ConfigParser()
+    ours.read(ROOT / ".importlinter")
+    settings = dict(ours["importlinter"], root_package="stacked", include_external_packages="False")
+    config = configparser.ConfigParser()
+    config["importlinter"] = settings
+    layers = "\nstacked.high\nstacked.low"
+    config["importlinter:contract:layers"] = {"name": "stacked", "type": "layers", "layers": layers}
+    with open(tmp_path / "contract.ini", "w") as file:
+        config.write(file)
+    lint_imports = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run(
+        [str(lint_imports), "--config", str(tmp_path / "contract.ini"), "--no-cache"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "stacked.low -> stacked.high" in result.stdout
+
+
+def test_the_framework_check_finds_a_framework_package_that_imports_a_sibling_even_for_types(tmp_path):
+    """tools/framework_packages.py: every sub-package of the hooks folder is a framework; one
+    may import what they share beside them (handover), never another framework package."""
+    hooks = tmp_path / "host" / "hooks"
+    for package, text in {
+        "host": "",
+        "host/hooks": "",
+        "host/hooks/alpha": "from .. import handover\n",
+        "host/hooks/beta": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..alpha import parts\n",
+    }.items():
+        (tmp_path / package).mkdir(exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text(text)
+    (hooks / "handover.py").write_text("")
+    (hooks / "alpha" / "parts.py").write_text("")
+    result = _check(tmp_path, "host.hooks", FRAMEWORK_PACKAGES)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "framework package imports a sibling: host.hooks.beta -> host.hooks.alpha.parts"
+    ]
+    (hooks / "beta" / "__init__.py").write_text("from .. import handover\n")
+    result = _check(tmp_path, "host.hooks", FRAMEWORK_PACKAGES)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "no import cycle among 3 modules of typed" in result.stdout

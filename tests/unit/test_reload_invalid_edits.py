@@ -14,6 +14,7 @@ import torch
 import msmon.runtime.reload
 from conftest import MLP, rank_dir, read_csv_rows
 from msmon import TrainerMon
+from msmon.output.sinks import format_names
 
 GOOD = {"wg_distribution": True, "format": "csv", "ops": ["norm"]}
 LATER = {**GOOD, "ops": ["norm", "max"]}
@@ -101,9 +102,7 @@ def test_an_edit_naming_an_unknown_format_is_refused_with_the_message_trainermon
     mon.close()
     assert {int(r["step"]) for r in read_csv_rows(rank_dir(output_dir), "grad_reduced")} == {0, 1, 2}
     (logged,) = errors()
-    assert logged.endswith(
-        f"{path}: format: unknown format 'hdf5'; expected ['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb']"
-    )
+    assert logged.endswith(f"{path}: format: unknown format 'hdf5'; expected {format_names()}")
 
 
 def test_two_versions_in_one_mtime_tick_the_second_is_read(tmp_path, output_dir, errors):

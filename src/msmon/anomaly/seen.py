@@ -13,12 +13,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..records.rows import RowKey
 from .data_path import PathEvent, describe_tensor
 
-if TYPE_CHECKING:  # a type only: the rules module imports torch
-    from .rules import Alert
+
+class Alert(Protocol):
+    """What `from_alert` reads of a rule's alert (anomaly/rules.py's Alert; named here by its
+    fields, since the rules module imports torch and this one must not)."""
+
+    key: RowKey
+    call_id: int
+    op: str
+    value: float
+    rule: str
+    message: str
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ class ActivationCollector(Collector):
         self._lost_callback = self._on_lost
         self._collectives: FlushBeforeCollectives | None = None  # reads the notes before a collective
         self._in_hook: set[tuple[str, str]] = set()  # (category, name) read in the hook: once lost in a batch
+        self._batching = False  # whether the model's tensors are noted and read in batches (set at attach)
 
     def attach(self) -> None:
         for target in self.targets:
@@ -123,8 +124,9 @@ class ActivationCollector(Collector):
                 guest_hooks.forward_hook(module, self.guard(self._make_post_hook(target)), with_kwargs=True)
             )
         # after the targets' own hooks (a chunk may be a target): the end of a forward is a batch point
-        if not self.targets or not batches(_device_of(self.ctx.models)):
-            return  # the CPU's own path reads in the hooks: no batch point to add
+        self._batching = bool(self.targets) and batches(_device_of(self.ctx.models))
+        if not self._batching:
+            return  # the CPU's own path reads in the hooks: no batch point to add, nothing to note
         end_of_forward = self.guard(self._end_of_forward)
         self.handles.extend(guest_hooks.forward_hook(chunk, end_of_forward) for chunk in self.ctx.models)
         if several_processes():
@@ -151,7 +153,7 @@ class ActivationCollector(Collector):
         row = rows_read.get(t)
         in_hook = bool(self._in_hook) and (key.category, key.name) in self._in_hook
         if row is None or (in_hook and isinstance(row, PendingRow) and row.row is None):
-            if in_hook or not _batchable(t):
+            if in_hook or not self._batching or not _batchable(t):
                 row = tensor_stats(t, ctx.step_ops, ctx.config.eps)
             else:
                 row = ctx.hook_batch.note(t, self, self._lost_callback, key)
@@ -306,7 +308,7 @@ class ActivationCollector(Collector):
             if not recompute and not ctx.config.backward_only:
                 self._record_forward(target, "input", value, micro, base)
             self._grad_hooks(target, "input", value, micro, base)
-            if len(ctx.hook_batch) and getattr(module, "inplace", False) is True:
+            if getattr(module, "inplace", False) is True and len(ctx.hook_batch):
                 ctx.hook_batch.flush()  # read the noted tensors before the module overwrites its input
             return None
 

@@ -6,7 +6,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..runtime.selection import MonitoredParam
-from ..seams.guest_hooks import is_compiling, transform_running
+from ..seams.guest_hooks import interpreter_stack, is_compiling, tracing_state, transform_running
 
 if TYPE_CHECKING:
     from ..runtime.step_context import StepContext
@@ -68,9 +68,8 @@ class Collector:
             # inside torch.jit.trace or a torch.func transform it steps aside too (transform_running)
             if not self.enabled or is_compiling():  # first, and alone: nothing for the tracer to replay
                 return None
-            transform = transform_running()
-            if transform is not None:
-                self.stepped_aside = transform
+            if tracing_state() is not None or interpreter_stack() is not None:
+                self.stepped_aside = transform_running()
                 return None
             started = clock()
             try:

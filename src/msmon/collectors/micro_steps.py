@@ -11,7 +11,7 @@ from ..seams.adapters import in_closure_reevaluation
 from .base import Collector
 from .l2_features.targets import l2_enabled
 from .module_io import in_backward, select
-from .registry import register
+from .registry import TRACKS_MICRO_STEPS, register
 
 TRACKER = "micro_steps"  # the registry key of MicroStepTracker
 
@@ -20,7 +20,9 @@ def _tracker_enabled(cfg: MonitorConfig, ctx: StepContext) -> bool:
     return cfg.xy_enabled or cfg.print_struct or cfg.nan_origin_enabled or l2_enabled(cfg, ctx)
 
 
-@register(key=TRACKER, category="module", order=10, module_hooks=True, enabled=_tracker_enabled)
+@register(
+    key=TRACKER, category="module", order=10, module_hooks=True, enabled=_tracker_enabled, serves=TRACKS_MICRO_STEPS
+)
 class MicroStepTracker(Collector):
     """Counts forward passes of each model chunk within a step (the micro-step of a
     forward), and which micro-batch's backward is running (for recomputed modules).

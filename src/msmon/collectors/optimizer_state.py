@@ -32,7 +32,6 @@ from ..stats.engine import batch_stats
 from ..stats.inputs import _to_device, local_tensor
 from ..stats.scalar import scalar_rows
 from ..stats.signs import sign_matches
-from ..stats.sparse import is_sparse
 from .adam_update import updates_and_ratios
 from .base import Collector
 from .registry import register
@@ -71,7 +70,7 @@ class OptimizerStateCollector(Collector):
             grad, m = grads.get(id(mp.param)), moments.get(id(mp.param))
             if grad is None or m is None:
                 continue
-            if not isinstance(grad, Shard) and is_sparse(grad):
+            if not isinstance(grad, Shard) and grad.layout is not torch.strided:  # sparse (stats.sparse.is_sparse)
                 self._skip_sparse(mp.name)
                 continue
             key = DirectionKey(DirectionKey.CATEGORY, mp.name, mp.vpp_stage, stage=OPTIMIZER)

@@ -17,12 +17,19 @@ from ..runtime.step_context import StepContext
 from ..seams import guest_hooks
 from .base import Collector
 from .module_io import describe, in_backward, iter_tensors, structure_of
-from .registry import register
+from .registry import WRITES_MODULE_TREE, register
 
 STRUCT = "structure"  # the registry key of StructCollector
 
 
-@register(key=STRUCT, category="module", order=20, module_hooks=True, enabled=lambda cfg, ctx: cfg.print_struct)
+@register(
+    key=STRUCT,
+    category="module",
+    order=20,
+    module_hooks=True,
+    enabled=lambda cfg, ctx: cfg.print_struct,
+    serves=WRITES_MODULE_TREE,
+)
 class StructCollector(Collector):
     name = "module structure"
 

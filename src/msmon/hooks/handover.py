@@ -2,26 +2,77 @@
 instrumentor hands over the model chunks and the optimizer, gets one monitor through the one
 attach sequence (attach.py), and tells the torch.optim instrumentor to leave every optimizer
 inside it alone.
+
+The framework packages never import one another, the torch.optim one included: the instrumentor
+that attaches at every optimizer's construction registers itself here while it is switched on
+(`watch_constructions`), and a framework tells it through this module what to leave alone
+(`suppressed()` around the optimizers it builds, `release` of one it takes over, `claim`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 from ..config import ConfigError
 from ..runtime.naming import model_chunks
 from ..seams.module_attrs import stored
 from ..seams.pipeline import pipeline_position
 from ..system.distributed import current_rank
-from . import Session, torch_optim
+from . import Session
 from .attach import start_monitor, targets_error
 from .monitor_factory import AttachedMonitor
 
 logger = logging.getLogger("msmon")
 
 _attached: weakref.WeakSet[Any] = weakref.WeakSet()  # framework optimizers with a monitor
+_local = threading.local()  # .suppressed: how many `suppressed()` blocks this thread is inside
+
+
+class ConstructionWatcher(Protocol):
+    """The instrumentor that attaches at every optimizer's construction (hooks/torch_optim)."""
+
+    def release(self, optimizer: Any) -> bool:
+        """Close and forget the monitor it attached to `optimizer`; whether there was one."""
+
+    def claim(self, optimizer: Any) -> None:
+        """Never attach to `optimizer`: a framework's monitor covers it."""
+
+
+_watcher: ConstructionWatcher | None = None
+
+
+def watch_constructions(watcher: ConstructionWatcher | None) -> None:
+    """Register the construction-time instrumentor (None when it switches off)."""
+    global _watcher
+    _watcher = watcher
+
+
+def release(optimizer: Any) -> bool:
+    """Close and forget the monitor attached to `optimizer` at its construction: for framework
+    instrumentors that take over an optimizer the script built first
+    (`deepspeed.initialize(optimizer=...)`). Returns whether there was one."""
+    return _watcher is not None and _watcher.release(optimizer)
+
+
+def suppression_depth() -> int:
+    """How many `suppressed()` blocks this thread is inside (0: none)."""
+    return getattr(_local, "suppressed", 0)
+
+
+@contextmanager
+def suppressed() -> Iterator[None]:
+    """Optimizers built inside this block are left alone: for framework instrumentors
+    (DeepSpeed, Megatron) that attach to the optimizers they build themselves."""
+    _local.suppressed = suppression_depth() + 1
+    try:
+        yield
+    finally:
+        _local.suppressed -= 1
 
 
 def is_attached(optimizer: Any) -> bool:
@@ -51,9 +102,12 @@ def inner_optimizers(optimizer: Any) -> list[Any]:
 def claim(optimizer: Any) -> None:
     """Keep the torch.optim instrumentor off this optimizer and the ones inside it: the
     framework's monitor covers them (a second monitor would see flat fp32 partitions)."""
+    watcher = _watcher
+    if watcher is None:
+        return
     for opt in inner_optimizers(optimizer):
-        torch_optim.release(opt)
-        torch_optim.claim(opt)
+        watcher.release(opt)
+        watcher.claim(opt)
 
 
 def attach(session: Session, models: Any, optimizer: Any, when: str) -> AttachedMonitor | None:

@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..anomaly.dump import AnomalyDumpWriter
 from ..anomaly.origin import Origin, find_origin
 from ..anomaly.rules import Alert, RuleEngine
 from ..anomaly.seen import Seen, from_alert
 from ..records.rows import RowKey, StepRecord
-from .handoff import StepConsumer
+from .handoff import HostRows, StepConsumer
 from .repeats import AlertRepeats
 from .sinks.base import naming
-
-if TYPE_CHECKING:
-    from ..runtime.transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 
@@ -67,7 +64,7 @@ class AlertConsumer(StepConsumer):
         restarts the writer; summary.json counts the whole run)."""
         self.alerts_raised, self.first_origin = previous.alerts_raised, previous.first_origin
 
-    def consume(self, record: StepRecord, batch: HostBatch) -> None:
+    def consume(self, record: StepRecord, batch: HostRows) -> None:
         alerts = self.rules.scan(record.keys, record.ops, None, record.table) if self.rules is not None else []
         origin = find_origin(batch.flag_keys, batch.finite_flags()) if batch.flag_keys else None
         if origin is not None:

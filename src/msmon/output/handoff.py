@@ -8,12 +8,27 @@ builds the rank output hands in, so the writer knows nothing of it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from ..records.rows import StepRecord
+from ..records.rows import RowKey, StepRecord
 
-if TYPE_CHECKING:  # the host copy's type only: the writer never builds one
-    from ..runtime.transfer import HostBatch
+if TYPE_CHECKING:
+    import torch
+
+
+class HostRows(Protocol):
+    """A step's rows on their way to the host, as the writer and its consumers read them
+    (runtime/transfer.py's HostBatch: the runtime, above the output, builds it and hands it in).
+    `wait()` blocks until they are there."""
+
+    keys: list[RowKey]
+    values: torch.Tensor
+    histograms: list[tuple[str, list[float], torch.Tensor]]
+    flag_keys: list[RowKey]
+
+    def wait(self) -> None: ...
+
+    def finite_flags(self) -> list[bool]: ...
 
 
 class StepConsumer:
@@ -27,7 +42,7 @@ class StepConsumer:
     name = "consumer"
     alerts_raised = 0  # the alerts it raised (summary.json counts them with the rules')
 
-    def consume(self, record: StepRecord, batch: HostBatch) -> None:
+    def consume(self, record: StepRecord, batch: HostRows) -> None:
         raise NotImplementedError
 
     def output_stopped(self) -> None:

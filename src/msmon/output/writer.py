@@ -15,19 +15,16 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from ..records.rows import StepRecord
 from ..system.thread_priority import lower_this_threads_priority
 from ..system.torch_threads import torch_on_this_thread_only
 from .category_ops import CategoryColumns
 from .directory import stopped_line, stopped_output
-from .handoff import StepConsumer
+from .handoff import HostRows, StepConsumer
 from .sinks.base import Sink
 from .sinks.feature_rows import split_features
-
-if TYPE_CHECKING:  # the host copy's type only: the writer never builds one
-    from ..runtime.transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 _STOP = object()
@@ -75,7 +72,7 @@ class BackgroundWriter:
         restarts the writer; summary.json counts the whole run)."""
         self.steps_written = previous.steps_written
 
-    def submit(self, step: int, ops: list[str], batch: HostBatch, meta: dict | None = None) -> bool:
+    def submit(self, step: int, ops: list[str], batch: HostRows, meta: dict | None = None) -> bool:
         """Queue a step for writing; waits only when `max_backlog` steps are already waiting.
         False when the writer is closed (the step is not written)."""
         if self._closed:
@@ -166,7 +163,7 @@ class BackgroundWriter:
                     self.on_step_done(item[0])
                 self._queue.task_done()
 
-    def _write(self, step: int, ops: list[str], batch: HostBatch, meta: dict) -> None:
+    def _write(self, step: int, ops: list[str], batch: HostRows, meta: dict) -> None:
         batch.wait()
         keys, table, features = split_features(step, self.rank, batch.keys, batch.values, meta)
         record = StepRecord(
@@ -179,7 +176,9 @@ class BackgroundWriter:
             table=table,
         )
         self._last_step = step
-        written = self.columns.split(record) + features  # L2 features: their own columns, no alert rules
+        # every category keeps every op unless category_ops says otherwise; L2 features: their own
+        # columns, no alert rules
+        written = (self.columns.split(record) if self.columns.category_ops else [record]) + features
         for sink in list(self.sinks):
             if sink not in self.sinks:
                 continue  # a file sink, and the output stopped at this step

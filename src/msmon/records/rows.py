@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .layout import format_tag
-
-if TYPE_CHECKING:
-    import torch
 
 FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer"
 CATEGORY_STAGE = {
@@ -139,10 +136,10 @@ class DirectionKey(RowKey):
 class StepRecord:
     """One step's statistics, on the host, as the writer thread hands them to sinks.
 
-    `table` is the float64 [rows, ops] tensor the values came from; `values`, the same as
-    Python lists, is made from it only when a reader asks (the API sink, a fallback): a list per
-    row per step that nobody reads would only feed the garbage collector, whose collections
-    stop the training thread too."""
+    `table` is the float64 [rows, ops] torch tensor the values came from (typed Any: this module
+    never imports torch, not even for a type); `values`, the same as Python lists, is made from
+    it only when a reader asks (the API sink, a fallback): a list per row per step that nobody
+    reads would only feed the garbage collector, whose collections stop the training thread too."""
 
     __slots__ = ("step", "rank", "ops", "keys", "_values", "histograms", "meta", "table")
 
@@ -155,7 +152,7 @@ class StepRecord:
         values: list[list[float]] | None = None,
         histograms: list[tuple[str, list[float], list[float]]] | None = None,
         meta: dict[str, Any] | None = None,
-        table: torch.Tensor | None = None,
+        table: Any = None,
     ) -> None:
         if values is None and table is None:
             raise ValueError("a StepRecord needs its values or their table")

@@ -55,12 +55,13 @@ class RowGroup:
 
     def combined(self) -> torch.Tensor | None:
         """The row of all calls together; None when one of them was lost."""
-        assert self.first is not None, "an empty RowGroup has no row"
+        first = self.first
+        assert first is not None, "an empty RowGroup has no row"
         if self.more is None:
-            return resolved(self.first)
+            return resolved(first) if isinstance(first, PendingRow) else first  # no call for a plain row
         from ..stats.combine import combine_rows  # records is imported by stats' users; keep it light
 
-        maybe = [resolved(self.first)] + [resolved(row) for row, _ in self.more]
+        maybe = [resolved(first)] + [resolved(row) for row, _ in self.more]
         rows = [row for row in maybe if row is not None]
         if len(rows) < len(maybe):
             return None

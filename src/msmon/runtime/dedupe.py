@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.distributed as dist
 
+from ..seams.parallel_groups import ParallelGroups
 from ..system.distributed import current_rank, is_initialized
 
 if TYPE_CHECKING:
@@ -33,33 +33,6 @@ if TYPE_CHECKING:
     from .step_context import StepContext
 
 logger = logging.getLogger("msmon")
-
-
-@dataclass
-class ParallelGroups:
-    """The process groups found for one monitor, with where each came from."""
-
-    dp: Any = None
-    tp: Any = None
-    pp: Any = None
-    source: str = "none"
-
-    def describe(self) -> str:
-        sizes = ", ".join(
-            f"{name}={_size(group)}"
-            for name, group in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp))
-            if group is not None
-        )
-        return f"{sizes or 'no parallel groups'} (from {self.source})"
-
-    def sizes(self) -> dict[str, Any]:
-        """{"dp": 2, "tp": 1, ..., "from": where they came from}: the groups found, for summary.json."""
-        found: dict[str, Any] = {
-            name: _size(group)
-            for name, group in (("dp", self.dp), ("tp", self.tp), ("pp", self.pp))
-            if group is not None
-        }
-        return {**found, "from": self.source}
 
 
 def discover(
@@ -86,9 +59,9 @@ def discover(
     return found
 
 
-def write_rule(groups: ParallelGroups, adapter: Any) -> Callable[[torch.Tensor], bool]:
-    """param -> whether this rank writes its weight, reduced gradient and optimizer state.
-    Evaluated here, for every parameter of the optimizer, and frozen into a lookup."""
+def written_elsewhere(groups: ParallelGroups, adapter: Any) -> frozenset[int]:
+    """id() of the parameters whose weight, reduced gradient and optimizer state another rank
+    writes. Evaluated here, for every parameter of the optimizer, and frozen into a set."""
     first_tp = _is_first(groups.tp)
     first_dp = _is_first(groups.dp)
     decided: dict[int, bool] = {}
@@ -98,7 +71,7 @@ def write_rule(groups: ParallelGroups, adapter: Any) -> Callable[[torch.Tensor],
         if split is not None:  # HSDP: split across one group, copied across another
             first = first and _is_first(adapter.replica_group(p))
         decided[id(p)] = first and (first_tp or bool(getattr(p, "tensor_model_parallel", False)))
-    return lambda param: decided.get(id(param), True)
+    return frozenset(key for key, writes in decided.items() if not writes)
 
 
 def shards_complete(adapter: Any, module_ranks: list[int]) -> bool:
@@ -161,27 +134,6 @@ def _is_dtensor(param: torch.Tensor) -> bool:
     return callable(getattr(param, "to_local", None))
 
 
-def _size(group: Any) -> int:
-    try:
-        return dist.get_world_size(group)
-    except Exception:
-        return 1
-
-
-def call_quietly(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """fn(*args, **kwargs), else fn(*args) (an older signature), else None: a framework's group
-    getter asked before its state is set up."""
-    if fn is None:
-        return None
-    try:
-        return fn(*args, **kwargs)
-    except Exception:  # not initialised, or an older signature
-        try:
-            return fn(*args)
-        except Exception:
-            return None
-
-
 def decide_writers(
     ctx: StepContext, frameworks: Sequence[Framework], dp_group: Any = None, tp_group: Any = None
 ) -> bool:
@@ -190,8 +142,8 @@ def decide_writers(
     adapter = ctx.adapter
     groups = discover(ctx.models, adapter, frameworks, dp_group, tp_group)
     ctx.parallel = groups.sizes()
-    adapter.writer = write_rule(groups, adapter)
-    written = sum(adapter.writer(p) for p in adapter.params())
+    adapter.written_elsewhere = written_elsewhere(groups, adapter)
+    written = sum(id(p) not in adapter.written_elsewhere for p in adapter.params())
     logger.debug(
         "msmon[rank %d]: %s optimizer, %s; this rank writes %d of %d parameters' weights, gradients and moments",
         current_rank(),

@@ -14,26 +14,31 @@ failing callback switches its own collector off (ctx.report_failure), as its own
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
 from ..records.rows import RowKey
-from ..seams.guest_hooks import is_compiling, transform_running
+from ..seams.guest_hooks import interpreter_stack, is_compiling, tracing_state
+from .cost import CostMeter
+from .step_collector import StepCollector as Collector
 from .tensor_memo import TensorMemo
 
-if TYPE_CHECKING:
-    from ..collectors.base import Collector
-    from .step_context import StepContext
-
-
 GradCallback = Callable[[RowKey, torch.Tensor], None]
+
+
+class HookOwner(Protocol):
+    """What the hooks need of the step context (step_context.py's StepContext, which holds them)."""
+
+    cost: CostMeter
+
+    def report_failure(self, collector: Collector, exc: BaseException) -> None: ...
 
 
 class GradHooks:
     __slots__ = ("_ctx", "_hooked")
 
-    def __init__(self, ctx: StepContext) -> None:
+    def __init__(self, ctx: HookOwner) -> None:
         self._ctx = ctx
         self._hooked: TensorMemo[list[tuple[Collector, GradCallback, RowKey]]] = TensorMemo()
 
@@ -59,7 +64,7 @@ class GradHooks:
         def msmon_grad_hook(grad: torch.Tensor) -> None:
             # inside a torch.compile trace the hook is a no-op the tracer folds away; inside
             # torch.jit.trace or a torch.func transform it steps aside (guest_hooks.transform_running)
-            if is_compiling() or transform_running() is not None:
+            if is_compiling() or tracing_state() is not None or interpreter_stack() is not None:
                 return None
             started = clock()
             try:

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 
 from ..stats.device_path import host_code
 from ..stats.engine import batch_stats
+from .step_collector import StepCollector as Collector
+from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
-    from ..collectors.base import Collector
-    from .step_context import StepContext
+    from ..config import MonitorConfig
 
 BUDGET_ENV = "MSMON_HOOK_BATCH_BYTES"
 DEFAULT_BUDGET = 256 << 20
@@ -91,14 +92,24 @@ class _Note:
         return t._version == self.version and t.data_ptr() == self.data_ptr
 
 
+class BatchOwner(Protocol):
+    """What a batch needs of the step context (step_context.py's StepContext, which holds it)."""
+
+    step_ops: list[str]
+    config: MonitorConfig
+    rows_read: TensorMemo[torch.Tensor | PendingRow]
+
+    def report_failure(self, collector: Collector, exc: BaseException) -> None: ...
+
+
 class HookBatch:
     """The tensors noted since the last batch point (one per monitor: `StepContext.hook_batch`)."""
 
-    __slots__ = ("_ctx", "_notes", "_bytes", "budget_bytes", "_task", "batches_read", "track_storage", "_storages")
+    __slots__ = ("_ctx", "noted", "_bytes", "budget_bytes", "_task", "batches_read", "track_storage", "_storages")
 
-    def __init__(self, ctx: StepContext, budget_bytes: int | None = None) -> None:
+    def __init__(self, ctx: BatchOwner, budget_bytes: int | None = None) -> None:
         self._ctx = ctx
-        self._notes: list[_Note] = []
+        self.noted: list[_Note] = []  # since the last batch point (none on the CPU's own path)
         self._bytes = 0
         self.budget_bytes = budget_from_environment() if budget_bytes is None else budget_bytes
         self._task: int | None = None  # the backward pass whose end reads the notes
@@ -108,13 +119,13 @@ class HookBatch:
         self._storages: dict[int, list[weakref.ref[torch.Tensor]]] = {}  # weak: the step keeps nothing alive
 
     def __len__(self) -> int:
-        return len(self._notes)
+        return len(self.noted)
 
     def note(self, t: torch.Tensor, owner: Collector, on_lost: LostCallback, tag: Any) -> PendingRow:
         """Note `t` (detached: the note never joins the graph) for the next batch; its row
         comes in the returned PendingRow. `on_lost(tag)` is called if `t` changes before then."""
         pending = PendingRow()
-        self._notes.append(_Note(t.detach(), pending, owner, on_lost, tag))
+        self.noted.append(_Note(t.detach(), pending, owner, on_lost, tag))
         if self.track_storage:
             self._storages.setdefault(t.untyped_storage().data_ptr(), []).append(weakref.ref(t))
         task = torch._C._current_graph_task_id()
@@ -128,7 +139,7 @@ class HookBatch:
 
     def flush(self) -> None:
         """Read every noted tensor that is unchanged, in one batch; mark the others lost."""
-        notes, self._notes, self._bytes, self._task = self._notes, [], 0, None
+        notes, self.noted, self._bytes, self._task = self.noted, [], 0, None
         if not notes:
             return
         ctx = self._ctx
@@ -163,7 +174,7 @@ class HookBatch:
         written = [noted for noted in hit if noted]
         if not written:
             return
-        if self._notes:
+        if self.noted:
             self.flush()
         rows_read = self._ctx.rows_read
         for noted in written:
@@ -180,7 +191,7 @@ class HookBatch:
 
     def clear(self) -> None:
         """Forget the notes without reading them (a step that is not recorded)."""
-        for n in self._notes:
+        for n in self.noted:
             n.pending.lost = True
-        self._notes, self._bytes, self._task = [], 0, None
+        self.noted, self._bytes, self._task = [], 0, None
         self._storages.clear()

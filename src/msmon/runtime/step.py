@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -27,18 +28,17 @@ from ..config import MonitorConfig
 from ..seams import grad_rewrites, scaler_steps
 from ..seams.listeners import Listening
 from ..stats import fused_batch
-from ..system.stop import StopRun, stop_after_struct, stop_with_the_others
+from ..system.stop import ModuleTree, StopRun, stop_after_struct, stop_with_the_others
 from . import selection
 from .actions.board import WRITER
 from .actions.step_actions import StepActions
 from .recording_window import RecordingWindow
 from .reload import ConfigReload, output_changed
+from .step_collector import StepCollector
 from .step_context import StepContext
 from .transfer import HostBatch, stage_to_host
 
-if TYPE_CHECKING:  # types only: the collectors and the rank's output are built above and handed in
-    from ..collectors.base import Collector
-    from ..collectors.structure import StructCollector
+if TYPE_CHECKING:  # a type only: the rank's output is built by the api and handed in
     from ..output.rank_output import RankOutput
 
 logger = logging.getLogger("msmon")
@@ -50,9 +50,12 @@ class Built:
     them the step itself asks: how many backward passes a step had (grad_acc_steps, when not
     given) and the module tree (print_struct stops the run after it is written)."""
 
-    collectors: list[Collector] = field(default_factory=list)
+    collectors: Sequence[StepCollector] = field(default_factory=list)
     micro_steps_seen: Callable[[], int] = lambda: 0
-    structure: StructCollector | None = None
+    structure: ModuleTree | None = None
+    # {"before_update" / "after_update": the collectors that do something then}, in order; a
+    # phase not here runs every collector's (the registry leaves out the base class's no-ops)
+    phases: Mapping[str, Sequence[StepCollector]] = field(default_factory=dict)
 
 
 class StepRunner:
@@ -136,7 +139,7 @@ class StepRunner:
         self.build_collectors()
 
     def _run_callbacks(self, phase: str) -> None:
-        for collector in list(self.built.collectors):
+        for collector in list(self.built.phases.get(phase, self.built.collectors)):
             if collector.enabled:
                 try:
                     getattr(collector, phase)()
@@ -147,7 +150,7 @@ class StepRunner:
     def decide_recording(self) -> None:
         """Whether the step now starting is recorded, and with which statistics."""
         self.ctx.recording = self.window.records(self.ctx.step, self.ctx.config)
-        self.ctx.step_ops = list(self.ops)
+        self.ctx.record_ops(self.ops)
 
     def before_update(self) -> None:
         self.optimizer_steps += 1
@@ -223,16 +226,21 @@ class StepRunner:
         """The recorded step's rows: sharded ones combined, all copied to the host once, and
         handed to the writer thread (returned too: alert.on_nan reads it)."""
         ctx = self.ctx
-        ctx.hook_batch.flush()  # tensors noted in hooks since the last batch point (device path)
-        ctx.shards.flush()  # sharded tensors: every rank's piece statistics, combined
+        if ctx.hook_batch.noted:  # tensors noted in hooks since the last batch point (device path)
+            ctx.hook_batch.flush()
+        if ctx.shards.pending:  # sharded tensors: every rank's piece statistics, combined
+            ctx.shards.flush()
         keys, chunks, hists, flag_keys, flags = ctx.buffer.take()
         writer = self.output.writer
         batch = None
         if (keys or hists or flags is not None) and writer is not None:
-            batch = stage_to_host(keys, chunks, len(ctx.step_ops), hists, flag_keys, flags)
+            ops = ctx.ops_written  # the ops asked for, not the bases carried for a derived one
+            if len(ops) < len(ctx.step_ops):
+                chunks = [chunk[:, : len(ops)].contiguous() for chunk in chunks]
+            batch = stage_to_host(keys, chunks, len(ops), hists, flag_keys, flags)
             ctx.board.expect(WRITER, ctx.step)  # the writer says when it read the step (actions/board.py)
             meta = {"heatmap": True} if ctx.config.heatmap_visualize else None
-            if not writer.submit(ctx.step, ctx.step_ops, batch, meta):
+            if not writer.submit(ctx.step, ops, batch, meta):
                 ctx.board.done(WRITER, ctx.step)
         self.window.recorded_one()
         self.steps_recorded += 1

@@ -11,6 +11,7 @@ only shows some of it read-only. A collector reads it through `self.ctx`, puts i
 from __future__ import annotations
 
 import logging
+import operator
 import traceback
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable
@@ -19,22 +20,28 @@ import torch
 
 from ..config import MonitorConfig
 from ..output.repeats import AlertRepeats
+from ..stats.ops import with_dependencies
 from .actions.board import ActionBoard
 from .buffer import StepBuffer
 from .cost import CostMeter
 from .grad_hooks import GradHooks
 from .hook_batch import HookBatch, PendingRow
-from .selection import Names, names
+from .selection import MonitoredParam, Names, names
+from .step_collector import MicroSteps, StepCollector
 from .tensor_memo import TensorMemo
 
 if TYPE_CHECKING:
     from ..anomaly.dump import AnomalyDumpWriter
-    from ..collectors.activations import MicroStepTracker
-    from ..collectors.base import Collector, MonitoredParam
     from ..output.handoff import StepConsumer
     from ..seams.spec import Framework
 
 logger = logging.getLogger("msmon")
+
+_GRAD = operator.attrgetter("grad")
+
+
+def _main_grad(param: torch.Tensor) -> torch.Tensor | None:
+    return getattr(param, "main_grad", None)
 
 
 class StepContext:
@@ -47,14 +54,17 @@ class StepContext:
         self.log_dir: str | None = None  # this rank's output directory
         self.step = 0
         self.recording = False
-        self.step_ops: list[str] = list(config.ops)  # the statistics of this step's rows
+        # the statistics of this step's rows: the config's ops (ops_written), then those its derived
+        # ops (std) are derived from, which pieces combine by and the writer is not handed
+        self.step_ops: list[str] = with_dependencies(config.ops)
+        self.ops_written: list[str] = list(config.ops)
         self.buffer = StepBuffer()
         self.rows_read: TensorMemo[torch.Tensor | PendingRow] = TensorMemo()  # rows of the tensors read this step
         self.grad_hooks = GradHooks(self)  # one gradient hook per activation tensor and step
         self.hook_batch = HookBatch(self)  # tensors noted in hooks on the device path, read in batches
         self.models: list[torch.nn.Module] = []
         self.params: list[MonitoredParam] = []
-        self.adapter: Any = None  # optimizers.base adapter of the monitored optimizer
+        self.adapter: Any = None  # the seams.adapters adapter of the monitored optimizer
         # the ShardCombiner, made at attach (typed Any: collectors hand it Shards their own code types loosely)
         self.shards: Any = None
         self.dp_group: Any = None
@@ -62,8 +72,11 @@ class StepContext:
         self.parallel: dict[str, Any] = {}  # the parallel groups' sizes and where they came from (dedupe)
         self.frameworks: Sequence[Framework] = ()  # the framework packages (hooks.frameworks()), set at attach
         self.grad_acc_steps: int | None = config.grad_acc_steps
-        self.use_main_grad = False
-        self.tracker: MicroStepTracker | None = None  # forward/backward micro-steps, when built
+        self._use_main_grad = False
+        # param -> the gradient the optimizer consumes: `.grad`, read by operator.attrgetter (no
+        # Python frame per parameter and step), or Megatron's `main_grad` (use_main_grad)
+        self.grad_of: Callable[[torch.Tensor], torch.Tensor | None] = _GRAD
+        self.tracker: MicroSteps | None = None  # forward/backward micro-steps, when built
         # the step's losses as the script computed them (unscaled, 0-d, on the device, one per
         # micro-step in order), put here by the loss collector (loss_distribution) for a collector
         # that needs them on the device; cleared at the end of every step (the rank comparison reads
@@ -85,15 +98,26 @@ class StepContext:
         # what a collector needs done once the monitor is closed and its writer wrote the last step
         self.at_close: list[Callable[[], None]] = []
 
+    def record_ops(self, ops: Sequence[str]) -> None:
+        """The statistics of the rows from now on: `ops`, written, and the ops its derived ones
+        are derived from (msmon.stats.ops.with_dependencies), carried after them."""
+        self.step_ops = with_dependencies(ops)
+        self.ops_written = list(ops)
+
     # -- reading the model ------------------------------------------------------------------------
     def names(self) -> Names:
         """Per chunk: {display name: module}, {display name: parameter}."""
         return names(self.models, self.config.squash_name)
 
-    def grad_of(self, param: torch.Tensor) -> torch.Tensor | None:
-        if self.use_main_grad:
-            return getattr(param, "main_grad", None)
-        return param.grad
+    @property
+    def use_main_grad(self) -> bool:
+        """Whether gradients are read from `main_grad` (Megatron's buffer) rather than `.grad`."""
+        return self._use_main_grad
+
+    @use_main_grad.setter
+    def use_main_grad(self, value: bool) -> None:
+        self._use_main_grad = value
+        self.grad_of = _main_grad if value else _GRAD
 
     # -- micro-steps ------------------------------------------------------------------------------
     def forward_micro_step(self, chunk: int) -> int:
@@ -108,7 +132,7 @@ class StepContext:
         return self.tracker.backward_micro if self.tracker is not None else 0
 
     # -- failures ---------------------------------------------------------------------------------
-    def report_failure(self, collector: Collector, exc: BaseException) -> None:
+    def report_failure(self, collector: StepCollector, exc: BaseException) -> None:
         """Switch `collector` off (logged once per collector); training continues."""
         collector.enabled = False
         try:

@@ -209,7 +209,9 @@ class OptimizerAdapter:
 
     def __init__(self, optimizer: Any) -> None:
         self.optimizer = optimizer
-        self.writer: Callable[[torch.Tensor], bool] = lambda _param: True
+        # id() of the parameters whose replicated tensors another rank writes (decided once, at
+        # attach: runtime/dedupe.py); a set, read per parameter and step without a call
+        self.written_elsewhere: frozenset[int] = frozenset()
 
     @property
     def optimizer(self) -> Any:
@@ -344,7 +346,7 @@ class OptimizerAdapter:
             value = values.get(id(p))
             if value is None:
                 continue
-            writes = self.writer(p)
+            writes = id(p) not in self.written_elsewhere
             if _has_shard(value):
                 _mark_written(value, writes)
                 out[id(p)] = value
@@ -363,3 +365,18 @@ def _mark_written(value: Any, writes: bool) -> None:
     for shard in (value.exp_avg, value.exp_avg_sq) if isinstance(value, Moments) else (value,):
         if isinstance(shard, Shard):
             shard.write = writes
+
+
+class TorchOptimAdapter(OptimizerAdapter):
+    """torch.optim optimizers (any subclass, including user-defined ones): the parameters are
+    what the optimizer steps, gradients their `.grad`, moments its `state`. The fallback adapter,
+    for any optimizer no framework package claims (hooks/torch_optim), and the base of framework
+    adapters that read a plain torch optimizer underneath (fsdp's, megatron's chained parts)."""
+
+    family = "torch"
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _moments(self, params: list[torch.Tensor]) -> dict[int, Moments]:
+        return inner_moments(self.optimizer, {id(p): id(p) for p in params})

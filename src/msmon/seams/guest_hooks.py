@@ -43,6 +43,9 @@ _tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", None
 _interpreters: Callable[[], Any] = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None) or (
     lambda: None
 )
+# torch's own probes, for a hook's fast check (no Python frame of msmon's per hook call): both
+# None outside a transform; then transform_running() says which
+tracing_state, interpreter_stack = _tracing_state, _interpreters
 
 
 def transform_running() -> str | None:

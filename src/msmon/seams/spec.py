@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from ..hooks import Session
-    from ..runtime import dedupe
     from .adapters import OptimizerAdapter
     from .backward_calls import LossScaling
+    from .parallel_groups import ParallelGroups
 
 # `precedence` of the framework packages (lower is asked first; ties go by name). The most
 # specific first: torch_optim, whose adapter fits any optimizer, after every framework built on
@@ -32,6 +31,8 @@ if TYPE_CHECKING:
 
 Position = tuple[int, list[int]]  # (pipeline stage, global ranks of the pipeline group)
 ReplicaRule = Callable[[Any], "str | None"]  # why a parameter is not a replica, None when it is
+# the reason every framework with expert parallelism gives (DeepSpeed and Megatron mark them alike)
+EXPERT_PARAMETER = "an expert parameter (allreduce=False): replicated over its expert-data-parallel group only"
 # (models, optimizer, before, after) -> the undo, or None (Framework.whole_gradient_reduction)
 WholeReduction = Callable[
     [list[Any], Any, Callable[["list[Any] | None"], None], Callable[[], None]], "Callable[[], None] | None"
@@ -54,8 +55,8 @@ class Framework:
     #: the versions msmon was built and tested against (">=0.17,<0.20"): outside, one warning
     supported: str
     #: switch msmon on for this library (the opentelemetry shape; what it returns is not read),
-    #: and off again
-    instrument: Callable[[Session], object]
+    #: and off again; given the instrumentors' Session (hooks/, the layer above: typed Any here)
+    instrument: Callable[[Any], object]
     uninstrument: Callable[[], None]
     #: the adapter of its optimizer classes, None for an optimizer that is not its own
     adapter_for: Callable[[Any], OptimizerAdapter | None] | None = None
@@ -65,9 +66,9 @@ class Framework:
     #: msprobe's opt_ty names -> the adapter class names that fit them
     opt_ty: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: fill the data-, tensor- and pipeline-parallel groups from the models handed over
-    groups_of_models: Callable[[dedupe.ParallelGroups, list[Any], Any], None] | None = None
+    groups_of_models: Callable[[ParallelGroups, list[Any], Any], None] | None = None
     #: fill them from the process's parallel state
-    groups_of_process: Callable[[dedupe.ParallelGroups], None] | None = None
+    groups_of_process: Callable[[ParallelGroups], None] | None = None
     #: this rank's pipeline stage and group, where the library set one up
     pipeline_position: Callable[[], Position | None] | None = None
     #: the replica check's exceptions for (models, optimizer, weights), None when none apply

@@ -1,14 +1,34 @@
 """Exact statistics of a tensor from those of its disjoint pieces (ZeRO partitions, the calls
-of one communication op, the ranks' shards), each op by its combine rule (msmon.stats.ops)."""
+of one communication op, the ranks' shards), each op by its combine rule (msmon.stats.ops); a
+derived op (`std`) derived again from its bases, combined by theirs, which the rows must hold
+(`ops` as msmon.stats.ops.with_dependencies gives them: every row of a step does)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from .ops import BY_NAME
+from .ops import BY_NAME, with_dependencies
+
+
+def _columns(r: Any, rows: torch.Tensor, counts: torch.Tensor, keep: Any, total: Any, ops: Sequence[str]) -> list:
+    """Each op's combined column; a derived op's from its bases' combined columns."""
+    columns: list[Any] = [None] * len(ops)
+    derived = []
+    for j, op in enumerate(ops):
+        entry = BY_NAME[op]
+        if entry.derive is not None:
+            derived.append((j, entry.derive, entry.derived_from))
+        elif entry.combine is not None:
+            columns[j] = entry.combine(r, rows[..., j], counts, keep, total)
+    if derived and list(ops) != with_dependencies(ops):
+        raise ValueError(f"ops {list(ops)}: a derived op's pieces combine only with its bases in the rows")
+    for j, derive, bases in derived:
+        columns[j] = derive({base: columns[ops.index(base)] for base in bases}, total)
+    return columns
 
 
 class _OverAll:
@@ -48,7 +68,7 @@ def combine_rows(rows: torch.Tensor, counts: torch.Tensor, ops: Sequence[str]) -
     counts = counts.to(device=rows.device, dtype=rows.dtype)
     keep = counts > 0
     total = counts.sum()
-    columns = [BY_NAME[op].combine(_OverAll, rows[:, j], counts, keep, total) for j, op in enumerate(ops)]
+    columns = _columns(_OverAll, rows, counts, keep, total, ops)
     return torch.where(total > 0, torch.stack(columns), math.nan)
 
 
@@ -58,5 +78,5 @@ def combine_gathered(rows: torch.Tensor, counts: torch.Tensor, ops: Sequence[str
     counts = counts.to(rows.dtype)
     keep = counts > 0
     total = counts.sum(0)
-    columns = [BY_NAME[op].combine(_OverRanks, rows[..., j], counts, keep, total) for j, op in enumerate(ops)]
+    columns = _columns(_OverRanks, rows, counts, keep, total, ops)
     return torch.where((total > 0).unsqueeze(-1), torch.stack(columns, dim=-1), math.nan)

@@ -28,7 +28,7 @@ import torch
 
 from . import fused_rows, multi_tensor, native, threads
 from .device_path import host_code
-from .inputs import RESULT_DTYPE, _accumulate_dtype, _as_stat_input, _to_device, zero_threshold
+from .inputs import RESULT_DTYPE, _as_stat_input, _to_device, zero_threshold
 from .plan import _Plan, _plan
 from .reductions import _EXACT_F32_COUNT, _columns, _count_columns, _own_columns, _row_values
 from .threads import _cpu_threads
@@ -54,6 +54,7 @@ def _native_rows(
         flat,
         threads.current().native or torch.get_num_threads(),
         native.share_elements(),
+        bool(plan.derived),
     )
 
 
@@ -105,7 +106,7 @@ def _accelerator_rows(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> 
 
 def _torch_rows(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torch.Tensor:
     """Unscaled [n, ops] rows by the per-tensor torch reductions (msmon.stats.reductions)."""
-    acc = _accumulate_dtype(ts[0].dtype)
+    acc = plan.accumulate(ts[0].dtype)
     with _cpu_threads(ts[0].device):
         columns, positions = _columns(ts, plan, threshold, acc)
         if plan.flags:
@@ -136,12 +137,26 @@ def _divisors(numels: tuple[int, ...], per_element: tuple[bool, ...], device: to
     return _to_device(torch.tensor(values, dtype=RESULT_DTYPE), device)
 
 
+@functools.lru_cache(maxsize=512)
+def _counts(numels: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """[rows] float64 element counts (what a derived op is derived with)."""
+    return _to_device(torch.tensor(numels, dtype=RESULT_DTYPE), device)
+
+
+def _derived(rows: torch.Tensor, numels: list[int], plan: _Plan) -> torch.Tensor:
+    """Scaled [n, computed] rows to the [n, ops] result (the plan's derived ops filled in)."""
+    if not plan.derived and not plan.narrowed:
+        return rows
+    return plan.finish(rows, _counts(tuple(numels), rows.device))
+
+
 def _scaled(rows: torch.Tensor, numels: list[int], plan: _Plan) -> torch.Tensor:
-    """[n, ops] unscaled rows to the float64 result: means and zero fractions divided by numel."""
+    """[n, computed] unscaled rows to the float64 result: means and zero fractions divided by
+    numel, derived ops filled in."""
     rows = rows.to(RESULT_DTYPE)
     if plan.scaled:
         rows = rows / _divisors(tuple(numels), plan.divisor_key, rows.device)
-    return rows
+    return _derived(rows, numels, plan)
 
 
 def _nan_rows(count: int, plan: _Plan, device: torch.device) -> torch.Tensor:
@@ -179,7 +194,7 @@ def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.
     if type(tensor) in _PLAIN_TYPES:  # no DTensor to unwrap; the kernel reads data, not autograd
         row = _native_rows([tensor], plan, eps, flat=True)
         if row is not None:
-            return row
+            return _derived(row.view(1, -1), [tensor.numel()], plan).view(-1) if plan.derived else row
     t = _as_stat_input(tensor)
     if t.numel() == 0:
         return _nan_rows(1, plan, t.device).view(-1)
@@ -188,6 +203,6 @@ def tensor_stats(tensor: torch.Tensor, ops: Sequence[str], eps: float) -> torch.
         # reductions below would be kernels that nothing else in the training runs
         row = _native_rows([t], plan, eps, flat=True)
         if row is not None:
-            return row
+            return _derived(row.view(1, -1), [t.numel()], plan).view(-1) if plan.derived else row
     with _cpu_threads(t.device):
         return _scaled(torch.stack(_row_values(t, plan, eps)).view(1, -1), [t.numel()], plan).view(-1)

@@ -41,7 +41,7 @@ import torch
 
 from . import fused_batch, fused_rows
 from .flat_layout import CHUNK, GAP, Chunk, chunks_of
-from .inputs import RESULT_DTYPE, _accumulate_dtype, indices_on_device
+from .inputs import RESULT_DTYPE, indices_on_device
 from .plan import _Plan
 
 # the per-piece values stacked per chunk, in this order (those the plan needs)
@@ -147,13 +147,14 @@ def batch_columns(ts: list[torch.Tensor], plan: _Plan, threshold: float) -> torc
     one compiled pass per chunk reads every element once (msmon.stats.fused_batch); otherwise,
     or if it fails, the `_foreach_*` route below."""
     device = ts[0].device
-    acc = _accumulate_dtype(ts[0].dtype)
+    acc = plan.accumulate(ts[0].dtype)
     needs = _needs(plan)
     want_sum = "sum" in plan.op_fields
     chunks = chunks_of(ts)
     columns: dict[str, torch.Tensor] | None = None
     order: tuple[int, ...] = tuple(range(len(ts)))
-    if (needs or want_sum) and fused_rows.usable(device):
+    # a derived op's bases are summed in float64: the `_foreach_*` route reads the chunks in it
+    if (needs or want_sum) and not plan.derived and fused_rows.usable(device):
         columns = _fused_columns(ts, chunks, plan, threshold, acc)
     if columns is None:
         columns, order = _foreach_columns(chunks, needs, want_sum, threshold, acc, device)

@@ -14,11 +14,21 @@ The combine rules act on torch tensors through their methods only (no torch impo
 `col` holds the pieces' values along dim 0, `counts` their element counts (as col's dtype),
 `keep` where a piece is not empty (empty pieces are left out), `total` the summed counts, and
 `r` reduces over the pieces (`r.sum`, `r.min`, `r.max`; msmon.stats.combine.combine_rows).
+
+An op may instead be derived from other ops (`derived_from`), such as `std` from the norm (the
+square root of the sum of squares), the mean (the sum over the count) and the count: a row then
+carries the ops it is derived from (`with_dependencies`: appended after the ops asked for, and
+left out of what is written), pieces combine those by their own rules, exactly, and the derived
+value is computed again from the combined ones. So it is as exact across pieces and ranks as
+they are, and computed wherever they are: by the native kernel, the torch reductions and the
+accelerator path alike (each summing a row's bases in float64 where it holds a derived op).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -53,6 +63,19 @@ def summed(r: Any, col: Any, counts: Any, keep: Any, total: Any) -> Any:
     return r.sum(col.where(keep, 0.0))
 
 
+def sample_std(columns: Mapping[str, Any], counts: Any) -> Any:
+    """The sample standard deviation, as torch.std gives it (Bessel's correction: divided by
+    n - 1): sqrt((sum of squares - n * mean^2) / (n - 1)), from the norm's and the mean's columns
+    and the element counts. One element has a spread of 0 (torch leaves it undefined, NaN: in a
+    monitor's row a NaN says the tensor held one, and the alerts, the non-finite origin and
+    `alert.on_nan: "stop"` would take a one-element tensor for a broken one). A row holding it
+    has its bases summed in float64 on every path (msmon.stats.plan: `accumulate`), so the
+    cancellation costs about 1e-16 times (mean / std)^2 of it: a constant tensor's std is 0 or
+    within 1e-8 of its mean's size."""
+    squares = columns["norm"].square() - counts * columns["mean"].square()
+    return (squares.clamp(min=0.0) / (counts - 1.0).clamp(min=1.0)).sqrt()
+
+
 @dataclass(frozen=True)
 class Op:
     """One statistic of a tensor."""
@@ -62,15 +85,21 @@ class Op:
     field: str  # the reduction it is read from: one of FIELDS, or its own name when it has `compute`
     per_element: bool  # the value divided by the element count (a mean, a fraction)
     kind: str  # "magnitude" (of the tensor's values), "average", "fraction" or "count" (KINDS)
-    combine: Callable[..., Any]  # the whole tensor's value from its pieces' (see above)
+    # the whole tensor's value from its pieces' (see above); None for a derived op
+    combine: Callable[..., Any] | None
     # its own reduction, for an op no field gives: `compute(x, acc)` of a floating-point tensor x
     # and the dtype to accumulate in, a 0-d tensor (a sum or a count when per_element), on x's
     # device and without host sync; computed by torch reductions, never by the native kernel
     compute: Callable[[Any, Any], Any] | None = None
+    # the ops it is derived from (none of them derived), and `derive(columns, counts)`: its
+    # column from theirs ({op: column}) and the element counts (see above)
+    derived_from: tuple[str, ...] = ()
+    derive: Callable[[Mapping[str, Any], Any], Any] | None = None
 
     @property
     def native(self) -> bool:
-        """Whether the native kernel computes it (it computes the FIELDS, nothing else)."""
+        """Whether the native kernel computes it (it computes the FIELDS, nothing else; a derived
+        op is computed from ops it computes)."""
         return self.compute is None
 
 
@@ -82,6 +111,7 @@ TABLE: list[Op] = [
     Op("zeros", "zeros", "zeros", True, "fraction", count_weighted_fraction),
     Op("nans", "nans", "nans", False, "count", summed),
     Op("infs", "infs", "infs", False, "count", summed),
+    Op("std", "std", "std", False, "magnitude", None, derived_from=("norm", "mean"), derive=sample_std),
 ]
 
 # Views of TABLE, kept in step with it in place (modules hold them by reference: `from .ops import OPS`)
@@ -90,7 +120,6 @@ BY_NAME: dict[str, Op] = {}
 MAGNITUDE_OPS: list[str] = []
 COUNT_OPS: list[str] = []
 PER_ELEMENT_OPS: list[str] = []
-_listeners: list[Callable[[], None]] = []
 
 
 def _derive() -> None:
@@ -100,10 +129,12 @@ def _derive() -> None:
     MAGNITUDE_OPS[:] = [op.name for op in TABLE if op.kind == "magnitude"]
     COUNT_OPS[:] = [op.name for op in TABLE if op.kind == "count"]
     PER_ELEMENT_OPS[:] = [op.name for op in TABLE if op.per_element]
-    for listener in _listeners:
+    for listener in (*_caches, *_listeners):
         listener()
 
 
+_caches: list[Callable[[], None]] = []
+_listeners: list[Callable[[], None]] = []
 _derive()
 
 
@@ -116,8 +147,16 @@ def _check(op: Op) -> None:
         raise ValueError(f"op {op.name!r}: field {op.field!r} is not one of {list(FIELDS)} and no compute is given")
     if op.compute is not None and (op.field != op.name or op.name in FIELDS):
         raise ValueError(f"op {op.name!r}: an op with its own compute is its own field, named unlike {list(FIELDS)}")
-    if not callable(op.combine) or not op.name.isidentifier() or not op.column.isidentifier():
-        raise ValueError(f"op {op.name!r}: a callable combine rule and identifier-like name and column")
+    if not op.name.isidentifier() or not op.column.isidentifier():
+        raise ValueError(f"op {op.name!r}: an identifier-like name and column")
+    if op.derive is None and (op.derived_from or not callable(op.combine)):
+        raise ValueError(f"op {op.name!r}: a callable combine rule, or `derive` with the ops it is derived from")
+    if op.derive is not None:
+        bases = [BY_NAME.get(name) for name in op.derived_from]
+        if not op.derived_from or any(base is None or base.derive is not None for base in bases):
+            raise ValueError(f"op {op.name!r}: derived from ops of the table that are not derived: {op.derived_from}")
+        if op.combine is not None or op.compute is not None or op.per_element or op.field != op.name:
+            raise ValueError(f"op {op.name!r}: a derived op is its own field, with no combine, compute or per_element")
 
 
 def register(op: Op) -> None:
@@ -134,6 +173,21 @@ def unregister(name: str) -> None:
         raise ValueError(unknown(name))
     TABLE[:] = [op for op in TABLE if op.name != name]
     _derive()
+
+
+@functools.lru_cache(maxsize=64)
+def _with_dependencies(ops: tuple[str, ...]) -> tuple[str, ...]:
+    added = [base for op in ops if op in BY_NAME for base in BY_NAME[op].derived_from if base not in ops]
+    return ops + tuple(dict.fromkeys(added))
+
+
+def with_dependencies(ops: Sequence[str]) -> list[str]:
+    """`ops` followed by the ops its derived ones are derived from that it lacks: the columns of
+    a row, what pieces combine by."""
+    return list(_with_dependencies(tuple(ops)))
+
+
+_caches.append(_with_dependencies.cache_clear)
 
 
 def on_change(listener: Callable[[], None]) -> None:

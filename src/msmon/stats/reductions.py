@@ -245,7 +245,7 @@ def _zero_like(values: dict[str, torch.Tensor]) -> torch.Tensor:
 def _row_values(t: torch.Tensor, plan: _Plan, eps: float) -> list[torch.Tensor]:
     """One tensor's unscaled row (sums and counts) as 0-d tensors in ops order: one kernel
     per reduction and, on the CPU, one read of a witness instead of two counting passes."""
-    acc = _accumulate_dtype(t.dtype)
+    acc = plan.accumulate(t.dtype)
     values = _one(t, plan, zero_threshold(eps, t.dtype) if plan.zeros else 0.0, acc)
     for field, compute in plan.own:
         values[field] = compute(t, acc)

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch
 
 from .inputs import RESULT_DTYPE
-from .ops import BY_NAME, unknown
+from .ops import BY_NAME, unknown, with_dependencies
 
 # Each field of a one-element tensor x: its norm |x|, min = max = sum = x, its zero count
 # (|x| < eps) and its nan and inf counts; per-element ops are divided by a count of 1.
@@ -35,10 +35,15 @@ def scalar_rows(values: torch.Tensor, ops: Sequence[str], eps: float) -> torch.T
     """[n, ops] statistics of n scalars, each taken as a one-element tensor (what msprobe's ops
     give for mg_direction): norm |x|, min = max = mean = x, zeros 1 or 0, nans and infs 0 or 1."""
     x = values.to(RESULT_DTYPE)
-    columns = []
-    for name in ops:
+    columns: dict[str, torch.Tensor] = {}
+    for name in with_dependencies(ops):
         op = BY_NAME.get(name)
         if op is None:
             raise ValueError(unknown(name))
-        columns.append(_OF_SCALAR[op.field](x, eps) if op.compute is None else _computed(x, op.compute))
-    return torch.stack(columns, dim=1) if columns else x.new_empty((x.numel(), 0))
+        if op.derive is None:
+            columns[name] = _OF_SCALAR[op.field](x, eps) if op.compute is None else _computed(x, op.compute)
+    for name in ops:  # a derived op (std) of one element each: its bases' and a count of 1
+        derive = BY_NAME[name].derive
+        if derive is not None:
+            columns[name] = derive({base: columns[base] for base in BY_NAME[name].derived_from}, torch.ones_like(x))
+    return torch.stack([columns[name] for name in ops], dim=1) if ops else x.new_empty((x.numel(), 0))

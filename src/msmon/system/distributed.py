@@ -1,21 +1,26 @@
 """Rank and world facts, read once, never with a collective on the hot path. The pipeline stage,
-which the framework packages know, is hooks/pipeline.py's."""
+which the framework packages know, is seams/pipeline.py's.
+
+Torch-free until torch is loaded: torch.distributed cannot be initialised in a process that never
+imported it, so the rank is read without importing torch (the framework registry logs with it)."""
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
-
-import torch.distributed as dist
 
 
 def is_initialized() -> bool:
-    return dist.is_available() and dist.is_initialized()
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def several_processes() -> bool:
-    """Whether torch.distributed runs with more than one process."""
-    return is_initialized() and dist.get_world_size() > 1
+    """Whether torch.distributed runs with more than one process (asked in gradient hooks: no
+    call of is_initialized)."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 # where launchers put a process's rank before torch.distributed starts: torch's launchers
@@ -28,7 +33,7 @@ def current_rank() -> int:
     """Global rank: torch.distributed when initialised, else the launcher's RANK (SLURM_PROCID
     under srun), else 0."""
     if is_initialized():
-        return dist.get_rank()
+        return sys.modules["torch.distributed"].get_rank()
     return environment_rank(RANK_VARIABLES)
 
 
@@ -43,6 +48,8 @@ def environment_rank(names: tuple[str, ...] = RANK_VARIABLES) -> int:
 
 def position_in(group: Any) -> tuple[int, list[int]] | None:
     """This rank's place in `group` (or in the first group of a list that holds it)."""
+    import torch.distributed as dist
+
     rank = dist.get_rank()
     for candidate in group if isinstance(group, (list, tuple)) else [group]:
         if candidate is None:

@@ -6,7 +6,7 @@ the exit code of the kind of fault (runtime/actions/)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -14,8 +14,16 @@ from .decision import Decision, record
 from .environment import ENV_BOOTSTRAP_DIR, ENV_JOB_MODE
 from .exit_codes import NONFINITE_STOP
 
-if TYPE_CHECKING:  # a type only: system/ sits below the collectors
-    from ..collectors.structure import StructCollector
+
+class ModuleTree(Protocol):
+    """The module tree print_struct writes (collectors/structure.py's collector: system/ sits below
+    the collectors, so it names it by this protocol)."""
+
+    enabled: bool
+
+    def write(self, base_dir: str) -> str: ...
+
+    def render_tree(self) -> str: ...
 
 
 class StopRun(SystemExit):
@@ -34,9 +42,7 @@ class StopOnNan(StopRun):
 NAN_EXIT_CODE = NONFINITE_STOP
 
 
-def stop_after_struct(
-    struct: StructCollector, output_base: str, rank: int, step: int, close: Callable[[], None]
-) -> None:
+def stop_after_struct(struct: ModuleTree, output_base: str, rank: int, step: int, close: Callable[[], None]) -> None:
     """Write and print the module tree, close the monitor, stop the process (exit code 0)."""
     path = struct.write(output_base)
     if rank == 0 or not torch.distributed.is_initialized():

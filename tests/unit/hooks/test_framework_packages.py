@@ -33,13 +33,18 @@ def test_every_package_in_the_hooks_folder_exports_a_framework_spec_named_as_its
 
 
 def test_the_frameworks_are_asked_by_precedence_most_specific_first_and_each_switched_on_by_its_library():
-    assert [(spec.name, spec.switched_on_by) for spec in registry.frameworks()] == [
+    """msmon's own frameworks in their order, a new one (a folder of hooks/) wherever its
+    precedence puts it."""
+    own = [
         ("megatron", "megatron.core"),
         ("deepspeed", "deepspeed"),
         ("fsdp", "torch.distributed.fsdp"),
         ("torch_optim", "torch"),
         ("torch_distributed", "torch"),
     ]
+    asked = [(spec.name, spec.switched_on_by) for spec in registry.frameworks()]
+    assert [entry for entry in asked if entry in own] == own
+    assert len(asked) == len(registry.package_names())
     assert [spec.precedence for spec in registry.frameworks()] == sorted(s.precedence for s in registry.frameworks())
 
 
@@ -63,6 +68,17 @@ def test_importing_the_packages_imports_no_framework():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_loading_the_registry_and_every_framework_spec_imports_no_torch():
+    """The framework packages' `__init__.py` files are light, their parent's too: the registry
+    answers in a process that never imported torch (the launcher, the bootstrap before torch)."""
+    code = (
+        "import sys; from msmon.seams import registry; names = [s.name for s in registry.frameworks()]; "
+        "print(len(names) == len(registry.package_names()), 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True False"
 
 
 def test_opt_ty_is_the_union_of_the_packages_and_megatron_is_asked_first():
@@ -165,10 +181,11 @@ def test_a_new_framework_folder_exporting_only_its_spec_is_found_and_asked_in_it
 
 def _enable_in_a_new_process(folder: Path, config: str, then: str = "") -> subprocess.CompletedProcess:
     """hooks.enable in a fresh process (it switches the real instrumentors on for good) with
-    `folder` on msmon.hooks.__path__; prints the session's events and the packages switched on,
-    before and after running `then`."""
+    `folder` on msmon.hooks.__path__, torch already imported (as by a script); prints the
+    session's events and the packages switched on, before and after running `then`."""
     code = textwrap.dedent(
         f"""
+        import torch
         from msmon import hooks
         hooks.__path__.append({str(folder)!r})
         events = []
@@ -228,7 +245,7 @@ def test_a_package_exporting_no_framework_spec_is_reported_and_the_others_switch
     caplog.clear()
     with caplog.at_level(logging.ERROR, logger="msmon"):
         assert "fake_framework" not in [spec.name for spec in registry.frameworks()]
-        assert len(registry.frameworks()) == 5  # reported once: the answer is kept
+        assert len(registry.frameworks()) == len(registry.package_names()) - 1  # reported once: the answer is kept
     assert [r.getMessage().count("fake_framework cannot be imported") for r in caplog.records] == [1]
     run = _enable_in_a_new_process(hooks_folder, write_config({}))
     assert run.stdout.splitlines() == ["[] ['torch_distributed', 'torch_optim']"] * 2

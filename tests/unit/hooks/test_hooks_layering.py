@@ -2,8 +2,8 @@
 monitor they attach is built by a factory the layer above gives the Session (the launcher's
 in-job start-up gives the api's TrainerMon), and the seams (spec, registry, adapters, the
 collective-call listener API: seams/) sit below the collectors and the runtime, so they import no
-instrumentor. Imports are read from the source: function-level imports included,
-TYPE_CHECKING blocks not."""
+instrumentor. Imports are read from the source: function-level imports and TYPE_CHECKING
+blocks included."""
 
 from __future__ import annotations
 

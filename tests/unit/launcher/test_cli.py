@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from conftest import ROOT, read_csv_rows
 from msmon.launcher.analyse_command import analyse
 from msmon.launcher.cli import main
+from msmon.output.sinks import format_names
 
 SCRIPTS = ROOT / "tests" / "scripts"
 MSMON = [sys.executable, "-m", "msmon.launcher"]
@@ -91,8 +92,7 @@ def test_msmon_run_refuses_an_unknown_format_before_torchrun_starts_without_impo
     proc = no_torch_msmon(*args)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        f"Error: invalid config: {config}: format: unknown format 'hdf5'; "
-        "expected ['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb']"
+        f"Error: invalid config: {config}: format: unknown format 'hdf5'; expected {format_names()}"
     ]
     assert not marker.exists()  # torchrun never started
 

@@ -303,7 +303,7 @@ def test_a_framework_optimizer_dropped_by_the_script_is_collected_and_its_monito
     import megatron_cpu  # a real Megatron FP32Optimizer, built on CPU
 
     model = MLP()
-    with torch_optim.suppressed():  # as the Megatron instrumentor builds it: its inner Adam is not ours
+    with framework_attach.suppressed():  # as the Megatron instrumentor builds it: its inner Adam is not ours
         optimizer = megatron_cpu.fp32_optimizer(model.parameters(), megatron_cpu.optimizer_config())
     monitor = framework_attach.attach(session, model, optimizer, "test")
     assert session.monitors == [monitor] and monitor.optimizer is optimizer
@@ -446,11 +446,11 @@ def test_a_framework_instrumentor_can_take_an_optimizer_over(session):
     model = MLP()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     (monitor,) = session.monitors
-    assert torch_optim.release(optimizer) and not torch_optim.release(optimizer)
+    assert framework_attach.release(optimizer) and not framework_attach.release(optimizer)
     assert session.monitors == [] and not model._forward_hooks and not model.fc1._forward_pre_hooks
     train(model, optimizer, steps=1, grad_acc=1)  # decided: the first step does not attach again
     assert session.monitors == []
-    with torch_optim.suppressed():
+    with framework_attach.suppressed():
         other = torch.optim.SGD(model.parameters(), lr=0.1)
     train(model, other, steps=1, grad_acc=1)
     assert session.monitors == []

@@ -13,19 +13,12 @@ from msmon.launcher import cli
 
 
 def test_the_msmon_group_has_exactly_the_commands_of_the_verb_files():
+    """One command (or group) per verb file, a new one's included; msmon's own among them."""
     files = sorted(p.stem for p in cli.Path(cli.__file__).parent.glob("*_command.py"))
-    assert len(files) == 9
-    assert sorted(cli.main.commands) == [
-        "analyse",
-        "build-native",
-        "convert",
-        "db",
-        "diff",
-        "export",
-        "report",
-        "run",
-        "struct",
-    ]
+    assert len(cli.main.commands) == len(files)
+    assert {"analyse", "build-native", "convert", "db", "diff", "export", "report", "run", "struct"} <= set(
+        cli.main.commands
+    )
     assert sorted(cli.main.commands["convert"].commands) == ["csv2tb", "tb2csv"]
 
 

@@ -32,6 +32,8 @@ from msmon.records.rows import RowKey, StepRecord  # noqa: E402
 from msmon.stats.ops import OPS  # noqa: E402
 
 GENERATOR = ROOT / "benchmarks" / "synthetic_output.py"
+sys.path.insert(0, str(GENERATOR.parent))
+from synthetic_output import OPS as SYNTHETIC_OPS  # noqa: E402  (the ops the synthetic run writes)
 
 
 def make_synthetic(out: Path, ranks: int = 4, steps: int = 6, tensors: int = 20, window: int = 1) -> Path:
@@ -103,7 +105,7 @@ def test_every_csv_value_of_every_rank_is_one_row_of_the_long_table(tmp_path):
     database = str(tmp_path / "run.duckdb")
     report = db.load([str(out)], database, progress=False)
     reference = csv_values(out)
-    assert len(reference) == 4 * 6 * 20 * len(OPS)
+    assert len(reference) == 4 * 6 * 20 * len(SYNTHETIC_OPS)
     assert report.values == len(reference) and report.new == 4 * 5 * 6 + 4 * 3  # CSV + summary/config/dump per rank
     same(db_values(database), reference)
 
@@ -120,14 +122,14 @@ def test_a_rerun_with_nothing_new_adds_nothing_and_a_grown_csv_adds_only_its_new
         fh.write('0,"extra, with comma",2,1.5,-0.25,0.5,0.001,0.0,0.0,0.0\n')
         fh.write("0,torn.weight,2,1.0,-1")  # a line still being written
     third = db.load([str(out)], database, progress=False)
-    assert (third.grown, third.new, third.values) == (1, 0, len(OPS))
+    assert (third.grown, third.new, third.values) == (1, 0, len(SYNTHETIC_OPS))
     values = db_values(database)
     assert values[(1, 0, "grad_reduced", "extra, with comma", 2, None, "norm")] == 1.5
     assert not any(k[3] == "torn.weight" for k in values), "a line without its newline waits for the next load"
     with open(grown, "a", encoding="utf-8") as fh:
         fh.write(".0,1.0,0.0,0.0,0.0,0.0\n")
     fourth = db.load([str(out)], database, progress=False)
-    assert (fourth.grown, fourth.values) == (1, len(OPS))
+    assert (fourth.grown, fourth.values) == (1, len(SYNTHETIC_OPS))
     same(db_values(database), csv_values(out))
     con = duckdb.connect(database, read_only=True)
     path, size, mtime, loaded, records = con.execute(
@@ -164,14 +166,14 @@ def test_a_malformed_line_is_skipped_and_counted_and_a_foreign_csv_reported(tmp_
     assert report.skipped_lines == 1
     assert any("notes_0-0.csv: not msmon's CSV layout" in p for p in report.problems)
     values = db_values(str(tmp_path / "run.duckdb"))
-    assert not any(k[3] == "bad.weight" for k in values) and len(values) == 5 * len(OPS)
+    assert not any(k[3] == "bad.weight" for k in values) and len(values) == 5 * len(SYNTHETIC_OPS)
 
 
 def _record(step: int, keys: list[RowKey], values: list[list[float]], histograms=()) -> StepRecord:
     return StepRecord(
         step=step,
         rank=3,
-        ops=list(OPS),
+        ops=list(SYNTHETIC_OPS),  # msmon's seven: the rows' values below
         keys=keys,
         values=values,
         histograms=list(histograms),
@@ -194,7 +196,7 @@ def test_tensorboard_scalars_and_histograms_load_as_tensorboard_reads_them(tmp_p
     ]
     edges = [-1.0, -0.5, 0.0, 0.5, 1.0]
     for step in range(3):
-        values = [[(i + 1) * 0.1 + step + j * 0.01 for j in range(len(OPS))] for i in range(len(keys))]
+        values = [[(i + 1) * 0.1 + step + j * 0.01 for j in range(len(SYNTHETIC_OPS))] for i in range(len(keys))]
         values[0][0] = math.inf if step == 2 else values[0][0]
         sink.write(
             _record(step, keys, values, [("1:fc1.weight/rank3/update_hist", edges, [1.0, 2.0, 3.0, float(step)])])
@@ -202,7 +204,7 @@ def test_tensorboard_scalars_and_histograms_load_as_tensorboard_reads_them(tmp_p
     sink.close()
     database = str(tmp_path / "run.duckdb")
     report = db.load([str(tmp_path / "out")], database, progress=False)
-    assert report.values == 3 * len(keys) * len(OPS) and report.histograms == 3
+    assert report.values == 3 * len(keys) * len(SYNTHETIC_OPS) and report.histograms == 3
     acc = EventAccumulator(str(rank), size_guidance={"scalars": 0, "histograms": 0})
     acc.Reload()
     con = duckdb.connect(database, read_only=True)
@@ -392,5 +394,5 @@ def test_a_directory_given_twice_or_inside_another_is_loaded_once(tmp_path):
     inner = sorted(out.glob("*-rank0-*"))[0]
     database = str(tmp_path / "run.duckdb")
     report = db.load([str(out), str(inner), str(out)], database, progress=False)
-    assert report.values == 2 * 5 * len(OPS)
+    assert report.values == 2 * 5 * len(SYNTHETIC_OPS)
     same(db_values(database), csv_values(out))

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
-from test_results_db import csv_values, make_synthetic  # noqa: E402
+from test_results_db import SYNTHETIC_OPS, csv_values, make_synthetic  # noqa: E402
 
 from conftest import ROOT  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
@@ -57,7 +57,7 @@ def test_a_heatmap_cell_is_the_largest_value_over_ranks_and_non_finite_shows_as_
     reference = csv_values(out)
     heat = {(h["category"], h["op"]): h for h in data["heatmaps"]}
     assert set(heat) == {
-        (c, op) for c in ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq") for op in queries.OPS
+        (c, op) for c in ("actv", "grad_unreduced", "grad_reduced", "exp_avg", "exp_avg_sq") for op in SYNTHETIC_OPS
     }
     norm = heat[("grad_unreduced", "norm")]
     codes = decode(norm)

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,9 @@ from msmon.output.sinks.parquet_sink import ParquetSink
 from msmon.output.sinks.tensorboard_sink import TensorBoardSink
 from msmon.output.sinks.wandb_sink import WandbSink
 
+# every format, as the registry knows them: the sink files' names (a new one adds itself)
+FORMATS = sorted(p.name[: -len("_sink.py")] for p in Path(sinks.__file__).parent.glob("*_sink.py"))
+
 
 def test_the_format_names_are_the_sink_files_names_read_without_importing_them_or_torch():
     code = (
@@ -32,12 +36,14 @@ def test_the_format_names_are_the_sink_files_names_read_without_importing_them_o
         "print(sinks.format_names(), sorted(m for m in sys.modules if m.endswith('_sink')), 'torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb'] [] False"
+    assert out.strip() == f"{FORMATS} [] False"
     assert sorted(sinks.registered_formats()) == sinks.format_names()
 
 
 def test_each_sink_class_is_registered_under_the_name_its_log_lines_use():
-    assert sinks.registered_formats() == {
+    registered = sinks.registered_formats()
+    assert sorted(registered) == FORMATS and all(cls.name == name for name, cls in registered.items())
+    assert {name: registered[name] for name in ("csv", "tensorboard", "api", "wandb", "mlflow", "parquet")} == {
         "csv": CsvSink,
         "tensorboard": TensorBoardSink,
         "api": ApiSink,
@@ -151,7 +157,7 @@ def test_a_new_sink_file_is_a_format_the_config_accepts_and_gets_every_recorded_
     write_config, output_dir, new_sink_file
 ):
     new_sink_file(LINES_SINK)
-    assert sinks.format_names() == ["api", "csv", "lines", "mlflow", "parquet", "tensorboard", "wandb"]
+    assert sinks.format_names() == sorted([*FORMATS, "lines"])
     torch.manual_seed(0)
     model = MLP()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -184,8 +190,7 @@ def test_the_config_takes_any_format_name_and_the_sink_registry_refuses_an_unkno
     with pytest.raises(ConfigError) as err:
         sinks.check_formats(config, "/jobs/monitor.json")
     assert str(err.value) == (
-        "/jobs/monitor.json: format: unknown format 'tensorbord'; "
-        "expected ['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb'] (did you mean 'tensorboard'?)"
+        f"/jobs/monitor.json: format: unknown format 'tensorbord'; expected {FORMATS} (did you mean 'tensorboard'?)"
     )
     sinks.check_formats(parse_config({"format": ["api", "csv", "tensorboard"]}))
 
@@ -194,9 +199,7 @@ def test_trainermon_refuses_an_unknown_format_before_training_with_the_file_and_
     path = write_config({"wg_distribution": True, "format": ["csv", "hdf5"]})
     with pytest.raises(ConfigError) as err:
         TrainerMon(path)
-    assert str(err.value) == (
-        f"{path}: format: unknown format 'hdf5'; expected ['api', 'csv', 'mlflow', 'parquet', 'tensorboard', 'wandb']"
-    )
+    assert str(err.value) == f"{path}: format: unknown format 'hdf5'; expected {FORMATS}"
 
 
 def test_a_format_whose_client_package_is_missing_is_refused_before_training_naming_the_extra(

@@ -51,22 +51,22 @@ from ...records.rows import row_key
 from ...runtime.step_context import StepContext
 from ...seams import grad_rewrites
 from ...stats.engine import tensor_stats
-from ...stats.sparse import any_layout_stats, is_sparse, sparse_stats
+from ...stats.sparse import any_layout_stats, sparse_stats
 from ...system.distributed import several_processes
 from ..base import Collector
-from ..registry import register
+from ..registry import COUNTS_BACKWARD, register
 from . import agreement as grad_agreement
 from . import unused_params
 from .agreement_around_reduction import AroundFrameworkReduction
 from .ddp_sync import DdpSync
 from .local_sums import LocalSums
-from .reduced_rows import record_reduced
-from .tensors import counter_of, hooks_that_may_write, identity
+from .reduced_rows import identity, record_reduced, record_unreduced
+from .tensors import counter_of, hooks_that_may_write
 
 logger = logging.getLogger("msmon")
 
 
-@register(key="grads", category="param", order=80, enabled=lambda cfg, ctx: cfg.wg_distribution)
+@register(key="grads", category="param", order=80, enabled=lambda c, _: c.wg_distribution, serves=COUNTS_BACKWARD)
 class GradCollector(Collector):
     name = "weight gradients"
 
@@ -192,7 +192,7 @@ class GradCollector(Collector):
             if self._can_wait(param):
                 self._note(index, grad, count)
                 return
-            stats = sparse_stats if is_sparse(grad) else tensor_stats
+            stats = tensor_stats if grad.layout is torch.strided else sparse_stats  # is_sparse, inline
             self._record(index, grad, count, stats(grad, ctx.step_ops, ctx.config.eps))
 
         return on_grad_accumulated
@@ -343,7 +343,8 @@ class GradCollector(Collector):
 
     def before_update(self) -> None:
         self._consumed = True
-        self._sums.drop()  # their rows are taken: the copies' memory goes back now, not at the step's end
+        if self._sums.local:  # their rows are taken: the copies' memory goes back now, not at the step's end
+            self._sums.drop()
         ctx = self.ctx
         if not ctx.recording:
             return
@@ -362,9 +363,7 @@ class GradCollector(Collector):
             )
             grad_agreement.say_unavailable(ctx.rank, why)
         if not ctx.config.monitor_mbs_grad and self.last_rows:
-            indices = list(self.last_rows)
-            keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
-            ctx.buffer.add_many(keys, torch.stack([self.last_rows[i] for i in indices]))
+            record_unreduced(ctx, self.last_rows)
         if not self.at_inner_step:
             self._record_reduced(ctx.adapter.grads([mp.param for mp in ctx.params], ctx.grad_of))
 

@@ -1,6 +1,8 @@
-"""grad_reduced rows: the gradients as the optimizer consumes them, each read once. A gradient
-that is still the tensor, data and version grad_unreduced's row describes (no reduction
-happened: a single process, or a framework that reduced elsewhere) reuses that row."""
+"""The rows a step's gradients give when the optimizer steps: grad_reduced, the gradients as the
+optimizer consumes them, each read once (a gradient that is still the tensor, data and version
+grad_unreduced's row describes, its `identity`, reuses that row: no reduction happened, a single
+process or a framework that reduced elsewhere), and the step's grad_unreduced rows themselves
+when they are recorded once per step (not per micro-batch)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,20 @@ import torch
 from ...records.rows import row_key
 from ...runtime.step_context import StepContext
 from ...stats.sparse import any_layout_stats
-from .tensors import identity
+
+
+def identity(t: torch.Tensor) -> tuple[int, int, int]:
+    """The tensor, its data and its version: what a row of it describes."""
+    # a sparse tensor has no one data pointer (stats.sparse.is_sparse, inline: a call per hook)
+    return id(t), t.data_ptr() if t.layout is torch.strided else 0, t._version
+
+
+def record_unreduced(ctx: StepContext, last_rows: dict[int, torch.Tensor]) -> None:
+    """The step's grad_unreduced rows: the last accumulated row of each gradient, in the order
+    their hooks fired (monitor_mbs_grad off)."""
+    indices = list(last_rows)
+    keys = [row_key("grad_unreduced", ctx.params[i].name, ctx.params[i].vpp_stage) for i in indices]
+    ctx.buffer.add_many(keys, torch.stack([last_rows[i] for i in indices]))
 
 
 def record_reduced(

@@ -1,16 +1,12 @@
-"""What the weight-gradient collector checks about a gradient tensor and the hooks on it: its
-identity as a row describes it, the version counter it shares, which other hooks may write it."""
+"""What the weight-gradient collector checks about a gradient tensor and the hooks on it: the
+version counter it shares, which other hooks may write it (its identity as a row describes it:
+reduced_rows.identity, beside the rows that reuse it)."""
 
 from __future__ import annotations
 
 import torch
 
-from ...stats.sparse import is_sparse
 from ..base import READS_NOTHING
-
-
-def identity(t: torch.Tensor) -> tuple[int, int, int]:
-    return id(t), 0 if is_sparse(t) else t.data_ptr(), t._version  # a sparse tensor has no one data pointer
 
 
 def counter_of(grad: torch.Tensor) -> int:
@@ -23,7 +19,10 @@ def hooks_that_may_write(param: torch.Tensor) -> int:
     """The post-accumulate-grad hooks on `param` (this collector's own among them), but those of
     msmon's that read nothing (collectors.base.READS_NOTHING)."""
     hooks = getattr(param, "_post_accumulate_grad_hooks", None) or {}
-    return sum(1 for hook in hooks.values() if not getattr(hook, READS_NOTHING, False))
+    count = 0
+    for hook in hooks.values():  # a loop, not a generator: one call per gradient hook, not one per hook
+        count += not getattr(hook, READS_NOTHING, False)
+    return count
 
 
 def unserializable(hook):

@@ -36,7 +36,7 @@ from ..base import Collector
 from ..module_io import in_backward, iter_tensors
 from ..registry import register
 from . import tensor_math as l2_math
-from .targets import l2_enabled, resolve_targets, weight_2d
+from .targets import l2_enabled, l2_targets_fit, resolve_targets, weight_2d
 
 logger = logging.getLogger("msmon")
 
@@ -53,7 +53,7 @@ def _first_two(args: tuple, kwargs: dict) -> tuple[Any, Any]:
     return q, k
 
 
-@register(key="l2_features", category="module", order=60, module_hooks=True, enabled=l2_enabled)
+@register(key="l2_features", category="module", order=60, module_hooks=True, enabled=l2_enabled, fits=l2_targets_fit)
 class L2FeatureCollector(Collector):
     name = "L2 features"
 

@@ -102,6 +102,13 @@ def l2_targets_nowhere(
     return None
 
 
+def l2_targets_fit(cfg: MonitorConfig, modules: list[dict[str, torch.nn.Module]]) -> None:
+    """ConfigError when l2_targets names no module of the model (checked at attach and on a
+    reload, whether the collector is built or not)."""
+    if cfg.recording_l2_features:
+        resolve_targets(cfg, modules)
+
+
 def l2_enabled(cfg: MonitorConfig, ctx: StepContext) -> bool:
     """Whether l2_targets name any module (a name that matches none is a ConfigError)."""
     return cfg.recording_l2_features and bool(resolve_targets(cfg, ctx.names()[0]))

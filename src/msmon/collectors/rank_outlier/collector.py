@@ -44,9 +44,9 @@ from .statistics import RankStatistics, mean_loss, read_statistics
 
 if TYPE_CHECKING:
     from ...config import MonitorConfig
+    from ...output.handoff import HostRows
     from ...records.rows import StepRecord
     from ...runtime.step_context import StepContext
-    from ...runtime.transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 
@@ -196,7 +196,7 @@ class StatisticsConsumer(StepConsumer):
     def alerts_raised(self) -> int:  # type: ignore[override]  # a count kept by the exchange thread
         return self.state.alarms
 
-    def consume(self, record: StepRecord, batch: HostBatch) -> None:
+    def consume(self, record: StepRecord, batch: HostRows) -> None:
         if self.state.off is None:
             self.board.expect(RANK_OUTLIER, record.step)  # before the writer says it read the step
             self.state.exchange.put(read_statistics(record, mean_loss(batch.keys, batch.values)))

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ...output.category_ops import CategoryColumns
-from ...output.handoff import StepConsumer
+from ...output.handoff import HostRows, StepConsumer
 from ...output.sinks import format_names, sink_class
 from ...output.sinks.tracker import RunEnded, TrackerRun, TrackerSink
 from ...records.runs import current_run_id, new_run_id
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from ...config import MonitorConfig
     from ...records.rows import StepRecord
     from ...runtime.step_context import StepContext
-    from ...runtime.transfer import HostBatch
 
 logger = logging.getLogger("msmon")
 
@@ -221,7 +220,7 @@ class LaneConsumer(StepConsumer):
         self.rank_alerts = rank_alerts  # this rank's alerts so far
         self._alerts_seen = 0
 
-    def consume(self, record: StepRecord, batch: HostBatch) -> None:
+    def consume(self, record: StepRecord, batch: HostRows) -> None:
         if self.state.off is not None:
             return
         total = self.rank_alerts()

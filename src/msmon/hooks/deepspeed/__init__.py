@@ -12,12 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...seams.spec import Framework
-from .groups import groups_of_models, pipeline_position
+from ...seams.spec import EXPERT_PARAMETER, Framework
 
 if TYPE_CHECKING:
     from ...seams.adapters import OptimizerAdapter
     from ...seams.backward_calls import LossScaling
+    from ...seams.parallel_groups import ParallelGroups
+    from ...seams.spec import Position
     from .. import Session
 
 __all__ = ["EXPERT_PARAMETER", "FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
@@ -32,8 +33,6 @@ _OPTIMIZER_CLASSES = frozenset(
         "FP16_Optimizer",
     }
 )
-
-EXPERT_PARAMETER = "an expert parameter (allreduce=False): replicated over its expert-data-parallel group only"
 
 # msprobe's opt_ty names -> the adapters that fit them
 _OPT_TY: dict[str, tuple[str, ...]] = {
@@ -83,9 +82,10 @@ def loss_scaling() -> LossScaling:
     torch-style path, `engine.scale(loss).backward()` (ZeRO only), returns the loss times the
     loss scale (fp16's scaler, or torch's GradScaler under `torch_autocast` float16) and leaves
     the division to its own hooks: `scale` is a scaler like torch's `GradScaler.scale`."""
-    from deepspeed.runtime.engine import DeepSpeedEngine
-
     from ...seams.backward_calls import EntryPoint, LossScaling, Scaler
+    from ...seams.library import library
+
+    DeepSpeedEngine = library("deepspeed.runtime.engine").DeepSpeedEngine
 
     return LossScaling(
         scalers=(Scaler(DeepSpeedEngine, "scale", _loss_scale_of),),
@@ -104,6 +104,18 @@ def _loss_scale_of(engine: Any) -> Any:
         if scaler is not None:
             return scaler._scale
     return getattr(optimizer, "loss_scale", None)
+
+
+def groups_of_models(found: ParallelGroups, models: list[Any], adapter: Any) -> None:
+    from . import groups
+
+    groups.groups_of_models(found, models, adapter)
+
+
+def pipeline_position() -> Position | None:
+    from . import groups
+
+    return groups.pipeline_position()
 
 
 def whole_gradient_reduction(

@@ -1,5 +1,5 @@
 """DeepSpeed's parallel groups, as msmon's write-once rule (dedupe.py) and pipeline stages
-(hooks/pipeline.py) need them, read from what DeepSpeed already set up (never a collective):
+(seams/pipeline.py) need them, read from what DeepSpeed already set up (never a collective):
 - a DeepSpeedEngine (or PipelineEngine) handed over as the model: its (sequence-)data-parallel
   group and, through the mpu it was given, the tensor-parallel group. Its stage-0 path
   all-reduces `param.grad.data`, which the adapter is told (`reduced_through_data`);
@@ -12,15 +12,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import torch
-
-from ...runtime.dedupe import ParallelGroups, call_quietly
+from ...seams.parallel_groups import ParallelGroups, call_quietly
 from ...system.distributed import position_in
 
 ENGINES = ("DeepSpeedEngine", "PipelineEngine")
 
 
-def groups_of_models(found: ParallelGroups, models: list[torch.nn.Module], adapter: Any) -> None:
+def groups_of_models(found: ParallelGroups, models: list[Any], adapter: Any) -> None:
     """Fill what `found` lacks from a DeepSpeed engine among `models`."""
     engine = next((m for m in models if type(m).__name__ in ENGINES), None)
     if engine is None:

@@ -15,10 +15,11 @@ from typing import Any, Callable
 
 import torch
 
+from ...seams.library import library
 from ...seams.patching import Replacements
 from ...system.distributed import current_rank
-from .. import Session, torch_optim
-from ..handover import attach
+from .. import Session
+from ..handover import attach, release, suppressed
 
 logger = logging.getLogger("msmon")
 
@@ -26,9 +27,7 @@ _replaced = Replacements()
 
 
 def instrument(session: Session) -> None:
-    import deepspeed
-
-    _replaced.replace(deepspeed, "initialize", lambda original: _initialize(session, original))
+    _replaced.replace(library("deepspeed"), "initialize", lambda original: _initialize(session, original))
 
 
 def _initialize(session: Session, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -38,8 +37,8 @@ def _initialize(session: Session, original: Callable[..., Any]) -> Callable[...,
             return original(*args, **kwargs)
         client = kwargs.get("optimizer", args[2] if len(args) > 2 else None)
         if isinstance(client, torch.optim.Optimizer):
-            torch_optim.release(client)  # the engine drives it from now on: its monitor is this one's
-        with torch_optim.suppressed():
+            release(client)  # the engine drives it from now on: its monitor is this one's
+        with suppressed():
             result = original(*args, **kwargs)
         try:
             engine = result[0]

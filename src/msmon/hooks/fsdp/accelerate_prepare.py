@@ -17,10 +17,11 @@ from typing import Any, Callable
 import torch
 
 from ...seams.adapter_choice import resolve_optimizer
+from ...seams.library import library
 from ...seams.patching import Replacements
 from ...system.distributed import current_rank
-from .. import Session, torch_optim
-from ..handover import attach
+from .. import Session
+from ..handover import attach, release
 from .adapters import adapter_for
 
 logger = logging.getLogger("msmon")
@@ -29,8 +30,7 @@ _replaced = Replacements()
 
 
 def instrument(session: Session) -> None:
-    import accelerate
-
+    accelerate = library("accelerate")
     _replaced.replace(accelerate.Accelerator, "prepare", lambda original: _prepare(session, original))
 
 
@@ -69,5 +69,5 @@ def _reattach(session: Session, accelerator: Any, result: Any) -> None:
         monitor = next((m for m in session.monitors if getattr(m, "optimizer", None) is optimizer), None)
         if model is None or (monitor is not None and {id(mp.param) for mp in monitor.params} <= trained):
             continue  # no FSDP model trains it, or its monitor already watches the sharded parameters
-        torch_optim.release(optimizer)
+        release(optimizer)
         attach(session, model, optimizer, "accelerate prepare (FSDP)")

@@ -20,8 +20,7 @@ from typing import Any, Callable
 import torch
 
 from ...runtime.naming import clean_name
-from ...seams.adapters import GradPairs, Moments, Shard, adam_hyper
-from ..torch_optim.adapters import TorchOptimAdapter
+from ...seams.adapters import GradPairs, Moments, Shard, TorchOptimAdapter, adam_hyper
 from . import seams
 from .groups import Placement, dtensor_placement, fsdp1_units, is_dtensor, unit_placement
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...seams.spec import Framework
-from .groups import groups_of_process, pipeline_position
+from ...seams.spec import EXPERT_PARAMETER, Framework
 
 if TYPE_CHECKING:
     from ...seams.adapters import OptimizerAdapter
     from ...seams.backward_calls import LossScaling
+    from ...seams.parallel_groups import ParallelGroups
+    from ...seams.spec import Position
     from .. import Session
 
 __all__ = ["FRAMEWORK", "adapter_for", "instrument", "replica_exclusion", "uninstrument"]
@@ -54,7 +55,6 @@ def replica_exclusion(models: list[Any], optimizer: Any, weights: bool) -> Calla
     distributed optimizer's overlap_param_gather, each rank's model weights are updated only in
     the next forward, so right after the step they differ by design."""
     from ...seams.adapters import class_names
-    from ..deepspeed import EXPERT_PARAMETER
 
     names = class_names(optimizer)
     if not _OPTIMIZER_CLASSES & set(names):
@@ -73,6 +73,18 @@ def replica_exclusion(models: list[Any], optimizer: Any, weights: bool) -> Calla
         return None
 
     return why
+
+
+def groups_of_process(found: ParallelGroups) -> None:
+    from . import groups
+
+    groups.groups_of_process(found)
+
+
+def pipeline_position() -> Position | None:
+    from . import groups
+
+    return groups.pipeline_position()
 
 
 def whole_gradient_reduction(
@@ -96,18 +108,16 @@ def loss_scaling() -> LossScaling:
     """Megatron's `grad_scale_func` is its optimizer's `scale_loss(loss) = get_loss_scale() * loss`
     (each class that defines its own is wrapped); its `custom_backward(output, grad)` runs the
     autograd engine directly, so it is watched as well."""
-    from megatron.core.optimizer.optimizer import MegatronOptimizer
-
     from ...seams.backward_calls import EntryPoint, LossScaling, Scaler
+    from ...seams.library import library
 
-    classes, todo = [], [MegatronOptimizer]
+    classes, todo = [], [library("megatron.core.optimizer.optimizer").MegatronOptimizer]
     while todo:
         cls = todo.pop()
         classes.append(cls)
         todo.extend(cls.__subclasses__())
     scale_of = lambda optimizer: optimizer.get_loss_scale()  # noqa: E731
-    from megatron.core.pipeline_parallel import schedules
-
+    schedules = library("megatron.core.pipeline_parallel.schedules")
     return LossScaling(
         scalers=tuple(Scaler(cls, "scale_loss", scale_of) for cls in classes if "scale_loss" in cls.__dict__),
         # with deallocate_pipeline_outputs, backward_step runs the engine itself, not through backward

@@ -24,9 +24,17 @@ from typing import Any, Callable
 
 import torch
 
-from ...seams.adapters import GradPairs, Moments, OptimizerAdapter, Shard, class_names, inner_moments, stepped_now
+from ...seams.adapters import (
+    GradPairs,
+    Moments,
+    OptimizerAdapter,
+    Shard,
+    TorchOptimAdapter,
+    class_names,
+    inner_moments,
+    stepped_now,
+)
 from ...seams.patching import wrap_method
-from ..torch_optim.adapters import TorchOptimAdapter
 
 
 def hook_bucket_grad_sync(models: list[torch.nn.Module], record: Callable[[GradPairs], None]) -> Callable[[], None]:

@@ -1,5 +1,5 @@
 """Megatron-core's parallel groups, as msmon's write-once rule (dedupe.py) and pipeline stages
-(hooks/pipeline.py) need them: read from `megatron.core.parallel_state` when the job imported and
+(seams/pipeline.py) need them: read from `megatron.core.parallel_state` when the job imported and
 initialised it (msmon never imports Megatron), never with a collective.
 """
 
@@ -8,7 +8,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ...runtime.dedupe import ParallelGroups, call_quietly
+from ...seams.library import library
+from ...seams.parallel_groups import ParallelGroups, call_quietly
 from ...system.distributed import position_in
 
 
@@ -17,8 +18,7 @@ def parallel_state() -> Any:
     if "megatron.core" not in sys.modules:
         return None
     try:
-        from megatron.core import parallel_state as state
-
+        state = library("megatron.core.parallel_state")
         return state if state.model_parallel_is_initialized() else None
     except Exception:
         return None

@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from ...seams.patching import Replacements
 from ...system.distributed import current_rank
-from .. import Session, torch_optim
-from ..handover import attach
+from .. import Session
+from ..handover import attach, suppressed
 
 logger = logging.getLogger("msmon")
 
@@ -61,7 +61,7 @@ def _wrap(session: Session, original: Callable[..., Any], function: str, where: 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not session.may_attach():
             return original(*args, **kwargs)
-        with torch_optim.suppressed():
+        with suppressed():
             result = original(*args, **kwargs)
         try:
             if where == "arguments":

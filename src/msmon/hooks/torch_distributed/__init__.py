@@ -6,10 +6,26 @@ seams/collective_listeners.py.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...seams.spec import Framework
-from .instrumentor import instrument, uninstrument
 
 __all__ = ["FRAMEWORK", "instrument", "uninstrument"]
+
+
+def instrument(session: Any = None) -> bool:
+    """The launcher's hold on the wrappers (instrumentor.py, imported when switched on: this
+    `__init__` stays light, as the registry loads it)."""
+    from . import instrumentor
+
+    return instrumentor.instrument(session)
+
+
+def uninstrument() -> None:
+    from . import instrumentor
+
+    instrumentor.uninstrument()
+
 
 FRAMEWORK = Framework(
     name="torch_distributed",

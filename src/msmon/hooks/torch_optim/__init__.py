@@ -1,5 +1,6 @@
 """torch.optim: attach a TrainerMon to every optimizer a script builds (instrumentor.py), and
-read any torch.optim optimizer (adapters.py), the fallback for optimizers no framework claims.
+read any torch.optim optimizer (seams/adapters.py's TorchOptimAdapter, which the framework
+packages' adapters build on too), the fallback for optimizers no framework claims.
 
 Light on import (its `FRAMEWORK` spec is read by the adapter choice): the instrumentor, which
 needs the monitor, is imported when first switched on or asked.
@@ -7,8 +8,6 @@ needs the monitor, is imported when first switched on or asked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ...seams.spec import Framework
@@ -33,35 +32,9 @@ def uninstrument() -> None:
 
 def adapter_for(optimizer: Any) -> OptimizerAdapter:
     """Any optimizer with `param_groups`: the last package asked, so it always answers."""
-    from .adapters import TorchOptimAdapter
+    from ...seams.adapters import TorchOptimAdapter
 
     return TorchOptimAdapter(optimizer)
-
-
-def release(optimizer: Any) -> bool:
-    """Close and forget the monitor attached to `optimizer`: for framework instrumentors that
-    take over an optimizer the script built first (`deepspeed.initialize(optimizer=...)`).
-    Returns whether there was one."""
-    from . import instrumentor
-
-    return instrumentor.release(optimizer)
-
-
-def claim(optimizer: Any) -> None:
-    """Mark `optimizer` as handled by someone else (a framework's monitor): never attach to it."""
-    from . import instrumentor
-
-    instrumentor.claim(optimizer)
-
-
-@contextmanager
-def suppressed() -> Iterator[None]:
-    """Optimizers built inside this block are left alone: for framework instrumentors
-    (DeepSpeed, Megatron) that attach to the optimizers they build themselves."""
-    from . import instrumentor
-
-    with instrumentor.suppressed():
-        yield
 
 
 def loss_scaling() -> LossScaling:

@@ -27,8 +27,6 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -40,7 +38,7 @@ from ...seams.adapter_choice import resolve_optimizer
 from ...seams.module_registry import ModuleTracker, roots_in_memory
 from ...seams.pipeline import pipeline_position
 from ...system.distributed import current_rank
-from .. import Session
+from .. import Session, handover
 from ..attach import module_monitor, on_optimizer_collected, start_monitor, targets_error
 from ..monitor_factory import AttachedMonitor
 
@@ -58,42 +56,15 @@ def instrument(session: Session) -> None:
     if _instrumentation is None:
         _instrumentation = _Instrumentation(session)
         _instrumentation.install()
+        handover.watch_constructions(_instrumentation)
 
 
 def uninstrument() -> None:
     global _instrumentation
     if _instrumentation is not None:
+        handover.watch_constructions(None)
         _instrumentation.remove()
         _instrumentation = None
-
-
-def release(optimizer: Any) -> bool:
-    """Close and forget the monitor attached to `optimizer`: for framework instrumentors that
-    take over an optimizer the script built first (`deepspeed.initialize(optimizer=...)`).
-    Returns whether there was one."""
-    return _instrumentation is not None and _instrumentation.release(optimizer)
-
-
-def claim(optimizer: Any) -> None:
-    """Mark `optimizer` as handled by someone else (a framework's monitor): never attach to it."""
-    if _instrumentation is not None:
-        _instrumentation._decide(optimizer)
-
-
-def _suppression_depth() -> int:
-    """How many `suppressed()` blocks this thread is inside (0: none)."""
-    return getattr(_local, "suppressed", 0)
-
-
-@contextmanager
-def suppressed() -> Iterator[None]:
-    """Optimizers built inside this block are left alone: for framework instrumentors
-    (DeepSpeed, Megatron) that attach to the optimizers they build themselves."""
-    _local.suppressed = _suppression_depth() + 1
-    try:
-        yield
-    finally:
-        _local.suppressed -= 1
 
 
 def _building() -> dict[int, int]:
@@ -194,13 +165,13 @@ class _Instrumentation:
     def _on_built(self, opt: Any, inside_another: bool) -> None:
         if not self.session.may_attach():
             return
-        if inside_another or _suppression_depth():
+        if inside_another or handover.suppression_depth():
             self._decide(opt)  # another optimizer's part, or a framework's own: never ours
             return
         self._guarded(opt, CONSTRUCTION)
 
     def _on_step(self, opt: Any, _args: tuple, _kwargs: dict) -> None:
-        if not self._is_decided(opt) and self.session.may_attach() and not _suppression_depth():
+        if not self._is_decided(opt) and self.session.may_attach() and not handover.suppression_depth():
             self._guarded(opt, FIRST_STEP)
         return None
 
@@ -221,6 +192,10 @@ class _Instrumentation:
     def _is_decided(self, opt: Any) -> bool:
         known = self._decided.get(id(opt))
         return known is not None and known() is opt
+
+    def claim(self, opt: Any) -> None:
+        """Never attach to `opt`: a framework's monitor covers it (handover.claim)."""
+        self._decide(opt)
 
     def _decide(self, opt: Any) -> None:
         key = id(opt)

@@ -19,7 +19,7 @@ import json
 import os
 from collections.abc import Container
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...records.parquet_layout import TENSORS_KEY, run_of
 from ...records.runs import NO_RUN, runs_of
@@ -32,7 +32,7 @@ from .schema import LOADED_ONLY, TENSOR_COLUMNS
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection
 
-    from .loader import Loader
+    from .load_report import LoadReport
 
 FOOTERS_PER_QUERY = 2000  # files whose footers one DuckDB call reads
 SOURCES_KEY = "parquet_sources"  # meta: what the view reads, a glob per run folder or a file
@@ -90,7 +90,23 @@ def split(found: list[FoundFile]) -> tuple[list[FoundFile], ParquetFound]:
     return rest, parquet
 
 
-def register(loader: Loader, parquet: ParquetFound) -> None:
+class Loading(Protocol):
+    """What registering Parquet files needs of the load under way (loader.py's Loader, which calls
+    `register`: named by this protocol, not imported, so that no import closes a circle)."""
+
+    con: DuckDBPyConnection
+    report: LoadReport
+    known: dict[str, Any]
+    tmp_dir: str | None
+
+    def id_for(self, f: FoundFile) -> int: ...
+
+    def file_row(self, f: FoundFile, file_id: int, loaded_bytes: int, records: int) -> tuple: ...
+
+    def upsert_files(self, rows: list[tuple]) -> None: ...
+
+
+def register(loader: Loading, parquet: ParquetFound) -> None:
     """Record the new Parquet files, their tensors' order, and the `metrics` view over them."""
     report, con = loader.report, loader.con
     report.unfinished_parquet = parquet.unfinished

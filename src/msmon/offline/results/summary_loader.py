@@ -8,14 +8,32 @@ them as bands over the charts, and a query can leave the escalated steps out or 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .bulk import insert_rows
+from .load_report import LoadReport
 from .scan import SUMMARY, FoundFile
 from .schema import ACTION_COLUMNS, CONFIG_COLUMNS, SUMMARY_KEYS
 
-if TYPE_CHECKING:
-    from .loader import Loader
+if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
+    from duckdb import DuckDBPyConnection
+
+
+class Loader(Protocol):
+    """What loading the JSON files needs of the load under way (loader.py's Loader, which calls
+    `load_json`: named by this protocol, not imported, so that no import closes a circle)."""
+
+    con: DuckDBPyConnection
+    report: LoadReport
+    tmp_dir: str | None
+
+    def id_for(self, f: FoundFile) -> int: ...
+
+    def file_row(
+        self, f: FoundFile, file_id: int, loaded_bytes: int, records: int, rank: int | None = None
+    ) -> tuple: ...
+
+    def upsert_files(self, rows: list[tuple]) -> None: ...
 
 
 def load_json(loader: Loader, items: list[tuple[FoundFile, bool, int]]) -> None:

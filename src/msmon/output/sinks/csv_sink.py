@@ -101,16 +101,26 @@ class CsvSink(Sink):
         return [csv_value(v, self.ndigits) for row in record.values for v in row]
 
     def write(self, record: StepRecord) -> None:
+        self.write_step([record])
+
+    def write_step(self, records: list[StepRecord]) -> None:
+        """A step's records (its statistics, then each category's own columns), flushed once."""
+        for record in records:
+            self._write_rows(record)
+        self.flush()
+
+    def _write_rows(self, record: StepRecord) -> None:
         lines: dict[str, list[str]] = {}
         handles: dict[str, tuple[IO[str], bool]] = {}
         step = f"{record.step},"
         flat = self._rounded(record)
         width = len(record.ops)
         counts = [j for j, op in enumerate(record.ops) if op in COUNT_OPS]
-        if counts:  # nans, infs: integers in the cell
+        if counts:  # nans, infs: integers in the cell (most are 0: no call for those)
             for start in range(0, len(flat), width):
                 for j in counts:
-                    flat[start + j] = count_value(flat[start + j])
+                    value = flat[start + j]
+                    flat[start + j] = 0 if value == 0.0 else count_value(value)
         for row, key in enumerate(record.keys):
             if key.category not in handles:
                 micro = key.micro_step is not None or key.category in MICRO_STEP_CATEGORIES
@@ -123,7 +133,6 @@ class CsvSink(Sink):
             lines[key.category].append(self._prefix(key, micro) + step + cells)
         for category, rows in lines.items():
             self._write(category, "\n".join(rows) + "\n")
-        self.flush()
 
     def _write(self, category: str, text: str) -> None:
         _, path, fh, _, _ = self._files[category]

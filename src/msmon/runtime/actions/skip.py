@@ -149,9 +149,10 @@ class SkipStep:
         if not keys:
             return b""
         table = torch.cat([c.detach().to("cpu", torch.float64) for c in chunks])  # the host sync skip_step costs
-        keys, table, _ = split_features(ctx.step, ctx.rank, keys, table, {})  # the rows the writer's rules read
+        ops = ctx.ops_written  # the columns the writer's rules read (not a derived op's bases)
+        keys, table, _ = split_features(ctx.step, ctx.rank, keys, table[:, : len(ops)], {})
         self._before = self.engine.snapshot()
-        alerts = self.engine.scan(keys, ctx.step_ops, None, table)
+        alerts = self.engine.scan(keys, ops, None, table)
         seen = [from_alert(ctx.rank, ctx.step, alert) for alert in alerts]
         return pickle.dumps(seen) if seen else b""
 

@@ -117,7 +117,7 @@ class StepActions:
         if not self._started:
             self._start()
         try:
-            nonfinite = self.on_nan and has_nonfinite(batch, self.ctx.step_ops)
+            nonfinite = self.on_nan and has_nonfinite(batch, self.ctx.ops_written)
             seen_here = self._seen(trained - 1) if self.actions else []
             answered = self.vote.round(
                 NONFINITE if nonfinite else FINITE, pickle.dumps(seen_here) if seen_here else b""

@@ -44,7 +44,7 @@ logger = logging.getLogger("msmon")
 
 ENV = "MSMON_NATIVE_STATS"
 TEAM_ENV = "MSMON_NATIVE_TEAM"  # "0": large calls are shared by threads of the kernel's own
-_ABI = 3  # fused_stats.cpp's msmon_stats_abi()
+_ABI = 4  # fused_stats.cpp's msmon_stats_abi()
 _FIELDS = len(FIELDS)  # the fields it computes, in its order: the op table's FIELDS
 _ERRORS = {
     1: "out of memory or no thread to start",
@@ -306,6 +306,7 @@ def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
     tensor."""
     shapes: dict[tuple[Any, ...], tuple[torch.Tensor, Any, int, int, tuple[int, ...]]] = {}
     flags = {torch.float32: 0, torch.float64: 1}
+    wide_flags = {torch.float32: 2, torch.float64: 1}  # float32 summed in float64
     empty_like = torch.empty_like
     slab = _RowSlab()
 
@@ -333,15 +334,19 @@ def _rows_of(kernel: Any) -> Callable[..., Optional[torch.Tensor]]:
         flat: bool,
         threads: int,
         min_share: int,
+        wide: bool = False,
     ) -> Optional[torch.Tensor]:
+        """`wide`: float32 tensors' sums and sums of squares accumulated in float64 (the bases of
+        a derived op: std), as float64 tensors' are."""
         key = (tuple(columns), tuple(per_element), len(xs), flat)
         shape = shapes.get(key)
         if shape is None:
             shape = shapes[key] = shape_of(columns, per_element, len(xs), flat)
         template, pack, n, width, spec = shape
         packed: list[int] = []
+        types = wide_flags if wide else flags
         for x in xs:  # checked here: a wrong pointer would be read, not refused
-            flag = flags.get(x.dtype)
+            flag = types.get(x.dtype)
             if flag is None or not x.is_cpu or not x.is_contiguous():
                 return None
             numel = x.numel()

@@ -145,7 +145,7 @@ __attribute__((always_inline)) inline Partial stats_of(const scalar_t* p, int64_
 struct Input {
   const void* data;
   int64_t numel;
-  bool is_double;
+  int64_t type;  // 0 float32, 1 float64, 2 float32 summed in float64 (a derived op's bases: std)
 };
 
 // A stretch of one input, read by one thread.
@@ -161,9 +161,13 @@ __attribute__((always_inline)) inline void read_pieces(const std::vector<Input>&
   for (size_t k = 0; k < count; ++k) {
     const Piece& piece = pieces[k];
     const Input& in = inputs[piece.input];
-    out[k] = in.is_double
-                 ? stats_of<double, double>(static_cast<const double*>(in.data), piece.begin, piece.end, threshold)
-                 : stats_of<float, float>(static_cast<const float*>(in.data), piece.begin, piece.end, threshold);
+    if (in.type == 1) {
+      out[k] = stats_of<double, double>(static_cast<const double*>(in.data), piece.begin, piece.end, threshold);
+    } else if (in.type == 2) {
+      out[k] = stats_of<float, double>(static_cast<const float*>(in.data), piece.begin, piece.end, threshold);
+    } else {
+      out[k] = stats_of<float, float>(static_cast<const float*>(in.data), piece.begin, piece.end, threshold);
+    }
   }
 }
 
@@ -287,7 +291,7 @@ void fill(const std::vector<Input>& inputs, double threshold, int threads, int64
 extern "C" {
 
 // Bumped whenever a signature below changes or a function is added; the loader checks it.
-int msmon_stats_abi(void) { return 3; }
+int msmon_stats_abi(void) { return 4; }
 
 // Share large calls with an OpenMP team from now on (the addresses of the runtime's
 // GOMP_parallel, omp_get_thread_num and omp_get_num_threads), or with threads of our own
@@ -308,7 +312,7 @@ void msmon_stats_use_team(void* parallel, void* thread_num, void* num_threads) {
 //   call[4] the address of the output (n * width float64, row by row),
 //   call[5] the zero threshold's float64 bits,
 //   call[6 .. 6 + width) the columns, then n triples (address of the first element, element
-//   count > 0, 1 for float64 or 0 for float32).
+//   count > 0, 1 for float64, 0 for float32, 2 for float32 whose sums are accumulated in float64).
 // A tensor's fields are [norm, min, max, sum, count(|x| < threshold), count(NaN), count(Inf)];
 // column j is field c % 8 of c = columns[j], divided by the tensor's element count where
 // c >= 8 (the mean from the sum, the zero fraction from the count). Up to `threads` threads
@@ -338,10 +342,10 @@ int msmon_stats_rows(const void* packed) {
     in.reserve(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
       const int64_t numel = inputs[3 * i + 1], type = inputs[3 * i + 2];
-      if (numel <= 0 || (type != 0 && type != 1) || inputs[3 * i] == 0) {
+      if (numel <= 0 || type < 0 || type > 2 || inputs[3 * i] == 0) {
         return 3;
       }
-      in.push_back(Input{reinterpret_cast<const void*>(static_cast<intptr_t>(inputs[3 * i])), numel, type == 1});
+      in.push_back(Input{reinterpret_cast<const void*>(static_cast<intptr_t>(inputs[3 * i])), numel, type});
     }
     std::vector<double> fields(in.size() * kFields);
     fill(in, threshold, static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, 64))), min_share,
