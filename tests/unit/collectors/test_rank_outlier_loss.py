@@ -36,7 +36,7 @@ def test_the_writer_hands_the_rule_each_steps_mean_loss_as_the_script_computed_i
     state = OutlierState(5.0)
     jobs: list[RankStatistics] = []
     state.exchange.start("msmon-test-outlier", 0, state, jobs.append, "AnomalyRankOutlier", "comparing the ranks")
-    mon.ctx.watch_steps(StatisticsConsumer(state))  # what the rule does once it has its group
+    mon.ctx.watch_steps(StatisticsConsumer(state, mon.ctx.board))  # what the rule does once it has its group
     means = []
     for _ in range(3):
         losses = []

@@ -24,7 +24,11 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a 
 
 
 def writer_thread(monitor: TrainerMon) -> threading.Thread:
-    return next(t for t in threading.enumerate() if t.name.startswith("msmon-writer"))
+    """This monitor's writer thread (not the first one by name: a writer another test left
+    running, at its own priority, would pass for it)."""
+    writer = monitor.writer
+    assert writer is not None
+    return writer._thread
 
 
 def nice_of(thread: threading.Thread) -> int:
