@@ -7,6 +7,9 @@ its own step (`step=`), as scripts do (--step-seconds: a step as long as a real 
 msmon's lanes of a step reach the run while the script still logs); --mlflow-run: rank 0 starts its own MLflow run
 ("script-run") and logs its loss. Both finish their run at the end, as scripts do.
 --v2 CONFIG: monitor with msprobe's own TrainerMonitorV2 (mindstudio-probe), not msmon.
+--nan-rank R --nan-step S: rank R's batch of step S holds a NaN (a bad batch); where the averaged
+gradients are not finite the script zeroes them before the optimizer step (so that the weights
+stay finite), as a loss scaler keeps a bad step out of the weights.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ def main() -> None:
     parser.add_argument("--mlflow-run", action="store_true")
     parser.add_argument("--v2", help="an msprobe V2 config: monitor with msprobe's TrainerMonitorV2")
     parser.add_argument("--step-seconds", type=float, default=0.0, help="how long a step takes at least")
+    parser.add_argument("--nan-rank", type=int, default=-1)
+    parser.add_argument("--nan-step", type=int, default=-1)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -61,11 +66,15 @@ def main() -> None:
     gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     for step in range(args.steps):
         x = torch.randn(6, 8, generator=gen)
-        loss = (model(x) - x[:, :4]).square().mean()
+        target = x[:, :4].clone()
+        if (rank, step) == (args.nan_rank, args.nan_step):
+            x[0, 0] = float("nan")
+        loss = (model(x) - target).square().mean()
         loss.backward()
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= world
+            torch.nan_to_num_(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
         optimizer.step()
         optimizer.zero_grad()
         time.sleep(args.step_seconds)

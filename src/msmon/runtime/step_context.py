@@ -94,6 +94,8 @@ class StepContext:
         self.alerts_raised: Callable[[], int] = lambda: 0  # this rank's alerts so far (the rules' and collectors')
         # alert.actions: what this rank's readers of a step (the writer, the exchange threads) saw
         self.board = ActionBoard()  # inert until the step's actions make their own (actions/board.py)
+        # alert.actions' escalations so far, each appended as it starts (actions/escalate.py's records)
+        self.escalations: list[dict[str, Any]] = []
         self.lockstep_edit = False  # the config now applied is switched to by every rank at this step (escalation)
         # what a collector needs done once the monitor is closed and its writer wrote the last step
         self.at_close: list[Callable[[], None]] = []

@@ -1,7 +1,7 @@
 """The trackers' lanes, made without torchrun: each rank's numbers read from its step record, then
 combined as the logging rank does, checked against a plain-Python recomputation of the rows (the
 max over every rank's tensors, a NaN the largest, the rank and tensor holding it, the median of
-the ranks' medians, the loss per rank); the verdict and its escalations; and the two real
+the ranks' medians, the loss per rank); the level and its announcements; and the two real
 clients' runs (W&B offline, MLflow on a local file store): names valid for each, the key budget
 said once, MLflow's batch limits kept. The 2-rank jobs are tests/e2e/test_trackers_e2e.py."""
 
@@ -87,16 +87,18 @@ def test_the_lanes_are_the_max_and_median_over_every_ranks_tensors_with_the_hold
         ]
 
 
-def test_the_verdict_rises_with_what_the_step_shows_and_escalates_once_per_level():
+def test_without_a_kind_told_the_verdict_is_the_level_the_step_shows_and_each_level_is_announced_once():
     combiner = LaneCombiner([0, 1])
     steps = [lanes_of(step, combiner) for step in VALUES]
     assert [lanes.verdict for lanes in steps] == ["ok", "alert", "nonfinite"]
     assert [lanes.values["msmon/verdict"] for lanes in steps] == [0.0, 1.0, 2.0]
+    assert [lanes.values["msmon/verdict_text"] for lanes in steps] == ["ok", "alert", "nonfinite"]
     assert [lanes.values["msmon/alerts"] for lanes in steps] == [0.0, 2.0, 1.0]
     assert steps[2].values["msmon/alerts_total"] == 3.0
-    assert steps[0].escalation is None and steps[1].escalation == "2 alerts on ranks [1]"
-    assert steps[2].escalation == "non-finite: grad_reduced norm nan on rank 1 (0:fc2.weight); 1 alerts on ranks [1]"
-    assert lanes_of(2, combiner).escalation is None  # the same level again: said once
+    assert steps[0].rise is None and steps[1].rise == "2 alerts on ranks [1]"
+    assert steps[2].rise == "non-finite: grad_reduced norm nan on rank 1 (0:fc2.weight); 1 alerts on ranks [1]"
+    assert lanes_of(2, combiner).rise is None  # the same level again: said once
+    assert not any(lanes.told for lanes in steps)  # no alert came with the lanes: no kind
 
 
 def test_each_category_keeps_its_own_ops_in_the_lanes_too():

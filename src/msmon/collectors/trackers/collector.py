@@ -6,8 +6,10 @@ written step on the writer thread (lanes.py: a few hundred floats, from the rows
 device-to-host copy brought), and a thread of its own (runtime/exchange_thread.py) gathers them
 in one all_gather on msmon's own gloo group over the recording ranks (made, at the first
 recorded step, on the training thread, where every rank makes its groups in the same order).
-The tensors' names travel only when a rank's rows change (a digest says so). The lowest
-recording rank (global rank 0 as a rule) combines them into the step's lanes and logs them: the
+The tensors' names travel only when a rank's rows change (a digest says so); a rank's alerts
+that may decide the kind of fault (verdict.py) travel in one more gather, to the logging rank
+alone, only at steps where a rank has some. The lowest recording rank (global rank 0 as a
+rule) combines them into the step's lanes and logs them: the
 tracker clients are imported and their runs connected there alone, on that thread, and the
 training thread does nothing for it but notice, at that first step, a run the script made
 (MLflow keeps its active run per thread). One process alone logs its own numbers.
@@ -20,6 +22,7 @@ done (a bounded wait), the runs msmon made are finished.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 from dataclasses import dataclass, field
@@ -31,16 +34,19 @@ import torch.distributed as dist
 from ...output.category_ops import CategoryColumns
 from ...output.handoff import HostRows, StepConsumer
 from ...output.sinks import format_names, sink_class
-from ...output.sinks.tracker import RunEnded, TrackerRun, TrackerSink
+from ...output.sinks.tracker import Escalated, RunEnded, TrackerRun, TrackerSink
 from ...records.runs import current_run_id, new_run_id
 from ...runtime.exchange_thread import ExchangeThread
+from ...system import exit_drain
 from ..base import Collector
 from ..rank_outlier.statistics import mean_loss
 from ..registry import register
 from ..replica_check.group import EXCHANGES, exchange, own_group
-from .lanes import LAYOUT, LaneCombiner, LaneReader, RankLanes
+from .lanes import ALERT_BYTES, LAYOUT, LaneCombiner, LaneReader, RankLanes
+from .verdict import RankAlerts, decode
 
 if TYPE_CHECKING:
+    from ...anomaly.data_path import PathEvent
     from ...config import MonitorConfig
     from ...records.rows import StepRecord
     from ...runtime.step_context import StepContext
@@ -77,6 +83,8 @@ class TrackerState:
     known: dict[int, float] = field(default_factory=dict)  # group position -> the digest of its names
     names: dict[int, dict[str, list[str]]] = field(default_factory=dict)  # group position -> its names
     combiner: LaneCombiner | None = None
+    heard: RankAlerts = field(default_factory=RankAlerts)  # this rank's alerts that may decide the kind
+    escalations_put: int = 0  # alert.actions' escalations handed to the exchange thread (the logging rank's)
 
 
 @register(key=KEY, category="check", order=127, enabled=lambda cfg, ctx: bool(tracker_formats(cfg)))
@@ -120,8 +128,9 @@ class TrackerCollector(Collector):
         reader = LaneReader(columns, state.config.tracker.tensors, explicit=state.logs)
         thread = f"msmon-trackers-rank{ctx.rank}"
         state.exchange.start(thread, ctx.rank, state, self._gather, "tracker lanes", "gathering")
-        ctx.watch_steps(LaneConsumer(state, reader, ctx.alerts_raised))
-        ctx.at_close.append(lambda: close_runs(state, ctx.rank))
+        ctx.board.listen(state.heard.hear)  # every alert, where alert.actions' vote hears them
+        ctx.watch_steps(LaneConsumer(state, reader, ctx.alerts_raised, lambda: ctx.escalations))
+        ctx.at_close.append(lambda: close_runs(state, ctx.rank, lambda: ctx.escalations))
         if state.logs:
             logger.info(
                 "msmon[rank %d]: the %s lanes of ranks %s are logged from this rank",
@@ -169,9 +178,12 @@ class TrackerCollector(Collector):
         if any(state.known.get(i) != d for i, d in enumerate(digests)):  # every rank sees it alike
             state.names = dict(enumerate(self._names(mine.names, size)))
             state.known = dict(enumerate(digests))
+        sizes = [int(n) for n in table[:, ALERT_BYTES].tolist()]
+        events = self._alerts(mine.alerts, sizes) if any(sizes) else []
         if not state.logs or state.combiner is None:
             return
-        lanes = state.combiner.combine(table, [state.names[i] for i in range(size)], mine.tensors)
+        names = [state.names[i] for i in range(size)]
+        lanes = state.combiner.combine(table, names, mine.tensors, events, mine.escalations)
         for fmt, script_run in zip(state.formats, state.script_runs):  # each connected as its turn comes
             run = self._run_of(fmt, script_run, lanes.step)
             if run is None:
@@ -180,6 +192,25 @@ class TrackerCollector(Collector):
                 run.send(lanes)
             except Exception as exc:
                 self._switch_off(fmt.name, lanes.step, exc)
+
+    def _alerts(self, mine: bytes, sizes: list[int]) -> list[PathEvent]:
+        """Every rank's alerts of the step, on the logging rank (one gather to it, of the
+        longest rank's bytes); [] on the others."""
+        state = self.state
+        if state.group is None:
+            return decode(mine)
+        padded = torch.zeros(max(sizes), dtype=torch.uint8)
+        if mine:
+            padded[: len(mine)] = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
+        parts = [torch.empty_like(padded) for _ in sizes] if state.logs else None
+        gather = getattr(dist.gather, "__msmon_original__", dist.gather)
+        # the logging rank is the group's first; by its group rank where torch takes one (>= 2.6), so that the
+        # gathers of the last steps still run after the script destroyed its process groups, as all_gather does
+        root = {"group_dst": 0} if "group_dst" in inspect.signature(gather).parameters else {"dst": min(state.ranks)}
+        exit_drain.hold(gather(padded, parts, group=state.group, async_op=True, **root)).wait()
+        if parts is None:
+            return []
+        return [e for part, n in zip(parts, sizes) for e in decode(bytes(part[:n].tolist()))]
 
     def _names(self, mine: dict[str, list[str]], size: int) -> list[dict[str, list[str]]]:
         """Every rank's tensor names (when one's rows changed): lengths, then the padded bytes."""
@@ -199,10 +230,22 @@ def run_name(config: MonitorConfig) -> str:
     return config.tracker.run_name or current_run_id() or f"msmon-{new_run_id()}"
 
 
-def close_runs(state: TrackerState, rank: int) -> None:
-    """Finish the runs msmon made (the script's are the script's)."""
+def escalated(records: list[dict[str, Any]], start: int) -> list[Escalated]:
+    """alert.actions' escalations from the `start`-th on (runtime/actions/escalate.py's records)."""
+    return [
+        Escalated(n + 1, r["first_step"], r["last_step"], r["alert_step"], r["action"], r["why"], tuple(r["keys"]))
+        for n, r in enumerate(records[start:], start)
+    ]
+
+
+def close_runs(state: TrackerState, rank: int, escalations: Callable[[], list[dict[str, Any]]]) -> None:
+    """Announce the escalations that started after the last step's lanes (when every gather is
+    done), then finish the runs msmon made (the script's are the script's)."""
+    late = escalated(escalations(), state.escalations_put) if not state.exchange.pending else []
     for name, run in state.runs.items():
         try:
+            if late and name not in state.failed:
+                run.escalate(late)
             run.close()
         except Exception as exc:
             logger.warning("msmon[rank %d]: finishing the %s run failed: %r", rank, name, exc)
@@ -214,18 +257,31 @@ class LaneConsumer(StepConsumer):
 
     name = "tracker lanes"
 
-    def __init__(self, state: TrackerState, reader: LaneReader, rank_alerts: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        state: TrackerState,
+        reader: LaneReader,
+        rank_alerts: Callable[[], int],
+        escalations: Callable[[], list[dict[str, Any]]],
+    ) -> None:
         self.state = state
         self.reader = reader
         self.rank_alerts = rank_alerts  # this rank's alerts so far
+        self.escalations = escalations  # alert.actions' escalations so far (every rank knows them)
         self._alerts_seen = 0
 
     def consume(self, record: StepRecord, batch: HostRows) -> None:
-        if self.state.off is not None:
+        state = self.state
+        if state.off is not None:
             return
         total = self.rank_alerts()
         alerts, self._alerts_seen = total - self._alerts_seen, total
-        self.state.exchange.put(self.reader.read(record, mean_loss(batch.keys, batch.values), alerts))
+        mine = self.reader.read(record, mean_loss(batch.keys, batch.values), alerts, state.heard.take())
+        if state.logs:
+            records = self.escalations()
+            mine.escalations = escalated(records, state.escalations_put)
+            state.escalations_put = len(records)
+        state.exchange.put(mine)
 
     def writer_closed(self) -> None:
         """Wait (a bounded time) for the gathers of the last steps."""

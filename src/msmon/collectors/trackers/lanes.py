@@ -6,16 +6,21 @@ own values, each category with the ops it keeps): per category and op the max ov
 category's rows, a NaN counting as the largest (summary_lanes.category_maxima, as the by_rank
 TensorBoard lanes), the row holding it, the median over the rows (NaNs left out; the mean of the
 two middle values for an even count), and the rows' count; the mean of the step's loss rows
-(loss_distribution); the alerts this rank raised since its last step. Every category and op of
-the table has its place, so every rank's numbers have one layout and stack in one gather.
+(loss_distribution); the alerts this rank raised since its last step, and the size of the
+alerts that go with them (verdict.py). Every category and op of the table has its place, so
+every rank's numbers have one layout and stack in one gather.
 
 The step's lanes (`LaneCombiner`, on the logging rank): per category and op the max over the
 ranks (NaN first; a tie goes to the lowest rank) with the rank and tensor holding it, and the
 median over the ranks of their medians (the median over all tensors where the ranks hold the
 same values, as for replicated weights and reduced gradients); the loss as min/median/max over
-the ranks; the alerts summed and their total so far; the verdict: `nonfinite` when a lane's
-max or a loss is NaN or infinite, `alert` when a rank raised an alert, else `ok`. The first step
-at each level escalates (a W&B alert, an MLflow tag), saying what happened.
+the ranks; the alerts summed and their total so far; the step's level (`msmon/verdict`, a
+number to plot): `nonfinite` when a lane's max or a loss is NaN or infinite, `alert` when a rank
+raised an alert, else `ok`; the verdict (`msmon/verdict_text`): the kind of fault once every
+rank's alerts so far tell one (verdict.py), else the level. The kind told (and each change of
+it) and the first step at each level are announced (a W&B alert, MLflow tags), saying what
+happened, and so is each escalation of alert.actions (the logging rank's own, as every rank
+knows them).
 """
 
 from __future__ import annotations
@@ -28,17 +33,20 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...anomaly.data_path import PathEvent
+from ...anomaly.fault_kind import FaultKind
 from ...config.schema import STATISTIC_CATEGORIES
 from ...output.category_ops import CategoryColumns
 from ...output.sinks.summary_lanes import CategoryRows, category_maxima
-from ...output.sinks.tracker import VERDICTS, StepLanes
+from ...output.sinks.tracker import VERDICTS, Escalated, StepLanes, verdict_text
 from ...records.rows import RowKey, StepRecord
 from ...stats.ops import OPS
+from .verdict import FirstAnomaly, same_kind
 
 CATEGORIES = STATISTIC_CATEGORIES
 LANE_OPS = tuple(OPS)
-STEP, LAYOUT, ALERTS, LOSS, HAS_LOSS = range(5)
-HEAD = 5
+STEP, LAYOUT, ALERTS, LOSS, HAS_LOSS, ALERT_BYTES = range(6)
+HEAD = 6
 FIELDS = 4  # per category and op: max, the row holding it, median, rows
 SIZE = HEAD + FIELDS * len(CATEGORIES) * len(LANE_OPS)
 _CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
@@ -53,6 +61,8 @@ class RankLanes:
     payload: torch.Tensor  # [SIZE] float64
     names: dict[str, list[str]]  # category -> its rows' tensors, in row order (to name a max's holder)
     tensors: dict[str, float] = field(default_factory=dict)  # the explicit tensors (the logging rank's)
+    alerts: bytes = b""  # its alerts that may decide the kind (verdict.py), encoded
+    escalations: list[Escalated] = field(default_factory=list)  # started since the last step (the logging rank's)
 
 
 def digest(names: dict[str, list[str]]) -> float:
@@ -74,7 +84,7 @@ class LaneReader:
         self._digest = 0.0
         self._picked: list[tuple[int, RowKey]] = []
 
-    def read(self, record: StepRecord, loss: float | None, alerts: int) -> RankLanes:
+    def read(self, record: StepRecord, loss: float | None, alerts: int, told: bytes = b"") -> RankLanes:
         table = record.table
         if table is None or tuple(table.shape) != (len(record.keys), len(record.ops)):
             table = torch.tensor(record.values, dtype=torch.float64).reshape(len(record.keys), len(record.ops))
@@ -82,6 +92,7 @@ class LaneReader:
         payload = torch.full((SIZE,), math.nan, dtype=torch.float64)
         payload[STEP], payload[ALERTS] = record.step, alerts
         payload[LOSS], payload[HAS_LOSS] = (loss, 1.0) if loss is not None else (math.nan, 0.0)
+        payload[ALERT_BYTES] = len(told)
         groups = self._rows.groups(record.keys)
         if groups is not self._groups:  # the rows changed: their names and the explicit tensors too
             self._groups = groups
@@ -106,7 +117,7 @@ class LaneReader:
                 numbers.append(torch.tensor([float(len(index))], dtype=torch.float64))
         if places:
             payload[torch.tensor(places)] = torch.cat(numbers)
-        return RankLanes(record.step, payload, self._names, self._tensors(record, table))
+        return RankLanes(record.step, payload, self._names, self._tensors(record, table), told)
 
     def _wanted(self, key: RowKey) -> bool:
         text = f"{key.category}/{key.name}"
@@ -124,15 +135,27 @@ class LaneReader:
 
 class LaneCombiner:
     """The step's lanes from every rank's numbers ([ranks, SIZE], in `ranks`' order), on the
-    logging rank; keeps the alert total and the highest verdict so far."""
+    logging rank; keeps the alert total, the highest level and the alerts that tell the kind."""
 
     def __init__(self, ranks: list[int]) -> None:
         self.ranks = ranks
         self.alerts_total = 0
-        self.level = 0  # the highest verdict so far
+        self.level = 0  # the highest level so far
+        self.first = FirstAnomaly(ranks)
+        self.kind: FaultKind | None = None  # the kind told so far
 
-    def combine(self, table: torch.Tensor, names: list[dict[str, list[str]]], tensors: dict[str, float]) -> StepLanes:
-        lanes = StepLanes(int(table[0, STEP]))
+    def combine(
+        self,
+        table: torch.Tensor,
+        names: list[dict[str, list[str]]],
+        tensors: dict[str, float],
+        events: list[PathEvent] | None = None,
+        escalations: list[Escalated] | None = None,
+    ) -> StepLanes:
+        """`events`: every rank's alerts that came with this step (verdict.py); `escalations`:
+        those of alert.actions that started since the last step."""
+        lanes = StepLanes(int(table[0, STEP]), escalations=list(escalations or []))
+        self._kind(lanes, events or [])
         alerts = table[:, ALERTS]
         self.alerts_total += int(alerts.sum())
         lanes.values.update({"msmon/alerts": float(alerts.sum()), "msmon/alerts_total": float(self.alerts_total)})
@@ -176,11 +199,21 @@ class LaneCombiner:
         lanes.values["msmon/loss/max"] = float(losses.max())
         return [f"loss {v} on rank {r}" for r, v in zip(ranks, losses.tolist()) if not math.isfinite(v)]
 
+    def _kind(self, lanes: StepLanes, events: list[PathEvent]) -> None:
+        """The kind told by every rank's alerts so far; `told` where it is new or changed."""
+        if events and self.first.add(events):
+            kind = self.first.kind()
+            if kind is not None and not same_kind(kind, self.kind):
+                self.kind, lanes.told = kind, True
+        lanes.kind = self.kind
+
     def _verdict(self, lanes: StepLanes, troubles: list[str], alerts: torch.Tensor) -> None:
         raised = [r for r, n in zip(self.ranks, alerts.tolist()) if n > 0]
         level = 2 if troubles else 1 if raised else 0
-        lanes.verdict = VERDICTS[level]
-        lanes.values = {"msmon/verdict": float(level), **lanes.values}
+        lanes.level = VERDICTS[level]
+        lanes.verdict = lanes.kind.code if lanes.kind is not None else lanes.level
+        text = verdict_text(lanes.kind, lanes.level)
+        lanes.values = {"msmon/verdict": float(level), "msmon/verdict_text": text, **lanes.values}
         if level > self.level:
             self.level = level
             said = []
@@ -189,4 +222,4 @@ class LaneCombiner:
                 said.append(f"non-finite: {troubles[0]}{more}")
             if raised:
                 said.append(f"{int(alerts.sum())} alerts on ranks {raised}")
-            lanes.escalation = "; ".join(said)
+            lanes.rise = "; ".join(said)

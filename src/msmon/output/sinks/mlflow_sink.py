@@ -9,7 +9,9 @@ Batches keep within MLflow's limits (1,000 metrics, 100 tags, 1,000 entities and
 `log_batch`). Names keep to the characters MLflow takes on every system (letters, digits, `_`,
 `-`, `.`, ` `, `/`: no `:`, which msprobe's tags hold) and to a normalised path. Texts (the
 tensor holding a lane's max) are tags, set when they change; the verdict is the tag
-`msmon.verdict`, and a verdict that rises sets `msmon.escalation`.
+`msmon.verdict` (the kind's code once told, else the step's level). A kind told sets
+`msmon.verdict.kind`, `.step`, `.rank`, `.module`, `.action` and `.why`; a level first reached
+sets `msmon.first_<level>`; the n-th escalation of alert.actions sets `msmon.escalation.<n>`.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from ...anomaly.fault_kind import KINDS
 from . import sink_format
-from .tracker import TrackerRun, TrackerSink, Value
+from .tracker import Escalated, TrackerRun, TrackerSink, Value
 
 if TYPE_CHECKING:
+    from ...anomaly.fault_kind import FaultKind
     from ...config import MonitorConfig
 
 REQUIRES = {
@@ -31,6 +35,7 @@ REQUIRES = {
 }  # {module: what to install}, read by sinks.check_formats before training; mlflow-skinny will do
 MAX_METRICS, MAX_TAGS, MAX_ENTITIES, MAX_BYTES = 1000, 100, 1000, 1_000_000  # one log_batch's limits
 MAX_NAME = 250  # MLflow's longest key
+MAX_TAG_VALUE = 8000  # MLflow's longest tag value
 _OTHER_CHARACTER = re.compile(r"[^A-Za-z0-9_\-. /]")
 
 
@@ -112,17 +117,39 @@ class MlflowRun(TrackerRun):
         if batch_metrics or batch_tags:
             self.client.log_batch(self.run_id, metrics=batch_metrics, tags=batch_tags)
 
-    def _escalate(self, step: int, verdict: str, text: str) -> None:
-        self.client.set_tag(self.run_id, "msmon.escalation", f"step {step}: {text}"[:8000])
+    def _set_tags(self, tags: dict[str, str]) -> None:
+        """Tags of msmon's own (`msmon.`), set in one batch, each only when it changed."""
+        from mlflow.entities import RunTag
 
-    def set_verdict(self, verdict: str) -> None:
-        if self._tags.get("msmon.verdict") != verdict:
-            self.client.set_tag(self.run_id, "msmon.verdict", verdict)
-            self._tags["msmon.verdict"] = verdict
+        changed = [RunTag(k, v[:MAX_TAG_VALUE]) for k, v in tags.items() if self._tags.get(k) != v[:MAX_TAG_VALUE]]
+        if changed:
+            self._batches([], changed)
+            self._tags.update({t.key: t.value for t in changed})
+
+    def _rose(self, step: int, level: str, text: str) -> None:
+        self._set_tags({f"msmon.first_{level}": f"step {step}: {text}"})
+
+    def _told(self, step: int, kind: FaultKind, level: str, rise: str | None) -> None:
+        rank = str(kind.rank) if kind.rank is not None else ", ".join(map(str, kind.ranks))
+        tags = {
+            "msmon.verdict": kind.code,
+            "msmon.verdict.kind": kind.kind,
+            "msmon.verdict.step": str(kind.step),
+            "msmon.verdict.rank": rank,
+            "msmon.verdict.module": kind.module or "",
+            "msmon.verdict.action": KINDS[kind.code].action,
+            "msmon.verdict.why": kind.why,
+        }
+        if rise:
+            self._rose(step, level, rise)
+        self._set_tags(tags)
+
+    def _escalated(self, escalation: Escalated) -> None:
+        self._set_tags({f"msmon.escalation.{escalation.number}": escalation.text()})
 
     def send(self, lanes: Any) -> None:
         super().send(lanes)
-        self.set_verdict(lanes.verdict)
+        self._set_tags({"msmon.verdict": lanes.verdict})
 
     def _finish(self) -> None:
         self.client.set_terminated(self.run_id)

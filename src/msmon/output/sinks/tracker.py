@@ -7,8 +7,12 @@ rank, the lowest recording rank (global rank 0 as a rule), by collectors/tracker
 the step's `StepLanes` to the `TrackerRun` each tracker format connects there: per category and
 op the max and the median over tensors and the rank and tensor holding the max, the loss per
 rank as min/median/max, the alert counts and the verdict, and the explicit tensors the config
-names. A run is the script's when it made one (never finished by msmon), else one msmon makes,
-named after the msmon run, and finishes at the end. Keys follow the tracker's naming rules
+names. The verdict is the kind of fault once one is told (anomaly/fault_kind.py, from every
+rank's alerts so far, as `msmon analyse` tells it), else the step's level (ok, alert,
+nonfinite); a kind told or changed, a level first reached and an escalation of alert.actions are
+announced (a W&B alert, MLflow tags: each run's `_told`, `_rose`, `_escalated`). A run is the
+script's when it made one (never finished by msmon), else one msmon makes, named after the msmon
+run, and finishes at the end. Keys follow the tracker's naming rules
 (`valid`, collisions kept apart) and stop at `tracker.max_keys`, said once. The client package
 (`REQUIRES` in the sink file) is imported only on the logging rank, off the training thread.
 """
@@ -19,6 +23,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
 
+from ...anomaly.fault_kind import KINDS, FaultKind
 from ...records.rows import StepRecord
 from .base import Sink
 
@@ -27,7 +32,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("msmon")
 
-VERDICTS = ("ok", "alert", "nonfinite")  # the step's verdict, by rising level (`msmon/verdict` is its index)
+VERDICTS = ("ok", "alert", "nonfinite")  # the step's level, rising (`msmon/verdict` is its index)
 STEP_KEY = "msmon/step"  # the trackers' own step axis: never the script's step counter
 Value = Union[float, str]  # a number, or a text (the tensor holding a max)
 
@@ -36,15 +41,52 @@ class RunEnded(Exception):
     """The script finished its run: msmon sends nothing more to it (the other formats keep the steps)."""
 
 
+@dataclass(frozen=True)
+class Escalated:
+    """An escalation of alert.actions (runtime/actions/escalate.py's record): the `number`-th of
+    the run, steps `first_step` to `last_step`, for the alerts of `alert_step`."""
+
+    number: int
+    first_step: int
+    last_step: int
+    alert_step: int
+    action: int  # its place in alert.actions
+    why: str
+    keys: tuple[str, ...]
+
+    def title(self) -> str:
+        return f"msmon: escalation of steps {self.first_step} to {self.last_step}"
+
+    def text(self) -> str:
+        return (
+            f"steps {self.first_step} to {self.last_step} record also {', '.join(self.keys)} (alert.actions"
+            f"[{self.action}], on the alerts of step {self.alert_step}): {self.why}"
+        )
+
+
 @dataclass
 class StepLanes:
     """One recorded step as the trackers get it: generic keys (`msmon/...`), in the order they
-    are admitted under the key budget."""
+    are admitted under the key budget, and what to announce."""
 
     step: int
     values: dict[str, Value] = field(default_factory=dict)
-    verdict: str = "ok"
-    escalation: str | None = None  # set at the step the verdict first rises to a level: what happened
+    verdict: str = "ok"  # the kind's code once one is told, else the step's level (VERDICTS)
+    level: str = "ok"  # the step's level
+    rise: str | None = None  # set at the step the level first rises to a level: what happened
+    kind: FaultKind | None = None  # the kind told so far
+    told: bool = False  # the kind was told, or changed, at this step
+    escalations: list[Escalated] = field(default_factory=list)  # escalations that started since the last step
+
+
+def verdict_text(kind: FaultKind | None, level: str) -> str:
+    """The verdict in words: the kind's code and headline once told, else the level."""
+    return f"{kind.code}: {kind.headline()}" if kind is not None else level
+
+
+def kind_text(kind: FaultKind) -> str:
+    """What a told kind announces: the kind, why, and what to do."""
+    return f"{kind.code}: {kind.why}. What to do: {KINDS[kind.code].action}."
 
 
 class TrackerSink(Sink):
@@ -90,7 +132,16 @@ class TrackerRun:
     def _log(self, step: int, values: dict[str, Value]) -> None:
         raise NotImplementedError
 
-    def _escalate(self, step: int, verdict: str, text: str) -> None:
+    def _rose(self, step: int, level: str, text: str) -> None:
+        """The step's level rose to `level` for the first time: `text` says what happened."""
+        raise NotImplementedError
+
+    def _told(self, step: int, kind: FaultKind, level: str, rise: str | None) -> None:
+        """A kind of fault told, or changed, at `step`; `rise`: what happened where the step's
+        `level` first rose at the same step, else None."""
+        raise NotImplementedError
+
+    def _escalated(self, escalation: Escalated) -> None:
         raise NotImplementedError
 
     def _finish(self) -> None:
@@ -133,8 +184,16 @@ class TrackerRun:
             )
         self.dropped += len(over)
         self._log(lanes.step, values)
-        if lanes.escalation:
-            self._escalate(lanes.step, lanes.verdict, lanes.escalation)
+        if lanes.told and lanes.kind is not None:
+            self._told(lanes.step, lanes.kind, lanes.level, lanes.rise)
+        elif lanes.rise:
+            self._rose(lanes.step, lanes.level, lanes.rise)
+        self.escalate(lanes.escalations)
+
+    def escalate(self, escalations: list[Escalated]) -> None:
+        """Announce escalations of alert.actions (with a step's lanes, or the last ones at the close)."""
+        for escalation in escalations:
+            self._escalated(escalation)
 
     def close(self) -> None:
         """Finish the run if msmon made it; a script's run is the script's to finish."""

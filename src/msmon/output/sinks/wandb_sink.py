@@ -8,8 +8,10 @@ run they join the row the script is logging (`commit=False`), so the script's st
 left alone; W&B keeps one value per key and row, so where the script logs fewer rows than msmon
 records steps, a row holds the last of them (the other formats keep every step). In msmon's own
 run every recorded step is a row. Names keep to W&B's rules for a metric name that sorts and
-filters: `/`-separated parts of letters, digits and underscores, none starting with a digit. A
-verdict that rises (the first alert, the first non-finite statistic) is a W&B alert.
+filters: `/`-separated parts of letters, digits and underscores, none starting with a digit.
+W&B alerts (`run.alert`): a kind of fault told or changed (its words, rank, first module and
+what to do), a level first reached (the first alert, the first non-finite statistic) when no
+kind is told at that step, and each escalation of alert.actions (the steps escalated and why).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from . import sink_format
-from .tracker import STEP_KEY, RunEnded, TrackerRun, TrackerSink, Value
+from .tracker import STEP_KEY, Escalated, RunEnded, TrackerRun, TrackerSink, Value, kind_text
 
 if TYPE_CHECKING:
+    from ...anomaly.fault_kind import FaultKind
     from ...config import MonitorConfig
 
 REQUIRES = {"wandb": "msmon[wandb]"}  # {module: what to install}, read by sinks.check_formats before training
@@ -69,12 +72,22 @@ class WandbRun(TrackerRun):
             raise RunEnded(f"the script finished its W&B run before msmon logged step {step}")
         self.run.log({self.step_name: step, **values}, commit=self.own)
 
-    def _escalate(self, step: int, verdict: str, text: str) -> None:
+    def _alert(self, title: str, text: str, error: bool) -> None:
         import wandb
 
         client: Any = wandb  # AlertLevel is not in wandb's declared exports; the lint environment has no wandb at all
-        level = client.AlertLevel.ERROR if verdict == "nonfinite" else client.AlertLevel.WARN
-        self.run.alert(title=f"msmon: {verdict} at step {step}", text=text, level=level)
+        level = client.AlertLevel.ERROR if error else client.AlertLevel.WARN
+        self.run.alert(title=title, text=text, level=level)
+
+    def _rose(self, step: int, level: str, text: str) -> None:
+        self._alert(f"msmon: {level} at step {step}", text, error=level == "nonfinite")
+
+    def _told(self, step: int, kind: FaultKind, level: str, rise: str | None) -> None:
+        also = f" At step {step}: {rise}." if rise else ""
+        self._alert(f"msmon: {kind.headline()}", kind_text(kind) + also, error=True)
+
+    def _escalated(self, escalation: Escalated) -> None:
+        self._alert(escalation.title(), escalation.text(), error=False)
 
     def _finish(self) -> None:
         self.run.finish()

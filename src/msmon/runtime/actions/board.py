@@ -7,7 +7,9 @@ their numbers. Each reader says here which steps it was handed (`expect`, before
 finish them) and when it finished one (`done`), and posts what it found (`saw`). The vote of
 a step (step_actions.py) waits, a bounded time, until every reader finished that step on this
 rank, then takes what was seen. A reader that is switched off (its exchange failed) is retired:
-its steps are no longer waited for. Every method is safe from any thread.
+its steps are no longer waited for. Others may listen to every alert posted, whatever the
+actions read (the trackers' verdict: collectors/trackers/verdict.py). Every method is safe from
+any thread.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import Callable
 
 from ...anomaly.event import NAN_ORIGIN_RULE, REPLICA_RULE
 from ...anomaly.seen import Seen
@@ -37,6 +40,12 @@ class ActionBoard:
         self._pending: dict[str, set[int]] = {}
         self._retired: set[str] = set()
         self._seen: dict[int, list[Seen]] = {}
+        self._listeners: list[Callable[[list[Seen]], None]] = []
+
+    def listen(self, hear: Callable[[list[Seen]], None]) -> None:
+        """`hear` gets every alert posted from now on (whatever the actions read, and with no
+        action configured), on the poster's thread: it must be quick and never raise."""
+        self._listeners.append(hear)
 
     def expect(self, source: str, step: int) -> None:
         """`source` was handed `step` and will say when it finished it."""
@@ -63,15 +72,17 @@ class ActionBoard:
             self._cond.notify_all()
 
     def saw(self, seen: Iterable[Seen]) -> None:
+        if not self.active and not self._listeners:
+            return
+        posted = [replace(one, pp_stage=self.pp_stage) if self.pp_stage and not one.pp_stage else one for one in seen]
+        for hear in list(self._listeners):
+            hear(posted)
         if not self.active:
             return
         with self._cond:
-            for one in seen:
-                if self.rules is not None and one.rule not in self.rules:
-                    continue
-                if self.pp_stage and not one.pp_stage:
-                    one = replace(one, pp_stage=self.pp_stage)
-                self._seen.setdefault(one.step, []).append(one)
+            for one in posted:
+                if self.rules is None or one.rule in self.rules:
+                    self._seen.setdefault(one.step, []).append(one)
 
     def unfinished(self, step: int) -> list[str]:
         """The readers that have not finished every step up to `step`."""
@@ -98,12 +109,14 @@ class ActionBoard:
         with self._cond:
             steps = sorted(s for s in self._seen if s <= step)
             taken = [self._seen.pop(s) for s in steps]
-        out: list[Seen] = []
-        for seen in taken:
-            ordered = sorted(seen, key=lambda e: e.path_event().position())
-            if len(ordered) > MAX_SEEN_PER_STEP:
-                kept = ordered[:MAX_SEEN_PER_STEP]
-                kept += [e for e in ordered[MAX_SEEN_PER_STEP:] if e.rule in (REPLICA_RULE, NAN_ORIGIN_RULE)]
-                ordered = kept
-            out.extend(ordered)
-        return out
+        return [one for seen in taken for one in first_of_step(seen)]
+
+
+def first_of_step(seen: list[Seen]) -> list[Seen]:
+    """One step's alerts of one rank in training order, at most MAX_SEEN_PER_STEP of them, and
+    every replica and origin record past those (what the kind of fault reads)."""
+    ordered = sorted(seen, key=lambda e: e.path_event().position())
+    if len(ordered) <= MAX_SEEN_PER_STEP:
+        return ordered
+    kept = ordered[:MAX_SEEN_PER_STEP]
+    return kept + [e for e in ordered[MAX_SEEN_PER_STEP:] if e.rule in (REPLICA_RULE, NAN_ORIGIN_RULE)]

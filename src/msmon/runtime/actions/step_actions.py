@@ -58,6 +58,8 @@ class StepActions:
         ctx.board = self.board
         does = {action.do for action in self.actions}
         self.escalation = Escalation(speaker=False) if "escalate" in does else None
+        if self.escalation is not None:
+            ctx.escalations = self.escalation.records  # read by the trackers (collectors/trackers/)
         self.skip = SkipStep(ctx, self.actions, self.vote) if "skip_step" in does else None
         self.notify = Notifications(ctx.rank, speaker=False) if "notify" in does else None
         self.stopper = ActionStop(ctx.rank, ctx.output_base, self.vote) if "stop" in does else None
