@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from ..records.rows import BACKWARD, CATEGORY_TEXT, FORWARD, LOSS, OPTIMIZER, OTHER
 from .event import NAN_ORIGIN_RULE
@@ -79,6 +80,12 @@ class PathEvent:
     stage: str = ""  # forward/backward/optimizer: places a category this module does not know
     pp_stage: int = 0
     vpp_stage: int = 0
+
+    @classmethod
+    def of(cls, record: Any) -> PathEvent:
+        """The place of any record that has these fields by name: an alert seen online
+        (anomaly/seen.py), an event read back from a dump (offline/analyse/events.py)."""
+        return cls(*(getattr(record, f.name) for f in fields(cls)))
 
     @property
     def phase(self) -> int:

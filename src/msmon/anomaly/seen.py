@@ -51,18 +51,7 @@ class Seen:
     host: str = ""  # the rank's host, filled in by the vote
 
     def path_event(self) -> PathEvent:
-        return PathEvent(
-            self.rank,
-            self.step,
-            self.category,
-            self.name,
-            self.rule,
-            self.micro_step,
-            self.call_id,
-            self.stage,
-            self.pp_stage,
-            self.vpp_stage,
-        )
+        return PathEvent.of(self)
 
     @property
     def tensor(self) -> tuple[str, str, int]:

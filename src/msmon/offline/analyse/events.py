@@ -43,18 +43,7 @@ class AnomalyEvent:
 
     def path_event(self) -> PathEvent:
         """Its place on the step's data path (anomaly/data_path.py)."""
-        return PathEvent(
-            self.rank,
-            self.step,
-            self.category,
-            self.name,
-            self.rule,
-            self.micro_step,
-            self.call_id,
-            self.stage,
-            self.pp_stage,
-            self.vpp_stage,
-        )
+        return PathEvent.of(self)
 
     def order_key(self) -> tuple:
         """Training order: the step, then where it arose on the data path (micro-step, forward
