@@ -1,6 +1,9 @@
 """A database `msmon db` wrote as one side: its long `metrics` table read back into rows, its
 `tensors` positions, configs and summaries. A database holds one run (the one `msmon db`
-loaded); --run-a/--run-b may name it, and naming another is an error."""
+loaded); --run-a/--run-b may name it, and naming another is an error. Over Parquet output the
+database is a catalog: `metrics` is a view that reads the run's Parquet files where they lie
+(offline/results/parquet_catalog.py), so they must still be there; if they were moved, one line
+says so before anything is read."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..results.connection import DatabaseError, connect, is_duckdb_file
+from ..results.parquet_catalog import check_sources
 from ..results.schema import SchemaError, require_msmon
 from .errors import DiffInputError
 from .source import DATABASE, Chunk, RunFacts, Source
@@ -39,7 +43,10 @@ def open_database(path: str, run: str | None) -> Source:
             if isinstance(job, dict):
                 facts.jobs.setdefault(rank, job)
         kinds = {
-            k for (k,) in con.execute("SELECT DISTINCT kind FROM files WHERE kind IN ('csv', 'tensorboard')").fetchall()
+            k
+            for (k,) in con.execute(
+                "SELECT DISTINCT kind FROM files WHERE kind IN ('csv', 'parquet', 'tensorboard')"
+            ).fetchall()
         }
         facts.storage = sorted(kinds)
     return Source(facts, [Chunk(DATABASE, path)])
@@ -91,6 +98,7 @@ class _connection:
         try:
             self.con = connect(self.path, read_only=True)
             require_msmon(self.con, self.path)
+            check_sources(self.con)
         except (DatabaseError, SchemaError) as exc:
             raise DiffInputError(str(exc)) from None
         except Exception as exc:  # duckdb's own errors: a corrupt file
