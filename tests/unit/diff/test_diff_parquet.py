@@ -87,6 +87,15 @@ def test_parquet_only_mixed_and_both_formats_outputs_give_the_csv_answer_verdict
         assert result_line in printed_ab
     same, data, _ = answer(tmp_path, outputs["a_pq"], outputs["a_csv"], "--exact")
     assert same == 0 and data["identical"] and data["compared"]["values"] == expected["compared"]["values"]
+    pages = []
+    for kind in ("csv", "pq"):  # the charts read again the rows counted without being read
+        page = tmp_path / f"{kind}.html"
+        result = CliRunner().invoke(
+            main, ["diff", str(outputs[f"a_{kind}"]), str(outputs[f"b_{kind}"]), "--html", str(page)]
+        )
+        assert result.exit_code == 1, result.output
+        pages.append(page.read_text().replace(f"_{kind}", "_side"))
+    assert pages[0] == pages[1] and "fc2.output" in pages[0]
     for name, storage in (("a_pq", ["parquet"]), ("a", ["parquet"]), ("a_csv", ["csv"])):
         assert open_input(str(outputs[name]), None).facts.storage == storage, name  # both formats: counted once
 

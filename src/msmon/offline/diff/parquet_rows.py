@@ -164,7 +164,7 @@ def _gathered(
     current: tuple | None = None
     ops: list[str] = []
     values: list[float] = []
-    columns = _Columns(order)
+    columns = Columns(order)
     while batch := result.fetchmany(FETCH):
         for category, vpp, name, step, micro, op, value in batch:
             key = (category, vpp, name, step, micro)
@@ -178,8 +178,10 @@ def _gathered(
         yield _row(current, rank, *columns.arranged(ops, values), positions)
 
 
-class _Columns:
-    """A row's ops put in the CSV's column order; the ops of many rows are one tuple."""
+class Columns:
+    """A row's ops put in the CSV's column order (`order`: the config's `ops`; any other op after
+    them by name), for rows read from long rows, which hold them in no order; the ops of many
+    rows are one tuple."""
 
     def __init__(self, order: Sequence[str]) -> None:
         self.place = {op: i for i, op in enumerate(order)}
@@ -188,9 +190,9 @@ class _Columns:
     def arranged(self, ops: list[str], values: list[float]) -> tuple[tuple[str, ...], tuple[float, ...]]:
         found = self.known.get(tuple(ops))
         if found is None:
-            index = sorted(range(len(ops)), key=lambda i: (self.place.get(ops[i], len(self.place)), ops[i]))
-            arranged = tuple(ops[i] for i in index)
-            found = self.known[tuple(ops)] = (arranged, None if arranged == tuple(ops) else index)
+            order = sorted(range(len(ops)), key=lambda i: (self.place.get(ops[i], len(self.place)), ops[i]))
+            arranged = tuple(ops[i] for i in order)
+            found = self.known[tuple(ops)] = (arranged, None if arranged == tuple(ops) else order)
         arranged, index = found
         return arranged, tuple(values) if index is None else tuple(values[i] for i in index)
 

@@ -146,7 +146,7 @@ def rows_of(chunk: Chunk) -> Iterable[Row]:
     if chunk.kind == PARQUET:
         return parquet_rows.rows(chunk.files, chunk.rank or 0, order=chunk.ops)
     if chunk.kind == DATABASE:
-        return database_rows(chunk.path)
+        return database_rows(chunk.path, chunk.ops)
     raise ValueError(f"unknown chunk kind {chunk.kind}")
 
 

@@ -28,7 +28,7 @@ class Chunk:
     pair_key: tuple[int, str] | None = None  # (rank, file name)
     skip_categories: frozenset[str] = frozenset()  # an event file's categories that CSV files hold
     files: tuple[str, ...] = ()  # PARQUET: the rank's closed `*.parquet` files of the run
-    ops: tuple[str, ...] = ()  # PARQUET: the config's `ops`, the order of the CSV's columns
+    ops: tuple[str, ...] = ()  # PARQUET, DATABASE: the config's `ops`, the order of the CSV's columns
 
 
 @dataclass
