@@ -17,7 +17,7 @@ from click.testing import CliRunner
 pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]")
 pytest.importorskip("pyarrow", reason="pyarrow comes with msmon[test]")
 
-from diff_outputs import changed, write_output  # noqa: E402
+from diff_outputs import base_value, changed, write_output  # noqa: E402
 from msmon.launcher.cli import main  # noqa: E402
 from msmon.offline.diff import csv_rows, parquet_rows  # noqa: E402
 from msmon.offline.diff.inputs import open_input  # noqa: E402
@@ -188,3 +188,21 @@ def test_calibrate_over_parquet_only_reruns_learns_what_it_learns_over_their_csv
         learnt.append(json.loads(golden.read_text())["observed"])
     assert learnt[0] == learnt[1]
     assert learnt[1]["exp_avg"]["norm"] == pytest.approx(2e-4, rel=0.01)
+
+
+def test_nan_on_both_sides_is_the_same_value_in_the_join_and_nan_against_a_number_parts(tmp_path):
+    def nan_from_step_2(category: str, name: str, step: int, rank: int, micro: int) -> float:
+        return (
+            float("nan")
+            if (category, name) == ("grad_reduced", "fc2.weight") and step >= 2
+            else base_value(category, name, step, rank, micro)
+        )
+
+    a = parquet_only(both_formats(tmp_path / "a", value=nan_from_step_2), tmp_path / "a_pq")
+    b = parquet_only(both_formats(tmp_path / "b", value=nan_from_step_2), tmp_path / "b_pq")
+    files = [sorted(map(str, side.glob("parquet/*/*/part-00000-*.parquet"))) for side in (a, b)]
+    rows_a, rows_b, counted = parquet_rows.paired(*files, 0)
+    assert (rows_a, rows_b) == ([], []) and counted.rows == 3 * 18  # NaN rows included, none read
+    c = parquet_only(both_formats(tmp_path / "c"), tmp_path / "c_pq")
+    code, data, _ = answer(tmp_path, a, c)
+    assert code == 1 and (data["first_divergence"]["category"], data["first_divergence"]["step"]) == ("grad_reduced", 2)
