@@ -4,6 +4,7 @@ machine, peak memory stated).
 
     PYTHONPATH=src python benchmarks/diff_scale.py --work /tmp/diff_scale              # 512 x 200 x 200
     PYTHONPATH=src python benchmarks/diff_scale.py --work /tmp/small --ranks 16 --steps 20
+    PYTHONPATH=src python benchmarks/diff_scale.py --work /tmp/small --ranks 16 --steps 20 --format parquet
 
 A is written by benchmarks/synthetic_output.py (one CSV file per category and step, as msmon's
 default step_count_per_record: 1 writes them: 512,000 files, 2 GiB). B is A again, every file
@@ -11,6 +12,10 @@ hard-linked (`--copy link`, the default: seconds instead of the half hour a seco
 a million files takes) or copied (`--copy copy`: separate files, so that B's reads are reads of
 their own), except one file: the reduced gradient of one tensor at one step on one rank, written
 anew with that tensor's norm times 1 + 1e-3. Existing outputs under --work are reused.
+
+With `--format parquet`, A and B are then exported (`msmon export --to parquet -o`, the Parquet
+files alone, A's reused) and the Parquet files compared: a rank's files on both sides are joined
+in DuckDB, and only the rows that differ are read.
 
 Then `msmon diff A B --json` runs in a child process, timed: its wall time, the CPU seconds of it
 and of its reading processes (which the load of a shared machine changes less than the wall),
@@ -85,6 +90,17 @@ def change_one_value(b: str, rank: int, step: int, row: int) -> tuple[str, str]:
     return cells[1], path
 
 
+def export(source: str, into: str, jobs: int) -> float:
+    """`source`'s CSV files as the `parquet` format's files under `into` (the Parquet files alone)."""
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "msmon.launcher", "export", "-d", source, "--to", "parquet", "-o", into,
+         "-j", str(jobs)],
+        check=True, capture_output=True, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")},
+    )  # fmt: skip
+    return time.perf_counter() - started
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", required=True, help="where A and B are written (kept for reruns)")
@@ -93,6 +109,7 @@ def main() -> None:
     parser.add_argument("--tensors", type=int, default=200)
     parser.add_argument("--copy", choices=("link", "copy"), default="link", help="how B is made from A")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="msmon diff -j")
+    parser.add_argument("--format", choices=("csv", "parquet"), default="csv", help="the files compared")
     args = parser.parse_args()
     a, b = os.path.join(args.work, "a"), os.path.join(args.work, f"b-{args.copy}")
     rank, step, row = (args.ranks * 5) // 7, (args.steps * 3) // 5 + 1, 7
@@ -103,11 +120,19 @@ def main() -> None:
         shutil.rmtree(b)
     made["make_b_s"] = round(write_b(a, b, args.copy), 1)
     tensor, changed = change_one_value(b, rank, step, row)
+    compared = (a, b)
+    if args.format == "parquet":
+        compared = (a + "-parquet", b + "-parquet")
+        if not os.path.isdir(compared[0]):
+            made["export_a_s"] = round(export(a, compared[0], args.jobs), 1)
+        if os.path.isdir(compared[1]):
+            shutil.rmtree(compared[1])
+        made["export_b_s"] = round(export(b, compared[1], args.jobs), 1)
     answer = os.path.join(args.work, "diff.json")
     usage_file = os.path.join(args.work, "usage.json")
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", MEASURED, usage_file, "diff", a, b, "--json", answer, "-j", str(args.jobs)],
+        [sys.executable, "-c", MEASURED, usage_file, "diff", *compared, "--json", answer, "-j", str(args.jobs)],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.path.join(ROOT, "src")},
     )  # fmt: skip
     wall = time.perf_counter() - started
@@ -123,7 +148,10 @@ def main() -> None:
                 "ranks": args.ranks,
                 "steps": args.steps,
                 "tensors": args.tensors,
-                "files_per_side": len(glob.glob(os.path.join(a, "*-rank*", "*.csv"))),
+                "format": args.format,
+                "files_per_side": len(glob.glob(os.path.join(a, "*-rank*", "*.csv")))
+                if args.format == "csv"
+                else len(glob.glob(os.path.join(compared[0], "parquet", "*", "*", "*.parquet"))),
                 "b_made_by": args.copy,
                 **made,
                 "changed": {"file": changed, "step": step, "tensor": tensor, "rank": rank},

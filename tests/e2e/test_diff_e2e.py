@@ -1,5 +1,7 @@
 """`msmon diff` on real jobs (tests/scripts/diff_train.py under `msmon run`): an MLP with a
-LayerNorm, AdamW, gradient clipping, every category recorded to CSV.
+LayerNorm, AdamW, gradient clipping, every category recorded to CSV; the DDP jobs write Parquet
+files too (`format: ["csv", "parquet"]`: `msmon diff` reads their Parquet files, as `msmon db`
+does, and a test compares the answers from CSV-only and Parquet-only copies of them).
 
 Three 2-rank DDP jobs on gloo (2 micro-batches a rank and step): the same job twice, and once
 with fc2's output times 1 + 1e-4 from step 2. Five single-process jobs with 4 micro-batches a
@@ -12,14 +14,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from conftest import ROOT, run_job
+from msmon.launcher.cli import main
+from msmon.offline.diff.inputs import open_input
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +42,7 @@ CONFIG = {
     "format": "csv",
     "ops": ["norm", "min", "max", "mean"],
 }
+BOTH_FORMATS = {**CONFIG, "format": ["csv", "parquet"], "parquet_roll_steps": 2}  # the DDP jobs': two files a rank
 WHOLE_TENSOR = ("param_origin", "param_updated", "grad_reduced", "exp_avg", "exp_avg_sq")
 
 
@@ -50,8 +57,9 @@ def clean_env() -> dict[str, str]:
 def jobs(tmp_path_factory) -> dict[str, Path]:
     """Every job's output directory, by name."""
     base = tmp_path_factory.mktemp("diff_jobs")
-    config = base / "monitor.json"
+    config, both = base / "monitor.json", base / "both_formats.json"
     config.write_text(json.dumps(CONFIG))
+    both.write_text(json.dumps(BOTH_FORMATS))
     runs = {  # in the order they start: never two DDP jobs at once on two workers, mostly
         "ddp": (["--standalone", "--nproc-per-node", "2"], ["--grad-acc", "2"]),
         "single_1": (["--no-torchrun"], ["--grad-acc", "4", "--threads", "1"]),
@@ -68,7 +76,8 @@ def jobs(tmp_path_factory) -> dict[str, Path]:
 
     def one(name: str) -> tuple[str, subprocess.CompletedProcess]:
         launch, script_args = runs[name]
-        argv = [*MSMON, "run", "--config", str(config), "--output-dir", str(base / name), *launch, "--", SCRIPT]
+        chosen = both if name.startswith("ddp") else config
+        argv = [*MSMON, "run", "--config", str(chosen), "--output-dir", str(base / name), *launch, "--", SCRIPT]
         return name, run_job([*argv, "--steps", str(STEPS), *script_args], timeout=300, env=clean_env())
 
     # two at a time: a job spends part of its time starting (imports), and CI's two cores are its own
@@ -164,3 +173,37 @@ def test_calibrated_on_three_thread_counts_a_fourth_rerun_passes_and_lr_x_1_01_p
     assert data["interpretation"].startswith("the optimizer step or the learning rate")
     step_0 = data["front"][0]["categories"]
     assert all(step_0[c]["over"] == 0 for c in ("actv", "grad_reduced", "exp_avg", "exp_avg_sq"))
+
+
+def in_process(tmp_path: Path, a: Path, b: Path, *args: str) -> tuple[int, dict]:
+    """`msmon diff A B --json` in this process (it never imports torch): exit code and answer,
+    less the inputs' paths and the count of CSV files skipped as byte for byte the same."""
+    path = tmp_path / "answer.json"
+    result = CliRunner().invoke(main, ["diff", str(a), str(b), "--json", str(path), *args])
+    assert result.exit_code in (0, 1), result.output
+    data = json.loads(path.read_text())
+    del data["a"], data["b"], data["compared"]["files_identical"]
+    return result.exit_code, data
+
+
+def test_the_csv_and_the_parquet_files_of_the_same_ddp_jobs_give_the_same_verdict_divergence_and_counts(jobs, tmp_path):
+    csv, parquet = {}, {}
+    for name in ("ddp", "ddp_again", "ddp_fc2"):
+        csv[name] = Path(
+            shutil.copytree(jobs[name], tmp_path / f"{name}_csv", ignore=shutil.ignore_patterns("parquet"))
+        )
+        parquet[name] = Path(
+            shutil.copytree(jobs[name], tmp_path / f"{name}_pq", ignore=shutil.ignore_patterns("*.csv"))
+        )
+        assert len(list(parquet[name].glob("parquet/run=*/rank_block=0/part-*.parquet"))) == 4  # 2 ranks x 2 files
+    assert open_input(str(parquet["ddp"]), None).facts.storage == ["parquet"]
+    assert open_input(str(jobs["ddp"]), None).facts.storage == ["parquet"]  # both formats: the values read once
+    assert open_input(str(csv["ddp"]), None).facts.storage == ["csv"]
+    same = in_process(tmp_path, csv["ddp"], csv["ddp_again"], "--exact")
+    assert same[0] == 0 and same[1]["compared"]["tensors"] == 72
+    assert in_process(tmp_path, parquet["ddp"], parquet["ddp_again"], "--exact") == same
+    parted = in_process(tmp_path, csv["ddp"], csv["ddp_fc2"])
+    assert parted[0] == 1 and parted[1]["first_divergence"]["name"] == "fc2.output"
+    assert parted[1]["first_divergence"]["step"] == PERTURB_STEP
+    assert in_process(tmp_path, parquet["ddp"], parquet["ddp_fc2"]) == parted
+    assert in_process(tmp_path, csv["ddp"], parquet["ddp_fc2"]) == parted  # one side of each

@@ -1,13 +1,15 @@
 """`msmon diff`: two runs side by side, the first step and tensor, in training order, where they
-part (docs/diff.md). Torch-free; duckdb only to read a database or write `--db`.
+part (docs/diff.md). Torch-free; duckdb only to read a database or Parquet files, or write `--db`.
 
     source.py            what a side is: its facts, its chunks of rows
     inputs.py            `open_input`: the reader of the path given
     directory_source.py  an output directory (msmon's runs, msprobe's layout)
+    parquet_source.py    its Parquet files: per run and rank, unfinished and damaged ones said
     database_source.py   a database `msmon db` wrote
     golden.py            golden files: what --calibrate writes, read back as side A
     reading.py           both sides read; byte-identical file pairs counted, not parsed
     csv_rows.py          a CSV file's rows, or its rows counted
+    parquet_rows.py      a rank's Parquet files' rows; both sides' joined, the same rows counted
     table.py             one side's rows in memory, keyed for alignment
     names.py             --map: A's names rewritten into B's
     layout.py            how each category is compared (rank by rank, one value, order statistics)

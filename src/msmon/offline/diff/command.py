@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from . import parquet_rows
 from .compare import compare
 from .contract import check_same_model, contract
 from .directory_source import files_of
@@ -23,7 +24,7 @@ from .names import load_map
 from .outcome import Outcome
 from .reading import ReadPair, default_jobs, read_pair, rows_of
 from .series import series
-from .source import CSV, RANK_DIR, Source
+from .source import CSV, PARQUET, RANK_DIR, Source
 from .table import SideRows, TensorKey
 from .terminal import lines
 from .tolerance import DEFAULT_NDIGITS, DTYPE_EPS, Calibrated, Exact, Relative, Tolerance, dtype_of, storage_floor
@@ -148,8 +149,8 @@ def _interpretation(findings: Findings, side_a: SideRows) -> str | None:
 
 def _complete(outcome: Outcome, pair: ReadPair, a: Source, b: Source, layout: Layout) -> tuple[SideRows, SideRows]:
     """Both sides' rows of the charted tensors at every step: files skipped as identical are read
-    again for the ranks and categories the charts need."""
-    if not pair.identical_files:
+    again for the ranks and categories the charts need (Parquet rows counted in the join too)."""
+    if not pair.counted.rows:
         return pair.a, pair.b
     wanted = {(c.rank, c.category) for c in outcome.top} | {(c.a_rank, c.category) for c in outcome.top}
     sides = []
@@ -157,6 +158,11 @@ def _complete(outcome: Outcome, pair: ReadPair, a: Source, b: Source, layout: La
         full = SideRows()
         full.merge(rows)
         for chunk in source.chunks:
+            if chunk.kind == PARQUET:
+                categories = {c for r, c in wanted if r == chunk.rank}
+                for row in parquet_rows.rows(chunk.files, chunk.rank or 0, categories, chunk.ops) if categories else []:
+                    full.add(row)
+                continue
             files = files_of(chunk) if chunk.kind == RANK_DIR else [chunk]
             for file in files:
                 if file.kind == CSV and (file.rank, file.category) in wanted:

@@ -1,16 +1,21 @@
 """A database `msmon db` wrote as one side: its long `metrics` table read back into rows, its
 `tensors` positions, configs and summaries. A database holds one run (the one `msmon db`
-loaded); --run-a/--run-b may name it, and naming another is an error."""
+loaded); --run-a/--run-b may name it, and naming another is an error. Over Parquet output the
+database is a catalog: `metrics` is a view that reads the run's Parquet files where they lie
+(offline/results/parquet_catalog.py), so they must still be there; if they were moved, one line
+says so before anything is read."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..results.connection import DatabaseError, connect, is_duckdb_file
+from ..results.parquet_catalog import check_sources
 from ..results.schema import SchemaError, require_msmon
 from .errors import DiffInputError
+from .parquet_rows import Columns
 from .source import DATABASE, Chunk, RunFacts, Source
 from .table import NO_MICRO, Row
 
@@ -39,14 +44,21 @@ def open_database(path: str, run: str | None) -> Source:
             if isinstance(job, dict):
                 facts.jobs.setdefault(rank, job)
         kinds = {
-            k for (k,) in con.execute("SELECT DISTINCT kind FROM files WHERE kind IN ('csv', 'tensorboard')").fetchall()
+            k
+            for (k,) in con.execute(
+                "SELECT DISTINCT kind FROM files WHERE kind IN ('csv', 'parquet', 'tensorboard')"
+            ).fetchall()
         }
         facts.storage = sorted(kinds)
-    return Source(facts, [Chunk(DATABASE, path)])
+    ops = facts.configs[min(facts.configs)].get("ops") if facts.configs else None
+    order = tuple(op for op in ops if isinstance(op, str)) if isinstance(ops, list) else ()
+    return Source(facts, [Chunk(DATABASE, path, ops=order)])
 
 
-def database_rows(path: str) -> Iterator[Row]:
-    """Every row of the database's metrics, its values gathered per tensor and (micro-)step."""
+def database_rows(path: str, order: Sequence[str] = ()) -> Iterator[Row]:
+    """Every row of the database's metrics, its values gathered per tensor and (micro-)step, its
+    ops in `order` (the config's `ops`: the CSV's columns) as far as it names them."""
+    columns = Columns(order)
     with _connection(path) as con:
         positions = {
             (c, v, n): p
@@ -67,18 +79,20 @@ def database_rows(path: str) -> Iterator[Row]:
                 key = (rank, category, vpp, name, step, micro)
                 if key != current:
                     if current is not None:
-                        yield _row(current, ops, values, positions)
+                        yield _row(current, *columns.arranged(ops, values), positions)
                     current, ops, values = key, [], []
                 ops.append(op)
                 values.append(float("nan") if value is None else value)
         if current is not None:
-            yield _row(current, ops, values, positions)
+            yield _row(current, *columns.arranged(ops, values), positions)
 
 
-def _row(key: tuple, ops: list[str], values: list[float], positions: dict[tuple[str, int, str], int]) -> Row:
+def _row(
+    key: tuple, ops: tuple[str, ...], values: tuple[float, ...], positions: dict[tuple[str, int, str], int]
+) -> Row:
     rank, category, vpp, name, step, micro = key
     position = positions.get((category, vpp, name), 0)
-    return Row(category, vpp, name, step, NO_MICRO if micro < 0 else micro, rank, tuple(ops), tuple(values), position)
+    return Row(category, vpp, name, step, NO_MICRO if micro < 0 else micro, rank, ops, values, position)
 
 
 class _connection:
@@ -91,6 +105,7 @@ class _connection:
         try:
             self.con = connect(self.path, read_only=True)
             require_msmon(self.con, self.path)
+            check_sources(self.con)
         except (DatabaseError, SchemaError) as exc:
             raise DiffInputError(str(exc)) from None
         except Exception as exc:  # duckdb's own errors: a corrupt file

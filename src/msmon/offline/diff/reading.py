@@ -1,8 +1,10 @@
 """Both sides read for comparison. Where both are output directories with the same ranks and
 layout, a rank's CSV file is paired with the file of the same name on the other side, and a
 pair that is byte for byte the same is counted (its rows, tensors, steps) without a value being
-parsed: two 512-rank runs that differ in one value parse one pair of files. Every other chunk is
-parsed into rows. Ranks are read in parallel processes when there are many (PARALLEL_FROM).
+parsed: two 512-rank runs that differ in one value parse one pair of files. A rank's Parquet
+files on both sides are joined in DuckDB, and only the rows that differ are read
+(parquet_rows.paired). Every other chunk is parsed into rows. Ranks are read in parallel
+processes when there are many (PARALLEL_FROM).
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 
 from ..results.tb_loader import read_events
-from . import csv_rows
+from . import csv_rows, parquet_rows
 from .database_source import database_rows
 from .directory_source import files_of
 from .errors import DiffInputError
 from .names import NameMap
-from .source import CSV, DATABASE, EVENTS, RANK_DIR, Chunk, Source
+from .source import CSV, DATABASE, EVENTS, PARQUET, RANK_DIR, Chunk, Source
 from .table import NO_MICRO, Counted, Row, SideRows
 
 PARALLEL_FROM = 16  # ranks: fewer are read in this process
@@ -57,7 +59,7 @@ def read_pair(a: Source, b: Source, pair_files: bool, names: NameMap, jobs: int 
             work[chunk.rank][side].append(chunk)
     items = [(a_chunks, b_chunks, pair_files, names) for a_chunks, b_chunks in work.values()]
     if jobs > 1 and len(items) >= PARALLEL_FROM:
-        with get_context("fork").Pool(min(jobs, len(items))) as pool:
+        with get_context("fork").Pool(min(jobs, len(items)), initializer=parquet_rows.one_thread) as pool:
             for part in pool.imap_unordered(_read_rank, items, chunksize=max(1, len(items) // (8 * jobs))):
                 out.merge(part)
     else:
@@ -71,6 +73,18 @@ def _read_rank(item: tuple[list[Chunk], list[Chunk], bool, NameMap]) -> ReadPair
     a_chunks, b_chunks, pair_files, names = item
     a_chunks, b_chunks = _expanded(a_chunks), _expanded(b_chunks)
     out = ReadPair()
+    a_parquet, b_parquet = [c for c in a_chunks if c.kind == PARQUET], [c for c in b_chunks if c.kind == PARQUET]
+    if pair_files and len(a_parquet) == 1 and len(b_parquet) == 1:  # the rank in Parquet on both sides
+        a_chunks.remove(a_parquet[0])
+        b_chunks.remove(b_parquet[0])
+        a_rank, b_rank = a_parquet[0], b_parquet[0]
+        rows_a, rows_b, counted = parquet_rows.paired(
+            a_rank.files, b_rank.files, a_rank.rank or 0, (a_rank.ops, b_rank.ops)
+        )
+        _add(out.a, rows_a, names)
+        _add(out.b, rows_b, None)
+        out.counted.merge(counted)
+        out.parsed_chunks += 2
     paired: dict[tuple[int, str], Chunk] = {}
     if pair_files:  # files whose (rank, name) is one file on each side
         unique_a, unique_b = _unique(a_chunks), _unique(b_chunks)
@@ -129,8 +143,10 @@ def rows_of(chunk: Chunk) -> Iterable[Row]:
         return _csv(chunk, _bytes(chunk))
     if chunk.kind == EVENTS:
         return _events(chunk)
+    if chunk.kind == PARQUET:
+        return parquet_rows.rows(chunk.files, chunk.rank or 0, order=chunk.ops)
     if chunk.kind == DATABASE:
-        return database_rows(chunk.path)
+        return database_rows(chunk.path, chunk.ops)
     raise ValueError(f"unknown chunk kind {chunk.kind}")
 
 

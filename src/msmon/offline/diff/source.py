@@ -10,22 +10,25 @@ from typing import Any
 
 from .table import SideRows
 
-CSV, EVENTS, DATABASE, RANK_DIR = "csv", "events", "database", "rank_dir"
+CSV, EVENTS, DATABASE, RANK_DIR, PARQUET = "csv", "events", "database", "rank_dir", "parquet"
 
 
 @dataclass(frozen=True)
 class Chunk:
     """Rows from one place: a rank directory (its files listed when it is read), a CSV file (one
-    rank, one category), an event file (one rank), a database (every rank). Two CSV chunks with
-    the same `pair_key` on both sides hold the same rows when their bytes are the same, and are
-    then counted without being parsed."""
+    rank, one category), an event file (one rank), a rank's Parquet files in a run (`files`), a
+    database (every rank). Two CSV chunks with the same `pair_key` on both sides hold the same
+    rows when their bytes are the same, and are then counted without being parsed; a rank's
+    Parquet files on both sides are set against each other in one join (parquet_rows.paired)."""
 
-    kind: str  # RANK_DIR | CSV | EVENTS | DATABASE
+    kind: str  # RANK_DIR | CSV | EVENTS | PARQUET | DATABASE
     path: str
     rank: int | None = None
     category: str | None = None
     pair_key: tuple[int, str] | None = None  # (rank, file name)
     skip_categories: frozenset[str] = frozenset()  # an event file's categories that CSV files hold
+    files: tuple[str, ...] = ()  # PARQUET: the rank's closed `*.parquet` files of the run
+    ops: tuple[str, ...] = ()  # PARQUET, DATABASE: the config's `ops`, the order of the CSV's columns
 
 
 @dataclass
@@ -39,7 +42,7 @@ class RunFacts:
     ranks: list[int] = field(default_factory=list)
     configs: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> resolved config.json
     jobs: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> summary.json's "job"
-    storage: list[str] = field(default_factory=list)  # how the values were stored: "csv", "tensorboard"
+    storage: list[str] = field(default_factory=list)  # how the values were stored: "csv", "parquet", "tensorboard"
 
     def describe(self) -> str:
         run = f", run {self.run_id}" if self.run_id else ""

@@ -12,7 +12,8 @@ Modes: `exact` (the stored values bit for bit), `relative` (a limit of max(--rto
 `calibrated` (per category and op, the largest difference seen among reruns of the job times a
 factor, from a golden file; never below the floor). The floor is what the runs can resolve: one
 rounding of the lowest-precision dtype of their parameters, and of how the values were stored
-(CSV's `ndigits` significant digits: 10^(1-ndigits); TensorBoard's float32).
+(CSV's `ndigits` significant digits, which the Parquet files hold too: 10^(1-ndigits);
+TensorBoard's float32).
 """
 
 from __future__ import annotations
@@ -61,9 +62,10 @@ def dtype_of(param_dtypes: Sequence[str]) -> str:
 
 
 def storage_floor(storage: Sequence[str], ndigits: int) -> float:
-    """What storing the values costs them: CSV's digits, TensorBoard's float32."""
+    """What storing the values costs them: CSV's digits (Parquet holds the CSV's rounding, so
+    the same), TensorBoard's float32."""
     floor = 0.0
-    if "csv" in storage:
+    if "csv" in storage or "parquet" in storage:
         floor = max(floor, 10.0 ** (1 - ndigits))
     if "tensorboard" in storage:
         floor = max(floor, FLOAT32_STORED)
