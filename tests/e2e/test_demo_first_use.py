@@ -61,4 +61,6 @@ def test_the_demo_records_loss_and_agreement_and_its_next_commands_work_from_a_f
         assert ran.returncode == 0, (command, ran.stderr[-2000:])
     data = report_data(tmp_path / "report.html")
     assert sorted(line["rank"] for line in data["loss"]["lines"]) == [0, 1]  # the loss, per rank
-    assert "grad_agreement" in data["overview"]["categories"]  # the agreement, drawn with the statistics
+    agreement = data["agreement"]  # the agreement, in a chart of its own (its signed cos is no heatmap's |value|)
+    assert agreement["rows"] == [0, 1] and agreement["steps"] == 4, agreement
+    assert all(isinstance(v, float) for v in agreement["cos"][0] + agreement["norm_ratio"][1]), agreement
