@@ -40,7 +40,7 @@ demo: $(VENV)/.base $(VENV)/.db
 	@echo "The report of the run: $(abspath $(OUT)/report.html)"
 
 test: $(VENV)/.test
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25  # the slowest tests, for the CI budget (30 min)
 
 # ruff (lint and format), mypy (types): settings in pyproject.toml; the import contract: the layers
 # and the torch-free modules in .importlinter, no import cycle (tools/import_cycles.py), no framework
