@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -130,3 +132,10 @@ def test_scatter_max_keeps_the_largest_value_of_each_place_as_fmax_at_does():
     got = np.full(1200, np.nan)
     scatter_max(got, at, values)
     np.testing.assert_array_equal(got, want)
+
+
+def test_the_msmon_command_line_starts_without_importing_numpy_or_duckdb():
+    """numpy and duckdb come with the db extra: `msmon run` and `msmon --help` never need them."""
+    code = "import sys; from msmon.launcher.cli import main; print(sorted({'numpy', 'duckdb'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -20,14 +20,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .cells import encode_cells
 from .limits import Limits
-from .rank_points import RANK_SLOTS, category_points, define_rank_slots
 from .schema import OPS
 
-if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
+if TYPE_CHECKING:  # duckdb and numpy (the db extra) are imported when a report is built, not when msmon starts
+    import numpy as np
     from duckdb import DuckDBPyConnection
 
 BAND_LINES = ("min", "median", "max")
@@ -47,6 +45,10 @@ def row_series(
     info = {"mode": mode, "ranks": len(ranks), "step_width": width * factor, "columns": math.ceil(columns / factor)}
     if not maps or not columns:
         return info
+    import numpy as np
+
+    from .rank_points import RANK_SLOTS, category_points, define_rank_slots
+
     by_category: dict[str, list[dict[str, Any]]] = {}
     for heatmap in maps:
         by_category.setdefault(heatmap["category"], []).append(heatmap)
