@@ -33,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def kill_mid_write(work: str) -> dict[str, object]:
     import pyarrow.parquet as pq
 
     base = os.path.join(work, "killed")
+    shutil.rmtree(base, ignore_errors=True)  # a rerun in the same --work counts only its own files
     proc = subprocess.Popen([sys.executable, KILLED_WRITER, base, "7"], env=_env(), stdout=subprocess.PIPE)
     try:
         ready = proc.stdout.readline() if proc.stdout else b""  # two files closed, the third open
