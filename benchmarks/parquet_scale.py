@@ -3,12 +3,16 @@ with the file count and what a rank killed mid-write leaves (issue 44's targets)
 
     PYTHONPATH=src python benchmarks/parquet_scale.py --work /tmp/scale             # 512 x 200 x 200
     PYTHONPATH=src python benchmarks/parquet_scale.py --work /tmp/small --ranks 8 --steps 20 --tensors 50
+    PYTHONPATH=src python benchmarks/parquet_scale.py --outputs /tmp/scale --work /tmp/again   # reuse them
 
 It writes (unless already there) `WORK/csv` with synthetic_output.py's CSV layout (a file per
 category and step, msmon's default) and `WORK/parquet` with the same rows through msmon's own
 ParquetSink (`--roll` steps per file: parquet_roll_steps' default, 100), then times, for each,
 a fresh `msmon db` and `msmon report --db` as child processes (wall time, and peak RSS from
-wait4), and prints one JSON object:
+wait4), and prints one JSON object. With `--outputs DIR`, the two outputs are read from
+`DIR/csv` and `DIR/parquet` (made earlier with the same --ranks, --steps, --tensors and
+--roll, which the result reports; never written to), and only the databases, pages and the
+kill test's files go to `--work`.
 
 - `files`: the Parquet files written, against the bound ranks x ceil(steps / roll);
 - `csv`, `parquet`: wall seconds, CPU seconds and peak RSS of db, report and both; `speedup`:
@@ -29,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +93,7 @@ def kill_mid_write(work: str) -> dict[str, object]:
     import pyarrow.parquet as pq
 
     base = os.path.join(work, "killed")
+    shutil.rmtree(base, ignore_errors=True)  # a rerun in the same --work counts only its own files
     proc = subprocess.Popen([sys.executable, KILLED_WRITER, base, "7"], env=_env(), stdout=subprocess.PIPE)
     try:
         ready = proc.stdout.readline() if proc.stdout else b""  # two files closed, the third open
@@ -118,7 +124,15 @@ def kill_mid_write(work: str) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--work", required=True, help="the folder for both outputs and the databases")
+    parser.add_argument(
+        "--work",
+        required=True,
+        help="the folder for the databases, pages and kill test (and both outputs unless --outputs)",
+    )
+    parser.add_argument(
+        "--outputs",
+        help="a folder with csv/ and parquet/ outputs made earlier (read only): reuse them instead of writing them",
+    )
     parser.add_argument("--ranks", type=int, default=512)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--tensors", type=int, default=200)
@@ -130,9 +144,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     os.makedirs(args.work, exist_ok=True)
-    csv_out, parquet_out = os.path.join(args.work, "csv"), os.path.join(args.work, "parquet")
-    generate(args, csv_out, "csv")
-    generate(args, parquet_out, "parquet")
+    outputs = args.outputs or args.work
+    csv_out, parquet_out = os.path.join(outputs, "csv"), os.path.join(outputs, "parquet")
+    if args.outputs:
+        for out in (csv_out, parquet_out):
+            if not os.path.isdir(out):
+                raise SystemExit(f"--outputs: no {out}")
+    else:
+        generate(args, csv_out, "csv")
+        generate(args, parquet_out, "parquet")
     files = sum(1 for _, _, names in os.walk(parquet_out) for n in names if PARQUET_FILE.match(n))
     bound = args.ranks * math.ceil(args.steps / args.roll)
     csv = db_and_report(csv_out, args.work, "csv")
@@ -149,6 +169,7 @@ def main() -> None:
         "cpu_speedup": round(csv["both"]["cpu_seconds"] / parquet["both"]["cpu_seconds"], 2),
         "peak_ratio": round(parquet["both"]["peak_mib"] / csv["both"]["peak_mib"], 2),
         "kill": kill_mid_write(args.work),
+        "outputs": os.path.abspath(outputs),
         "load": os.getloadavg(),
     }
     print(json.dumps(result, indent=1))
