@@ -57,6 +57,13 @@ def config_of(mode: str) -> dict[str, Any]:
     return config
 
 
+def timed_lines(stdout: str) -> list[dict[str, Any]]:
+    """The ranks' TIMED objects: two ranks share torchrun's stdout, and one's line may run on
+    into the other's (`TIMED {...}TIMED {...}`), so each is decoded from where it starts."""
+    decoder = json.JSONDecoder()
+    return [decoder.raw_decode(stdout, m.end())[0] for m in re.finditer(r"TIMED ", stdout)]
+
+
 def one_run(mode: str, steps: int, scratch: Path) -> dict[str, Any]:
     config_path = scratch / f"{mode}.json"
     config_path.write_text(json.dumps(config_of(mode)))
@@ -70,7 +77,7 @@ def one_run(mode: str, steps: int, scratch: Path) -> dict[str, Any]:
     )  # fmt: skip
     if proc.returncode != 0:
         raise SystemExit(f"{mode} run failed:\n{proc.stderr[-3000:]}")
-    timed = [json.loads(m) for m in re.findall(r"^TIMED (.*)$", proc.stdout, re.M)]
+    timed = timed_lines(proc.stdout)
     summaries = [json.loads(Path(p).read_text()) for p in glob.glob(str(out / "*-rank*-*" / "summary.json"))]
     fired = [s for s in summaries if s.get("escalations") or s.get("skips") or s.get("actions_off")]
     if fired:

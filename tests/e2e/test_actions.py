@@ -127,6 +127,13 @@ def test_escalation_records_activations_on_every_rank_for_the_same_three_steps_a
     assert len(said) == 1 and said[0].startswith(f"msmon: escalation from step {BAD + 2} to {BAD + 4} on every rank")
 
 
+def test_summary_counts_the_end_of_step_rounds_and_their_time_on_every_rank(escalation):
+    for rank in rank_dirs(escalation["out"]):
+        vote = summary(escalation["out"], rank)["vote"]
+        assert vote["rounds"] == 14, vote  # one round at the end of every step
+        assert 0 < vote["round_seconds"] < 60 and vote["reader_wait_seconds"] >= 0, vote
+
+
 def test_training_under_escalation_and_an_idle_skip_step_is_bit_identical_to_a_plain_torchrun_run(escalation):
     for rank in (0, 1):
         monitored, plain = hashes(escalation["monitored"], rank), hashes(escalation["plain"], rank)

@@ -121,9 +121,11 @@ class StepActions:
         try:
             nonfinite = self.on_nan and has_nonfinite(batch, self.ctx.ops_written)
             seen_here = self._seen(trained - 1) if self.actions else []
-            answered = self.vote.round(
-                NONFINITE if nonfinite else FINITE, pickle.dumps(seen_here) if seen_here else b""
-            )
+            payload = pickle.dumps(seen_here) if seen_here else b""
+            started = time.perf_counter()
+            answered = self.vote.round(NONFINITE if nonfinite else FINITE, payload)
+            self.rounds += 1
+            self.round_seconds += time.perf_counter() - started
         except VoteFailed as exc:
             self._failed(exc, f"after step {trained}")
             return
