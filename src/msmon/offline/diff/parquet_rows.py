@@ -82,7 +82,8 @@ def paired(
         )
         counted = _counted(con)
         differing: tuple[list[Row], list[Row]] = ([], [])
-        if con.execute("SELECT count(*) FROM keys WHERE NOT same").fetchone()[0]:  # type: ignore[index]
+        (differing_keys,) = con.execute("SELECT count(*) FROM keys WHERE NOT same").fetchone() or (0,)
+        if differing_keys:
             on_keys = " AND ".join(f"s.{c} = k.{c}" for c in KEY)
             for side, files, order in zip(differing, (a_files, b_files), orders):
                 positions = _positions(con, files)  # first: a query on the connection ends the one before it
