@@ -16,6 +16,7 @@ import csv
 import glob
 import json
 import os
+import platform
 import sys
 from pathlib import Path
 
@@ -145,7 +146,10 @@ def test_only_the_steps_from_start_step_to_before_stop_step_are_recorded_for_eve
 
 def test_msmon_records_the_rows_msprobe_v2_records_with_the_same_values(jobs):
     if "msprobe" not in jobs:
-        pytest.skip("mindstudio-probe (msprobe's TrainerMonitorV2) is not installed: pip install 'msmon[test]'")
+        # msmon[test] installs it wherever its wheel exists (CPython 3.11, x86-64): there its absence is a failure
+        if sys.version_info[:2] == (3, 11) and platform.machine() == "x86_64":
+            pytest.fail("mindstudio-probe (msprobe's TrainerMonitorV2) is not installed: pip install 'msmon[test]'")
+        pytest.skip("mindstudio-probe 26.2.0 has a wheel for CPython 3.11 on x86-64 only")
     for rank in (0, 1):
         theirs = jobs["msprobe"][rank]
         ours: dict[tuple[int, str, str], dict[str, str]] = {}

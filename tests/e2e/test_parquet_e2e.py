@@ -14,13 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
+import pyarrow  # noqa: F401  (in msmon[test]: missing, the test fails, never skips)
 import pytest
 
 from conftest import ROOT, run_job
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]")
-pytest.importorskip("pyarrow", reason="pyarrow comes with msmon[test]")
-
 from msmon.records.layout import CSV_FILE  # noqa: E402
 from msmon.records.runs import runs_of  # noqa: E402
 

@@ -150,7 +150,7 @@ def test_a_registered_op_is_in_the_csv_in_tensorboard_and_in_msmon_db(abs_mean, 
         for step, value in events:
             assert value == pytest.approx(expected_values[(category, name, step)], rel=1e-5, abs=1e-7), tag
 
-    duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
+    import duckdb
     from click.testing import CliRunner
 
     from msmon.launcher.cli import main

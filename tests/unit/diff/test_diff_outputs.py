@@ -37,7 +37,8 @@ def test_the_json_answer_has_first_divergence_and_the_front_and_null_when_identi
 
 
 def test_the_diff_tables_in_duckdb_hold_every_value_that_differs_and_the_front(tmp_path):
-    duckdb = pytest.importorskip("duckdb")
+    import duckdb
+
     a = write_output(tmp_path / "a")
     b = write_output(tmp_path / "b", value=changed("exp_avg", "fc2.weight", 1, factor=1.0001))
     database = tmp_path / "diff.duckdb"

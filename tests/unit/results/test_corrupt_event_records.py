@@ -8,10 +8,9 @@ import logging
 import struct
 from pathlib import Path
 
+import duckdb
 import pytest
 import torch
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
 from conftest import MLP, rank_dir  # noqa: E402
 from msmon import TrainerMon  # noqa: E402

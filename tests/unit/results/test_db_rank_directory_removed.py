@@ -8,10 +8,8 @@ from __future__ import annotations
 import json
 import shutil
 
-import pytest
+import duckdb
 from click.testing import CliRunner
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
 from msmon.launcher.cli import main  # noqa: E402
 from msmon.offline.results import loader  # noqa: E402

@@ -10,11 +10,9 @@ import json
 import re
 from pathlib import Path
 
+import duckdb
 import pytest
 import torch
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
-
 from test_report_ranks import browse, console, only, with_script  # noqa: E402
 from test_results_report import chromium  # noqa: E402
 

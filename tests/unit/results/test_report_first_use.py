@@ -10,10 +10,8 @@ import math
 import re
 from pathlib import Path
 
+import duckdb
 import pytest
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
-
 from test_report_ranks import browse, console, synthetic, with_script  # noqa: E402
 from test_results_report import chromium  # noqa: E402
 

@@ -11,10 +11,9 @@ import statistics
 import subprocess
 import sys
 
+import duckdb
 import numpy as np
 import pytest
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
 from msmon.offline.results.rank_points import category_points, define_rank_slots, scatter_max  # noqa: E402
 from msmon.offline.results.robust import MAD_FLOOR, MAD_SCALE, TINY  # noqa: E402

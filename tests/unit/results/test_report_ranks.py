@@ -18,10 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
-
 from test_results_db import GENERATOR, csv_values  # noqa: E402
 from test_results_report import chromium  # noqa: E402
 

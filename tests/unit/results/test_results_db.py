@@ -12,11 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+import duckdb
 import torch
 from click.testing import CliRunner
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
 
 from conftest import MLP, ROOT, rank_dir  # noqa: E402
 from msmon import TrainerMon  # noqa: E402

@@ -12,11 +12,9 @@ import statistics
 import struct
 import subprocess
 
+import duckdb
 import pytest
 from click.testing import CliRunner
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
-
 from test_results_db import SYNTHETIC_OPS, csv_values, make_synthetic  # noqa: E402
 
 from conftest import ROOT  # noqa: E402

@@ -8,9 +8,7 @@ import json
 import math
 import os
 
-import pytest
-
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]; pip install 'msmon[db]'")
+import duckdb
 
 from msmon.anomaly import dump as anomaly_dump  # noqa: E402
 from msmon.anomaly.event import FIELDS  # noqa: E402

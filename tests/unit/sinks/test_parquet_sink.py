@@ -14,12 +14,11 @@ import sys
 import time
 from pathlib import Path
 
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
-
-pa = pytest.importorskip("pyarrow", reason="pyarrow comes with msmon[test]; pip install 'msmon[parquet]'")
-pq = pytest.importorskip("pyarrow.parquet")
-duckdb = pytest.importorskip("duckdb", reason="duckdb comes with msmon[test]")
 
 from conftest import ROOT  # noqa: E402
 from msmon import TrainerMon  # noqa: E402
