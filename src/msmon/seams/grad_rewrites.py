@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from .grad_scalers import scaler_classes_defining
 from .listeners import Listeners, Listening
 from .patching import Replacements
 
@@ -29,20 +30,6 @@ from .patching import Replacements
 OnRewritten = Callable[[Any], None]
 
 _registry: Listeners[OnRewritten] = Listeners()
-
-
-def _scaler_classes() -> list[type]:
-    """torch's GradScaler and the subclasses that define `unscale_` themselves."""
-    import torch
-
-    classes: list[type] = [torch.amp.GradScaler]
-    try:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        classes.append(ShardedGradScaler)
-    except ImportError:  # a torch built without distributed
-        pass
-    return [cls for cls in classes if "unscale_" in vars(cls)]
 
 
 def _wrap_unscale(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -60,7 +47,7 @@ def listen(on_rewritten: OnRewritten) -> Listening:
     """Tell `on_rewritten` of every in-place rewrite of an optimizer's gradients seen from now until `stop()`."""
 
     def install(replaced: Replacements) -> None:
-        for cls in _scaler_classes():
+        for cls in scaler_classes_defining("unscale_"):
             replaced.replace(cls, "unscale_", _wrap_unscale)
 
     return _registry.add(on_rewritten, install)

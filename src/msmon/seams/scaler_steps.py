@@ -19,6 +19,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .grad_scalers import scaler_classes_defining
 from .listeners import Listeners, Listening
 from .patching import Replacements
 
@@ -33,20 +34,6 @@ class ScalerStepListener:
 
 
 _registry: Listeners[ScalerStepListener] = Listeners()
-
-
-def _scaler_classes() -> list[type]:
-    """torch's GradScaler and the subclasses that define `step` themselves."""
-    import torch
-
-    classes: list[type] = [torch.amp.GradScaler]
-    try:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        classes.append(ShardedGradScaler)
-    except ImportError:  # a torch built without distributed
-        pass
-    return [cls for cls in classes if "step" in vars(cls)]
 
 
 def _wrap_step(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,7 +54,7 @@ def listen(starting: Callable[[Any], None], ended: Callable[[Any], None]) -> Lis
     """Tell `starting` and `ended` of every `GradScaler.step` call from now until `stop()`."""
 
     def install(replaced: Replacements) -> None:
-        for cls in _scaler_classes():
+        for cls in scaler_classes_defining("step"):
             replaced.replace(cls, "step", _wrap_step)
 
     return _registry.add(ScalerStepListener(starting, ended), install)
