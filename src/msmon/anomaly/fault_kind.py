@@ -170,28 +170,24 @@ def classify(events: Iterable[PathEvent], ranks: Collection[int] | None = None) 
         return _one_rank(step, turned[0], local[turned[0]], after, replicas, len(job))
     first = _first(min((e for evs in local.values() for e in evs), key=PathEvent.position), at_step)
     if set(turned) == job:
-        return FaultKind(
-            ALL_RANKS.code,
+        return _ranks_kind(
+            ALL_RANKS,
             step,
-            None,
             f"every rank ({len(job)}) turned at step {step} in its own rank-local values (first: {first.what()} on "
             f"rank {first.rank}): the batch every rank read alike, or the model and optimizer state they share, "
             "not one rank",
-            tuple(turned),
-            first.module(),
-            first.what(),
+            turned,
+            first,
         )
     calm = sorted(job - set(turned))
-    return FaultKind(
-        SOME_RANKS.code,
+    return _ranks_kind(
+        SOME_RANKS,
         step,
-        None,
         f"ranks {_list(turned)}: their data or their devices; rank-local values turned first at step {step} on these "
         f"ranks only (first: {first.what()} on rank {first.rank}), not on rank{'s' if len(calm) > 1 else ''} "
         f"{_list(calm)}",
-        tuple(turned),
-        first.module(),
-        first.what(),
+        turned,
+        first,
     )
 
 
@@ -327,28 +323,29 @@ def _after_reduction(
             first.what(),
         )
     if set(turned) == job:
-        return FaultKind(
-            REDUCTION_OR_OPTIMIZER.code,
+        return _ranks_kind(
+            REDUCTION_OR_OPTIMIZER,
             step,
-            None,
             f"no rank's own activations, loss or gradient alerted at step {step}; every rank's {first.what()} "
             "turned first after the reduction: the reduction or the optimizer step, alike on every rank",
-            tuple(turned),
-            first.module(),
-            first.what(),
+            turned,
+            first,
         )
     calm = sorted(job - set(turned))
-    return FaultKind(
-        SOME_RANKS.code,
+    return _ranks_kind(
+        SOME_RANKS,
         step,
-        None,
         f"ranks {_list(turned)}: their copies of the model or their optimizer state; only their values after the "
         f"reduction turned at step {step} (first: {first.what()}), not rank{'s' if len(calm) > 1 else ''} "
         f"{_list(calm)}'s, and no rank's own values",
-        tuple(turned),
-        first.module(),
-        first.what(),
+        turned,
+        first,
     )
+
+
+def _ranks_kind(kind: Kind, step: int, text: str, turned: Iterable[int], first: PathEvent) -> FaultKind:
+    """A kind of several ranks (no one rank named), placed at `first`, the earliest of their events."""
+    return FaultKind(kind.code, step, None, text, tuple(turned), first.module(), first.what())
 
 
 def _list(ranks: Iterable[int]) -> str:
