@@ -101,7 +101,8 @@ def counted(profile):
     inside, made = {}, 0
     for (file, line, name), (primitive, calls, _, _, callers) in stats.items():
         if file.startswith(PACKAGE):
-            inside[f"{file[len(PACKAGE):]}:{name}"] = calls
+            key = f"{file[len(PACKAGE):]}:{name}"  # two functions of one name in a file: one key
+            inside[key] = inside.get(key, 0) + calls
         made += sum(c[1] for caller, c in callers.items() if caller[0].startswith(PACKAGE))
     return inside, made
 
