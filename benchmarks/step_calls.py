@@ -34,6 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, sys.argv[1])
 from bench_worker import attach
+from step_calls import calls_by_function
 from workloads import MODELS, monitor_config, train_step
 import msmon
 
@@ -96,22 +97,26 @@ with Ops() as ops:
 monitor.close()
 
 
-def counted(profile):
-    stats = pstats.Stats(profile).stats
-    inside, made = {}, 0
-    for (file, line, name), (primitive, calls, _, _, callers) in stats.items():
-        if file.startswith(PACKAGE):
-            inside[f"{file[len(PACKAGE):]}:{name}"] = calls
-        made += sum(c[1] for caller, c in callers.items() if caller[0].startswith(PACKAGE))
-    return inside, made
-
-
-inside, made = counted(profiler)
-writer_inside, writer_made = counted(writer_profiler)
+inside, made = calls_by_function(pstats.Stats(profiler).stats, PACKAGE)
+writer_inside, writer_made = calls_by_function(pstats.Stats(writer_profiler).stats, PACKAGE)
 print(json.dumps({"msmon_calls": inside, "calls_from_msmon": made, "aten_ops_from_msmon": ops.count,
                   "writer_calls": writer_inside, "writer_calls_from_msmon": writer_made,
                   "gc_collections": collections}))
 """
+
+
+def calls_by_function(stats: dict, package: str) -> tuple[dict[str, int], int]:
+    """From pstats' table: the calls of each function of `package` ("path/file.py:name", the
+    functions of one name in one file summed: closures made by several factories share theirs),
+    and the number of calls that its code made to any function."""
+    inside: dict[str, int] = {}
+    made = 0
+    for (file, _, name), (_, calls, _, _, callers) in stats.items():
+        if file.startswith(package):
+            key = f"{file[len(package) :]}:{name}"
+            inside[key] = inside.get(key, 0) + calls
+        made += sum(c[1] for caller, c in callers.items() if caller[0].startswith(package))
+    return inside, made
 
 
 def count(src: Path, model: str, config: str, warmup: int) -> dict:

@@ -33,7 +33,7 @@ from ..stats.combine import combine_rows
 from ..stats.engine import batch_stats
 from ..stats.inputs import local_tensor
 from .base import Collector
-from .module_io import in_backward, iter_tensors
+from .module_io import in_backward, tensors_in
 from .registry import register
 
 logger = logging.getLogger("msmon")
@@ -145,7 +145,7 @@ class CommCollector(Collector):
     def _forward_ends(self, module, args, output) -> None:
         if in_backward() or not torch.is_grad_enabled():
             return
-        for t in iter_tensors(output):
+        for t in tensors_in(output):
             if t.requires_grad:  # fires when this output's gradient arrives: backward has begun
                 t.register_hook(self.guard(self._backward_begins))
                 break

@@ -8,7 +8,7 @@ of the top-level tuple; "tensor" or no spec keeps every tensor.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -22,20 +22,34 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def iter_tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in `value`, depth first in order, containers nested up to 9 deep. A list
+    built in one call per container and none per tensor: every module's inputs and outputs
+    pass through here in a hook, twice with all_xy (generators cost a call per item)."""
     if isinstance(value, torch.Tensor):
-        yield value
-    elif depth > 8:
+        return [value]
+    found: list[torch.Tensor] = []
+    _collect(value, found, 0)
+    return found
+
+
+def _collect(value: Any, found: list[torch.Tensor], depth: int) -> None:
+    """Append the tensors inside `value` (not itself a tensor) at nesting `depth` to `found`."""
+    if depth > 8:
         return
-    elif isinstance(value, (tuple, list)):
-        for item in value:
-            yield from iter_tensors(item, depth + 1)
+    if isinstance(value, (tuple, list)):
+        items: Iterable[Any] = value
     elif isinstance(value, dict):
-        for item in value.values():
-            yield from iter_tensors(item, depth + 1)
+        items = value.values()
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for f in dataclasses.fields(value):
-            yield from iter_tensors(getattr(value, f.name, None), depth + 1)
+        items = (getattr(value, f.name, None) for f in dataclasses.fields(value))
+    else:
+        return
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        else:
+            _collect(item, found, depth + 1)
 
 
 def structure_of(value: Any) -> str:
@@ -52,15 +66,12 @@ def structure_of(value: Any) -> str:
 def select(value: Any, spec: TensorSpec | None) -> tuple[list[torch.Tensor], str | None]:
     """The tensors a spec selects, and a mismatch message when the value does not fit it."""
     if spec is None or spec.length is None:
-        if spec is not None and not isinstance(value, torch.Tensor):
-            tensors = list(iter_tensors(value))
-            return tensors, None
-        return list(iter_tensors(value)), None
+        return tensors_in(value), None
     items = list(value.values()) if isinstance(value, dict) else value
     if isinstance(items, (tuple, list)):
         if spec.index >= len(items):
             return [], f"expected {spec.text} but the module gave a tuple of {len(items)}"
-        return list(iter_tensors(items[spec.index])), None
+        return tensors_in(items[spec.index]), None
     if isinstance(value, torch.Tensor) and spec.index == 0:
         return [value], None
     return [], f"expected {spec.text} but the module gave {structure_of(value)}"

@@ -16,7 +16,7 @@ from ..output.artifacts import write_artifact
 from ..runtime.step_context import StepContext
 from ..seams import guest_hooks
 from .base import Collector
-from .module_io import describe, in_backward, iter_tensors, structure_of
+from .module_io import describe, in_backward, structure_of, tensors_in
 from .registry import WRITES_MODULE_TREE, register
 
 STRUCT = "structure"  # the registry key of StructCollector
@@ -49,7 +49,7 @@ class StructCollector(Collector):
 
     def _entry(self, value: Any) -> dict[str, str]:
         entry = {"config": structure_of(value)}
-        for i, t in enumerate(iter_tensors(value)):
+        for i, t in enumerate(tensors_in(value)):
             entry[str(i)] = describe(t)
         return entry
 
@@ -76,13 +76,13 @@ class StructCollector(Collector):
         return post_hook
 
     def _grad_hooks(self, name: str, slot: str, value: Any) -> None:
-        tensors = [t for t in iter_tensors(value) if t.requires_grad]
+        tensors = [t for t in tensors_in(value) if t.requires_grad]
         if not tensors or not torch.is_grad_enabled():
             return
         config = structure_of(value)
         grads: dict[str, str] = {"config": config}
         self.struct[name][slot] = grads
-        for i, t in enumerate(iter_tensors(value)):
+        for i, t in enumerate(tensors_in(value)):
             if t.requires_grad:
                 t.register_hook(self.guard(self._grad_hook(grads, i)))
 

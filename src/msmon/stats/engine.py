@@ -43,17 +43,17 @@ def _native_rows(
     fraction divided by the element count, as returned to callers; otherwise sums and counts."""
     if plan.native_columns is None:  # an op the kernel does not compute (msmon.stats.ops: Op.native)
         return None
-    rows_of = native.readable_rows()  # checks every tensor (native.eligible) while packing the call
-    if rows_of is None:
+    kernel = native.stats_kernel()
+    if kernel is None:
         return None
-    return rows_of(
+    return kernel.readable_rows(  # checks every tensor (native.eligible) while packing the call
         ts,
         zero_threshold(eps, ts[0].dtype) if plan.zeros else 0.0,
         plan.native_columns,
         plan.per_element if scaled else plan.unscaled,
         flat,
         threads.current().native or torch.get_num_threads(),
-        native.share_elements(),
+        kernel.min_share,
         bool(plan.derived),
     )
 

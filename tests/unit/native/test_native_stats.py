@@ -179,13 +179,15 @@ def test_batch_stats_gives_the_kernel_the_trainings_thread_count_not_the_stat_th
     """MSMON_STAT_THREADS (1) is for the torch reductions; the kernel shares on the training's
     threads (it once got 1 and never shared)."""
     seen: list[int] = []
-    rows_of = native.readable_rows()
+    kernel = native.stats_kernel()
+    assert kernel is not None
+    rows_of = kernel.readable_rows
 
     def spy(*args):
         seen.append(args[5])
         return rows_of(*args)
 
-    monkeypatch.setattr(native, "readable_rows", lambda: spy)
+    monkeypatch.setattr(kernel, "readable_rows", spy)
     monkeypatch.setenv("MSMON_STAT_THREADS", "1")
     monkeypatch.delenv("MSMON_NATIVE_THREADS", raising=False)
     from msmon.stats import threads

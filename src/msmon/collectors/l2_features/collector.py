@@ -33,7 +33,7 @@ from ...runtime.step_context import StepContext
 from ...seams import guest_hooks
 from ...stats.inputs import local_tensor
 from ..base import Collector
-from ..module_io import in_backward, iter_tensors
+from ..module_io import in_backward, tensors_in
 from ..registry import register
 from . import tensor_math as l2_math
 from .targets import l2_enabled, l2_targets_fit, resolve_targets, weight_2d
@@ -194,7 +194,7 @@ class L2FeatureCollector(Collector):
             if not self._once_per_step("moe_router_weight_hook", module, chunk):
                 return None
             w = cast(torch.Tensor, weight_2d(module))  # resolve_targets refused modules without a 2-D weight
-            out = next((t for t in iter_tensors(output) if t.is_floating_point() and t.dim() >= 1), None)
+            out = next((t for t in tensors_in(output) if t.is_floating_point() and t.dim() >= 1), None)
             axis = l2_math.expert_axis(w.shape, out.shape[-1] if out is not None else None)
             if w.shape[axis] < 2:
                 self._warn_once("moe_router_weight_hook", name, f"its weight {tuple(w.shape)} has fewer than 2 experts")
@@ -210,7 +210,7 @@ class L2FeatureCollector(Collector):
         def hook(module: torch.nn.Module, args: tuple, output: Any) -> None:
             if not self._active(module, chunk):
                 return None
-            logits = next((local_tensor(t) for t in iter_tensors(output) if t.is_floating_point()), None)
+            logits = next((local_tensor(t) for t in tensors_in(output) if t.is_floating_point()), None)
             if logits is None or logits.dim() < 2 or logits.shape[-1] < 1 or logits.numel() == 0:
                 shape = None if logits is None else tuple(logits.shape)
                 self._warn_once(

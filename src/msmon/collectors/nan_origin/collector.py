@@ -27,7 +27,7 @@ from ...runtime.tensor_memo import TensorMemo
 from ...seams import guest_hooks
 from ...stats.inputs import local_tensor
 from ..base import Collector
-from ..module_io import CallCounter, call_name, in_backward, iter_tensors
+from ..module_io import CallCounter, call_name, in_backward, tensors_in
 from ..registry import register
 from .first_step import OriginWork
 
@@ -152,7 +152,7 @@ class NanOriginCollector(Collector):
             micro = ctx.forward_micro_step(chunk)
             base = call_name(name, self._calls.next(module, micro))
             self._open.setdefault(id(module), []).append((micro, base))
-            inputs = list(iter_tensors(args)) + list(iter_tensors(kwargs))
+            inputs = tensors_in(args) + tensors_in(kwargs)
             self._flag("actv", f"{base}.input", vpp, micro, inputs)
             self._grad_hooks(f"{base}.input", vpp, micro, inputs)
             return None
@@ -165,7 +165,7 @@ class NanOriginCollector(Collector):
         def post_hook(module, args, kwargs, output):
             if not ctx.recording or not module.training or in_backward() or ctx.in_gradless_forward(chunk):
                 return None
-            self._grad_hooks(LOSS, chunk, ctx.forward_micro_step(chunk), list(iter_tensors(output)))
+            self._grad_hooks(LOSS, chunk, ctx.forward_micro_step(chunk), tensors_in(output))
             return None
 
         return post_hook
@@ -176,7 +176,7 @@ class NanOriginCollector(Collector):
             if not in_flight:
                 return None
             micro, base = in_flight.pop()
-            outputs = list(iter_tensors(output))
+            outputs = tensors_in(output)
             self._flag("actv", f"{base}.output", vpp, micro, outputs)
             self._grad_hooks(f"{base}.output", vpp, micro, outputs)
             return None

@@ -185,14 +185,18 @@ def stats_rows() -> Optional[Callable[..., torch.Tensor]]:
     return None if module is None else module.stats_rows
 
 
+def stats_kernel() -> Optional[_Kernel]:
+    """The loaded kernel where statistics may use it: None when not loaded, and on the
+    accelerator path (MSMON_DEVICE_PATH=1: msmon.stats.device_path), which has no such kernel.
+    One call per statistic gives its `readable_rows` and `min_share` together (msmon.stats.engine)."""
+    return None if device_path.on() else _module()
+
+
 def readable_rows() -> Optional[Callable[..., Optional[torch.Tensor]]]:
     """stats_rows' function, giving None instead of raising where a tensor is not eligible(),
-    so that the caller checks and packs the tensors in one pass; None when not loaded, and on
-    the accelerator path (MSMON_DEVICE_PATH=1: msmon.stats.device_path), which has no such kernel."""
-    if device_path.on():
-        return None
-    module = _module()
-    return None if module is None else module.readable_rows
+    so that the caller checks and packs the tensors in one pass; None where stats_kernel() is."""
+    kernel = stats_kernel()
+    return None if kernel is None else kernel.readable_rows
 
 
 # Elements each thread sharing one call reads at least. Torch's OpenMP team starts at once,
@@ -206,7 +210,7 @@ OWN_THREADS_SHARE = 1 << 22  # 16 MiB
 def share_elements() -> int:
     """The `min_share` for the loaded kernel: smaller when it shares with torch's team."""
     module = _module()
-    return TEAM_SHARE if module is not None and module.team else OWN_THREADS_SHARE
+    return OWN_THREADS_SHARE if module is None else module.min_share
 
 
 def csv_rounding() -> Optional[Callable[..., int]]:
@@ -238,7 +242,8 @@ def _rank() -> int:
 
 class _Kernel:
     """The loaded library: `stats_rows` (strict, as described in stats_rows() above),
-    `readable_rows` (the same, None where a tensor is not readable), `csv_round` and `isa`."""
+    `readable_rows` (the same, None where a tensor is not readable), `min_share` (the elements
+    each thread sharing a call reads at least), `csv_round` and `isa`."""
 
     def __init__(self, path: str) -> None:
         lib = ctypes.CDLL(path)  # a CDLL call releases the GIL while the kernel reads
@@ -254,6 +259,7 @@ class _Kernel:
         lib.msmon_stats_use_team.argtypes = [ctypes.c_void_p] * 3
         lib.msmon_stats_use_team(*(team or (None, None, None)))
         self.team = team is not None  # shares go to torch's OpenMP team, not threads of the kernel's own
+        self.min_share = TEAM_SHARE if self.team else OWN_THREADS_SHARE  # share_elements()
         csv_round = lib.msmon_csv_round
         csv_round.restype = ctypes.c_int64
         address, count = ctypes.c_void_p, ctypes.c_int64
