@@ -1,5 +1,5 @@
-"""The row charts' per-rank points (rank_points.py), read from a real DuckDB `metrics` table and
-reduced in numpy, against the same points, band, medians and robust z computed here in plain
+"""The row charts' per-rank points (rank_points.py), folded from a real DuckDB `metrics` table
+(value_fold.py), against the same points, band, medians and robust z computed here in plain
 Python from the rows: merged steps, two tensors in a row, micro-steps, non-finite values, a
 rank with no value at a step and a value written twice."""
 
@@ -12,11 +12,11 @@ import subprocess
 import sys
 
 import duckdb
-import numpy as np
 import pytest
 
-from msmon.offline.results.rank_points import category_points, define_rank_slots, scatter_max  # noqa: E402
+from msmon.offline.results.limits import Limits  # noqa: E402
 from msmon.offline.results.robust import MAD_FLOOR, MAD_SCALE, TINY  # noqa: E402
+from msmon.offline.results.value_fold import fold_values  # noqa: E402
 
 RANKS = [0, 1, 2, 3, 5, 8, 9]  # not 0..n-1: a rank's slot is its place in the list
 OPS = ["norm", "max"]
@@ -52,11 +52,15 @@ def points():
     )
     rows = _rows()
     con.executemany("INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    con.execute("CREATE TEMP TABLE heatmap_rows (category VARCHAR, vpp_stage INTEGER, name VARCHAR, row INTEGER)")
-    con.executemany("INSERT INTO heatmap_rows VALUES ('actv', 0, ?, ?)", list(ROWS.items()))
-    define_rank_slots(con, RANKS)
-    got = category_points(con, "actv", OPS, 2, FIRST, WIDTH, COLUMNS, len(RANKS))
-    return rows, got
+    con.execute("CREATE TABLE files (rank INTEGER, kind VARCHAR)")
+    con.executemany("INSERT INTO files VALUES (?, 'csv')", [(r,) for r in RANKS])
+    con.execute("CREATE TABLE configs (rank INTEGER, ops VARCHAR)")
+    con.execute("CREATE TABLE tensors (category VARCHAR, vpp_stage INTEGER, name VARCHAR, position BIGINT)")
+    con.executemany("INSERT INTO tensors VALUES ('actv', 0, ?, ?)", [(name, i) for i, name in enumerate(ROWS)])
+    # four columns of two steps, two tensors a row (a and b share row 0)
+    folded = fold_values(con, "'loss'", Limits(max_steps=COLUMNS, max_rows=2))
+    assert folded.ranks == RANKS and folded.steps.first == FIRST and folded.steps.width == WIDTH
+    return rows, folded.points["actv"].points(folded.slots, OPS, 1)
 
 
 def _expected(rows: list[tuple]) -> dict[tuple[int, str, int, int], tuple[float | None, bool]]:
@@ -120,17 +124,6 @@ def test_the_departing_ranks_are_the_largest_robust_z_over_columns_a_non_finite_
         expected.append(sorted((r for r in z if z[r] > 0), key=lambda r: (-z[r], r))[:3])
     assert got.departing("norm", 3, RANKS) == expected
     assert expected[0][0] == 2 and expected[1][0] == 9  # the non-finite point, then the 40x rank
-
-
-def test_scatter_max_keeps_the_largest_value_of_each_place_as_fmax_at_does():
-    rng = np.random.default_rng(3)
-    at = rng.integers(0, 1000, 50_000)
-    values = rng.exponential(size=at.size)
-    want = np.full(1200, np.nan)
-    np.fmax.at(want, at, values)
-    got = np.full(1200, np.nan)
-    scatter_max(got, at, values)
-    np.testing.assert_array_equal(got, want)
 
 
 def test_the_msmon_command_line_starts_without_importing_numpy_or_duckdb():

@@ -1,16 +1,15 @@
 """What `msmon report` shows, computed from the database with a bounded result.
 
 Heatmap rows follow `tensors.position`, the order the monitor wrote the tensors in.
-The long table is scanned once: `per_step` (a temp table) holds, for each tensor, op, step and
-micro-step, the largest finite |value| over ranks, whether any rank had a non-finite one, and
-the finite min and max with the ranks that hold them, the rank that holds the largest |value|,
-the lowest rank with a non-finite one and which non-finite value it was (`nf`: DuckDB orders
-NaN above inf, so the max of the non-finite values is NaN if any was, else inf, else -inf). The
-loss and the gradient agreement have charts of their own (loss_chart.py, agreement_chart.py), not
-heatmaps. Heatmaps, top movers and the rank spread are read from it, so their cost follows
-tensors x steps, not ranks. Whatever the size of the
-run, a heatmap has at most `max_rows` x `max_steps` cells: neighbouring steps (and tensors, in
-the order the monitor wrote them) are merged, keeping the largest value, and the page says so.
+The values are read once (value_fold.py), which leaves `per_step` (a temp table, per_step_fold.py):
+for each tensor, op, step and micro-step, the largest finite |value| over ranks and its rank,
+whether any rank had a non-finite one, the lowest such rank and which non-finite value it was,
+and for replicated tensors the finite min and max with their ranks. The loss and the gradient
+agreement have charts of their own (loss_chart.py, agreement_chart.py), not heatmaps. Heatmaps,
+top movers and the rank spread are read from per_step, so their cost follows tensors x steps,
+not ranks. Whatever the size of the run, a heatmap has at most `max_rows` x `max_steps` cells:
+neighbouring steps (and tensors, in the order the monitor wrote them) are merged, keeping the
+largest value, and the page says so.
 """
 
 from __future__ import annotations
@@ -29,13 +28,14 @@ from .bulk import insert_rows
 from .cells import encode_cells, encode_ranks
 from .limits import Limits
 from .loss_chart import LOSS_CATEGORY, loss_chart
-from .rank_outliers import rank_outliers
 from .row_series import row_series
 from .schema import OPS
 from .sql import one_row
 
-if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
+if TYPE_CHECKING:  # duckdb and numpy (the db extra) are imported when a report is built, not when msmon starts
     from duckdb import DuckDBPyConnection
+
+    from .value_fold import Folded
 
 # categories drawn by a chart of their own, not as heatmaps (the agreement's signed cos is no |value|)
 OWN_CHARTS = f"'{LOSS_CATEGORY}', '{AGREEMENT_CATEGORY}'"
@@ -51,35 +51,6 @@ def _categories(con: DuckDBPyConnection) -> list[str]:
 def _ops(con: DuckDBPyConnection, category: str) -> list[str]:
     found = [r[0] for r in con.execute("SELECT DISTINCT op FROM per_step WHERE category = ?", [category]).fetchall()]
     return sorted(found, key=lambda o: (OPS.index(o) if o in OPS else len(OPS), o))
-
-
-def build_per_step(con: DuckDBPyConnection) -> None:
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE per_step AS
-        WITH f AS (  -- the finite values as fv (NULL otherwise), which the aggregates skip: a
-          -- FILTER clause on each of six aggregates costs half as much again as the whole pass
-          SELECT category, op, vpp_stage, name, step, micro_step, rank, value,
-            CASE WHEN isfinite(value) THEN value END AS fv
-          FROM metrics WHERE category NOT IN ({OWN_CHARTS})),
-        a AS (
-          SELECT category, op, vpp_stage, name, step, micro_step,
-            max(abs(fv)) AS v,
-            bool_or(NOT isfinite(value)) AS bad,
-            count(*) AS n,
-            min(fv) AS lo,
-            max(fv) AS hi,
-            arg_min(rank, fv) AS lo_rank,
-            arg_max(rank, fv) AS hi_rank,
-            arg_max(rank, abs(fv)) AS v_rank
-          FROM f GROUP BY category, op, vpp_stage, name, step, micro_step),
-        b AS (  -- the few non-finite values, apart: one filtered scan, not two more aggregates per group
-          SELECT category, op, vpp_stage, name, step, coalesce(micro_step, -1) AS m,
-            min(rank) AS bad_rank, max(value) AS nf
-          FROM metrics WHERE NOT isfinite(value) AND category NOT IN ({OWN_CHARTS})
-          GROUP BY ALL)
-        SELECT a.*, b.bad_rank, b.nf FROM a LEFT JOIN b
-          ON (a.category, a.op, a.vpp_stage, a.name, a.step, coalesce(a.micro_step, -1))
-           = (b.category, b.op, b.vpp_stage, b.name, b.step, b.m)""")
 
 
 def overview(con: DuckDBPyConnection) -> dict[str, Any]:
@@ -117,47 +88,28 @@ def overview(con: DuckDBPyConnection) -> dict[str, Any]:
     }
 
 
-def _step_buckets(con: DuckDBPyConnection, limits: Limits) -> tuple[int, int, int]:
-    """(first step, steps per column, columns)."""
-    first, last = one_row(con.execute("SELECT min(step), max(step) FROM per_step"))
-    if first is None:
-        return 0, 1, 0
-    span = last - first + 1
-    width = max(1, math.ceil(span / limits.max_steps))
-    return first, width, math.ceil(span / width)
-
-
 def _label(vpp: int, name: str, several_vpp: bool) -> str:
     return f"{vpp}:{name}" if several_vpp else name
 
 
 def heatmaps(
-    con: DuckDBPyConnection, limits: Limits, tmp_dir: str | None = None
+    con: DuckDBPyConnection, limits: Limits, folded: Folded, tmp_dir: str | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One heatmap per category and op: tensors (rows, in the order the monitor wrote them) x
     steps (columns); a cell is the largest finite |value| over ranks, micro-steps and the
     tensors and steps merged into it, or non-finite when any of them was, with the rank that
     holds it (for a non-finite cell, the lowest rank with a non-finite value). Leaves the
     temp table heatmap_rows (which row each tensor is in) for the line charts."""
-    first, width, columns = _step_buckets(con, limits)
+    first, width, columns = folded.steps.first, folded.steps.width, folded.steps.columns
     out: list[dict[str, Any]] = []
     if not columns:
         return out, {"first_step": first, "step_width": width, "columns": 0}
-    tensors: dict[str, list[tuple[int, str]]] = {}
-    for category, vpp, name, _ in con.execute(
-        "SELECT p.category, p.vpp_stage, p.name, min(t.position) AS o "
-        "FROM (SELECT DISTINCT category, vpp_stage, name FROM per_step) p "
-        "LEFT JOIN tensors t USING (category, vpp_stage, name) GROUP BY ALL "
-        "ORDER BY p.category, o NULLS LAST, p.vpp_stage, p.name"
-    ).fetchall():
-        tensors.setdefault(category, []).append((vpp, name))
+    tensors, per_row = folded.tensors, folded.per_row
     rows: list[tuple[str, int, str, int]] = []
     labels: dict[str, list[str]] = {}
-    per_row: dict[str, int] = {}
     for category, names in tensors.items():
         several_vpp = len({vpp for vpp, _ in names}) > 1
-        group = max(1, math.ceil(len(names) / limits.max_rows))
-        per_row[category] = group
+        group = per_row[category]
         labels[category] = []
         for i in range(0, len(names), group):
             g = names[i : i + group]
@@ -364,16 +316,12 @@ def cost(con: DuckDBPyConnection, limits: Limits) -> dict[str, Any]:
 
 def report_data(con: DuckDBPyConnection, limits: Limits | None = None, tmp_dir: str | None = None) -> dict[str, Any]:
     """Everything the page shows, as one JSON-ready dict."""
+    from .value_fold import fold_values
+
     limits = limits or Limits()
-    build_per_step(con)
-    maps, steps = heatmaps(con, limits, tmp_dir)
-    ranks = [
-        r[0]
-        for r in con.execute(
-            f"SELECT DISTINCT rank FROM metrics WHERE category NOT IN ({OWN_CHARTS}) ORDER BY rank"
-        ).fetchall()
-    ]
-    series = row_series(con, limits, maps, steps, ranks)
+    folded = fold_values(con, OWN_CHARTS, limits)  # writes per_step
+    maps, steps = heatmaps(con, limits, folded, tmp_dir)
+    series = row_series(limits, maps, steps, folded)
     return {
         "overview": overview(con),
         "steps": steps,
@@ -382,7 +330,7 @@ def report_data(con: DuckDBPyConnection, limits: Limits | None = None, tmp_dir: 
         "heatmaps": maps,
         "loss": loss_chart(con, limits),
         "agreement": agreement_chart(con, limits),
-        "rank_outliers": rank_outliers(con, limits),
+        "rank_outliers": folded.outliers.result(limits),
         "movers": movers(con, limits),
         "spread": rank_spread(con, limits, steps["first_step"], steps["step_width"]),
         "anomalies": anomalies(con, limits),

@@ -1,34 +1,25 @@
-"""The row charts' points, one per rank, read a category at a time and reduced in numpy.
+"""The row charts' points, one per rank, folded from the value windows in numpy.
 
 A point is what a heatmap cell holds, for one rank: the largest finite |value| of the row's
 tensors over the micro-steps and steps merged into one chart column, and whether any of them
 was non-finite. A run has about half as many points as values when two steps make a column
 (512 ranks x 200 steps x 200 tensors x 7 ops: 72 M points out of 143 M values): as a DuckDB
-hash aggregation, one group per point, that took most of the report's time and 8 GiB. Here
-each category's values are read once, the category and ops a filter the scan applies, as
-(the point's index in a dense array, |value| or -1 where non-finite), and folded in with
-scatter_max; the band, the medians and the robust z are reductions over the array's rank axis.
-The array holds a category's ranks x ops x rows x columns, ranks first: the values a Parquet
-file or a CSV file holds are one rank's, so the places a run of them is folded into lie
-together in memory (three times faster than ranks last). It follows what the page shows, not
-the run's length.
+hash aggregation, one group per point, that took most of the report's time and 8 GiB. Here a
+category's points are an array of ranks x ops x rows x columns (ranks first, as the windows
+are), each window folded in by maxima over its micro-steps, the tensors of a row and the steps
+of a column; the band, the medians and the robust z are reductions over the rank axis. It
+follows what the page shows, not the run's length.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .bulk import _quoted
 from .robust import MAD_FLOOR, MAD_SCALE, TINY
-
-if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
-    from duckdb import DuckDBPyConnection
-
-RANK_SLOTS = "report_rank_slots"  # temp table: (rank, slot), the ranks' place on the array's last axis
+from .value_window import Window
 
 
 @dataclass
@@ -66,57 +57,69 @@ class Points:
         return out
 
 
+def _fold_axes(array: np.ndarray, layers: int, ranks: int, per_row: int, combine: np.ufunc) -> np.ndarray:
+    """(ranks x layers, ops, tensors, steps, micro) -> (ranks, ops, rows, steps): micro-steps,
+    layers and the tensors of a row combined (views where there is nothing to combine)."""
+    array = array[..., 0] if array.shape[4] == 1 else combine.reduce(array, axis=4)
+    if layers > 1:
+        array = combine.reduce(array.reshape(layers, ranks, *array.shape[1:]), axis=0)
+    if per_row > 1:
+        array = combine.reduceat(array, np.arange(0, array.shape[2], per_row), axis=2)
+    return array
+
+
 def _median(v: np.ndarray, axis: int) -> np.ndarray:
     """The median over `axis` of the values that are not NaN (NaN where none is), as DuckDB's
-    median: the mean of the middle two of an even count. np.median where no value is NaN: it is
-    several times faster than np.nanmedian."""
-    if not np.isnan(v).any():
-        return np.median(v, axis=axis)
-    with warnings.catch_warnings():  # "All-NaN slice": a cell no rank has a finite value in
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(v, axis=axis)
+    median: the mean of the middle two of an even count. np.median, and np.nanmedian (several
+    times slower) only over the cells where a value is NaN."""
+    out = np.median(v, axis=axis)  # NaN where a value is NaN
+    holes = np.isnan(out)
+    if holes.any():
+        picked = np.moveaxis(v, axis, 0)[:, holes]
+        with warnings.catch_warnings():  # "All-NaN slice": a cell no rank has a finite value in
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out[holes] = np.nanmedian(picked, axis=0)
+    return out
 
 
-def define_rank_slots(con: DuckDBPyConnection, ranks: list[int]) -> None:
-    """The temp table RANK_SLOTS: each rank's slot, in the order of `ranks`."""
-    con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {RANK_SLOTS} AS SELECT unnest(?::INTEGER[]) AS rank, "
-        "generate_subscripts(?::INTEGER[], 1) - 1 AS slot",
-        [ranks, ranks],
-    )
+class PointsFold:
+    """A category's points, folded in from its value windows: (ranks, ops, rows, columns), the
+    rows `per_row` tensors each and the columns `width` steps each from `first` (the heatmap's)."""
 
+    def __init__(self, ops: list[str], ranks: int, tensors: int, per_row: int, first: int, width: int, columns: int):
+        self.ops, self.ranks, self.per_row = ops, ranks, per_row
+        self.first, self.width = first, width
+        rows = -(-tensors // per_row)
+        self.largest = np.full((ranks, len(ops), rows, columns), -1.0)  # -1: no finite value
+        self.bad = np.zeros(self.largest.shape, dtype=bool)
 
-def category_points(
-    con: DuckDBPyConnection, category: str, ops: list[str], rows: int, first: int, width: int, columns: int, ranks: int
-) -> Points:
-    """The points of `category` on `ops` (needs the temp tables heatmap_rows and RANK_SLOTS)."""
-    op_index = " ".join(f"WHEN '{_quoted(op)}' THEN {i}" for i, op in enumerate(ops))
-    listed = ", ".join(f"'{_quoted(op)}'" for op in ops)
-    got = con.execute(f"""
-        SELECT k.slot * {len(ops) * rows * columns} + ((CASE m.op {op_index} END) * {rows} + r.row) * {columns}
-            + (m.step - {first}) // {width} AS at,
-          CASE WHEN isfinite(m.value) THEN abs(m.value) ELSE -1.0 END AS v
-        FROM metrics m JOIN heatmap_rows r USING (category, vpp_stage, name) JOIN {RANK_SLOTS} k USING (rank)
-        WHERE m.category = '{_quoted(category)}' AND m.op IN ({listed}) AND m.value IS NOT NULL""").fetchnumpy()
-    at, value = np.asarray(got.pop("at"), dtype=np.int64), np.asarray(got.pop("v"), dtype=np.float64)
-    shape = (ranks, len(ops), rows, columns)
-    v = np.full(int(np.prod(shape)), np.nan)
-    bad = np.zeros(v.size, dtype=bool)
-    finite = value >= 0
-    bad[at[~finite]] = True
-    scatter_max(v, at[finite], value[finite])
-    return Points(ops, v.reshape(shape), bad.reshape(shape))
+    def add(self, window: Window) -> None:
+        """Fold in one window (its micro-steps, the tensors of a row and the steps of a column)."""
+        largest = _fold_axes(window.magnitude, window.layers, self.ranks, self.per_row, np.maximum)
+        bad = None
+        if window.nonfinite is not None:
+            bad = _fold_axes(window.nonfinite, window.layers, self.ranks, self.per_row, np.logical_or)
+        skip, steps = window.first - self.first, largest.shape[3]  # steps of the heatmap before the window's
+        for place in range(self.width):  # the steps at one place of their columns, strided: no copy
+            i = (place - skip) % self.width
+            if i >= steps:
+                continue
+            picked = largest[..., i :: self.width]
+            column = (skip + i) // self.width
+            span = slice(column, column + picked.shape[3])
+            np.maximum(self.largest[..., span], picked, out=self.largest[..., span])
+            if bad is not None:
+                np.logical_or(self.bad[..., span], bad[..., i :: self.width], out=self.bad[..., span])
 
-
-def scatter_max(out: np.ndarray, at: np.ndarray, values: np.ndarray) -> None:
-    """out[at[i]] = max(out[at[i]], values[i]) for every i (out: nothing there yet, NaN), as
-    np.fmax.at does, at a few times its speed: an assignment keeps one of the values that share a
-    place, and those larger than what was kept are assigned again, until none is (as many
-    rounds as values share a place at most: the steps, tensors and micro-steps of a point)."""
-    out[at] = values
-    while True:
-        larger = values > out[at]
-        if not larger.any():
-            return
-        at, values = at[larger], values[larger]
-        out[at] = values
+    def points(self, keep: np.ndarray, ops: list[str], factor: int) -> Points:
+        """The points of the ranks `keep` (slots) on `ops`, `factor` columns merged into one."""
+        index = [self.ops.index(op) for op in ops]
+        largest, bad = self.largest, self.bad
+        if len(keep) < self.ranks:
+            largest, bad = largest[keep], bad[keep]
+        if index != list(range(len(self.ops))):
+            largest, bad = largest[:, index], bad[:, index]
+        if factor > 1:
+            starts = np.arange(0, largest.shape[3], factor)
+            largest, bad = np.maximum.reduceat(largest, starts, axis=3), np.logical_or.reduceat(bad, starts, axis=3)
+        return Points(ops, np.where(largest < 0, np.nan, largest), bad)

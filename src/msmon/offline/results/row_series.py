@@ -9,7 +9,7 @@ first of OPS the category has, and drawn for every op), so the page does not gro
 All charts together hold at most Limits.series_values values: past that, neighbouring steps
 are merged in the charts (the heatmaps keep their own columns).
 
-The points are read and reduced a category at a time (rank_points.py).
+The points are folded from the values with everything else the page needs (value_fold.py).
 
 Values travel like heatmap cells: uint16 codes on a log scale of the heatmap's own chart range,
 base64, [row][line][column].
@@ -24,20 +24,20 @@ from .cells import encode_cells
 from .limits import Limits
 from .schema import OPS
 
-if TYPE_CHECKING:  # duckdb and numpy (the db extra) are imported when a report is built, not when msmon starts
+if TYPE_CHECKING:  # numpy (the db extra) is imported when a report is built, not when msmon starts
     import numpy as np
-    from duckdb import DuckDBPyConnection
+
+    from .value_fold import Folded
 
 BAND_LINES = ("min", "median", "max")
 
 
-def row_series(
-    con: DuckDBPyConnection, limits: Limits, maps: list[dict[str, Any]], steps: dict[str, Any], ranks: list[int]
-) -> dict[str, Any]:
-    """Adds "series" to each heatmap of `maps` (needs the temp table heatmap_rows); returns how
-    the charts were made: their mode, ranks, step width and columns."""
+def row_series(limits: Limits, maps: list[dict[str, Any]], steps: dict[str, Any], folded: Folded) -> dict[str, Any]:
+    """Adds "series" to each heatmap of `maps` from the folded points; returns how the charts
+    were made: their mode, ranks, step width and columns."""
 
-    columns, width, first = steps["columns"], steps["step_width"], steps["first_step"]
+    ranks = folded.ranks
+    columns, width = steps["columns"], steps["step_width"]
     mode = "lines" if len(ranks) <= limits.line_ranks else "band"
     lines = len(ranks) if mode == "lines" else len(BAND_LINES) + limits.outlier_lines
     needed = sum(len(m["rows"]) for m in maps) * max(1, lines) * columns
@@ -47,17 +47,12 @@ def row_series(
         return info
     import numpy as np
 
-    from .rank_points import RANK_SLOTS, category_points, define_rank_slots
-
     by_category: dict[str, list[dict[str, Any]]] = {}
     for heatmap in maps:
         by_category.setdefault(heatmap["category"], []).append(heatmap)
-    define_rank_slots(con, ranks)
     for category, chosen in by_category.items():
         ops = [h["op"] for h in chosen]
-        points = category_points(
-            con, category, ops, len(chosen[0]["rows"]), first, info["step_width"], info["columns"], len(ranks)
-        )
+        points = folded.points[category].points(folded.slots, ops, factor)
         if mode == "lines":
             for i, heatmap in enumerate(chosen):
                 heatmap["series"] = _series(points.v[:, i].transpose(1, 0, 2), points.bad[:, i].transpose(1, 0, 2))
@@ -75,7 +70,6 @@ def row_series(
                     flagged[row, len(BAND_LINES) + j] = points.bad[slot[rank], i, row]
             heatmap["series"] = _series(v, flagged)
             heatmap["series"]["outliers"] = departing
-    con.execute(f"DROP TABLE {RANK_SLOTS}")
     if mode == "lines":
         info["line_ranks"] = ranks
     return info
