@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .connection import DatabaseError
+from .huge_pages import small_pages
 from .limits import Limits
 from .per_step_fold import PerStepRows
 from .rank_outliers import OutlierFold
@@ -60,16 +61,17 @@ class Folded:
 
 def fold_values(con: DuckDBPyConnection, excluded: str, limits: Limits) -> Folded:
     """Fold every value outside the categories `excluded` (a SQL list); writes per_step."""
-    try:
-        return _fold(con, make_plan(con, excluded), limits)
-    except Unplaced:  # a rank, tensor or op the catalog does not list: take them from the values
-        pass
-    try:
-        return _fold(con, make_plan(con, excluded, discover=True), limits)
-    except Unplaced as exc:
-        raise DatabaseError(
-            f"the values of {exc} changed while msmon report read them (a job still writing?): run it again"
-        ) from None
+    with small_pages():
+        try:
+            return _fold(con, make_plan(con, excluded), limits)
+        except Unplaced:  # a rank, tensor or op the catalog does not list: take them from the values
+            pass
+        try:
+            return _fold(con, make_plan(con, excluded, discover=True), limits)
+        except Unplaced as exc:
+            raise DatabaseError(
+                f"the values of {exc} changed while msmon report read them (a job still writing?): run it again"
+            ) from None
 
 
 def _fold(con: DuckDBPyConnection, plan: ValuePlan, limits: Limits) -> Folded:
