@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import duckdb
+import numpy as np
 import pytest
 
 from msmon.offline.results.limits import Limits  # noqa: E402
@@ -58,9 +59,9 @@ def points():
     con.execute("CREATE TABLE tensors (category VARCHAR, vpp_stage INTEGER, name VARCHAR, position BIGINT)")
     con.executemany("INSERT INTO tensors VALUES ('actv', 0, ?, ?)", [(name, i) for i, name in enumerate(ROWS)])
     # four columns of two steps, two tensors a row (a and b share row 0)
-    folded = fold_values(con, "'loss'", Limits(max_steps=COLUMNS, max_rows=2))
-    assert folded.ranks == RANKS and folded.steps.first == FIRST and folded.steps.width == WIDTH
-    return rows, folded.points["actv"].points(folded.slots, OPS, 1)
+    folded = fold_values(con, "'loss'", Limits(max_steps=COLUMNS, max_rows=2), keep_points=True)
+    assert folded.series.ranks == RANKS and folded.steps.first == FIRST and folded.steps.width == WIDTH
+    return rows, folded.points["actv"].points(np.arange(len(RANKS)), OPS, 1)
 
 
 def _expected(rows: list[tuple]) -> dict[tuple[int, str, int, int], tuple[float | None, bool]]:

@@ -105,7 +105,7 @@ def test_per_step_folded_in_numpy_is_the_plain_duckdb_aggregation_row_by_row(ran
         if key[0] not in REPLICATED:  # lo, hi and their ranks are NULL outside the replicated categories
             row = row[:3] + (None, None, None, None) + row[7:]
         assert all(_same(a, b) for a, b in zip(got[key], row)), (key, got[key], row)
-    assert folded.ranks == ranks
+    assert folded.series.ranks == ranks
     assert folded.tensors["actv"] == [(0, "blocks.1.out"), (0, "blocks.0.out")]  # the catalog's order
     assert (0, "late") in folded.tensors["exp_avg"]  # found in the values when the catalog lacks it
     assert con.execute("SELECT max(n) FROM per_step WHERE category = 'actv' AND step = 5").fetchone()[0] == 5

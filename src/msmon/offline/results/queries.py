@@ -28,7 +28,6 @@ from .bulk import insert_rows
 from .cells import encode_cells, encode_ranks
 from .limits import Limits
 from .loss_chart import LOSS_CATEGORY, loss_chart
-from .row_series import row_series
 from .schema import OPS
 from .sql import one_row
 
@@ -321,7 +320,9 @@ def report_data(con: DuckDBPyConnection, limits: Limits | None = None, tmp_dir: 
     limits = limits or Limits()
     folded = fold_values(con, OWN_CHARTS, limits)  # writes per_step
     maps, steps = heatmaps(con, limits, folded, tmp_dir)
-    series = row_series(limits, maps, steps, folded)
+    for heatmap in maps:  # the row charts, made as each category was folded
+        heatmap["series"] = folded.charts[heatmap["category"]][heatmap["op"]]
+    series = folded.series.info()
     return {
         "overview": overview(con),
         "steps": steps,

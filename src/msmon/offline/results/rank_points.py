@@ -92,9 +92,14 @@ class PointsFold:
         rows = -(-tensors // per_row)
         self.largest = np.full((ranks, len(ops), rows, columns), -1.0)  # -1: no finite value
         self.bad = np.zeros(self.largest.shape, dtype=bool)
+        self.seen_ops = np.zeros(len(ops), dtype=bool)  # the ops with a value in a window folded in
 
     def add(self, window: Window) -> None:
         """Fold in one window (its micro-steps, the tensors of a row and the steps of a column)."""
+        if window.dense:
+            self.seen_ops[:] = True
+        else:
+            self.seen_ops |= np.moveaxis(window.present, 1, 0).reshape(len(self.ops), -1).any(axis=1)
         largest = _fold_axes(window.magnitude, window.layers, self.ranks, self.per_row, np.maximum)
         bad = None
         if window.nonfinite is not None:

@@ -7,7 +7,8 @@ non-finite where any rank's value was) and the lines of the Limits.outlier_lines
 depart most from the median (robust z, robust.py; chosen per category and row on one op, the
 first of OPS the category has, and drawn for every op), so the page does not grow with ranks.
 All charts together hold at most Limits.series_values values: past that, neighbouring steps
-are merged in the charts (the heatmaps keep their own columns).
+are merged in the charts (the heatmaps keep their own columns). That is decided before the
+values are read, counting a chart per category and configured op and a line per rank with files.
 
 The points are folded from the values with everything else the page needs (value_fold.py).
 
@@ -18,6 +19,7 @@ base64, [row][line][column].
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .cells import encode_cells
@@ -27,52 +29,70 @@ from .schema import OPS
 if TYPE_CHECKING:  # numpy (the db extra) is imported when a report is built, not when msmon starts
     import numpy as np
 
-    from .value_fold import Folded
+    from .rank_points import PointsFold
 
 BAND_LINES = ("min", "median", "max")
 
 
-def row_series(limits: Limits, maps: list[dict[str, Any]], steps: dict[str, Any], folded: Folded) -> dict[str, Any]:
-    """Adds "series" to each heatmap of `maps` from the folded points; returns how the charts
-    were made: their mode, ranks, step width and columns."""
+@dataclass
+class SeriesLayout:
+    """How the row charts are drawn, decided before any value is read (from the plan: the
+    ranks, each category's rows and the configured ops), so that a category's charts are made as
+    soon as its values are folded and its per-rank points let go."""
 
-    ranks = folded.ranks
-    columns, width = steps["columns"], steps["step_width"]
-    mode = "lines" if len(ranks) <= limits.line_ranks else "band"
-    lines = len(ranks) if mode == "lines" else len(BAND_LINES) + limits.outlier_lines
-    needed = sum(len(m["rows"]) for m in maps) * max(1, lines) * columns
-    factor = max(1, math.ceil(needed / limits.series_values))
-    info = {"mode": mode, "ranks": len(ranks), "step_width": width * factor, "columns": math.ceil(columns / factor)}
-    if not maps or not columns:
-        return info
+    mode: str  # "lines": a line per rank; "band": min, median, max and the departing ranks
+    ranks: list[int]
+    lines: int
+    factor: int  # heatmap columns merged into one chart column
+    step_width: int
+    columns: int
+
+    @classmethod
+    def of(cls, limits: Limits, ranks: list[int], charts_rows: int, step_width: int, columns: int) -> SeriesLayout:
+        """`charts_rows`: the rows of every heatmap together (a heatmap per category and op)."""
+        mode = "lines" if len(ranks) <= limits.line_ranks else "band"
+        lines = len(ranks) if mode == "lines" else len(BAND_LINES) + limits.outlier_lines
+        factor = max(1, math.ceil(charts_rows * max(1, lines) * columns / limits.series_values))
+        return cls(mode, ranks, lines, factor, step_width * factor, math.ceil(columns / factor))
+
+    def info(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "ranks": len(self.ranks),
+            "step_width": self.step_width,
+            "columns": self.columns,
+        }
+        if self.mode == "lines":
+            out["line_ranks"] = self.ranks
+        return out
+
+
+def category_series(
+    limits: Limits, layout: SeriesLayout, points: PointsFold, ops: list[str]
+) -> dict[str, dict[str, Any]]:
+    """The charts of one category's rows, per op of `ops`, from its folded points."""
     import numpy as np
 
-    by_category: dict[str, list[dict[str, Any]]] = {}
-    for heatmap in maps:
-        by_category.setdefault(heatmap["category"], []).append(heatmap)
-    for category, chosen in by_category.items():
-        ops = [h["op"] for h in chosen]
-        points = folded.points[category].points(folded.slots, ops, factor)
-        if mode == "lines":
-            for i, heatmap in enumerate(chosen):
-                heatmap["series"] = _series(points.v[:, i].transpose(1, 0, 2), points.bad[:, i].transpose(1, 0, 2))
-            continue
-        lo, med, hi, bad = points.band()
-        departing = points.departing(min(ops, key=_op_order), limits.outlier_lines, ranks)
-        slot = {rank: i for i, rank in enumerate(ranks)}
-        for i, heatmap in enumerate(chosen):
-            v = np.full((len(heatmap["rows"]), lines, info["columns"]), np.nan)
-            flagged = np.zeros(v.shape, dtype=bool)
-            v[:, 0], v[:, 1], v[:, 2], flagged[:, 2] = lo[i], med[i], hi[i], bad[i]
-            for row, chosen_ranks in enumerate(departing):
-                for j, rank in enumerate(chosen_ranks):
-                    v[row, len(BAND_LINES) + j] = points.v[slot[rank], i, row]
-                    flagged[row, len(BAND_LINES) + j] = points.bad[slot[rank], i, row]
-            heatmap["series"] = _series(v, flagged)
-            heatmap["series"]["outliers"] = departing
-    if mode == "lines":
-        info["line_ranks"] = ranks
-    return info
+    got = points.points(np.arange(len(layout.ranks)), ops, layout.factor)
+    if layout.mode == "lines":
+        return {
+            op: _series(got.v[:, i].transpose(1, 0, 2), got.bad[:, i].transpose(1, 0, 2)) for i, op in enumerate(ops)
+        }
+    lo, med, hi, bad = got.band()
+    departing = got.departing(min(ops, key=_op_order), limits.outlier_lines, layout.ranks)
+    slot = {rank: i for i, rank in enumerate(layout.ranks)}
+    out = {}
+    for i, op in enumerate(ops):
+        v = np.full((got.v.shape[2], layout.lines, got.v.shape[3]), np.nan)
+        flagged = np.zeros(v.shape, dtype=bool)
+        v[:, 0], v[:, 1], v[:, 2], flagged[:, 2] = lo[i], med[i], hi[i], bad[i]
+        for row, chosen_ranks in enumerate(departing):
+            for j, rank in enumerate(chosen_ranks):
+                v[row, len(BAND_LINES) + j] = got.v[slot[rank], i, row]
+                flagged[row, len(BAND_LINES) + j] = got.bad[slot[rank], i, row]
+        out[op] = _series(v, flagged)
+        out[op]["outliers"] = departing
+    return out
 
 
 def _series(v: np.ndarray, bad: np.ndarray) -> dict[str, Any]:

@@ -3,15 +3,16 @@
 Each category is read a window of steps at a time (value_plan.py: DuckDB places each value in
 the window's array as it reads it) and the window is folded into what the page needs from
 every value: `per_step` (per_step_fold.py), the row charts' per-rank points (rank_points.py)
-and the per-rank outliers (rank_outliers.py). Everything else the page shows is read from
-per_step or from small tables.
+and the per-rank outliers (rank_outliers.py). A category's row charts are made as soon as it is
+folded (row_series.py, laid out from the plan), so that only one category's points are held at a
+time. Everything else the page shows is read from per_step or from small tables.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from .limits import Limits
 from .per_step_fold import PerStepRows
 from .rank_outliers import OutlierFold
 from .rank_points import PointsFold
+from .row_series import SeriesLayout, category_series
 from .value_plan import ValuePlan, make_plan, window_query
 from .value_window import Unplaced, Workspace, place
 
@@ -52,38 +54,42 @@ class Folded:
     plan: ValuePlan
     steps: StepColumns
     outliers: OutlierFold
+    series: SeriesLayout
     tensors: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # per category, in row order
     per_row: dict[str, int] = field(default_factory=dict)  # tensors per heatmap row
-    points: dict[str, PointsFold] = field(default_factory=dict)
-    ranks: list[int] = field(default_factory=list)  # the ranks with a value
-    slots: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # theirs in the plan
+    charts: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # category -> op -> row charts
+    points: dict[str, PointsFold] = field(default_factory=dict)  # only with keep_points
 
 
-def fold_values(con: DuckDBPyConnection, excluded: str, limits: Limits) -> Folded:
-    """Fold every value outside the categories `excluded` (a SQL list); writes per_step."""
+def fold_values(con: DuckDBPyConnection, excluded: str, limits: Limits, keep_points: bool = False) -> Folded:
+    """Fold every value outside the categories `excluded` (a SQL list); writes per_step. A
+    category's per-rank points are let go once its row charts are made (`keep_points`: kept)."""
     with small_pages():
         try:
-            return _fold(con, make_plan(con, excluded), limits)
+            return _fold(con, make_plan(con, excluded), limits, keep_points)
         except Unplaced:  # a rank, tensor or op the catalog does not list: take them from the values
             pass
         try:
-            return _fold(con, make_plan(con, excluded, discover=True), limits)
+            return _fold(con, make_plan(con, excluded, discover=True), limits, keep_points)
         except Unplaced as exc:
             raise DatabaseError(
                 f"the values of {exc} changed while msmon report read them (a job still writing?): run it again"
             ) from None
 
 
-def _fold(con: DuckDBPyConnection, plan: ValuePlan, limits: Limits) -> Folded:
-    folded = Folded(plan, StepColumns.of(plan.first_step, plan.last_step, limits), OutlierFold(plan.ops))
+def _fold(con: DuckDBPyConnection, plan: ValuePlan, limits: Limits, keep_points: bool) -> Folded:
+    steps = StepColumns.of(plan.first_step, plan.last_step, limits)
+    per_row = {c.name: max(1, math.ceil(len(c.tensors) / limits.max_rows)) for c in plan.categories}
+    charts_rows = sum(math.ceil(len(c.tensors) / per_row[c.name]) * len(plan.ops) for c in plan.categories)
+    layout = SeriesLayout.of(limits, plan.ranks, charts_rows, steps.width, steps.columns)
+    folded = Folded(plan, steps, OutlierFold(plan.ops), layout, per_row=per_row)
     per_step = PerStepRows(plan)
     space = Workspace()
     ranks, ops = len(plan.ranks), len(plan.ops)
-    seen = np.zeros(ranks, dtype=bool)
     for index, category in enumerate(plan.categories):
-        per_row = max(1, math.ceil(len(category.tensors) / limits.max_rows))
-        steps = folded.steps
-        points = PointsFold(plan.ops, ranks, len(category.tensors), per_row, steps.first, steps.width, steps.columns)
+        points = PointsFold(
+            plan.ops, ranks, len(category.tensors), per_row[category.name], steps.first, steps.width, steps.columns
+        )
         for first, last in category.windows(ranks, ops):
             cursor = con.cursor()  # closed at once: DuckDB's copy of the rows goes with it
             try:
@@ -94,14 +100,14 @@ def _fold(con: DuckDBPyConnection, plan: ValuePlan, limits: Limits) -> Folded:
             shape = (ops, len(category.tensors), last - first + 1, category.micro)
             window = place(space, category.name, first, plan.ranks, shape, at, value)
             del at, value
-            seen |= True if window.dense else window.present.reshape(window.layers, ranks, -1).any(axis=(0, 2))
             per_step.add(index, window)
             points.add(window)
             folded.outliers.add(window, category.tensors, category.first_micro)
         folded.tensors[category.name] = category.tensors
-        folded.per_row[category.name] = per_row
-        folded.points[category.name] = points
+        if steps.columns:
+            present = [op for op, seen in zip(plan.ops, points.seen_ops) if seen]
+            folded.charts[category.name] = category_series(limits, layout, points, present)
+        if keep_points:
+            folded.points[category.name] = points
     per_step.write(con)
-    folded.slots = np.flatnonzero(seen)
-    folded.ranks = [plan.ranks[i] for i in folded.slots]
     return folded
