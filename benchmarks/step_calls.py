@@ -1,9 +1,12 @@
 """What one steady-state monitored step costs, counted rather than timed: on the training thread
 the Python calls made inside msmon (cProfile: calls per function, and every call msmon code
-makes, torch's Python functions and builtins included) and the aten ops msmon dispatches
-(TorchDispatchMode); on the writer thread (which shares the cores) the calls of that step's
-write; for revisions side by side. Deterministic, so it runs on a loaded machine
-and finds where time went between two revisions before anyone times them on a quiet one.
+makes, torch's Python functions and builtins included), the aten ops msmon dispatches
+(TorchDispatchMode), and in the next step the bytecodes run (sys.settrace's opcode events: a
+call count misses a function that got longer) and the exceptions raised and caught (one per
+getattr(module, name, default) on a torch Module that lacks `name`); on the writer thread (which
+shares the cores) the calls of that step's write; for revisions side by side. Deterministic, so
+it runs on a loaded machine and finds where time went between two revisions before anyone times
+them on a quiet one.
 
     python benchmarks/step_calls.py --rev 27a2ae3 --rev HEAD                # gpt-3.7M, all_xy and wg+mv+param
     python benchmarks/step_calls.py --rev 27a2ae3 --src src --configs all_xy --top 30
@@ -94,6 +97,27 @@ with Ops() as ops:
     profiler.enable()
     train_step(model, optimizer, batches[warmup])
     profiler.disable()
+bytecodes = [0, 0, 0]  # the next step, on the training thread: every bytecode, msmon's, exceptions raised
+
+
+def traced(frame, event, arg):
+    frame.f_trace_opcodes = True
+    ours = frame.f_code.co_filename.startswith(PACKAGE)
+
+    def local(frame, event, arg):
+        if event == "opcode":
+            bytecodes[0] += 1
+            bytecodes[1] += ours
+        elif event == "exception" and arg[2].tb_next is None:  # where it was raised
+            bytecodes[2] += 1
+        return local
+
+    return local
+
+
+sys.settrace(traced)
+train_step(model, optimizer, batches[warmup + 1])
+sys.settrace(None)
 monitor.close()
 
 
@@ -101,7 +125,8 @@ inside, made = calls_by_function(pstats.Stats(profiler).stats, PACKAGE)
 writer_inside, writer_made = calls_by_function(pstats.Stats(writer_profiler).stats, PACKAGE)
 print(json.dumps({"msmon_calls": inside, "calls_from_msmon": made, "aten_ops_from_msmon": ops.count,
                   "writer_calls": writer_inside, "writer_calls_from_msmon": writer_made,
-                  "gc_collections": collections}))
+                  "gc_collections": collections, "bytecodes": bytecodes[0], "msmon_bytecodes": bytecodes[1],
+                  "exceptions_raised": bytecodes[2]}))
 """
 
 
@@ -166,6 +191,11 @@ def main() -> int:
                         f"msmon code, {got['aten_ops_from_msmon']:5d} aten ops dispatched from msmon; writer thread: "
                         f"{sum(got['writer_calls'].values()):6d} msmon calls, {got['writer_calls_from_msmon']:6d} "
                         f"made by it; garbage collections in {GC_STEPS} steps by generation: {got['gc_collections']}"
+                    )
+                    print(
+                        f"  {'':>12}  {got['bytecodes']:6d} bytecodes run in the next step "
+                        f"({got['msmon_bytecodes']} in msmon's functions), {got['exceptions_raised']} exceptions "
+                        "raised (and caught)"
                     )
                 if len(found) > 1:
                     (first, a), (last, b) = list(found.items())[0], list(found.items())[-1]

@@ -151,13 +151,21 @@ class ActivationCollector(Collector):
         ctx = self.ctx
         rows_read = ctx.rows_read
         row = rows_read.get(t)
-        in_hook = bool(self._in_hook) and (key.category, key.name) in self._in_hook
-        if row is None or (in_hook and isinstance(row, PendingRow) and row.row is None):
-            if in_hook or not self._batching or not _batchable(t):
-                row = tensor_stats(t, ctx.step_ops, ctx.config.eps)
-            else:
+        if row is None:  # unread: noted for the batch where it may be, else read now
+            if self._batching and _batchable(t) and (key.category, key.name) not in self._in_hook:
                 row = ctx.hook_batch.note(t, self, self._lost_callback, key)
-            rows_read.put(t, row)
+            else:
+                row = tensor_stats(t, ctx.step_ops, ctx.config.eps)
+        elif (
+            self._in_hook
+            and isinstance(row, PendingRow)
+            and row.row is None
+            and (key.category, key.name) in self._in_hook
+        ):
+            row = tensor_stats(t, ctx.step_ops, ctx.config.eps)  # noted, but this key is read in the hook now
+        else:
+            return row  # read already (the common case: decided before the in-hook set is asked)
+        rows_read.put(t, row)
         return row
 
     def _add(self, key: RowKey, t: torch.Tensor) -> None:
@@ -308,7 +316,9 @@ class ActivationCollector(Collector):
             if not recompute and not ctx.config.backward_only:
                 self._record_forward(target, "input", value, micro, base)
             self._grad_hooks(target, "input", value, micro, base)
-            if getattr(module, "inplace", False) is True and len(ctx.hook_batch):
+            # the batch first: `inplace` is missing on most modules, and torch's Module.__getattr__
+            # raises (and getattr catches) an AttributeError per hook call to say so
+            if ctx.hook_batch.noted and getattr(module, "inplace", False) is True:
                 ctx.hook_batch.flush()  # read the noted tensors before the module overwrites its input
             return None
 

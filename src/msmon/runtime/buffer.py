@@ -9,7 +9,10 @@ before the batch point) is left out with its key when the rows are taken.
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -18,6 +21,7 @@ from .hook_batch import PendingRow, resolved
 from .row_finiteness import RowFiniteness
 
 Row = torch.Tensor | PendingRow
+_present = functools.partial(operator.is_not, None)  # a row that was not lost
 
 
 @dataclass
@@ -147,7 +151,7 @@ class StepBuffer:
                 start += size
                 continue
             rows = [r.combined() if isinstance(r, RowGroup) else resolved(r) for r in chunk]
-            kept = [row for row in rows if row is not None]
+            kept = cast("list[torch.Tensor]", list(filter(_present, rows)))  # no bytecode per row
             if len(kept) < len(rows):
                 lost.extend(start + i for i, row in enumerate(rows) if row is None)
             if kept:

@@ -258,3 +258,33 @@ def test_row_keys_are_made_once_and_the_same_objects_name_every_step(write_confi
         for step in later:
             assert step[category] == first[category]
             assert all(a is b for a, b in zip(step[category], first[category]))
+
+
+class AskedAttributes(torch.nn.Linear):
+    """Records every attribute it is asked for and lacks (Module.__getattr__ raises
+    AttributeError, which a getattr with a default then catches)."""
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            self.__dict__.setdefault("missing", []).append(name)
+            raise
+
+
+def test_forward_hooks_on_the_kernel_path_ask_no_module_for_an_attribute_it_lacks(write_config, output_dir):
+    """A monitored forward pass makes torch raise and catch no AttributeError per module: the
+    in-place check (read the device path's notes before an in-place module overwrites its
+    input) asks for `inplace` only while notes are waiting, which the CPU's kernel path never has."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(AskedAttributes(8, 8), torch.nn.ReLU(), AskedAttributes(8, 2))
+    mon, optimizer = monitored(write_config, model, {"all_xy": True})
+    for linear in (model[0], model[2]):
+        linear.__dict__["missing"] = []  # the steps' lookups only (building a Linear has its own)
+    for _ in range(2):
+        model(torch.randn(6, 8)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    mon.close()
+    assert model[0].__dict__["missing"] == [] and model[2].__dict__["missing"] == []
+    assert {r["name"] for r in read_csv_rows(rank_dir(output_dir), "actv")} >= {"0.output", "2.output"}
