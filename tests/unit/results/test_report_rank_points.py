@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import duckdb
-import numpy as np
 import pytest
 
 from msmon.offline.results.limits import Limits  # noqa: E402
@@ -61,7 +60,7 @@ def points():
     # four columns of two steps, two tensors a row (a and b share row 0)
     folded = fold_values(con, "'loss'", Limits(max_steps=COLUMNS, max_rows=2), keep_points=True)
     assert folded.series.ranks == RANKS and folded.steps.first == FIRST and folded.steps.width == WIDTH
-    return rows, folded.points["actv"].points(np.arange(len(RANKS)), OPS, 1)
+    return rows, folded.points["actv"].points(OPS, 1)
 
 
 def _expected(rows: list[tuple]) -> dict[tuple[int, str, int, int], tuple[float | None, bool]]:

@@ -19,8 +19,8 @@ import numpy as np
 
 from ...records.rows import REPLICATED_CATEGORIES, TENSOR_CATEGORIES
 from .limits import Limits
-from .rank_points import _median
-from .robust import MAD_FLOOR, MAD_SCALE, TINY
+from .rank_stats import robust_z
+from .robust import MAD_FLOOR, MAD_SCALE
 from .value_window import Window
 
 RANK_LOCAL_CATEGORIES = tuple(c for c in TENSOR_CATEGORIES if c not in REPLICATED_CATEGORIES)
@@ -69,10 +69,7 @@ class OutlierFold:
         else:
             cells = np.flatnonzero(enough)
             x = np.where(valid[:, cells], value[:, cells], np.nan)  # (rank rows, cells)
-        med = _median(x, axis=0)
-        dev = np.abs(x - med)
-        mad = _median(dev, axis=0)
-        z = dev / np.fmax(np.fmax(MAD_SCALE * mad, MAD_FLOOR * np.abs(med)), TINY)
+        z, med, mad = robust_z(x)
         z = np.where(np.isnan(z), -np.inf, z)
         row = np.argmax(z, axis=0)  # the first rank row with the largest z of each cell
         cell_z = z[row, np.arange(cells.size)]

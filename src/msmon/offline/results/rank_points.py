@@ -13,12 +13,11 @@ follows what the page shows, not the run's length.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from .robust import MAD_FLOOR, MAD_SCALE, TINY
+from .rank_stats import median_over_ranks, robust_z
 from .value_window import Window
 
 
@@ -35,7 +34,7 @@ class Points:
         """(min, median, max, any non-finite) over ranks: each (ops, rows, columns); NaN where no
         rank has a finite value."""
         v = self.v
-        return np.fmin.reduce(v, axis=0), _median(v, axis=0), np.fmax.reduce(v, axis=0), np.any(self.bad, axis=0)
+        return np.fmin.reduce(v, axis=0), median_over_ranks(v), np.fmax.reduce(v, axis=0), np.any(self.bad, axis=0)
 
     def departing(self, op: str, count: int, ranks: list[int]) -> list[list[int]]:
         """Per row, the `count` ranks with the largest robust z of their points on `op` over
@@ -43,11 +42,7 @@ class Points:
         largest first (ties: the lower rank); only ranks with z > 0."""
         i = self.ops.index(op)
         v, bad = self.v[:, i], self.bad[:, i]  # (ranks, rows, columns)
-        med = _median(v, axis=0)
-        dev = np.abs(v - med)
-        mad = _median(dev, axis=0)
-        scale = np.fmax(np.fmax(MAD_SCALE * mad, MAD_FLOOR * np.abs(med)), TINY)
-        z = np.fmax.reduce(np.where(bad, np.inf, dev / scale), axis=2).T  # (rows, ranks); NaN: no point
+        z = np.fmax.reduce(np.where(bad, np.inf, robust_z(v)[0]), axis=2).T  # (rows, ranks); NaN: no point
         slots = np.asarray(ranks)
         out = []
         for row in z:
@@ -66,20 +61,6 @@ def _fold_axes(array: np.ndarray, layers: int, ranks: int, per_row: int, combine
     if per_row > 1:
         array = combine.reduceat(array, np.arange(0, array.shape[2], per_row), axis=2)
     return array
-
-
-def _median(v: np.ndarray, axis: int) -> np.ndarray:
-    """The median over `axis` of the values that are not NaN (NaN where none is), as DuckDB's
-    median: the mean of the middle two of an even count. np.median, and np.nanmedian (several
-    times slower) only over the cells where a value is NaN."""
-    out = np.median(v, axis=axis)  # NaN where a value is NaN
-    holes = np.isnan(out)
-    if holes.any():
-        picked = np.moveaxis(v, axis, 0)[:, holes]
-        with warnings.catch_warnings():  # "All-NaN slice": a cell no rank has a finite value in
-            warnings.simplefilter("ignore", RuntimeWarning)
-            out[holes] = np.nanmedian(picked, axis=0)
-    return out
 
 
 class PointsFold:
@@ -116,12 +97,10 @@ class PointsFold:
             if bad is not None:
                 np.logical_or(self.bad[..., span], bad[..., i :: self.width], out=self.bad[..., span])
 
-    def points(self, keep: np.ndarray, ops: list[str], factor: int) -> Points:
-        """The points of the ranks `keep` (slots) on `ops`, `factor` columns merged into one."""
+    def points(self, ops: list[str], factor: int) -> Points:
+        """The points on `ops`, `factor` columns merged into one."""
         index = [self.ops.index(op) for op in ops]
         largest, bad = self.largest, self.bad
-        if len(keep) < self.ranks:
-            largest, bad = largest[keep], bad[keep]
         if index != list(range(len(self.ops))):
             largest, bad = largest[:, index], bad[:, index]
         if factor > 1:

@@ -5,20 +5,17 @@ the median absolute deviation (MAD) are not, as long as fewer than half the rank
 MAD is scaled by 1.4826 (a normal distribution's MAD is 0.6745 standard deviations) and floored
 at 0.1 % of |median|, so that ranks which agree to the last digit do not make a rounding
 difference look like an outlier. robust_z is anomaly/robust_spread.py's spread with that floor
-(the live AnomalyRankOutlier's, with a wider one); SQL_Z the same in DuckDB.
+(the live AnomalyRankOutlier's, with a wider one); rank_stats.py the same over numpy arrays.
 """
 
 from __future__ import annotations
 
 from ...anomaly.robust_spread import MAD_SCALE, robust_spread
 
-__all__ = ["MAD_FLOOR", "MAD_SCALE", "SQL_Z", "TINY", "robust_z"]
+__all__ = ["MAD_FLOOR", "MAD_SCALE", "TINY", "robust_z"]
 
 MAD_FLOOR = 1e-3  # of |median|
 TINY = 1e-30
-
-# the same in SQL, for `dev` (|value - med|), `mad` and `med` columns
-SQL_Z = f"dev / greatest({MAD_SCALE} * mad, {MAD_FLOOR} * abs(med), {TINY})"
 
 
 def robust_z(values: list[float]) -> list[float]:

@@ -73,7 +73,7 @@ def category_series(
     """The charts of one category's rows, per op of `ops`, from its folded points."""
     import numpy as np
 
-    got = points.points(np.arange(len(layout.ranks)), ops, layout.factor)
+    got = points.points(ops, layout.factor)
     if layout.mode == "lines":
         return {
             op: _series(got.v[:, i].transpose(1, 0, 2), got.bad[:, i].transpose(1, 0, 2)) for i, op in enumerate(ops)

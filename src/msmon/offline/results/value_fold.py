@@ -55,10 +55,14 @@ class Folded:
     steps: StepColumns
     outliers: OutlierFold
     series: SeriesLayout
-    tensors: dict[str, list[tuple[int, str]]] = field(default_factory=dict)  # per category, in row order
     per_row: dict[str, int] = field(default_factory=dict)  # tensors per heatmap row
     charts: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)  # category -> op -> row charts
     points: dict[str, PointsFold] = field(default_factory=dict)  # only with keep_points
+
+    @property
+    def tensors(self) -> dict[str, list[tuple[int, str]]]:
+        """Each category's tensors, in row order."""
+        return {c.name: c.tensors for c in self.plan.categories}
 
 
 def fold_values(con: DuckDBPyConnection, excluded: str, limits: Limits, keep_points: bool = False) -> Folded:
@@ -103,7 +107,6 @@ def _fold(con: DuckDBPyConnection, plan: ValuePlan, limits: Limits, keep_points:
             per_step.add(index, window)
             points.add(window)
             folded.outliers.add(window, category.tensors, category.first_micro)
-        folded.tensors[category.name] = category.tensors
         if steps.columns:
             present = [op for op, seen in zip(plan.ops, points.seen_ops) if seen]
             folded.charts[category.name] = category_series(limits, layout, points, present)
