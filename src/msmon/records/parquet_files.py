@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 from .parquet_layout import (
     COLUMNS,
     DICTIONARY_COLUMNS,
+    SPANS_KEY,
     STATISTICS_COLUMNS,
     TENSORS_KEY,
     file_name,
@@ -75,6 +76,7 @@ class RollingParquet:
         self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._rows = 0
         self._order: dict[tuple[str, int, str], None] = {}  # the open file's tensors, first seen first
+        self._spans: dict[str, list[int]] = {}  # the open file's steps and micro-steps per category
 
     # -- interning ----------------------------------------------------------------------------------
     def tensor_ids(self, keys: Sequence[Hashable], fields: Callable[[Any], TensorFields]) -> np.ndarray:
@@ -124,8 +126,10 @@ class RollingParquet:
             return
         writer, path = self._writer, self._path
         self._writer = None
-        writer.add_key_value_metadata({TENSORS_KEY: json.dumps([list(t) for t in self._order])})
-        self._order = {}
+        writer.add_key_value_metadata(
+            {TENSORS_KEY: json.dumps([list(t) for t in self._order]), SPANS_KEY: json.dumps(self._spans)}
+        )
+        self._order, self._spans = {}, {}
         writer.close()
         with open(path, "rb") as fh:  # the rows are on disk before the name says the file is whole
             os.fsync(fh.fileno())
@@ -162,6 +166,7 @@ class RollingParquet:
         for tensor in used[np.argsort(first)].tolist():  # the order recorded, before the rows are sorted
             category, vpp_stage, name, _ = fields[tensor]
             self._order.setdefault((category, vpp_stage, name))
+        self._note_spans(steps, tensors, used)
         order = self._sorted(steps, tensors, ops)
         steps, tensors, ops, values = steps[order], tensors[order], ops[order], values[order]
         index = pa.array(tensors)
@@ -182,6 +187,28 @@ class RollingParquet:
         if self._writer is None:
             self._open()
         self._writer.write_table(table, row_group_size=rows)
+
+    def _note_spans(self, steps: np.ndarray, tensors: np.ndarray, used: np.ndarray) -> None:
+        """Widen each category's steps and micro-steps (SPANS_KEY) by the row group's rows."""
+        fields = self._tensors
+        categories = sorted({fields[t][0] for t in used.tolist()})
+        if len(categories) == 1:
+            masks = [(categories[0], None)]
+        else:
+            code = {c: i for i, c in enumerate(categories)}
+            of_tensor = np.full(len(fields), -1, dtype=np.int64)
+            for t in used.tolist():
+                of_tensor[t] = code[fields[t][0]]
+            of_row = of_tensor[tensors]
+            masks = [(c, of_row == i) for i, c in enumerate(categories)]
+        for category, mask in masks:
+            picked = steps if mask is None else steps[mask]
+            micro = [-1 if fields[t][3] is None else fields[t][3] for t in used.tolist() if fields[t][0] == category]
+            got = [int(picked.min()), int(picked.max()), min(micro), max(micro)]
+            have = self._spans.get(category)
+            if have is not None:
+                got = [min(have[0], got[0]), max(have[1], got[1]), min(have[2], got[2]), max(have[3], got[3])]
+            self._spans[category] = got
 
     def _sorted(self, steps: np.ndarray, tensors: np.ndarray, ops: np.ndarray) -> np.ndarray:
         """The rows' order in the row group: by category, op, tensor and step (names in string

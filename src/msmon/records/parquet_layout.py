@@ -39,6 +39,10 @@ UNFINISHED_FILE = re.compile(r"^\.part-(?P<rank>\d+)-(?P<seq>\d+)\.parquet\.tmp$
 # in the order they were first recorded in it (execution order for activations): `msmon db`'s
 # `tensors.position`, read from the footers without reading the rows
 TENSORS_KEY = "msmon.tensors"
+# the footer's entry that gives each category's steps and micro-steps in the file,
+# {category: [first step, last step, first micro-step, last micro-step]} (no micro-step: -1):
+# `msmon report` lays out its arrays from the footers instead of a scan of every row
+SPANS_KEY = "msmon.spans"
 
 # the columns of every file: `msmon db`'s long `metrics` table (offline/results/schema.py), with
 # the run id first; DuckDB's types (the writer maps them to Arrow's)

@@ -11,6 +11,7 @@ time. Everything else the page shows is read from per_step or from small tables.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +20,13 @@ import numpy as np
 from .connection import DatabaseError
 from .huge_pages import small_pages
 from .limits import Limits
+from .parquet_values import ParquetWindows, Repeated, parquet_files
 from .per_step_fold import PerStepRows
 from .rank_outliers import OutlierFold
 from .rank_points import PointsFold
 from .row_series import SeriesLayout, category_series
 from .value_plan import ValuePlan, make_plan, window_query
-from .value_window import Unplaced, Workspace, place
+from .value_window import Unplaced, Window, Workspace, place
 
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection
@@ -68,33 +70,33 @@ class Folded:
 def fold_values(con: DuckDBPyConnection, excluded: str, limits: Limits, keep_points: bool = False) -> Folded:
     """Fold every value outside the categories `excluded` (a SQL list); writes per_step. A
     category's per-rank points are let go once its row charts are made (`keep_points`: kept)."""
+    files = parquet_files(con, excluded)
+    reader = ParquetWindows(files) if files else None
     with small_pages():
-        try:
-            return _fold(con, make_plan(con, excluded), limits, keep_points)
-        except Unplaced:  # a rank, tensor or op the catalog does not list: take them from the values
-            pass
-        try:
-            return _fold(con, make_plan(con, excluded, discover=True), limits, keep_points)
-        except Unplaced as exc:
-            raise DatabaseError(
-                f"the values of {exc} changed while msmon report read them (a job still writing?): run it again"
-            ) from None
+        for discover in (False, True):
+            spans = reader.category_spans() if reader is not None else None
+            plan = make_plan(con, excluded, discover=discover, spans=spans)
+            try:
+                if reader is not None:
+                    try:
+                        return _fold(con, plan, reader.windows(plan, Workspace()), limits, keep_points)
+                    except Repeated:  # a value written twice at one place: DuckDB's read keeps both
+                        reader = None
+                return _fold(con, plan, _duckdb_windows(con, plan, Workspace()), limits, keep_points)
+            except Unplaced as exc:  # a rank, tensor or op the catalog does not list: take them from the values
+                unplaced = exc
+    raise DatabaseError(
+        f"the values of {unplaced} changed while msmon report read them (a job still writing?): run it again"
+    ) from None
 
 
-def _fold(con: DuckDBPyConnection, plan: ValuePlan, limits: Limits, keep_points: bool) -> Folded:
-    steps = StepColumns.of(plan.first_step, plan.last_step, limits)
-    per_row = {c.name: max(1, math.ceil(len(c.tensors) / limits.max_rows)) for c in plan.categories}
-    charts_rows = sum(math.ceil(len(c.tensors) / per_row[c.name]) * len(plan.ops) for c in plan.categories)
-    layout = SeriesLayout.of(limits, plan.ranks, charts_rows, steps.width, steps.columns)
-    folded = Folded(plan, steps, OutlierFold(plan.ops), layout, per_row=per_row)
-    per_step = PerStepRows(plan)
-    space = Workspace()
+def _duckdb_windows(con: DuckDBPyConnection, plan: ValuePlan, space: Workspace) -> Iterator[tuple[int, Window, bool]]:
+    """(category index, window, whether it is the category's last), read through the `metrics`
+    view a category and a window of steps at a time."""
     ranks, ops = len(plan.ranks), len(plan.ops)
     for index, category in enumerate(plan.categories):
-        points = PointsFold(
-            plan.ops, ranks, len(category.tensors), per_row[category.name], steps.first, steps.width, steps.columns
-        )
-        for first, last in category.windows(ranks, ops):
+        windows = category.windows(ranks, ops)
+        for n, (first, last) in enumerate(windows):
             cursor = con.cursor()  # closed at once: DuckDB's copy of the rows goes with it
             try:
                 got = cursor.execute(window_query(plan, category, first, last)).fetchnumpy()
@@ -104,9 +106,43 @@ def _fold(con: DuckDBPyConnection, plan: ValuePlan, limits: Limits, keep_points:
             shape = (ops, len(category.tensors), last - first + 1, category.micro)
             window = place(space, category.name, first, plan.ranks, shape, at, value)
             del at, value
-            per_step.add(index, window)
-            points.add(window)
-            folded.outliers.add(window, category.tensors, category.first_micro)
+            yield index, window, n == len(windows) - 1
+
+
+def _fold(
+    con: DuckDBPyConnection,
+    plan: ValuePlan,
+    windows: Iterator[tuple[int, Window, bool]],
+    limits: Limits,
+    keep_points: bool,
+) -> Folded:
+    steps = StepColumns.of(plan.first_step, plan.last_step, limits)
+    per_row = {c.name: max(1, math.ceil(len(c.tensors) / limits.max_rows)) for c in plan.categories}
+    charts_rows = sum(math.ceil(len(c.tensors) / per_row[c.name]) * len(plan.ops) for c in plan.categories)
+    layout = SeriesLayout.of(limits, plan.ranks, charts_rows, steps.width, steps.columns)
+    folded = Folded(plan, steps, OutlierFold(plan.ops), layout, per_row=per_row)
+    per_step = PerStepRows(plan)
+    folding: dict[int, PointsFold] = {}  # categories with windows still to come
+    for index, window, last in windows:
+        category = plan.categories[index]
+        points = folding.get(index)
+        if points is None:
+            points = folding[index] = PointsFold(
+                plan.ops,
+                len(plan.ranks),
+                len(category.tensors),
+                per_row[category.name],
+                steps.first,
+                steps.width,
+                steps.columns,
+            )
+        per_step.add(index, window)
+        points.add(window)
+        folded.outliers.add(window, category.tensors, category.first_micro)
+        del window
+        if not last:
+            continue
+        del folding[index]
         if steps.columns:
             present = [op for op, seen in zip(plan.ops, points.seen_ops) if seen]
             folded.charts[category.name] = category_series(limits, layout, points, present)

@@ -72,14 +72,25 @@ class ValuePlan:
         return bool(self.ranks) and self.ranks == list(range(self.ranks[0], self.ranks[0] + len(self.ranks)))
 
 
-def make_plan(con: DuckDBPyConnection, excluded: str, discover: bool = False) -> ValuePlan:
+def make_plan(
+    con: DuckDBPyConnection,
+    excluded: str,
+    discover: bool = False,
+    spans: list[tuple[str, int, int, int, int]] | None = None,
+) -> ValuePlan:
     """The plan of the values outside the categories `excluded` (a SQL list); `discover`: the
-    ranks, tensors and ops from the values themselves rather than from the catalog."""
+    ranks, tensors and ops from the values themselves rather than from the catalog; `spans`:
+    each category's steps and micro-steps, known without a scan (parquet_values.py: the files'
+    footers), else scanned."""
     where = f"category NOT IN ({excluded})"
-    spans = con.execute(
-        f"SELECT category, min(step), max(step), min(coalesce(micro_step, -1)), max(coalesce(micro_step, -1)) "
-        f"FROM metrics WHERE {where} GROUP BY category ORDER BY category"
-    ).fetchall()
+    if spans is None or discover:
+        spans = con.execute(
+            f"SELECT category, min(step), max(step), min(coalesce(micro_step, -1)), max(coalesce(micro_step, -1)) "
+            f"FROM metrics WHERE {where} GROUP BY category ORDER BY category"
+        ).fetchall()
+    else:
+        left_out = {r[0] for r in con.execute(f"SELECT unnest([{excluded}])").fetchall()}
+        spans = [s for s in spans if s[0] not in left_out]
     if discover:
         ranks = [r[0] for r in con.execute(f"SELECT DISTINCT rank FROM metrics WHERE {where} ORDER BY rank").fetchall()]
         found = {r[0] for r in con.execute(f"SELECT DISTINCT op FROM metrics WHERE {where}").fetchall()}

@@ -87,11 +87,28 @@ def place(
         present.fill(False)
         present[at] = True
         written = at.size
-    dense = written == size
     full = space.take("value", size, np.float64)
-    if not dense:
-        full.fill(np.nan)
     full[at] = value
+    return settle(space, category, first, ranks, shape, layers, full, present, written)
+
+
+def settle(
+    space: Workspace,
+    category: str,
+    first: int,
+    ranks: list[int],
+    shape: tuple[int, int, int, int],
+    layers: int,
+    full: np.ndarray,
+    present: np.ndarray,
+    written: int,
+) -> Window:
+    """The window of the values already placed in `full` (flat, `layers` layers of ranks; other
+    places hold anything), `present` where `written` of them were."""
+    size = full.size
+    dense = written == size
+    if not dense:
+        np.copyto(full, np.nan, where=~present)
     finite = space.take("finite", size, np.bool_)
     np.isfinite(full, out=finite)
     magnitude = space.take("magnitude", size, np.float64)
