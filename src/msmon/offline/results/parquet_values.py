@@ -220,16 +220,15 @@ def _table(array: Any, meaning: dict[str, int], missing: int) -> np.ndarray:
 
 
 def _numbers(array: Any, missing: int) -> np.ndarray:
-    """An integer column's values as int64, `missing` for a null (read from the buffers: the
-    calls of Array.to_numpy and fill_null cost more here than the copy)."""
+    """An integer column's values as a new int64 array, `missing` for a null (read from the
+    buffers: Array.to_numpy and fill_null cost more here than the copy)."""
     width = array.type.bit_width // 8
     out = np.frombuffer(array.buffers()[1], dtype=f"<i{width}", count=len(array), offset=array.offset * width)
-    if not array.null_count:
-        return out.astype(np.int64, copy=False)
     out = out.astype(np.int64)
-    bits = np.frombuffer(array.buffers()[0], dtype=np.uint8)
-    valid = np.unpackbits(bits, count=array.offset + len(array), bitorder="little")[array.offset :]
-    out[valid == 0] = missing
+    if array.null_count:
+        bits = np.frombuffer(array.buffers()[0], dtype=np.uint8)
+        valid = np.unpackbits(bits, count=array.offset + len(array), bitorder="little")[array.offset :]
+        np.copyto(out, missing, where=valid == 0)
     return out
 
 
@@ -325,17 +324,23 @@ def _place_batch(
     else:  # the tensor is added row by row, with its stage
         starts = np.broadcast_to(starts, (kinds.size, op_slot.size, name_slot.size))
     shape = starts.shape
-    category = _indices(col["category"], shape[0] - 1)
-    key = (category.astype(np.int64) * shape[1] + _indices(col["op"], shape[1] - 1)) * shape[2]
+    # int64 codes: numpy gathers with an int32 index convert it first, every time
+    category = _indices(col["category"], shape[0] - 1).astype(np.int64)
+    key = category * shape[1]
+    key += _indices(col["op"], shape[1] - 1)
+    key *= shape[2]
     key += _indices(col["name"], shape[2] - 1)
     lo, steps, m0, micro = axes.lo[kinds], axes.S[kinds], axes.m0[kinds], axes.M[kinds]
+    s = _numbers(col["step"], -1)
     if (lo == lo[0]).all() and (steps == steps[0]).all():  # one block of steps for every category of the batch
-        s = _numbers(col["step"], -1) - lo[0]
+        s = s - lo[0]
         keep = s.view(np.uint64) < steps[0]
     else:
-        s = _numbers(col["step"], -1) - lo[category]
+        s = s - lo[category]
         keep = s.view(np.uint64) < steps[category]
-    m = _numbers(col["micro_step"], -1) - m0[category]
+    m = _numbers(col["micro_step"], -1)
+    if m0.any():  # else every category of the batch starts at micro-step 0
+        m -= m0[category]
     keep &= m.view(np.uint64) < micro[category]
     if col["value"].null_count:
         keep &= ~col["value"].is_null().to_numpy(zero_copy_only=False)

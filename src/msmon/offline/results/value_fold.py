@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -123,30 +124,34 @@ def _fold(
     folded = Folded(plan, steps, OutlierFold(plan.ops), layout, per_row=per_row)
     per_step = PerStepRows(plan)
     folding: dict[int, PointsFold] = {}  # categories with windows still to come
-    for index, window, last in windows:
-        category = plan.categories[index]
-        points = folding.get(index)
-        if points is None:
-            points = folding[index] = PointsFold(
-                plan.ops,
-                len(plan.ranks),
-                len(category.tensors),
-                per_row[category.name],
-                steps.first,
-                steps.width,
-                steps.columns,
-            )
-        per_step.add(index, window)
-        points.add(window)
-        folded.outliers.add(window, category.tensors, category.first_micro)
-        del window
-        if not last:
-            continue
-        del folding[index]
-        if steps.columns:
-            present = [op for op, seen in zip(plan.ops, points.seen_ops) if seen]
-            folded.charts[category.name] = category_series(limits, layout, points, present)
-        if keep_points:
-            folded.points[category.name] = points
+    charts: dict[str, Future[dict[str, Any]]] = {}
+    with ThreadPoolExecutor(1) as drawing:  # a category's charts made while the next is folded
+        for index, window, last in windows:
+            category = plan.categories[index]
+            points = folding.get(index)
+            if points is None:
+                points = folding[index] = PointsFold(
+                    plan.ops,
+                    len(plan.ranks),
+                    len(category.tensors),
+                    per_row[category.name],
+                    steps.first,
+                    steps.width,
+                    steps.columns,
+                )
+            per_step.add(index, window)
+            points.add(window)
+            folded.outliers.add(window, category.tensors, category.first_micro)
+            del window
+            if not last:
+                continue
+            del folding[index]
+            if steps.columns:
+                present = [op for op, seen in zip(plan.ops, points.seen_ops) if seen]
+                charts[category.name] = drawing.submit(category_series, limits, layout, points, present)
+            if keep_points:
+                folded.points[category.name] = points
+            del points
+        folded.charts = {name: made.result() for name, made in charts.items()}
     per_step.write(con)
     return folded
