@@ -1,12 +1,14 @@
 """One read of the run's values for the whole report, folded in numpy.
 
-Each category is read a window of steps at a time (value_plan.py: DuckDB places each value in
-the window's array as it reads it) and the window is folded into what the page needs from
-every value: `per_step` (per_step_fold.py), the row charts' per-rank points (rank_points.py)
-and the per-rank outliers (rank_outliers.py). A category's row charts are made as soon as it is
-folded (row_series.py, laid out from the plan), so that only one category's points are held at a
-time. Everything else the page shows is read from per_step or from small tables.
-"""
+The values arrive as windows, a category's dense array over some steps: from the Parquet files
+themselves where they hold every value (parquet_values.py: pyarrow, each file once per group of
+steps), else through DuckDB, a category and a window of steps at a time (value_plan.py: DuckDB
+places each value in the window's array as it reads it). Each window is folded into what the
+page needs from every value: `per_step` (per_step_fold.py), the row charts' per-rank points
+(rank_points.py) and the per-rank outliers (rank_outliers.py). A category's row charts are made,
+on a second thread, as soon as its last window is folded (row_series.py, laid out from the plan),
+and its points let go with them. Everything else the page shows is read from per_step or from
+small tables."""
 
 from __future__ import annotations
 
