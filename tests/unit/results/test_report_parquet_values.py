@@ -200,3 +200,20 @@ def test_the_writer_says_each_categorys_steps_and_micro_steps_in_the_footer(tmp_
             have = want.setdefault(row["category"], [row["step"], row["step"], micro, micro])
             have[:] = [min(have[0], row["step"]), max(have[1], row["step"]), min(have[2], micro), max(have[3], micro)]
         assert said == want, path
+
+
+def test_a_file_gone_once_its_footer_was_read_sends_the_fold_to_duckdbs_read(tmp_path, monkeypatch):
+    _write(tmp_path / "out", _rows([0, 1, 2, 3]))
+    con = _database(tmp_path / "out", tmp_path / "run.duckdb")
+    made = _read_by(monkeypatch)
+    gone = next((tmp_path / "out").rglob("part-00002-00002.parquet"))
+    plan = value_fold.make_plan
+
+    def removing(*args, **kwargs):  # between the footers' read and the rows'
+        gone.unlink(missing_ok=True)
+        return plan(*args, **kwargs)
+
+    monkeypatch.setattr(value_fold, "make_plan", removing)
+    fold_values(con, "'loss'", Limits())
+    assert made["duckdb"] > 0
+    _check_per_step(con)  # the rows of the files still there, as the view reads them

@@ -12,6 +12,7 @@ small tables."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,8 @@ from .rank_points import PointsFold
 from .row_series import SeriesLayout, category_series
 from .value_plan import ValuePlan, make_plan, window_query
 from .value_window import Unplaced, Window, Workspace, place
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # duckdb is optional and imported only where a database is opened
     from duckdb import DuckDBPyConnection
@@ -84,6 +87,9 @@ def fold_values(con: DuckDBPyConnection, excluded: str, limits: Limits, keep_poi
                     try:
                         return _fold(con, plan, reader.windows(plan, Workspace()), limits, keep_points)
                     except Repeated:  # a value written twice at one place: DuckDB's read keeps both
+                        reader = None
+                    except (OSError, ValueError, KeyError) as exc:  # a file pyarrow cannot read as written
+                        log.info("msmon report: the Parquet files read through DuckDB instead (%s)", exc)
                         reader = None
                 return _fold(con, plan, _duckdb_windows(con, plan, Workspace()), limits, keep_points)
             except Unplaced as exc:  # a rank, tensor or op the catalog does not list: take them from the values
