@@ -9,7 +9,6 @@ and files another writer made (several ranks in a file, nulls, no msmon footer).
 from __future__ import annotations
 
 import json
-import math
 import random
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
-from test_report_value_fold import COLUMNS, KEY, REFERENCE, REPLICATED, _same
+from test_report_value_fold import _rows as value_fold_rows
+from test_report_value_fold import check_per_step
 
 from msmon.launcher.cli import main
 from msmon.offline.results import parquet_values, value_fold
@@ -34,31 +34,10 @@ ROLL = 4  # steps per file: the groups of steps below end inside files too
 
 
 def _rows(ranks: list[int]) -> list[tuple]:
-    """(rank, vpp_stage, category, name, step, micro_step, op, value) of a small run."""
-    rng = random.Random(5)
-    rows = []
-    for rank in ranks:
-        for step in range(4, 13):
-            for micro in (0, 1):
-                for name in ("blocks.0.out", "blocks.1.out"):
-                    if rank == ranks[1] and step == 6:
-                        continue  # this rank wrote no activation at step 6
-                    for op in ("norm", "max", "min"):
-                        value = rng.gauss(0, 3) * (30 if rank == ranks[-1] else 1)
-                        rows.append((rank, 0, "actv", name, step, micro, op, value))
-            for vpp in (0, 1):  # the same name in two pipeline stages
-                for op in ("norm", "max", "min"):
-                    rows.append((rank, vpp, "grad_reduced", "w", step, None, op, rng.gauss(0, 1)))
-        for step in (0, 50, 100):  # steps far apart
-            rows.append((rank, 0, "exp_avg", "w", step, None, "norm", rng.uniform(0, 2)))
-        rows.append((rank, 0, "loss", "loss", 4, 0, "loss", 1.0))
-    nonfinite = [math.nan, math.inf, -math.inf]
-    for i, (rank, step) in enumerate([(ranks[0], 7), (ranks[2], 7), (ranks[1], 9), (ranks[3], 12)]):
-        rows = [r for r in rows if not (r[0] == rank and r[4] == step and r[3] == "blocks.1.out" and r[5] == 1)]
-        rows.append((rank, 0, "actv", "blocks.1.out", step, 1, "norm", nonfinite[i % 3]))
-        rows.append((rank, 0, "actv", "blocks.1.out", step, 1, "max", 2.0))
-        rows.append((rank, 0, "actv", "blocks.1.out", step, 1, "min", -2.0))
-    return rows
+    """(rank, vpp_stage, category, name, step, micro_step, op, value): test_report_value_fold's run
+    with one value at each place, the last written (a value written twice is the test below)."""
+    placed = {row[:7]: row[:8] for row in value_fold_rows(ranks)}
+    return list(placed.values())
 
 
 def _write(out: Path, rows: list[tuple], row_group_rows: int = 16) -> None:
@@ -78,17 +57,6 @@ def _database(out: Path, path: Path) -> duckdb.DuckDBPyConnection:
     result = CliRunner().invoke(main, ["db", "-d", str(out), "-o", str(path), "--no-progress"])
     assert result.exit_code == 0, result.output
     return duckdb.connect(str(path))
-
-
-def _check_per_step(con: duckdb.DuckDBPyConnection, rows: str = "metrics") -> None:
-    reference = REFERENCE.replace("FROM metrics", f"FROM {rows}")
-    want = {r[:6]: r[6:] for r in con.execute(f"SELECT {KEY}, {COLUMNS} FROM ({reference})").fetchall()}
-    got = {r[:6]: r[6:] for r in con.execute(f"SELECT {KEY}, {COLUMNS} FROM per_step").fetchall()}
-    assert got.keys() == want.keys()
-    for key, row in want.items():
-        if key[0] not in REPLICATED:  # lo, hi and their ranks are NULL outside the replicated categories
-            row = row[:3] + (None, None, None, None) + row[7:]
-        assert all(_same(a, b) for a, b in zip(got[key], row)), (key, got[key], row)
 
 
 def _read_by(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
@@ -117,7 +85,7 @@ def test_values_read_from_parquet_fold_as_the_plain_duckdb_aggregation_row_by_ro
     made = _read_by(monkeypatch)
     folded = fold_values(con, "'loss'", Limits())
     assert made["parquet"] > len(folded.plan.categories) and made["duckdb"] == 0  # several groups, no DuckDB read
-    _check_per_step(con)
+    check_per_step(con)
     assert folded.series.ranks == ranks
     assert folded.tensors["grad_reduced"] == [(0, "w"), (1, "w")]
 
@@ -144,13 +112,13 @@ def test_the_plan_from_the_footers_is_the_plan_a_scan_of_the_values_makes(tmp_pa
 
 def test_a_value_written_twice_sends_the_fold_to_duckdbs_read_which_keeps_both(tmp_path, monkeypatch):
     rows = _rows([0, 1, 2, 3])
-    rows.append((2, 0, "actv", "blocks.0.out", 5, 0, "norm", 1e6))  # a second value at the same place
+    rows.append((2, 0, "actv", "blocks.0.out", 5, 0, "norm", -1e6))  # a second value at the same place
     _write(tmp_path / "out", rows)
     con = _database(tmp_path / "out", tmp_path / "run.duckdb")
     made = _read_by(monkeypatch)
     fold_values(con, "'loss'", Limits())
     assert made["duckdb"] > 0
-    _check_per_step(con)
+    check_per_step(con)
     assert con.execute("SELECT max(n) FROM per_step WHERE category = 'actv' AND step = 5").fetchone()[0] == 5
 
 
@@ -159,13 +127,13 @@ def test_a_file_closed_after_msmon_db_with_a_tensor_the_catalog_lacks_is_placed_
 ):
     _write(tmp_path / "out", _rows([0, 1, 2, 3]))
     con = _database(tmp_path / "out", tmp_path / "run.duckdb")
-    late = [(r, 0, "exp_avg", "late", 200, None, "norm", float(r)) for r in range(4)]
+    late = [(r, 0, "exp_avg", "later", 200, None, "norm", float(r)) for r in range(4)]
     _write(tmp_path / "out", late)  # the job goes on: each rank closes one more file
     made = _read_by(monkeypatch)
     folded = fold_values(con, "'loss'", Limits())
     assert made["parquet"] > 0 and made["duckdb"] == 0
-    assert (0, "late") in folded.tensors["exp_avg"]
-    _check_per_step(con)
+    assert (0, "later") in folded.tensors["exp_avg"]
+    check_per_step(con)
 
 
 def test_files_of_another_writer_with_several_ranks_nulls_and_no_msmon_footer_are_read_alike(tmp_path, monkeypatch):
@@ -186,7 +154,7 @@ def test_files_of_another_writer_with_several_ranks_nulls_and_no_msmon_footer_ar
     made = _read_by(monkeypatch)
     fold_values(con, "'loss'", Limits())
     assert made["parquet"] > 0 and made["duckdb"] == 0
-    _check_per_step(con, "(SELECT * FROM metrics WHERE value IS NOT NULL)")  # a NULL is no value, as in a CSV
+    check_per_step(con, "(SELECT * FROM metrics WHERE value IS NOT NULL)")  # a NULL is no value, as in a CSV
 
 
 def test_the_writer_says_each_categorys_steps_and_micro_steps_in_the_footer(tmp_path):
@@ -216,4 +184,4 @@ def test_a_file_gone_once_its_footer_was_read_sends_the_fold_to_duckdbs_read(tmp
     monkeypatch.setattr(value_fold, "make_plan", removing)
     fold_values(con, "'loss'", Limits())
     assert made["duckdb"] > 0
-    _check_per_step(con)  # the rows of the files still there, as the view reads them
+    check_per_step(con)  # the rows of the files still there, as the view reads them

@@ -93,18 +93,24 @@ def _same(a: object, b: object) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("ranks", [[0, 1, 2, 3], [1, 4, 5, 9]], ids=["consecutive ranks", "ranks with gaps"])
-def test_per_step_folded_in_numpy_is_the_plain_duckdb_aggregation_row_by_row(ranks, monkeypatch):
-    monkeypatch.setattr(value_plan, "WINDOW_CELLS", 500)  # a few steps a window
-    con = _database(ranks)
-    folded = fold_values(con, "'loss'", Limits())
-    want = {r[:6]: r[6:] for r in con.execute(f"SELECT {KEY}, {COLUMNS} FROM ({REFERENCE})").fetchall()}
+def check_per_step(con: duckdb.DuckDBPyConnection, rows: str = "metrics") -> None:
+    """The per_step table the fold wrote against REFERENCE over `rows`, row by row."""
+    reference = REFERENCE.replace("FROM metrics", f"FROM {rows}")
+    want = {r[:6]: r[6:] for r in con.execute(f"SELECT {KEY}, {COLUMNS} FROM ({reference})").fetchall()}
     got = {r[:6]: r[6:] for r in con.execute(f"SELECT {KEY}, {COLUMNS} FROM per_step").fetchall()}
     assert got.keys() == want.keys()
     for key, row in want.items():
         if key[0] not in REPLICATED:  # lo, hi and their ranks are NULL outside the replicated categories
             row = row[:3] + (None, None, None, None) + row[7:]
         assert all(_same(a, b) for a, b in zip(got[key], row)), (key, got[key], row)
+
+
+@pytest.mark.parametrize("ranks", [[0, 1, 2, 3], [1, 4, 5, 9]], ids=["consecutive ranks", "ranks with gaps"])
+def test_per_step_folded_in_numpy_is_the_plain_duckdb_aggregation_row_by_row(ranks, monkeypatch):
+    monkeypatch.setattr(value_plan, "WINDOW_CELLS", 500)  # a few steps a window
+    con = _database(ranks)
+    folded = fold_values(con, "'loss'", Limits())
+    check_per_step(con)
     assert folded.series.ranks == ranks
     assert folded.tensors["actv"] == [(0, "blocks.1.out"), (0, "blocks.0.out")]  # the catalog's order
     assert (0, "late") in folded.tensors["exp_avg"]  # found in the values when the catalog lacks it
