@@ -7,7 +7,9 @@ array operations on codes.
 
 Each file is read once, in a thread pool (pyarrow and numpy let go of the GIL), for a group of
 steps of every category at a time: the groups follow the files' own step ranges (their footers'
-statistics), as many steps as GROUP_CELLS holds, so that a file is read once when its steps fit.
+statistics), as many steps as GROUP_CELLS holds, so that a file is read once when its steps fit
+(a group that holds fewer steps than a file, past a few thousand ranks at 100 steps a file,
+reads the file once per group it meets).
 A group's values go straight into one array per category (value_window.settle makes the
 windows). Used only where every value the report folds lies in the Parquet files (no CSV or
 TensorBoard rows loaded for them) and pyarrow is installed; a value written twice at one place
@@ -187,19 +189,18 @@ class _Axes:
         ops = len(plan.ops)
         self.lo, self.m0 = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         self.S, self.M = np.zeros(n, dtype=np.uint64), np.zeros(n, dtype=np.uint64)
-        self.micro = np.zeros(n, dtype=np.int64)  # M, signed
-        self.tensor_stride = np.zeros(n, dtype=np.int64)  # cells of a tensor: S x M
+        tensor_stride = np.zeros(n, dtype=np.int64)  # cells of a tensor: S x M
         self.op_stride = np.zeros(n, dtype=np.int64)  # of an op: tensors x S x M
         self.offset = np.zeros(n, dtype=np.int64)
         for b in blocks:
             c, i = plan.categories[b.index], b.index
             self.lo[i], self.m0[i], self.offset[i] = b.first, c.first_micro, b.offset
-            self.S[i], self.M[i], self.micro[i] = b.steps, c.micro, c.micro
-            self.tensor_stride[i] = b.steps * c.micro
+            self.S[i], self.M[i] = b.steps, c.micro
+            tensor_stride[i] = b.steps * c.micro
             self.op_stride[i] = len(c.tensors) * b.steps * c.micro
         self.rank_stride = self.op_stride * ops
-        # a tensor's first cell in its category's block (-1: no such tensor)
-        self.tensor = np.where(codes.tensor >= 0, codes.tensor * self.tensor_stride[:, None, None], UNPLACED)
+        # a tensor's first cell in its category's block (UNPLACED: no such tensor)
+        self.tensor = np.where(codes.tensor >= 0, codes.tensor * tensor_stride[:, None, None], UNPLACED)
 
 
 def _indices(array: Any, missing: int) -> np.ndarray:
