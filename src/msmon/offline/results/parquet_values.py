@@ -332,9 +332,12 @@ def _place_batch(
     key *= shape[2]
     key += _indices(col["name"], shape[2] - 1)
     lo, steps, m0, micro = axes.lo[kinds], axes.S[kinds], axes.m0[kinds], axes.M[kinds]
+    # the plan's categories among the batch's rows (the last entry of `kinds` is a null's)
+    listed = kinds if col["category"].null_count else kinds[:-1]
+    folded = listed[listed != codes.none]
     s = _numbers(col["step"], -1)
-    if (lo == lo[0]).all() and (steps == steps[0]).all():  # one block of steps for every category of the batch
-        s = s - lo[0]
+    if folded.size == listed.size > 0 and np.ptp(axes.lo[folded]) == 0 and np.ptp(axes.S[folded]) == 0:
+        s = s - lo[0]  # every row in one block of steps: no gather
         keep = s.view(np.uint64) < steps[0]
     else:
         s = s - lo[category]
@@ -362,7 +365,7 @@ def _place_batch(
         at += rank_slots * axes.rank_stride[kinds[category]]
     if stage is not None:
         at += axes.tensor[kinds[category], stage, name_slot[key % shape[2]]]
-    if (micro == 1).all():
+    if (axes.M[folded] == 1).all():  # the rows kept: no category of the batch has micro-steps
         at += s
     else:
         at += s * micro[category].astype(np.int64)
