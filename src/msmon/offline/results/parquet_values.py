@@ -51,6 +51,8 @@ class Repeated(Exception):
 def parquet_files(con: DuckDBPyConnection, excluded: str) -> list[str] | None:
     """The Parquet files that hold every value outside the categories `excluded`, when the
     `metrics` view reads them and nothing else there (and pyarrow is installed); else None."""
+    import duckdb
+
     try:
         import pyarrow.parquet  # noqa: F401  (the `parquet` extra)
     except ImportError:
@@ -60,7 +62,7 @@ def parquet_files(con: DuckDBPyConnection, excluded: str) -> list[str] | None:
         loaded = con.execute(
             f"SELECT count(*) FROM (SELECT 1 FROM loaded_metrics WHERE category NOT IN ({excluded}) LIMIT 1)"
         ).fetchone()
-    except Exception:  # duckdb.Error: not a database msmon db made with Parquet files
+    except duckdb.Error:  # no `meta` or `loaded_metrics`: not a database msmon db made
         return None
     if not row or loaded is None or loaded[0]:
         return None
