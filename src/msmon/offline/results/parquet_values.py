@@ -239,7 +239,6 @@ class ParquetWindows:
     """The value windows of a plan, read from `files` a group of steps at a time."""
 
     def __init__(self, files: list[str], threads: int | None = None) -> None:
-        self.files = files
         self.threads = threads or min(8, os.cpu_count() or 1)
         with ThreadPoolExecutor(self.threads) as pool:
             self.spans = list(pool.map(_span, files))
