@@ -37,6 +37,7 @@ from .parquet_layout import (
     file_name,
     next_seq,
     unfinished_name,
+    widened,
 )
 
 ROW_GROUP_ROWS = 131_072  # rows per row group at least (fewer only in a file's last one)
@@ -192,23 +193,16 @@ class RollingParquet:
         """Widen each category's steps and micro-steps (SPANS_KEY) by the row group's rows."""
         fields = self._tensors
         categories = sorted({fields[t][0] for t in used.tolist()})
-        if len(categories) == 1:
-            masks = [(categories[0], None)]
-        else:
-            code = {c: i for i, c in enumerate(categories)}
-            of_tensor = np.full(len(fields), -1, dtype=np.int64)
-            for t in used.tolist():
-                of_tensor[t] = code[fields[t][0]]
-            of_row = of_tensor[tensors]
-            masks = [(c, of_row == i) for i, c in enumerate(categories)]
-        for category, mask in masks:
-            picked = steps if mask is None else steps[mask]
+        code = {c: i for i, c in enumerate(categories)}
+        of_tensor = np.full(len(fields), -1, dtype=np.int64)
+        for t in used.tolist():
+            of_tensor[t] = code[fields[t][0]]
+        of_row = of_tensor[tensors]
+        for i, category in enumerate(categories):
+            picked = steps[of_row == i]
             micro = [-1 if fields[t][3] is None else fields[t][3] for t in used.tolist() if fields[t][0] == category]
             got = [int(picked.min()), int(picked.max()), min(micro), max(micro)]
-            have = self._spans.get(category)
-            if have is not None:
-                got = [min(have[0], got[0]), max(have[1], got[1]), min(have[2], got[2]), max(have[3], got[3])]
-            self._spans[category] = got
+            self._spans[category] = widened(self._spans.get(category), got)
 
     def _sorted(self, steps: np.ndarray, tensors: np.ndarray, ops: np.ndarray) -> np.ndarray:
         """The rows' order in the row group: by category, op, tensor and step (names in string

@@ -44,6 +44,14 @@ TENSORS_KEY = "msmon.tensors"
 # `msmon report` lays out its arrays from the footers instead of a scan of every row
 SPANS_KEY = "msmon.spans"
 
+
+def widened(have: list[int] | None, got: list[int]) -> list[int]:
+    """A SPANS_KEY entry that covers both `have` (None: none yet) and `got`."""
+    if have is None:
+        return list(got)
+    return [min(have[0], got[0]), max(have[1], got[1]), min(have[2], got[2]), max(have[3], got[3])]
+
+
 # the columns of every file: `msmon db`'s long `metrics` table (offline/results/schema.py), with
 # the run id first; DuckDB's types (the writer maps them to Arrow's)
 COLUMNS = [

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...records.parquet_layout import SPANS_KEY
+from ...records.parquet_layout import SPANS_KEY, widened
 from .parquet_catalog import SOURCES_KEY
 from .value_plan import ValuePlan
 from .value_window import Unplaced, Window, Workspace, settle
@@ -250,9 +250,8 @@ class ParquetWindows:
         for span in self.spans:
             if span.categories is None:
                 return None
-            for category, (first, last, first_micro, last_micro) in span.categories.items():
-                have = out.setdefault(category, [first, last, first_micro, last_micro])
-                have[:] = [min(have[0], first), max(have[1], last), min(have[2], first_micro), max(have[3], last_micro)]
+            for category, got in span.categories.items():
+                out[category] = widened(out.get(category), got)
         return [(c, v[0], v[1], v[2], v[3]) for c, v in sorted(out.items())]
 
     def windows(self, plan: ValuePlan, space: Workspace) -> Iterator[tuple[int, Window, bool]]:
